@@ -1,0 +1,33 @@
+// Package mockllm is a mock LLM upstream that speaks the three wire dialects
+// ssegate relays: OpenAI Chat Completions (POST /v1/chat/completions),
+// Anthropic Messages (POST /v1/messages) and OpenAI Responses
+// (POST /v1/responses), streaming (SSE) and not, plus GET /v1/models.
+//
+// It exists so that `ssegate -upstream mock` runs with no API key, so that the
+// proxy's tests have a real HTTP upstream whose calls they can count
+// (Server.Calls), and so that the benchmark suite has an upstream fast enough
+// not to be what it measures.
+//
+// Output is deterministic: the content, ids and timestamps are derived from a
+// hash of the request body, never from the clock, so the same body always
+// gives byte-identical output and a test can compare a replay with the
+// original byte for byte. Event shapes follow streams recorded from the real
+// providers.
+//
+// Request headers shape a single answer without restarting the server:
+//
+//	X-Mock-Tokens: N          content tokens (1..100000)
+//	X-Mock-Delay: 10ms        pause before each event (Go duration, at most 10s)
+//	X-Mock-Chunk-Bytes: N     pad each content delta so its event is about N bytes
+//	X-Mock-Fault: F           one fault, F being one of
+//	    status=CODE      answer CODE (400..599) with the provider's error body
+//	    reset-after=N    send N events, then reset the TCP connection
+//	    eof-after=N      send N events, then end the body without the terminal event
+//	    error-after=N    send N events, then the dialect's in-stream error
+//	    hang             send nothing until the client leaves (bounded)
+//	    hang-after=N     send N events, then stall until the client leaves (bounded)
+//
+// A fault after N events always fires before the terminal event ([DONE],
+// message_stop, response.completed), even when N is larger than the stream,
+// so that the fault is always observable. An invalid header is a 400.
+package mockllm

@@ -1,0 +1,203 @@
+package mockllm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Config sets the mock's defaults. Its zero value is usable: 16 tokens an
+// answer, as fast as possible, no padding.
+type Config struct {
+	// Tokens is the number of content tokens per completion; 0 means 16.
+	// A request's max_tokens and X-Mock-Tokens override it.
+	Tokens int
+	// Delay is the pause before each event; 0 means as fast as possible.
+	Delay time.Duration
+	// ChunkBytes pads each content event to about this many bytes; 0 means
+	// no padding (events are about the size real providers send).
+	ChunkBytes int
+	// HangLimit bounds the hang and hang-after faults; 0 means 60s.
+	HangLimit time.Duration
+}
+
+// Server is the mock upstream. Use Handler with a fasthttp.Server of your
+// own, or Start to have the Server listen itself. Its methods are safe for
+// concurrent use. A closed Server cannot be started again.
+type Server struct {
+	cfg   Config
+	calls atomic.Int64
+
+	// closing is closed by Close; every stream, stall and delay waits on it.
+	closing chan struct{}
+
+	// streams counts the goroutines that write streams or stall, which
+	// outlive the handler; Close waits for them. active is the same count,
+	// readable, for tests that check a stream ended when its client left.
+	streams sync.WaitGroup
+	active  atomic.Int64
+
+	mu     sync.Mutex // guards closed, srv, served, and streams.Add against Close's Wait
+	closed bool
+	srv    *fasthttp.Server
+	served chan struct{} // closed when srv.Serve returns
+
+	connsMu sync.Mutex // guards conns
+	conns   map[net.Conn]struct{}
+}
+
+// New returns a Server with the defaults in cfg.
+func New(cfg Config) *Server {
+	if cfg.HangLimit <= 0 {
+		cfg.HangLimit = 60 * time.Second
+	}
+	return &Server{cfg: cfg, closing: make(chan struct{}), conns: make(map[net.Conn]struct{})}
+}
+
+// ErrClosed is returned by Start on a Server that was closed.
+var ErrClosed = errors.New("mockllm: server closed")
+
+// Start listens on addr (e.g. "127.0.0.1:0") and serves in a goroutine
+// until Close. It returns the base URL, e.g. "http://127.0.0.1:41234".
+func (s *Server) Start(addr string) (baseURL string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return "", ErrClosed
+	}
+	if s.srv != nil {
+		return "", errors.New("mockllm: server already started")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("mockllm: listen: %w", err)
+	}
+	srv := &fasthttp.Server{
+		Handler: s.Handler,
+		Name:    "mockllm",
+		// Streams last as long as their tokens and delays make them, so no
+		// read or write timeout may cut them; idle keep-alive connections
+		// are closed by Shutdown and, failing that, by Close.
+		Concurrency:     1 << 20,
+		ReadBufferSize:  16 << 10, // room for long Authorization headers
+		NoDefaultDate:   true,
+		CloseOnShutdown: true,
+		// Faults reset and abandon connections on purpose; fasthttp would
+		// log every one of them.
+		Logger:    nopLogger{},
+		ConnState: s.trackConn,
+	}
+	s.srv = srv
+	s.served = make(chan struct{})
+	go func() {
+		defer close(s.served)
+		_ = srv.Serve(ln)
+	}()
+	return "http://" + loopbackAddr(ln.Addr()), nil
+}
+
+// loopbackAddr turns a listener address into one a local client can dial:
+// a wildcard host becomes the loopback address of its family.
+func loopbackAddr(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || !ta.IP.IsUnspecified() {
+		return a.String()
+	}
+	host := "127.0.0.1"
+	if ta.IP.To4() == nil {
+		host = "::1"
+	}
+	return net.JoinHostPort(host, fmt.Sprint(ta.Port))
+}
+
+// trackConn keeps the set of open connections, so that Close can cut those
+// a graceful Shutdown would wait for forever (a client that sent half a
+// request, say). Hijacked connections are the streams' own business.
+func (s *Server) trackConn(c net.Conn, state fasthttp.ConnState) {
+	switch state {
+	case fasthttp.StateNew:
+		s.connsMu.Lock()
+		s.conns[c] = struct{}{}
+		s.connsMu.Unlock()
+	case fasthttp.StateHijacked, fasthttp.StateClosed:
+		s.connsMu.Lock()
+		delete(s.conns, c)
+		s.connsMu.Unlock()
+	}
+}
+
+// shutdownGrace is how long Close lets connections finish by themselves
+// once the streams were told to end.
+const shutdownGrace = time.Second
+
+// Close ends open streams and stalls (their bodies end without a terminal
+// event), stops the listener, and waits for the serving goroutine and for
+// every stream goroutine. It is safe to call more than once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	srv, served := s.srv, s.served
+	s.mu.Unlock()
+
+	var err error
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		err = srv.ShutdownWithContext(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			s.connsMu.Lock()
+			for c := range s.conns {
+				_ = c.Close()
+			}
+			s.connsMu.Unlock()
+			err = srv.Shutdown()
+		}
+		<-served
+	}
+	s.streams.Wait()
+	return err
+}
+
+// enter registers a goroutine that will write a stream or stall, so that
+// Close waits for it. It reports false once Close has begun, and then the
+// goroutine must not start.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.streams.Add(1)
+	s.active.Add(1)
+	return true
+}
+
+// leave unregisters a goroutine registered by enter.
+func (s *Server) leave() {
+	s.active.Add(-1)
+	s.streams.Done()
+}
+
+// Calls reports how many requests reached a model endpoint: every POST to
+// /v1/chat/completions, /v1/messages or /v1/responses, whatever its outcome
+// (faults and 400s included).
+func (s *Server) Calls() int64 { return s.calls.Load() }
+
+// ResetCalls sets the Calls counter to zero.
+func (s *Server) ResetCalls() { s.calls.Store(0) }
+
+// nopLogger discards fasthttp's log lines.
+type nopLogger struct{}
+
+func (nopLogger) Printf(string, ...any) {}

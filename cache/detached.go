@@ -1,0 +1,21 @@
+package cache
+
+import "time"
+
+// detached is the backend of a flight that no store records: a stream
+// relayed without a key still fans out through a journal, but nothing of
+// it is kept once it ends.
+type detached struct{}
+
+func (detached) reserve(int) error             { return nil }
+func (detached) release(int)                   {}
+func (detached) commit(*Flight, *Result) bool  { return false }
+func (detached) fail(*Flight, State, string)   {}
+func (detached) mark(*Flight, State, int, int) {}
+
+// NewDetached returns a flight that belongs to no store, for a stream
+// relayed without an idempotency key. Its ids carry generation 0 and are
+// not written; maxBytes bounds its journal.
+func NewDetached(maxBytes int) *Flight {
+	return newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now())
+}

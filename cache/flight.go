@@ -1,0 +1,293 @@
+package cache
+
+import (
+	"sync"
+	"time"
+
+	"github.com/ssegate/ssegate/sse"
+)
+
+// backend is what a Flight reports to the store that created it. The
+// store's ledger learns of every end through it.
+type backend interface {
+	// reserve accounts n more journal bytes against the store's bound.
+	reserve(n int) error
+	// release returns n journal bytes.
+	release(n int)
+	// commit records res as the key's committed result and reports
+	// whether the body store kept it.
+	commit(f *Flight, res *Result) (stored bool)
+	// fail records the end of a generation that produced no result.
+	fail(f *Flight, state State, reason string)
+	// mark records progress of a live generation.
+	mark(f *Flight, state State, attempts, lastStatus int)
+}
+
+// Flight is one live generation: an append-only journal of encoded events
+// and the subscribers that follow it. The owner (the goroutine that reads
+// the upstream) calls SetHead, Append and then exactly one of Commit or
+// Fail; any number of subscribers read concurrently. A subscriber never
+// blocks the owner: Append only signals subscribers whose signal channel
+// is empty.
+type Flight struct {
+	// Scope and Gen name the generation; ids of its events are Gen-Seq.
+	Scope Scope
+	Gen   uint64
+
+	fp        string
+	be        backend
+	maxBytes  int
+	maxSubs   int
+	started   time.Time
+	headReady chan struct{}
+	done      chan struct{}
+
+	mu       sync.Mutex // guards everything below
+	head     Head
+	hasHead  bool
+	data     []byte   // encoded events, each with its id; never rewritten
+	ends     []uint32 // ends[i] is the end offset of event i+1 in data
+	reserved int      // bytes accounted with the backend
+	subs     []*Sub
+	ended    bool
+	state    State
+	reason   string
+	body     []byte // non-streaming answer, for joiners
+	result   *Result
+}
+
+func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time) *Flight {
+	return &Flight{
+		Scope:     sc,
+		Gen:       gen,
+		fp:        fp,
+		be:        be,
+		maxBytes:  maxBytes,
+		maxSubs:   maxSubs,
+		started:   now,
+		headReady: make(chan struct{}),
+		done:      make(chan struct{}),
+		state:     StateIntentReceived,
+	}
+}
+
+// HeadReady is closed once the head is known, or the flight ended without one.
+func (f *Flight) HeadReady() <-chan struct{} { return f.headReady }
+
+// Done is closed once the flight has ended (committed or failed).
+func (f *Flight) Done() <-chan struct{} { return f.done }
+
+// Head returns the answer's head once HeadReady is closed; ok is false
+// when the flight ended before the upstream answered.
+func (f *Flight) Head() (h Head, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.head, f.hasHead
+}
+
+// SetHead records the upstream's answer head and wakes those waiting for it.
+func (f *Flight) SetHead(h Head) {
+	f.mu.Lock()
+	if f.hasHead || f.ended {
+		f.mu.Unlock()
+		return
+	}
+	f.head, f.hasHead = h, true
+	f.mu.Unlock()
+	close(f.headReady)
+}
+
+// Mark records the generation's progress (state, attempt count, last
+// upstream status) in the store's ledger.
+func (f *Flight) Mark(state State, attempts, lastStatus int) {
+	f.be.mark(f, state, attempts, lastStatus)
+}
+
+// Append encodes one event with the next id of this generation, adds it
+// to the journal and signals subscribers. It fails with ErrStreamTooLarge
+// or ErrStoreFull when a bound would be crossed; the owner should then
+// Fail the flight.
+func (f *Flight) Append(typ, data string) (sse.ID, error) {
+	f.mu.Lock()
+	if f.ended {
+		f.mu.Unlock()
+		return sse.ID{}, ErrEnded
+	}
+	id := sse.ID{Gen: f.Gen, Seq: uint64(len(f.ends)) + 1}
+	before := len(f.data)
+	wire := id
+	if f.Gen == 0 {
+		wire = sse.ID{} // a detached flight: no resumable position to name
+	}
+	f.data = sse.AppendEvent(f.data, wire, typ, data)
+	n := len(f.data) - before
+	if len(f.data) > f.maxBytes {
+		f.data = f.data[:before]
+		f.mu.Unlock()
+		return sse.ID{}, ErrStreamTooLarge
+	}
+	if err := f.be.reserve(n); err != nil {
+		f.data = f.data[:before]
+		f.mu.Unlock()
+		return sse.ID{}, err
+	}
+	f.reserved += n
+	f.ends = append(f.ends, uint32(len(f.data)))
+	f.signalLocked()
+	f.mu.Unlock()
+	return id, nil
+}
+
+func (f *Flight) signalLocked() {
+	for _, s := range f.subs {
+		select {
+		case s.c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Commit ends the flight as committed: for a stream, its journal is the
+// result; for a non-streaming answer, body is. It reports whether the body
+// store kept the result (the ledger records the commit either way).
+func (f *Flight) Commit(body []byte) (stored bool) {
+	f.mu.Lock()
+	if f.ended {
+		f.mu.Unlock()
+		return false
+	}
+	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head}
+	if f.head.Stream {
+		res.Data = f.data[:len(f.data):len(f.data)]
+		res.Ends = f.ends[:len(f.ends):len(f.ends)]
+	} else {
+		res.Data = body
+		f.body = body
+	}
+	f.result = res
+	f.mu.Unlock()
+
+	// The ledger and body store learn of the commit before any subscriber
+	// sees the end: a client that saw its stream end and repeats the
+	// request at once must find the result.
+	stored = f.be.commit(f, res)
+	f.end(StateCommitted, "")
+	return stored
+}
+
+// Fail ends the flight without a result. body, when not nil, is the
+// upstream's own (non-2xx) answer, which joiners receive as it was.
+func (f *Flight) Fail(state State, reason string, body []byte) {
+	f.mu.Lock()
+	if f.ended {
+		f.mu.Unlock()
+		return
+	}
+	f.body = body
+	f.mu.Unlock()
+	f.be.fail(f, state, reason)
+	f.end(state, reason)
+}
+
+func (f *Flight) end(state State, reason string) {
+	f.mu.Lock()
+	f.ended = true
+	f.state = state
+	f.reason = reason
+	n := f.reserved
+	f.reserved = 0
+	f.signalLocked()
+	hadHead := f.hasHead
+	f.mu.Unlock()
+	f.be.release(n)
+	if !hadHead {
+		close(f.headReady)
+	}
+	close(f.done)
+}
+
+// Outcome returns how the flight ended: the final state, the cause of a
+// failure, and the non-streaming body. Valid once Done is closed.
+func (f *Flight) Outcome() (state State, reason string, body []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state, f.reason, f.body
+}
+
+// Events returns the number of events journaled so far.
+func (f *Flight) Events() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.ends)
+}
+
+// Subscribe registers a subscriber that receives the events after seq
+// (0 for all). Registration and position are taken under the journal's
+// lock, so the subscriber sees every later event exactly once.
+func (f *Flight) Subscribe(after uint64) (*Sub, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if after > uint64(len(f.ends)) {
+		return nil, ErrPosition
+	}
+	if f.maxSubs > 0 && len(f.subs) >= f.maxSubs {
+		return nil, ErrStoreFull
+	}
+	s := &Sub{f: f, next: int(after), c: make(chan struct{}, 1)}
+	s.c <- struct{}{} // there may be a backlog to read at once
+	f.subs = append(f.subs, s)
+	return s, nil
+}
+
+// Sub follows one Flight for one client.
+type Sub struct {
+	f    *Flight
+	next int // index of the next event to deliver
+	c    chan struct{}
+}
+
+// C receives a signal whenever there may be something new to Read.
+func (s *Sub) C() <-chan struct{} { return s.c }
+
+// Read returns the encoded events not yet delivered (as one slice that
+// stays valid: the journal is never rewritten) and whether the flight has
+// ended, in which case nothing more will come after p.
+func (s *Sub) Read() (p []byte, ended bool) {
+	f := s.f
+	f.mu.Lock()
+	n := len(f.ends)
+	if s.next < n {
+		start := uint32(0)
+		if s.next > 0 {
+			start = f.ends[s.next-1]
+		}
+		p = f.data[start:f.ends[n-1]]
+		s.next = n
+	}
+	ended = f.ended
+	f.mu.Unlock()
+	return p, ended
+}
+
+// Position returns the seq of the last event Read has returned.
+func (s *Sub) Position() uint64 {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	return uint64(s.next)
+}
+
+// Close unregisters the subscriber. It is safe to call more than once.
+func (s *Sub) Close() {
+	f := s.f
+	f.mu.Lock()
+	for i, x := range f.subs {
+		if x == s {
+			last := len(f.subs) - 1
+			f.subs[i] = f.subs[last]
+			f.subs[last] = nil
+			f.subs = f.subs[:last]
+			break
+		}
+	}
+	f.mu.Unlock()
+}

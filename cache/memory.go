@@ -1,0 +1,418 @@
+package cache
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// MissingBody is the policy for a committed key whose body the body store
+// no longer holds.
+type MissingBody int
+
+const (
+	// Regenerate treats the key as free: a new generation replaces it. The
+	// replacement is flagged (Begun.Regenerated) for logs and metrics.
+	Regenerate MissingBody = iota
+	// Refuse answers Gone instead of calling the upstream again.
+	Refuse
+)
+
+// Config bounds and tunes a Memory store. Its zero value is usable: every
+// zero field takes the default documented beside it.
+type Config struct {
+	// TTL is how long a committed result is kept (default 24h).
+	TTL time.Duration
+	// FailedTTL is how long the ledger remembers a key whose generation
+	// failed, so a resume with its ids gets "gone" (default 5m).
+	FailedTTL time.Duration
+	// MaxStoreBytes bounds the committed bodies held in memory (default 512 MiB).
+	MaxStoreBytes int64
+	// MaxLiveBytes bounds the bytes of all live journals together (default 256 MiB).
+	MaxLiveBytes int64
+	// MaxStreamBytes bounds one generation's journal (default 16 MiB).
+	MaxStreamBytes int
+	// MaxKeys bounds the ledger (default 1,000,000 keys).
+	MaxKeys int
+	// MaxSubscribers bounds the clients following one live generation (default 1024).
+	MaxSubscribers int
+	// MissingBody is the policy for a committed key whose body is gone.
+	MissingBody MissingBody
+	// Now is the clock (default time.Now); tests replace it.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.TTL <= 0 {
+		c.TTL = 24 * time.Hour
+	}
+	if c.FailedTTL <= 0 {
+		c.FailedTTL = 5 * time.Minute
+	}
+	if c.MaxStoreBytes <= 0 {
+		c.MaxStoreBytes = 512 << 20
+	}
+	if c.MaxLiveBytes <= 0 {
+		c.MaxLiveBytes = 256 << 20
+	}
+	if c.MaxStreamBytes <= 0 {
+		c.MaxStreamBytes = 16 << 20
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = 1_000_000
+	}
+	if c.MaxSubscribers <= 0 {
+		c.MaxSubscribers = 1024
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Stats counts what the store did; all fields are cumulative except
+// LiveBytes, LiveFlights and Keys.
+type Stats struct {
+	Commits      int64 // results committed to the ledger
+	Stored       int64 // of those, bodies the body store admitted
+	Rejected     int64 // bodies the body store refused (full, admission)
+	Evicted      int64 // bodies the body store later evicted or expired
+	BodyMissing  int64 // lookups of committed keys whose body was gone
+	Regenerated  int64 // of those, keys handed out for a new generation
+	Failed       int64 // generations that ended without a result
+	LiveBytes    int64
+	LiveFlights  int64
+	Keys         int64
+	StoredBytes  int64 // bytes the body store currently holds
+	StoreEntries int64
+}
+
+type entry struct {
+	fp         string
+	gen        uint64
+	state      State
+	flight     *Flight
+	attempts   int
+	lastStatus int
+	events     int
+	bytes      int
+	bodyStored bool
+	reason     string
+	created    time.Time
+	updated    time.Time
+	expires    time.Time // zero while live
+}
+
+// Memory is the single-process store: a ledger in a map, live flights,
+// and committed bodies in ristretto.
+type Memory struct {
+	cfg    Config
+	bodies *ristretto.Cache[string, *Result]
+
+	mu      sync.Mutex // guards keys and the entries in it
+	keys    map[string]*entry
+	flights int64 // live flights, guarded by mu
+
+	live        atomic.Int64
+	commits     atomic.Int64
+	stored      atomic.Int64
+	rejected    atomic.Int64
+	evicted     atomic.Int64
+	missing     atomic.Int64
+	regenerated atomic.Int64
+	failed      atomic.Int64
+	storeBytes  atomic.Int64
+	storeCount  atomic.Int64
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewMemory returns a Memory store; Close releases it.
+func NewMemory(cfg Config) (*Memory, error) {
+	cfg.setDefaults()
+	m := &Memory{cfg: cfg, keys: make(map[string]*entry), stop: make(chan struct{})}
+	// About ten counters per expected item; items average a few KiB.
+	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
+	bodies, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
+		NumCounters: counters,
+		MaxCost:     cfg.MaxStoreBytes,
+		BufferItems: 64,
+		OnEvict: func(it *ristretto.Item[*Result]) {
+			m.evicted.Add(1)
+			m.storeBytes.Add(-it.Cost)
+			m.storeCount.Add(-1)
+		},
+		OnReject: func(it *ristretto.Item[*Result]) { m.rejected.Add(1) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("body store: %w", err)
+	}
+	m.bodies = bodies
+	m.wg.Add(1)
+	go m.sweep()
+	return m, nil
+}
+
+// Close stops the sweeper and releases the body store.
+func (m *Memory) Close() {
+	close(m.stop)
+	m.wg.Wait()
+	m.bodies.Close()
+}
+
+var lastGen atomic.Uint64
+
+// nextGen returns a generation number larger than any before it in this
+// process and than prev: the clock in milliseconds when it has moved on.
+func nextGen(now time.Time, prev uint64) uint64 {
+	for {
+		last := lastGen.Load()
+		g := max(uint64(now.UnixMilli()), last+1, prev+1)
+		if lastGen.CompareAndSwap(last, g) {
+			return g
+		}
+	}
+}
+
+// Begin takes the decision for one request with a key: it claims the key
+// (Miss: the caller owns the returned Flight and must end it), or returns
+// the live Flight to join, the Result to replay, or Conflict. It is atomic:
+// among concurrent callers with the same scope exactly one gets Miss.
+func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
+	now := m.cfg.Now()
+	id := sc.id()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.keys[id]
+	if e != nil && !e.state.Live() && now.After(e.expires) {
+		delete(m.keys, id)
+		e = nil
+	}
+	regenerated := false
+	if e != nil {
+		switch {
+		case e.state.Live():
+			if e.fp != fp {
+				return Begun{Decision: Conflict}, nil
+			}
+			return Begun{Decision: Join, Flight: e.flight}, nil
+		case e.state == StateCommitted:
+			if e.fp != fp {
+				return Begun{Decision: Conflict}, nil
+			}
+			if r, ok := m.bodies.Get(id); ok && r.Gen == e.gen && r.Scope == sc {
+				return Begun{Decision: Hit, Result: r}, nil
+			}
+			m.missing.Add(1)
+			if m.cfg.MissingBody == Refuse {
+				return Begun{Decision: Gone}, nil
+			}
+			m.regenerated.Add(1)
+			regenerated = true
+		}
+	}
+	if e == nil && len(m.keys) >= m.cfg.MaxKeys {
+		return Begun{}, fmt.Errorf("ledger holds %d keys: %w", len(m.keys), ErrStoreFull)
+	}
+	if m.live.Load() >= m.cfg.MaxLiveBytes {
+		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", m.live.Load(), ErrStoreFull)
+	}
+	var prev uint64
+	if e != nil {
+		prev = e.gen
+	}
+	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now)
+	m.keys[id] = &entry{
+		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
+		created: now, updated: now,
+	}
+	m.flights++
+	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, nil
+}
+
+// Attach finds what a resume reads: the live Flight or the committed
+// Result of the key. With after set, after.Gen must be the key's current
+// generation (else ErrGone) and after.Seq an event it had (else
+// ErrPosition). With fp not empty, the key's fingerprint must match (else
+// Conflict is reported as ErrConflict).
+func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
+	now := m.cfg.Now()
+	id := sc.id()
+	m.mu.Lock()
+	e := m.keys[id]
+	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+		m.mu.Unlock()
+		return nil, nil, ErrNotFound
+	}
+	if fp != "" && e.fp != fp {
+		m.mu.Unlock()
+		return nil, nil, ErrConflict
+	}
+	if hasAfter && after.Gen != e.gen {
+		m.mu.Unlock()
+		return nil, nil, ErrGone
+	}
+	switch {
+	case e.state.Live():
+		f := e.flight
+		m.mu.Unlock()
+		return f, nil, nil
+	case e.state == StateCommitted:
+		m.mu.Unlock()
+		r, ok := m.bodies.Get(id)
+		if !ok || r.Gen != e.gen || r.Scope != sc {
+			m.missing.Add(1)
+			return nil, nil, ErrGone
+		}
+		if hasAfter && r.Head.Stream && after.Seq > uint64(r.Events()) {
+			return nil, nil, ErrPosition
+		}
+		return nil, r, nil
+	default:
+		m.mu.Unlock()
+		return nil, nil, ErrGone
+	}
+}
+
+// Info returns what the ledger knows of a key.
+func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
+	now := m.cfg.Now()
+	id := sc.id()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.keys[id]
+	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+		return KeyInfo{}, false
+	}
+	ki := KeyInfo{
+		State: e.state, Generation: e.gen, Attempts: e.attempts, LastStatus: e.lastStatus,
+		Events: e.events, Bytes: e.bytes, Reason: e.reason,
+		Created: e.created, Updated: e.updated, Expires: e.expires,
+	}
+	if e.flight != nil {
+		ki.Events = e.flight.Events()
+	}
+	if e.state == StateCommitted {
+		r, ok := m.bodies.Get(id)
+		ki.BodyStored = ok && r.Gen == e.gen
+	}
+	return ki, true
+}
+
+// Stats returns the store's counters.
+func (m *Memory) Stats() Stats {
+	m.mu.Lock()
+	keys, flights := int64(len(m.keys)), m.flights
+	m.mu.Unlock()
+	return Stats{
+		Commits: m.commits.Load(), Stored: m.stored.Load(), Rejected: m.rejected.Load(),
+		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
+		Failed: m.failed.Load(), LiveBytes: m.live.Load(), LiveFlights: flights, Keys: keys,
+		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
+	}
+}
+
+// DropBody removes a committed body from the body store, as an eviction
+// would; the ledger keeps the commit. It exists for tests and operators.
+func (m *Memory) DropBody(sc Scope) {
+	m.bodies.Del(sc.id())
+	m.bodies.Wait()
+}
+
+func (m *Memory) reserve(n int) error {
+	if m.live.Add(int64(n)) > m.cfg.MaxLiveBytes {
+		m.live.Add(-int64(n))
+		return fmt.Errorf("live journals would exceed %d bytes: %w", m.cfg.MaxLiveBytes, ErrStoreFull)
+	}
+	return nil
+}
+
+func (m *Memory) release(n int) { m.live.Add(-int64(n)) }
+
+func (m *Memory) commit(f *Flight, res *Result) bool {
+	id := f.Scope.id()
+	cost := res.cost()
+	// Set is asynchronous and may drop or later reject the item: wait for
+	// it to be applied, then look, so the ledger knows whether it is held.
+	m.bodies.SetWithTTL(id, res, cost, m.cfg.TTL)
+	m.bodies.Wait()
+	got, ok := m.bodies.Get(id)
+	stored := ok && got == res
+	m.commits.Add(1)
+	if stored {
+		m.stored.Add(1)
+		m.storeBytes.Add(cost)
+		m.storeCount.Add(1)
+	}
+	now := m.cfg.Now()
+	m.mu.Lock()
+	if e := m.keys[id]; e != nil && e.flight == f {
+		e.state = StateCommitted
+		e.flight = nil
+		e.events = res.Events()
+		e.bytes = len(res.Data)
+		e.bodyStored = stored
+		e.updated = now
+		e.expires = now.Add(m.cfg.TTL)
+		m.flights--
+	}
+	m.mu.Unlock()
+	return stored
+}
+
+func (m *Memory) fail(f *Flight, state State, reason string) {
+	now := m.cfg.Now()
+	m.failed.Add(1)
+	m.mu.Lock()
+	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
+		e.state = state
+		e.flight = nil
+		e.reason = reason
+		e.events = f.Events()
+		e.updated = now
+		e.expires = now.Add(m.cfg.FailedTTL)
+		m.flights--
+	}
+	m.mu.Unlock()
+}
+
+func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
+		e.state = state
+		e.attempts = attempts
+		if lastStatus != 0 {
+			e.lastStatus = lastStatus
+		}
+		e.updated = now
+	}
+	m.mu.Unlock()
+}
+
+// sweep deletes expired ledger entries, so the ledger's size follows the
+// keys in use rather than every key ever seen.
+func (m *Memory) sweep() {
+	defer m.wg.Done()
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			now := m.cfg.Now()
+			m.mu.Lock()
+			for id, e := range m.keys {
+				if !e.state.Live() && now.After(e.expires) {
+					delete(m.keys, id)
+				}
+			}
+			m.mu.Unlock()
+		}
+	}
+}

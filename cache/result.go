@@ -1,0 +1,40 @@
+package cache
+
+// Result is a committed answer: the head and, for a stream, the encoded
+// events with their ids; for a non-streaming answer, the body.
+type Result struct {
+	// Scope is kept so a lookup can verify the key (ristretto keeps only
+	// hashes of keys).
+	Scope Scope
+	Gen   uint64
+	Head  Head
+	Data  []byte
+	Ends  []uint32
+}
+
+// Events returns the number of events of a streamed result.
+func (r *Result) Events() int { return len(r.Ends) }
+
+// After returns the encoded events after seq (0 for all).
+func (r *Result) After(seq uint64) ([]byte, error) {
+	if !r.Head.Stream {
+		return r.Data, nil
+	}
+	if seq > uint64(len(r.Ends)) {
+		return nil, ErrPosition
+	}
+	if seq == 0 {
+		return r.Data, nil
+	}
+	return r.Data[r.Ends[seq-1]:], nil
+}
+
+// cost is what the result weighs in the body store: its bytes plus a
+// fixed allowance for the structure itself.
+func (r *Result) cost() int64 {
+	n := int64(len(r.Data)) + 4*int64(len(r.Ends)) + 256
+	for _, h := range r.Head.Header {
+		n += int64(len(h.Name) + len(h.Value))
+	}
+	return n
+}

@@ -1,0 +1,205 @@
+// Command ssegate is a reverse proxy for LLM APIs that relays
+// Server-Sent-Event streams while it records them, so that a retried,
+// duplicated or reconnecting request never pays for a second generation.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stderr, nil); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "ssegate:", err)
+		os.Exit(2)
+	}
+}
+
+// options are the flags, each also read from SSEGATE_<NAME>.
+type options struct {
+	listen        string
+	upstream      string
+	inflight      string
+	logLevel      string
+	logFormat     string
+	ttl           time.Duration
+	heartbeat     time.Duration
+	maxBody       int
+	maxEvent      int
+	maxStream     int
+	maxStoreBytes int64
+	maxLiveBytes  int64
+	maxKeys       int
+	maxSubs       int
+	maxStreams    int
+	maxDuration   time.Duration
+	idleTimeout   time.Duration
+	slowClient    time.Duration
+	shutdown      time.Duration
+	missingBody   string
+	mockTokens    int
+	mockDelay     time.Duration
+}
+
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("ssegate", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	fs.StringVar(&o.upstream, "upstream", "", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM")
+	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	fs.DurationVar(&o.ttl, "ttl", 24*time.Hour, "how long a committed response is kept")
+	fs.DurationVar(&o.heartbeat, "heartbeat", 15*time.Second, "keep-alive comment interval to an idle stream client")
+	fs.IntVar(&o.maxBody, "max-body", 32<<20, "largest request body in bytes (413 above)")
+	fs.IntVar(&o.maxEvent, "max-event", 4<<20, "largest upstream event in bytes (the stream is aborted above)")
+	fs.IntVar(&o.maxStream, "max-stream-bytes", 16<<20, "bytes recorded per stream or non-streaming body (the stream is aborted above)")
+	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", 512<<20, "bytes of committed responses held in memory (older ones are evicted)")
+	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
+	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
+	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
+	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
+	fs.DurationVar(&o.maxDuration, "max-stream-duration", 30*time.Minute, "longest upstream stream (aborted after)")
+	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 5*time.Minute, "longest upstream silence, including the wait for its first byte")
+	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client whose connection accepts nothing for this long is dropped (it can resume)")
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long open streams may run before they are aborted")
+	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
+	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
+	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: ssegate -upstream URL|mock [flags]\n\nEvery flag can also be set as SSEGATE_<NAME> (e.g. -max-body as SSEGATE_MAX_BODY); a flag on the command line wins.\n\n")
+		fs.PrintDefaults()
+	}
+	// Environment first, so the command line overrides it.
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "SSEGATE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("invalid value %q for %s (-%s): %w", v, name, f.Name, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return nil, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if o.upstream == "" {
+		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
+	}
+	if o.missingBody != "regenerate" && o.missingBody != "gone" {
+		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
+	}
+	return o, nil
+}
+
+func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	switch o.logFormat {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("-log-format: %q is neither json nor text", o.logFormat)
+}
+
+// run starts ssegate and serves until ctx ends or a SIGTERM/SIGINT
+// arrives. ready, when not nil, receives the listening address.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready chan<- string) error {
+	o, err := parseFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		return err
+	}
+	upstream := o.upstream
+	if upstream == "mock" {
+		mock := mockllm.New(mockllm.Config{Tokens: o.mockTokens, Delay: o.mockDelay})
+		if upstream, err = mock.Start("127.0.0.1:0"); err != nil {
+			return fmt.Errorf("mock upstream: %w", err)
+		}
+		defer mock.Close()
+		log.Info("embedded mock LLM started", "url", upstream)
+	}
+	missing := cache.Regenerate
+	if o.missingBody == "gone" {
+		missing = cache.Refuse
+	}
+	store, err := cache.NewMemory(cache.Config{
+		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxLiveBytes: o.maxLiveBytes,
+		MaxStreamBytes: o.maxStream, MaxKeys: o.maxKeys, MaxSubscribers: o.maxSubs,
+		MissingBody: missing,
+	})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	p, err := proxy.New(proxy.Config{
+		Upstream: upstream, Store: store, Inflight: proxy.Inflight(o.inflight),
+		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
+		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
+		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
+		MaxStreams: o.maxStreams, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	srv := p.Server()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstream", o.upstream)
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	select {
+	case err := <-serveErr:
+		return err
+	case <-sig.Done():
+	}
+	log.Info("draining", "timeout", o.shutdown.String())
+	drain, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	defer cancel()
+	if err := srv.ShutdownWithContext(drain); err != nil {
+		log.Warn("drain time is up: aborting open streams", "err", err.Error())
+		p.Abort()
+		final, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel2()
+		_ = srv.ShutdownWithContext(final)
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,93 @@
+package proxy
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Inflight is what a request gets when its key's generation is still live.
+type Inflight string
+
+const (
+	// InflightJoin: follow the live stream (the default).
+	InflightJoin Inflight = "join"
+	// InflightConflict: answer 409 idempotency_in_flight with Retry-After.
+	InflightConflict Inflight = "conflict"
+)
+
+// Config configures a Proxy. Its zero value, with Upstream and Store set,
+// is usable: every zero field takes the default documented beside it.
+type Config struct {
+	// Upstream is the base URL of the LLM API, e.g. https://api.openai.com.
+	// A path in it is prefixed to every relayed path.
+	Upstream string
+	// Store decides keyed requests; nil relays every request unrecorded.
+	Store Store
+	// Inflight picks join (default) or conflict for a live key.
+	Inflight Inflight
+	// Heartbeat is the pause after which an idle client gets ": ping" (default 15s).
+	Heartbeat time.Duration
+	// MaxBodyBytes bounds a request body (default 32 MiB); larger ones get 413.
+	MaxBodyBytes int
+	// MaxEventBytes bounds one upstream event (default 4 MiB); a larger one aborts the stream.
+	MaxEventBytes int
+	// MaxStreamBytes bounds a non-streaming upstream body and an unkeyed
+	// stream's journal (default 16 MiB); the store bounds keyed journals.
+	MaxStreamBytes int
+	// MaxStreamDuration bounds one generation (default 30m); past it the stream is aborted.
+	MaxStreamDuration time.Duration
+	// UpstreamIdleTimeout bounds a silence of the upstream, including the
+	// wait for the response head (default 5m: longer than a model's think time).
+	UpstreamIdleTimeout time.Duration
+	// UpstreamConnectTimeout bounds dialing the upstream (default 10s).
+	UpstreamConnectTimeout time.Duration
+	// UpstreamMaxConns bounds connections to the upstream (default 4096).
+	UpstreamMaxConns int
+	// SlowClientTimeout drops a client whose connection accepts no bytes
+	// for this long (default 30s); the client can resume.
+	SlowClientTimeout time.Duration
+	// MaxStreams bounds concurrent upstream calls (default 10000); more get 503.
+	MaxStreams int
+	// ReadTimeout bounds reading one request (default 60s).
+	ReadTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection between requests (default 90s).
+	IdleTimeout time.Duration
+	// Logger receives the decision log (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Inflight == "" {
+		c.Inflight = InflightJoin
+	}
+	if c.Inflight != InflightJoin && c.Inflight != InflightConflict {
+		return fmt.Errorf("inflight: %q is neither join nor conflict", c.Inflight)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n <= 0 {
+			*n = v
+		}
+	}
+	def(&c.Heartbeat, 15*time.Second)
+	def(&c.MaxStreamDuration, 30*time.Minute)
+	def(&c.UpstreamIdleTimeout, 5*time.Minute)
+	def(&c.UpstreamConnectTimeout, 10*time.Second)
+	def(&c.SlowClientTimeout, 30*time.Second)
+	def(&c.ReadTimeout, 60*time.Second)
+	def(&c.IdleTimeout, 90*time.Second)
+	defInt(&c.MaxBodyBytes, 32<<20)
+	defInt(&c.MaxEventBytes, 4<<20)
+	defInt(&c.MaxStreamBytes, 16<<20)
+	defInt(&c.UpstreamMaxConns, 4096)
+	defInt(&c.MaxStreams, 10000)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}

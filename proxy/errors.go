@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// apiError is an error answered to the client as JSON before any byte of
+// a stream went out. Its type is one of DESIGN.md's error types.
+type apiError struct {
+	status     int
+	typ        string
+	message    string
+	retryAfter int // seconds; 0 for none
+}
+
+func (e *apiError) Error() string { return e.typ + ": " + e.message }
+
+// The error types ssegate answers with. Status codes live here and only here.
+func errInvalidKey(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_idempotency_key", message: msg}
+}
+
+func errInvalidLastEventID(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_last_event_id", message: msg}
+}
+
+func errNotFound(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusNotFound, typ: "stream_not_found", message: msg}
+}
+
+func errInFlight() *apiError {
+	return &apiError{status: fasthttp.StatusConflict, typ: "idempotency_in_flight",
+		message: "a request with this Idempotency-Key is still in flight; retry later", retryAfter: 1}
+}
+
+func errGone(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusGone, typ: "stream_gone", message: msg}
+}
+
+func errTooLarge(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusRequestEntityTooLarge, typ: "request_too_large", message: msg}
+}
+
+func errConflict() *apiError {
+	return &apiError{status: fasthttp.StatusUnprocessableEntity, typ: "idempotency_conflict",
+		message: "this Idempotency-Key was used with a different request (method, path, query or body)"}
+}
+
+func errUpstream(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusBadGateway, typ: "upstream_error", message: msg}
+}
+
+func errUpstreamTimeout(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusGatewayTimeout, typ: "upstream_timeout", message: msg}
+}
+
+func errCapacity(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "capacity_exceeded", message: msg, retryAfter: 1}
+}
+
+func errMethod(msg string) *apiError {
+	return &apiError{status: fasthttp.StatusMethodNotAllowed, typ: "method_not_allowed", message: msg}
+}
+
+type errorBody struct {
+	Error errorFields `json:"error"`
+}
+
+type errorFields struct {
+	Type    string `json:"type"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message"`
+}
+
+// writeError answers e as JSON and logs it.
+func (p *Proxy) writeError(ctx *fasthttp.RequestCtx, e *apiError, attrs ...any) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.status)
+	ctx.SetContentType("application/json")
+	if e.retryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))
+	}
+	b, _ := json.Marshal(errorBody{Error: errorFields{Type: e.typ, Message: e.message}})
+	ctx.SetBody(b)
+	level := slog.LevelInfo
+	if e.status >= 500 {
+		level = slog.LevelWarn
+	}
+	p.log.Log(context.Background(), level, "request refused", append([]any{
+		"status", e.status, "type", e.typ, "msg", e.message,
+		"method", string(ctx.Method()), "path", string(ctx.Path()),
+	}, attrs...)...)
+}
+
+// abortEvent is the data of the event that ends an aborted stream.
+func abortEvent(code, message string) string {
+	b, _ := json.Marshal(errorBody{Error: errorFields{Type: "stream_aborted", Code: code, Message: message}})
+	return string(b)
+}

@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
+)
+
+// serveKeyed takes DESIGN.md's decision for a POST with an Idempotency-Key.
+func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
+	if err := validKey(key); err != nil {
+		p.writeError(ctx, errInvalidKey(err.Error()))
+		return
+	}
+	sc := cache.Scope{Tenant: tenant(ctx), Key: key}
+	fp := fingerprint(ctx)
+	if lei := ctx.Request.Header.Peek("Last-Event-ID"); len(lei) > 0 {
+		p.resume(ctx, sc, fp, string(lei))
+		return
+	}
+	b, err := p.store.Begin(sc, fp)
+	if err != nil {
+		p.storeError(ctx, err)
+		return
+	}
+	switch b.Decision {
+	case cache.Conflict:
+		p.logDecision(ctx, "conflict", sc, fp)
+		p.writeError(ctx, errConflict())
+	case cache.Gone:
+		p.logDecision(ctx, "gone", sc, fp)
+		p.writeError(ctx, errGone("the committed result of this key is no longer held"))
+	case cache.Hit:
+		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
+		p.replay(ctx, b.Result, 0)
+	case cache.Join:
+		if p.cfg.Inflight == InflightConflict {
+			p.logDecision(ctx, "in_flight", sc, fp, "generation", b.Flight.Gen)
+			p.writeError(ctx, errInFlight())
+			return
+		}
+		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
+		p.serveFlight(ctx, b.Flight, 0, true)
+	case cache.Miss:
+		f := b.Flight
+		if !p.acquire() {
+			f.Fail(cache.StateFailedRetryable, "max_streams", nil)
+			p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
+			return
+		}
+		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
+		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
+		go g.run(p.up.buildRequest(ctx))
+		p.serveFlight(ctx, f, 0, false)
+	}
+}
+
+// storeError answers a failure of the store itself.
+func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, cache.ErrStoreFull) {
+		p.writeError(ctx, errCapacity(err.Error()))
+		return
+	}
+	p.writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, typ: "store_unavailable",
+		message: "the idempotency store failed: " + err.Error(), retryAfter: 1})
+}
+
+// serveFlight answers from a live flight: the upstream's head once known,
+// then its events after seq after, following it to its end.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	<-f.HeadReady()
+	h, ok := f.Head()
+	if !ok {
+		_, reason, _ := f.Outcome()
+		if reason == "upstream_timeout" {
+			p.writeError(ctx, errUpstreamTimeout("the upstream did not answer in time; its outcome is unknown"))
+		} else {
+			p.writeError(ctx, errUpstream("the upstream could not be reached ("+reason+")"))
+		}
+		return
+	}
+	if !h.Stream {
+		<-f.Done()
+		state, reason, body := f.Outcome()
+		if body == nil && state != cache.StateCommitted {
+			p.writeError(ctx, errUpstream("the upstream answer could not be read ("+reason+")"))
+			return
+		}
+		writeHead(ctx, h, replayed)
+		ctx.SetBody(body)
+		return
+	}
+	sub, err := f.Subscribe(after)
+	if err != nil {
+		if errors.Is(err, cache.ErrPosition) {
+			p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream has not sent"))
+		} else {
+			p.writeError(ctx, errCapacity("this stream has its maximum number of followers"))
+		}
+		return
+	}
+	writeHead(ctx, h, replayed)
+	p.stream(ctx, func(c *client) bool { return p.follow(c, sub, f) }, nil)
+}
+
+// replay answers from a committed result, from the event after seq.
+func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
+	data, err := r.After(after)
+	if err != nil {
+		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream never had"))
+		return
+	}
+	writeHead(ctx, r.Head, true)
+	if !r.Head.Stream {
+		ctx.SetBody(data)
+		return
+	}
+	p.stream(ctx, func(c *client) bool { return c.write(data) == nil }, nil)
+}
+
+// writeHead sets the status and headers of an answer.
+func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
+	ctx.SetStatusCode(h.Status)
+	for _, kv := range h.Header {
+		ctx.Response.Header.Add(kv.Name, kv.Value)
+	}
+	if h.ContentType != "" {
+		ctx.SetContentType(h.ContentType)
+	}
+	if replayed {
+		ctx.Response.Header.Set("Idempotent-Replayed", "true")
+	}
+	if h.Stream {
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+	}
+}

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
+)
+
+// Proxy is the ssegate handler. Create it with New; serve it with Server.
+type Proxy struct {
+	cfg   Config
+	log   *slog.Logger
+	store Store
+	up    *upstream
+
+	streams atomic.Int64 // upstream calls in progress, bounded by MaxStreams
+
+	// done is closed by Abort: every live generation and follower ends.
+	done      chan struct{}
+	abortOnce sync.Once
+	gens      sync.WaitGroup // generation goroutines
+
+	liveMu sync.Mutex // guards live
+	live   map[*gen]struct{}
+}
+
+// New validates cfg and returns a Proxy.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	up, err := newUpstream(cfg.Upstream, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, up: up, done: make(chan struct{}), live: make(map[*gen]struct{})}, nil
+}
+
+// Server returns a fasthttp server configured for streaming through p:
+// request bounds, timeouts that do not cut long streams, and JSON errors
+// for requests it cannot read.
+func (p *Proxy) Server() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:            p.Handler,
+		Name:               "ssegate",
+		MaxRequestBodySize: p.cfg.MaxBodyBytes,
+		ReadTimeout:        p.cfg.ReadTimeout,
+		IdleTimeout:        p.cfg.IdleTimeout,
+		ReadBufferSize:     16 << 10,
+		TCPKeepalive:       true,
+		// Streams set their own write deadline; see follow.
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		DisableHeaderNamesNormalizing: true,
+		CloseOnShutdown:               true,
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
+				return
+			}
+			p.writeError(ctx, &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request: " + err.Error()})
+		},
+	}
+}
+
+// Abort ends every live generation (uncommitted) and every follower; used
+// when a drain's time is up. It waits for the generations to end.
+func (p *Proxy) Abort() {
+	p.abortOnce.Do(func() { close(p.done) })
+	p.liveMu.Lock()
+	for g := range p.live {
+		g.cancel("shutdown")
+	}
+	p.liveMu.Unlock()
+	p.gens.Wait()
+}
+
+// Handler serves one request.
+func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	if ctx.IsGet() {
+		if key, ok := strings.CutPrefix(path, "/streams/"); ok {
+			p.serveStreamGet(ctx, key)
+			return
+		}
+		if key, ok := strings.CutPrefix(path, "/keys/"); ok {
+			p.serveKeyInfo(ctx, key)
+			return
+		}
+	}
+	key := ctx.Request.Header.Peek("Idempotency-Key")
+	if key == nil || p.store == nil || !ctx.IsPost() {
+		p.relay(ctx)
+		return
+	}
+	p.serveKeyed(ctx, string(key))
+}
+
+// tenant returns the hash that scopes keys to one caller's credential.
+func tenant(ctx *fasthttp.RequestCtx) string {
+	auth := ctx.Request.Header.Peek("Authorization")
+	apiKey := ctx.Request.Header.Peek("x-api-key")
+	if len(auth) == 0 && len(apiKey) == 0 {
+		return "anonymous"
+	}
+	h := sha256.New()
+	h.Write(auth)
+	h.Write([]byte{0})
+	h.Write(apiKey)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// fingerprint hashes what makes two requests the same request.
+func fingerprint(ctx *fasthttp.RequestCtx) string {
+	h := sha256.New()
+	h.Write(ctx.Method())
+	h.Write([]byte{0})
+	h.Write(ctx.URI().PathOriginal())
+	h.Write([]byte{0})
+	h.Write(ctx.URI().QueryString())
+	h.Write([]byte{0})
+	h.Write(ctx.Request.Body())
+	return string(h.Sum(nil))
+}
+
+// validKey reports whether key is 1–255 visible ASCII characters.
+func validKey(key string) error {
+	if len(key) == 0 || len(key) > 255 {
+		return fmt.Errorf("Idempotency-Key must be 1 to 255 characters, got %d", len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("Idempotency-Key must be visible ASCII; byte %d is 0x%02x", i, c)
+		}
+	}
+	return nil
+}
+
+// keyFromPath unescapes the {key} of /streams/{key} and /keys/{key}.
+func keyFromPath(ctx *fasthttp.RequestCtx, prefix string) (string, error) {
+	raw := strings.TrimPrefix(string(ctx.URI().PathOriginal()), prefix)
+	key, err := url.PathUnescape(raw)
+	if err != nil {
+		return "", err
+	}
+	return key, validKey(key)
+}
+
+// acquire takes one of MaxStreams slots for an upstream call.
+func (p *Proxy) acquire() bool {
+	if p.streams.Add(1) > int64(p.cfg.MaxStreams) {
+		p.streams.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
+
+func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.Scope, fp string, attrs ...any) {
+	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	p.log.Info("decision", append([]any{
+		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,
+		"fingerprint", hex.EncodeToString([]byte(fp))[:12],
+		"method", string(ctx.Method()), "path", string(ctx.Path()),
+	}, attrs...)...)
+}

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
+)
+
+// resume serves a POST that repeats a key with Last-Event-ID: the events
+// after that id, from the live generation or the committed one.
+func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID string) {
+	id, err := sse.ParseID(lastEventID)
+	if err != nil {
+		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID is not an id this proxy issued"))
+		return
+	}
+	f, r, err := p.store.Attach(sc, fp, id, true)
+	if err != nil {
+		p.attachError(ctx, err, errGone("no generation of this key holds that Last-Event-ID; start over without it"))
+		return
+	}
+	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
+	if f != nil {
+		p.serveFlight(ctx, f, id.Seq, true)
+		return
+	}
+	p.replay(ctx, r, id.Seq)
+}
+
+// serveStreamGet serves GET /streams/{key}: the key's stream, from the
+// event after Last-Event-ID when the header is present. A browser's
+// EventSource sends that header by itself when it reconnects.
+func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
+	key, err := keyFromPath(ctx, "/streams/")
+	if err != nil {
+		p.writeError(ctx, errInvalidKey(err.Error()))
+		return
+	}
+	sc := cache.Scope{Tenant: tenant(ctx), Key: key}
+	var id sse.ID
+	lei := ctx.Request.Header.Peek("Last-Event-ID")
+	if len(lei) > 0 {
+		if id, err = sse.ParseID(string(lei)); err != nil {
+			p.writeError(ctx, errInvalidLastEventID("Last-Event-ID is not an id this proxy issued"))
+			return
+		}
+	}
+	f, r, err := p.store.Attach(sc, "", id, len(lei) > 0)
+	if err != nil {
+		p.attachError(ctx, err, errNotFound("no stream is known under this key for this credential"))
+		return
+	}
+	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
+	if f != nil {
+		p.serveFlight(ctx, f, id.Seq, true)
+		return
+	}
+	p.replay(ctx, r, id.Seq)
+}
+
+// attachError maps the store's answer to a resume onto DESIGN.md's errors;
+// notFound is what an unknown key gets.
+func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiError) {
+	switch {
+	case errors.Is(err, cache.ErrNotFound):
+		p.writeError(ctx, notFound)
+	case errors.Is(err, cache.ErrGone):
+		p.writeError(ctx, errGone("the generation that Last-Event-ID names aborted or is no longer held; start over without Last-Event-ID"))
+	case errors.Is(err, cache.ErrPosition):
+		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream never had"))
+	case errors.Is(err, cache.ErrConflict):
+		p.writeError(ctx, errConflict())
+	default:
+		p.storeError(ctx, err)
+	}
+}
+
+// keyInfo is the JSON answer of GET /keys/{key}.
+type keyInfo struct {
+	Key string `json:"key"`
+	cache.KeyInfo
+}
+
+// serveKeyInfo serves GET /keys/{key}: what the store knows of the key.
+func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx, _ string) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.writeError(ctx, errInvalidKey(err.Error()))
+		return
+	}
+	ki, ok := p.store.Info(cache.Scope{Tenant: tenant(ctx), Key: key})
+	if !ok {
+		p.writeError(ctx, &apiError{status: fasthttp.StatusNotFound, typ: "key_not_found", message: "no key is known under this name for this credential"})
+		return
+	}
+	b, _ := json.Marshal(keyInfo{Key: key, KeyInfo: ki})
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

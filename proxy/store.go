@@ -1,0 +1,21 @@
+package proxy
+
+import (
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// Store is what the proxy needs from a store of keys. Every method is safe
+// for concurrent use.
+//
+// Begin is the claim: among concurrent calls for one scope, exactly one
+// returns cache.Miss, and its caller must end the returned Flight (Commit
+// or Fail). Attach finds the live flight or committed result a resume
+// reads, returning cache.ErrNotFound, cache.ErrGone, cache.ErrPosition or
+// cache.ErrConflict as those errors document. Errors other than those
+// mean the store itself failed.
+type Store interface {
+	Begin(sc cache.Scope, fingerprint string) (cache.Begun, error)
+	Attach(sc cache.Scope, fingerprint string, after sse.ID, hasAfter bool) (*cache.Flight, *cache.Result, error)
+	Info(sc cache.Scope) (cache.KeyInfo, bool)
+}

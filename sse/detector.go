@@ -1,0 +1,280 @@
+package sse
+
+import "github.com/tidwall/gjson"
+
+// maxWideChoices bounds the choice indexes outside 0..63 a Detector tracks,
+// so that a hostile upstream cannot grow its memory without limit.
+const maxWideChoices = 1024
+
+// Detector follows one stream and decides whether it ended cleanly, by the
+// rules of the dialect it detects from the events (DESIGN.md, Streams).
+//
+// Use NewDetector, or Reset for reuse; the zero value is not a supported
+// starting state. A Detector is not safe for concurrent use. Observe runs on
+// every relayed event, so it makes one pass over each event's data and does
+// not allocate in the common case.
+type Detector struct {
+	dialect   Dialect
+	wantUsage bool
+	errSeen   bool // an error event or error object, at any point
+
+	// OpenAI chat/completions.
+	done           bool           // data: [DONE]
+	seen, finished uint64         // bit i: choice index i appeared / had a finish_reason
+	wide           map[int64]bool // choice indexes outside 0..63 → finished
+	tooManyChoices bool           // wide hit maxWideChoices
+
+	// OpenAI Responses.
+	completed, failed, incomplete bool
+	haveSeq, seqGap               bool
+	lastSeq                       int64
+
+	// Anthropic.
+	stopped, stopReason bool // message_stop seen; a non-null stop_reason seen
+
+	usageSeen     bool
+	input, output int64
+}
+
+// NewDetector returns a Detector for one stream; wantUsage says whether the
+// request asked for a usage chunk (see WantsUsage), which an OpenAI chat
+// stream must then carry to be clean.
+func NewDetector(wantUsage bool) *Detector {
+	d := &Detector{}
+	d.Reset(wantUsage)
+	return d
+}
+
+// Reset makes d ready for a new stream, keeping its allocated memory.
+func (d *Detector) Reset(wantUsage bool) {
+	wide := d.wide
+	clear(wide)
+	*d = Detector{wantUsage: wantUsage, wide: wide}
+}
+
+// Observe feeds d the next event of the stream.
+func (d *Detector) Observe(ev Event) {
+	if ev.Type == "error" {
+		d.errSeen = true
+	}
+	if ev.Data == "[DONE]" {
+		// Only chat/completions ends this way. A Responses or Anthropic
+		// upstream (or a gateway in front of one) that adds it anyway is
+		// tolerated: their own terminal events decide.
+		if d.dialect == DialectUnknown {
+			d.dialect = DialectOpenAIChat
+		}
+		if d.dialect == DialectOpenAIChat {
+			d.done = true
+		}
+		return
+	}
+	var f fields
+	f.scan(ev.Data)
+	if f.errorSet || f.typ == "error" {
+		d.errSeen = true
+	}
+	if d.dialect == DialectUnknown {
+		d.dialect = detectDialect(ev.Type, &f)
+	}
+	if f.seq.Type == gjson.Number {
+		// Tracked whatever the dialect, so that a sequence number seen before
+		// the dialect was known still counts; only Responses judges it.
+		n := f.seq.Int()
+		if d.haveSeq && n != d.lastSeq+1 {
+			d.seqGap = true
+		}
+		d.haveSeq, d.lastSeq = true, n
+	}
+	switch d.dialect {
+	case DialectUnknown, DialectOpenAIChat:
+		// Also while unknown: some OpenAI-compatible servers omit "object",
+		// and then only [DONE] names the dialect, after the choices went by.
+		d.observeChat(&f)
+	case DialectOpenAIResponses:
+		d.observeResponses(ev.Type, &f)
+	case DialectAnthropic:
+		d.observeAnthropic(ev.Type, &f)
+	}
+}
+
+func (d *Detector) observeChat(f *fields) {
+	if f.choices.IsArray() {
+		f.choices.ForEach(func(_, c gjson.Result) bool {
+			if !c.IsObject() {
+				return true
+			}
+			var idx int64 // an absent index means the only choice, 0
+			fin := false
+			c.ForEach(func(k, v gjson.Result) bool {
+				switch k.Str {
+				case "index":
+					idx = v.Int()
+				case "finish_reason":
+					fin = isSet(v)
+				}
+				return true
+			})
+			d.markChoice(idx, fin)
+			return true
+		})
+	}
+	if f.usage.IsObject() {
+		d.usageSeen = true
+		d.input = f.usage.Get("prompt_tokens").Int()
+		d.output = f.usage.Get("completion_tokens").Int()
+	}
+}
+
+// markChoice records that choice idx appeared, and whether this chunk
+// finished it. Finishing is sticky: a later chunk for the same choice with a
+// null finish_reason (Azure sends content-filter annotations after the end)
+// does not reopen it.
+func (d *Detector) markChoice(idx int64, fin bool) {
+	if idx >= 0 && idx < 64 {
+		bit := uint64(1) << idx
+		d.seen |= bit
+		if fin {
+			d.finished |= bit
+		}
+		return
+	}
+	if d.wide == nil {
+		d.wide = make(map[int64]bool)
+	}
+	prev, ok := d.wide[idx]
+	if !ok && len(d.wide) >= maxWideChoices {
+		d.tooManyChoices = true
+		return
+	}
+	d.wide[idx] = prev || fin
+}
+
+func (d *Detector) observeResponses(name string, f *fields) {
+	// Name and data type are checked separately: should they disagree, a
+	// failure signal must not be hidden by a completion signal.
+	is := func(s string) bool { return name == s || f.typ == s }
+	completed, failed, incomplete := is("response.completed"), is("response.failed"), is("response.incomplete")
+	if !completed && !failed && !incomplete {
+		return
+	}
+	d.completed = d.completed || completed
+	d.failed = d.failed || failed
+	d.incomplete = d.incomplete || incomplete
+	if u := f.response.Get("usage"); u.IsObject() {
+		d.usageSeen = true
+		d.input = u.Get("input_tokens").Int()
+		d.output = u.Get("output_tokens").Int()
+	}
+}
+
+func (d *Detector) observeAnthropic(name string, f *fields) {
+	is := func(s string) bool { return name == s || f.typ == s }
+	switch {
+	case is("message_stop"):
+		d.stopped = true
+	case is("message_delta"):
+		if isSet(f.delta.Get("stop_reason")) {
+			d.stopReason = true
+		}
+		// message_delta usage is cumulative; newer API versions repeat
+		// input_tokens here too.
+		if f.usage.IsObject() {
+			d.usageSeen = true
+			if v := f.usage.Get("output_tokens"); v.Exists() {
+				d.output = v.Int()
+			}
+			if v := f.usage.Get("input_tokens"); v.Exists() {
+				d.input = v.Int()
+			}
+		}
+	case is("message_start"):
+		if u := f.message.Get("usage"); u.IsObject() {
+			d.usageSeen = true
+			d.input = u.Get("input_tokens").Int()
+			d.output = u.Get("output_tokens").Int()
+		}
+	}
+}
+
+// Dialect returns the dialect detected so far, DialectUnknown until a
+// recognisable event arrives.
+func (d *Detector) Dialect() Dialect { return d.dialect }
+
+// Terminal reports whether the stream's terminal event has been seen
+// (data: [DONE], response.completed/failed/incomplete, message_stop), or an
+// error. It says nothing about cleanliness: use Clean at the end of the body.
+func (d *Detector) Terminal() bool {
+	return d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
+}
+
+// Clean reports, at the end of the body, whether the stream ended cleanly.
+// Call it only after the read loop ended without a read error; a read error
+// is an abort whatever Clean says. When the stream is not clean, reason is a
+// short snake_case cause for logs and metrics: "error_event",
+// "unknown_dialect", "no_terminal_event", "no_choices",
+// "missing_finish_reason", "too_many_choices", "missing_usage",
+// "response_failed", "response_incomplete", "sequence_gap" or
+// "missing_stop_reason".
+func (d *Detector) Clean() (ok bool, reason string) {
+	if d.errSeen {
+		return false, "error_event"
+	}
+	switch d.dialect {
+	case DialectOpenAIChat:
+		switch {
+		case !d.done:
+			return false, "no_terminal_event"
+		case d.tooManyChoices:
+			return false, "too_many_choices"
+		case d.seen == 0 && len(d.wide) == 0:
+			return false, "no_choices"
+		case !d.allFinished():
+			return false, "missing_finish_reason"
+		case d.wantUsage && !d.usageSeen:
+			return false, "missing_usage"
+		}
+		return true, ""
+	case DialectOpenAIResponses:
+		switch {
+		case d.failed:
+			return false, "response_failed"
+		case d.incomplete:
+			return false, "response_incomplete"
+		case !d.completed:
+			return false, "no_terminal_event"
+		case d.seqGap:
+			return false, "sequence_gap"
+		}
+		return true, ""
+	case DialectAnthropic:
+		switch {
+		case !d.stopped:
+			return false, "no_terminal_event"
+		case !d.stopReason:
+			return false, "missing_stop_reason"
+		}
+		return true, ""
+	}
+	return false, "unknown_dialect"
+}
+
+func (d *Detector) allFinished() bool {
+	if d.seen != d.finished {
+		return false
+	}
+	for _, fin := range d.wide {
+		if !fin {
+			return false
+		}
+	}
+	return true
+}
+
+// Usage returns the token counts the upstream reported: chat usage
+// prompt_tokens/completion_tokens, Responses usage input_tokens/output_tokens,
+// Anthropic message_start input_tokens and message_delta output_tokens. ok is
+// false when no usage was seen.
+func (d *Detector) Usage() (input, output int64, ok bool) {
+	return d.input, d.output, d.usageSeen
+}

@@ -1,0 +1,14 @@
+// Package sse owns the Server-Sent Events wire format as ssegate sees it.
+//
+// It reads events from an upstream LLM API (Read, a thin layer over go-sse's
+// parser with a size bound), writes events with proxy-assigned ids
+// (AppendEvent, AppendComment), encodes and parses those ids (ID, ParseID),
+// and decides from the events themselves whether a stream ended cleanly
+// (Detector). Only a cleanly ended stream may be stored, so the Detector is
+// deliberately strict: anything it does not recognise as a complete,
+// error-free stream of a known dialect is reported as not clean, with a
+// short reason for logs and metrics.
+//
+// The package imports nothing from the rest of ssegate; the writers are
+// allocation-free so that the relay loop can reuse one buffer per stream.
+package sse

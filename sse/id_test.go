@@ -1,0 +1,118 @@
+package sse
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func TestParseID(t *testing.T) {
+	tests := []struct {
+		in   string
+		want ID
+		ok   bool
+	}{
+		{"1764403200123-42", ID{1764403200123, 42}, true},
+		{"1-1", ID{1, 1}, true},
+		{"0-0", ID{}, true},
+		{"0-7", ID{0, 7}, true},
+		{"18446744073709551615-18446744073709551615", ID{math.MaxUint64, math.MaxUint64}, true},
+		{"", ID{}, false},
+		{"1", ID{}, false},
+		{"1-", ID{}, false},
+		{"-1", ID{}, false},
+		{"-", ID{}, false},
+		{"a-1", ID{}, false},
+		{"1-a", ID{}, false},
+		{"01-1", ID{}, false},
+		{"1-01", ID{}, false},
+		{"00-1", ID{}, false},
+		{"18446744073709551616-1", ID{}, false},
+		{"1-18446744073709551616", ID{}, false},
+		{"99999999999999999999-1", ID{}, false},
+		{" 1-2", ID{}, false},
+		{"1-2 ", ID{}, false},
+		{"1 -2", ID{}, false},
+		{"+1-2", ID{}, false},
+		{"1-+2", ID{}, false},
+		{"1--2", ID{}, false},
+		{"1-2-3", ID{}, false},
+		{"1_2", ID{}, false},
+		{"１-2", ID{}, false}, // fullwidth digit
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseID(tt.in)
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("got error %v; want %v", err, tt.want)
+				}
+				if got != tt.want {
+					t.Fatalf("got %v; want %v", got, tt.want)
+				}
+				if s := got.String(); s != tt.in {
+					t.Errorf("String: got %q; want %q", s, tt.in)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidID) {
+				t.Fatalf("got %v, %v; want an error wrapping ErrInvalidID", got, err)
+			}
+		})
+	}
+}
+
+func TestIDString(t *testing.T) {
+	tests := []struct {
+		id   ID
+		want string
+		zero bool
+	}{
+		{ID{}, "0-0", true},
+		{ID{1764403200123, 42}, "1764403200123-42", false},
+		{ID{0, 1}, "0-1", false},
+		{ID{math.MaxUint64, 0}, "18446744073709551615-0", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			if got := tt.id.String(); got != tt.want {
+				t.Errorf("String: got %q; want %q", got, tt.want)
+			}
+			if got := string(tt.id.Append([]byte("x"))); got != "x"+tt.want {
+				t.Errorf("Append: got %q; want %q", got, "x"+tt.want)
+			}
+			if got := tt.id.IsZero(); got != tt.zero {
+				t.Errorf("IsZero: got %v; want %v", got, tt.zero)
+			}
+		})
+	}
+}
+
+func TestParseIDErrorBounded(t *testing.T) {
+	long := make([]byte, 10000)
+	for i := range long {
+		long[i] = 'x'
+	}
+	_, err := ParseID(string(long))
+	if err == nil || len(err.Error()) > 200 {
+		t.Errorf("got error of %d bytes; want a bounded error", len(err.Error()))
+	}
+}
+
+func BenchmarkIDAppend(b *testing.B) {
+	id := ID{1764403200123, 42}
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = id.Append(buf[:0])
+	}
+}
+
+func BenchmarkParseID(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseID("1764403200123-42"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package sse
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func TestReadFixtures(t *testing.T) {
+	tests := []struct {
+		name      string
+		events    int
+		firstType string
+		lastType  string
+		lastData  string
+	}{
+		{"openai-chat-text", 20, "", "", "[DONE]"},
+		{"openai-chat-usage", 12, "", "", "[DONE]"},
+		{"openai-responses-completed", 15, "response.created", "response.completed", ""},
+		{"anthropic-messages-text", 7, "message_start", "message_stop", `{"type":"message_stop"    }`},
+		{"groq-chat-error-midstream", 95, "", "error", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			evs := readAll(t, fixture(t, tt.name), 0)
+			if len(evs) != tt.events {
+				t.Fatalf("got %d events; want %d", len(evs), tt.events)
+			}
+			if got := evs[0].Type; got != tt.firstType {
+				t.Errorf("first type: got %q; want %q", got, tt.firstType)
+			}
+			last := evs[len(evs)-1]
+			if last.Type != tt.lastType {
+				t.Errorf("last type: got %q; want %q", last.Type, tt.lastType)
+			}
+			if tt.lastData != "" && last.Data != tt.lastData {
+				t.Errorf("last data: got %q; want %q", last.Data, tt.lastData)
+			}
+		})
+	}
+}
+
+func TestReadShapes(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []Event
+	}{
+		{"multi-line data", "data: a\ndata: b\n\n", []Event{{Data: "a\nb"}}},
+		{"crlf and cr line breaks", "event: x\r\ndata: a\rdata: b\r\n\r\n", []Event{{Type: "x", Data: "a\nb"}}},
+		{"id-only and retry-only blocks skipped", "id: 7\n\nretry: 10\n\ndata: a\n\n", []Event{{Data: "a"}}},
+		{"comments skipped", ": ping\n\ndata: a\n\n", []Event{{Data: "a"}}},
+		{"named event without data kept", "event: ping\n\n", []Event{{Type: "ping"}}},
+		{"one leading space stripped only", "data:  a\n\n", []Event{{Data: " a"}}},
+		{"incomplete final event discarded", "data: a\n\ndata: b", []Event{{Data: "a"}}},
+		{"final event without blank line discarded", "data: a\n\ndata: b\n", []Event{{Data: "a"}}},
+		{"empty", "", nil},
+		{"bom removed", "\xef\xbb\xbfdata: a\n\n", []Event{{Data: "a"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := readAll(t, tt.in, 0)
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("got %q; want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestReadTooLarge(t *testing.T) {
+	const limit = 1024
+	tests := []struct {
+		name    string
+		in      string
+		wantErr bool
+	}{
+		{"fits", "data: " + strings.Repeat("x", limit/2) + "\n\n", false},
+		{"too large", "data: " + strings.Repeat("x", 2*limit) + "\n\n", true},
+		{"too large after small", "data: a\n\ndata: " + strings.Repeat("x", 2*limit) + "\n\n", true},
+		{"too large without end", "data: " + strings.Repeat("x", 2*limit), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			n := 0
+			for _, e := range Read(strings.NewReader(tt.in), limit) {
+				if e != nil {
+					err = e
+					continue
+				}
+				n++
+			}
+			if got := errors.Is(err, ErrEventTooLarge); got != tt.wantErr {
+				t.Fatalf("errors.Is(%v, ErrEventTooLarge): got %v; want %v", err, got, tt.wantErr)
+			}
+			if tt.wantErr && !strings.Contains(err.Error(), "1024") {
+				t.Errorf("error %q: got no bound in the text; want 1024", err)
+			}
+		})
+	}
+}
+
+func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
+	// go-sse alone stops at 64 KiB; a Responses response.completed is bigger.
+	big := "data: " + strings.Repeat("x", 200<<10) + "\n\n"
+	evs := readAll(t, big, 0)
+	if len(evs) != 1 || len(evs[0].Data) != 200<<10 {
+		t.Fatalf("got %d events; want 1 of %d bytes", len(evs), 200<<10)
+	}
+}
+
+func TestReadError(t *testing.T) {
+	r := io.MultiReader(strings.NewReader("data: a\n\ndata: b"), iotest.ErrReader(io.ErrUnexpectedEOF))
+	var got []string
+	var err error
+	for ev, e := range Read(r, 0) {
+		if e != nil {
+			err = e
+			continue
+		}
+		got = append(got, ev.Data)
+	}
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("got error %v; want io.ErrUnexpectedEOF", err)
+	}
+	if fmt.Sprint(got) != "[a]" {
+		t.Errorf("got events %q; want [a]", got)
+	}
+}
+
+func TestReadStopEarly(t *testing.T) {
+	n := 0
+	for range Read(strings.NewReader("data: a\n\ndata: b\n\n"), 0) {
+		n++
+		break
+	}
+	if n != 1 {
+		t.Errorf("got %d iterations; want 1", n)
+	}
+}
+
+func BenchmarkRead(b *testing.B) {
+	chunk := `{"id":"chatcmpl-B74aE2TDl9ZbKx2fXoVatoMDnErNm","object":"chat.completion.chunk","created":1741025614,"model":"gpt-3.5-turbo-0125","choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}]}`
+	var sb strings.Builder
+	for range 200 {
+		sb.WriteString("data: " + chunk + "\n\n")
+	}
+	sb.WriteString("data: [DONE]\n\n")
+	body := sb.String()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, err := range Read(strings.NewReader(body), 0) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
