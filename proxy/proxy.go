@@ -59,10 +59,10 @@ func (p *Proxy) Server() *fasthttp.Server {
 		ReadBufferSize:     16 << 10,
 		TCPKeepalive:       true,
 		// Streams set their own write deadline; see follow.
-		NoDefaultServerHeader:         true,
-		NoDefaultContentType:          true,
-		DisableHeaderNamesNormalizing: true,
-		CloseOnShutdown:               true,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		CloseOnShutdown:       true,
+		Logger:                fasthttpLogger{p.log},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
@@ -71,6 +71,14 @@ func (p *Proxy) Server() *fasthttp.Server {
 			p.writeError(ctx, &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request: " + err.Error()})
 		},
 	}
+}
+
+// fasthttpLogger sends fasthttp's own messages (connections it could not
+// serve) to the log at debug level: each is also answered or counted.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...))
 }
 
 // Abort ends every live generation (uncommitted) and every follower; used
@@ -113,6 +121,10 @@ func tenant(ctx *fasthttp.RequestCtx) string {
 	if len(auth) == 0 && len(apiKey) == 0 {
 		return "anonymous"
 	}
+	return tenantHash(auth, apiKey)
+}
+
+func tenantHash(auth, apiKey []byte) string {
 	h := sha256.New()
 	h.Write(auth)
 	h.Write([]byte{0})

@@ -77,10 +77,10 @@ func (d *Detector) Observe(ev Event) {
 	if d.dialect == DialectUnknown {
 		d.dialect = detectDialect(ev.Type, &f)
 	}
-	if f.seq.Type == gjson.Number {
+	if isNumber(f.seq) {
 		// Tracked whatever the dialect, so that a sequence number seen before
 		// the dialect was known still counts; only Responses judges it.
-		n := f.seq.Int()
+		n := jsonInt(f.seq)
 		if d.haveSeq && n != d.lastSeq+1 {
 			d.seqGap = true
 		}
@@ -99,30 +99,27 @@ func (d *Detector) Observe(ev Event) {
 }
 
 func (d *Detector) observeChat(f *fields) {
-	if f.choices.IsArray() {
-		f.choices.ForEach(func(_, c gjson.Result) bool {
-			if !c.IsObject() {
-				return true
+	elements(f.choices, func(c string) {
+		if !isObject(c) {
+			return
+		}
+		var idx int64 // an absent index means the only choice, 0
+		fin := false
+		members(c, func(k, v string) {
+			switch k {
+			case "index":
+				idx = jsonInt(v)
+			case "finish_reason":
+				fin = isSet(v)
 			}
-			var idx int64 // an absent index means the only choice, 0
-			fin := false
-			c.ForEach(func(k, v gjson.Result) bool {
-				switch k.Str {
-				case "index":
-					idx = v.Int()
-				case "finish_reason":
-					fin = isSet(v)
-				}
-				return true
-			})
-			d.markChoice(idx, fin)
-			return true
 		})
-	}
-	if f.usage.IsObject() {
+		d.markChoice(idx, fin)
+	})
+	if isObject(f.usage) {
+		u := gjson.Parse(f.usage)
 		d.usageSeen = true
-		d.input = f.usage.Get("prompt_tokens").Int()
-		d.output = f.usage.Get("completion_tokens").Int()
+		d.input = u.Get("prompt_tokens").Int()
+		d.output = u.Get("completion_tokens").Int()
 	}
 }
 
@@ -161,7 +158,7 @@ func (d *Detector) observeResponses(name string, f *fields) {
 	d.completed = d.completed || completed
 	d.failed = d.failed || failed
 	d.incomplete = d.incomplete || incomplete
-	if u := f.response.Get("usage"); u.IsObject() {
+	if u := gjson.Parse(f.response).Get("usage"); u.IsObject() {
 		d.usageSeen = true
 		d.input = u.Get("input_tokens").Int()
 		d.output = u.Get("output_tokens").Int()
@@ -174,22 +171,23 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 	case is("message_stop"):
 		d.stopped = true
 	case is("message_delta"):
-		if isSet(f.delta.Get("stop_reason")) {
+		if isSet(gjson.Parse(f.delta).Get("stop_reason").Raw) {
 			d.stopReason = true
 		}
 		// message_delta usage is cumulative; newer API versions repeat
 		// input_tokens here too.
-		if f.usage.IsObject() {
+		if isObject(f.usage) {
+			u := gjson.Parse(f.usage)
 			d.usageSeen = true
-			if v := f.usage.Get("output_tokens"); v.Exists() {
+			if v := u.Get("output_tokens"); v.Exists() {
 				d.output = v.Int()
 			}
-			if v := f.usage.Get("input_tokens"); v.Exists() {
+			if v := u.Get("input_tokens"); v.Exists() {
 				d.input = v.Int()
 			}
 		}
 	case is("message_start"):
-		if u := f.message.Get("usage"); u.IsObject() {
+		if u := gjson.Parse(f.message).Get("usage"); u.IsObject() {
 			d.usageSeen = true
 			d.input = u.Get("input_tokens").Int()
 			d.output = u.Get("output_tokens").Int()

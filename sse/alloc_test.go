@@ -1,0 +1,31 @@
+//go:build !race
+
+// The race detector adds allocations, so these checks run only without it.
+
+package sse
+
+import "testing"
+
+func TestZeroAllocs(t *testing.T) {
+	buf := make([]byte, 0, 4096)
+	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}
+	d := NewDetector(true)
+	tests := []struct {
+		name string
+		fn   func()
+	}{
+		{"AppendEvent", func() { buf = AppendEvent(buf[:0], ID{1764403200123, 42}, "delta", "a\nb\nc") }},
+		{"AppendEvent with CR", func() { buf = AppendEvent(buf[:0], ID{1, 2}, "a\rb", "a\r\nb\rc") }},
+		{"AppendComment", func() { buf = AppendComment(buf[:0], "ping\nx") }},
+		{"ID.Append", func() { buf = ID{1764403200123, 42}.Append(buf[:0]) }},
+		{"ParseID", func() { _, _ = ParseID("1764403200123-42") }},
+		{"Detector.Observe", func() { d.Observe(chunk) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := testing.AllocsPerRun(100, tt.fn); got != 0 {
+				t.Errorf("got %v allocs; want 0", got)
+			}
+		})
+	}
+}
