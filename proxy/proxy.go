@@ -114,6 +114,15 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	p.serveKeyed(ctx, string(key))
 }
 
+// fpPrefix is the part of a fingerprint that logs show: enough to tell
+// requests apart, too little to matter.
+func fpPrefix(fp string) string {
+	if len(fp) < 6 {
+		return ""
+	}
+	return hex.EncodeToString([]byte(fp[:6]))
+}
+
 // tenant returns the hash that scopes keys to one caller's credential.
 func tenant(ctx *fasthttp.RequestCtx) string {
 	auth := ctx.Request.Header.Peek("Authorization")
@@ -185,7 +194,7 @@ func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.
 	}
 	p.log.Info("decision", append([]any{
 		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,
-		"fingerprint", hex.EncodeToString([]byte(fp))[:12],
+		"fingerprint", fpPrefix(fp),
 		"method", string(ctx.Method()), "path", string(ctx.Path()),
 	}, attrs...)...)
 }

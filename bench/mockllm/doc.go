@@ -29,5 +29,16 @@
 //
 // A fault after N events always fires before the terminal event ([DONE],
 // message_stop, response.completed), even when N is larger than the stream,
-// so that the fault is always observable. An invalid header is a 400.
+// so that the fault is always observable. On a non-streaming request,
+// reset-after resets and eof-after closes the connection before any answer,
+// error-after is a 500, and hang-after hangs. An invalid header, like a
+// malformed JSON body, is a 400.
+//
+// The request's token cap (max_tokens or max_completion_tokens, max_tokens,
+// max_output_tokens) ends the answer the provider's way: finish_reason
+// "length", stop_reason "max_tokens", or response.incomplete with
+// incomplete_details.reason "max_output_tokens".
+//
+// Server.Calls counts every POST to a model endpoint, whatever becomes of
+// it, so a test can assert how many generations reached the upstream.
 package mockllm

@@ -89,6 +89,7 @@ func TestResetAfter(t *testing.T) {
 			if err == nil {
 				t.Errorf("read: got no error; want a reset")
 			}
+			t.Logf("read error: %v", err)
 			if len(evs) != 3 {
 				t.Errorf("events: got %d; want 3", len(evs))
 			}

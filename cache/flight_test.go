@@ -1,0 +1,377 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/sse"
+)
+
+// TestJournalSubscribers follows one generation of 5,000 events with
+// subscribers that join before, during and concurrently with the appends;
+// each must get exactly the events after its position, then the end.
+func TestJournalSubscribers(t *testing.T) {
+	const (
+		total = 5000
+		pause = 2000 // the producer waits here so mid-stream joins are mid-stream
+		k     = 1234
+	)
+	m := newMemory(t, Config{})
+	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	f.SetHead(streamHead)
+
+	type follower struct {
+		name  string
+		after uint64
+		got   []byte
+		ended bool
+	}
+	var (
+		mu        sync.Mutex
+		followers []*follower
+		wg        sync.WaitGroup
+	)
+	subscribe := func(name string, after uint64) {
+		s, err := f.Subscribe(after)
+		if err != nil {
+			t.Errorf("%s: Subscribe(%d): got %v; want none", name, after, err)
+			return
+		}
+		fl := &follower{name: name, after: after}
+		mu.Lock()
+		followers = append(followers, fl)
+		mu.Unlock()
+		wg.Go(func() {
+			defer s.Close()
+			fl.got, fl.ended = follow(s, 30*time.Second)
+		})
+	}
+
+	subscribe("before appends", 0)
+	idle, err := f.Subscribe(0) // never reads until the end
+	if err != nil {
+		t.Fatalf("idle Subscribe: got %v; want none", err)
+	}
+
+	paused, resume, produced := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	start := time.Now()
+	var took time.Duration
+	go func() {
+		for seq := 1; seq <= total; seq++ {
+			if _, err := f.Append("", itoa(seq)); err != nil {
+				produced <- err
+				return
+			}
+			if seq == pause {
+				close(paused)
+				<-resume
+				start = time.Now()
+			}
+		}
+		took = time.Since(start)
+		produced <- nil
+	}()
+
+	<-paused
+	subscribe("mid-stream at 0", 0)
+	subscribe("mid-stream at k", k)
+	subscribe("mid-stream at the head", pause)
+	// Two subscribe while the producer runs: one from 0, one from wherever
+	// the journal has got to.
+	var joined sync.WaitGroup
+	joined.Go(func() { subscribe("concurrent at 0", 0) })
+	joined.Go(func() { subscribe("concurrent at current", uint64(f.Events())) })
+	close(resume)
+	joined.Wait()
+	if err := <-produced; err != nil {
+		t.Fatalf("Append: got %v; want none", err)
+	}
+	// An idle subscriber must not slow the producer: 3,000 appends take
+	// microseconds each; a producer blocked on it would never finish.
+	if took > 10*time.Second {
+		t.Errorf("3,000 appends with an idle subscriber: took %v; want well under 10s", took)
+	}
+	if !f.Commit(nil) {
+		t.Error("Commit: got stored false; want true")
+	}
+	wg.Wait()
+
+	res := begin(t, m, f.Scope, "fp").Result
+	if res == nil {
+		t.Fatal("Begin after Commit: got no result; want a hit")
+	}
+	followers = append(followers, &follower{name: "idle"})
+	idleFl := followers[len(followers)-1]
+	idleFl.got, idleFl.ended = idle.Read()
+	for _, fl := range followers {
+		t.Run(fl.name, func(t *testing.T) {
+			if !fl.ended {
+				t.Fatalf("got ended=false after %d bytes; want true after Commit", len(fl.got))
+			}
+			checkSeq(t, parseWire(t, fl.got), f.Gen, fl.after, total)
+			want, err := res.After(fl.after)
+			if err != nil || !bytes.Equal(fl.got, want) {
+				t.Errorf("got %d bytes; want the result's %d bytes after %d (err %v)", len(fl.got), len(want), fl.after, err)
+			}
+		})
+	}
+	if got := m.Stats().LiveBytes; got != 0 {
+		t.Errorf("LiveBytes after Commit: got %d; want 0", got)
+	}
+}
+
+// TestIdleSubscribersDoNotBlockAppend holds many subscribers that never
+// read; the producer's 5,000 appends must not wait for any of them.
+func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
+	const total = 5000
+	m := newMemory(t, Config{MaxSubscribers: 100})
+	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	f.SetHead(streamHead)
+	subs := make([]*Sub, 100)
+	for i := range subs {
+		s, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatalf("Subscribe %d: got %v; want none", i, err)
+		}
+		subs[i] = s
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for seq := 1; seq <= total; seq++ {
+			if _, err := f.Append("", itoa(seq)); err != nil {
+				t.Errorf("Append %d: got %v; want none", seq, err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("5,000 appends with 100 idle subscribers: not done after 10s (%d events); want fast", f.Events())
+	}
+	f.Commit(nil)
+	for i, s := range subs {
+		p, ended := s.Read()
+		if !ended {
+			t.Fatalf("idle subscriber %d: got ended=false; want true", i)
+		}
+		if i == 0 || i == len(subs)-1 {
+			checkSeq(t, parseWire(t, p), f.Gen, 0, total)
+		}
+	}
+}
+
+func TestSubscribe(t *testing.T) {
+	m := newMemory(t, Config{})
+	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	f.SetHead(streamHead)
+	appendN(t, f, 1, 3)
+	tests := []struct {
+		after   uint64
+		wantErr error
+	}{
+		{0, nil}, {2, nil}, {3, nil}, {4, ErrPosition}, {1 << 40, ErrPosition},
+	}
+	for _, tt := range tests {
+		t.Run(itoa(int(tt.after)), func(t *testing.T) {
+			s, err := f.Subscribe(tt.after)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("got %v; want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			defer s.Close()
+			select {
+			case <-s.C():
+			default:
+				t.Fatal("C: got no signal after Subscribe; want one for the backlog")
+			}
+			p, ended := s.Read()
+			if ended {
+				t.Error("Read: got ended=true on a live flight; want false")
+			}
+			if len(p) == 0 {
+				if tt.after != 3 {
+					t.Fatalf("Read: got nothing; want events after %d", tt.after)
+				}
+			} else {
+				checkSeq(t, parseWire(t, p), f.Gen, tt.after, 3)
+			}
+			if got := s.Position(); got != 3 {
+				t.Errorf("Position: got %d; want 3", got)
+			}
+		})
+	}
+
+	t.Run("after the end", func(t *testing.T) {
+		g := claim(t, m, Scope{Tenant: "t", Key: "ended"}, "fp")
+		g.SetHead(streamHead)
+		appendN(t, g, 1, 2)
+		g.Commit(nil)
+		if _, err := g.Append("", "late"); !errors.Is(err, ErrEnded) {
+			t.Errorf("Append after Commit: got %v; want ErrEnded", err)
+		}
+		if g.Commit(nil) {
+			t.Error("second Commit: got stored true; want false")
+		}
+		s, err := g.Subscribe(1)
+		if err != nil {
+			t.Fatalf("Subscribe to an ended flight: got %v; want none", err)
+		}
+		p, ended := s.Read()
+		if !ended {
+			t.Error("Read: got ended=false; want true")
+		}
+		checkSeq(t, parseWire(t, p), g.Gen, 1, 2)
+	})
+}
+
+func TestNonStreaming(t *testing.T) {
+	body := []byte(`{"id":"chatcmpl-1","choices":[{"message":{"content":"hi"}}]}`)
+	m := newMemory(t, Config{})
+
+	t.Run("commit", func(t *testing.T) {
+		sc := Scope{Tenant: "t", Key: "ok"}
+		f := claim(t, m, sc, "fp")
+		joiner := begin(t, m, sc, "fp").Flight
+		head := Head{Status: 200, ContentType: "application/json"}
+		f.SetHead(head)
+		<-joiner.HeadReady()
+		if h, ok := joiner.Head(); !ok || !reflect2(h, head) {
+			t.Errorf("Head: got %+v, %v; want %+v, true", h, ok, head)
+		}
+		if !f.Commit(body) {
+			t.Error("Commit: got stored false; want true")
+		}
+		<-joiner.Done()
+		if st, _, got := joiner.Outcome(); st != StateCommitted || !bytes.Equal(got, body) {
+			t.Errorf("Outcome: got %s %q; want %s %q", st, got, StateCommitted, body)
+		}
+		b := begin(t, m, sc, "fp")
+		if b.Decision != Hit || b.Result == nil || !bytes.Equal(b.Result.Data, body) {
+			t.Fatalf("Begin: got %v with result %+v; want hit with the body", b.Decision, b.Result)
+		}
+		if b.Result.Head.Stream || b.Result.Head.Status != 200 {
+			t.Errorf("result head: got %+v; want %+v", b.Result.Head, head)
+		}
+		if got, err := b.Result.After(3); err != nil || !bytes.Equal(got, body) {
+			t.Errorf("After(3): got %q, %v; want the body", got, err)
+		}
+		if ki, _ := m.Info(sc); ki.Bytes != len(body) || ki.Events != 0 {
+			t.Errorf("Info: got %d bytes %d events; want %d 0", ki.Bytes, ki.Events, len(body))
+		}
+	})
+
+	t.Run("fail with body", func(t *testing.T) {
+		sc := Scope{Tenant: "t", Key: "bad"}
+		f := claim(t, m, sc, "fp")
+		errBody := []byte(`{"error":{"type":"invalid_request_error"}}`)
+		f.SetHead(Head{Status: 400, ContentType: "application/json"})
+		f.Fail(StateFailedTerminal, "upstream 400", errBody)
+		st, reason, got := f.Outcome()
+		if st != StateFailedTerminal || reason != "upstream 400" || !bytes.Equal(got, errBody) {
+			t.Errorf("Outcome: got %s %q %q; want %s %q %q", st, reason, got, StateFailedTerminal, "upstream 400", errBody)
+		}
+		if ki, _ := m.Info(sc); ki.State != StateFailedTerminal || ki.Reason != "upstream 400" {
+			t.Errorf("Info: got %s %q; want %s %q", ki.State, ki.Reason, StateFailedTerminal, "upstream 400")
+		}
+	})
+
+	t.Run("fail before head", func(t *testing.T) {
+		f := claim(t, m, Scope{Tenant: "t", Key: "nohead"}, "fp")
+		f.Fail(StateCommitUnknown, "timeout", nil)
+		select {
+		case <-f.HeadReady():
+		default:
+			t.Fatal("HeadReady: got open; want closed after Fail")
+		}
+		if _, ok := f.Head(); ok {
+			t.Error("Head: got ok=true; want false")
+		}
+		f.SetHead(Head{Status: 200}) // after the end: ignored, no panic
+	})
+}
+
+func TestMark(t *testing.T) {
+	m := newMemory(t, Config{})
+	sc := Scope{Tenant: "t", Key: "k"}
+	f := claim(t, m, sc, "fp")
+	f.Mark(StateExecutionStarted, 2, 503)
+	f.Mark(StateExecutionStarted, 3, 0)
+	ki, _ := m.Info(sc)
+	if ki.State != StateExecutionStarted || ki.Attempts != 3 || ki.LastStatus != 503 {
+		t.Errorf("Info: got %s attempts %d status %d; want %s 3 503", ki.State, ki.Attempts, ki.LastStatus, StateExecutionStarted)
+	}
+	if b := begin(t, m, sc, "fp"); b.Decision != Join {
+		t.Errorf("Begin while execution_started: got %v; want join", b.Decision)
+	}
+}
+
+func TestDetached(t *testing.T) {
+	m := newMemory(t, Config{})
+	tests := []struct {
+		name string
+		end  func(f *Flight)
+		want State
+	}{
+		{"commit", func(f *Flight) {
+			if f.Commit(nil) {
+				t.Error("Commit: got stored true; want false")
+			}
+		}, StateCommitted},
+		{"fail", func(f *Flight) { f.Fail(StateFailedRetryable, "aborted", nil) }, StateFailedRetryable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := NewDetached(1 << 20)
+			f.SetHead(streamHead)
+			s, err := f.Subscribe(0)
+			if err != nil {
+				t.Fatalf("Subscribe: got %v; want none", err)
+			}
+			for seq := 1; seq <= 3; seq++ {
+				id, err := f.Append("message", "hi")
+				if err != nil || id != (sse.ID{Seq: uint64(seq)}) {
+					t.Fatalf("Append: got %v, %v; want 0-%d, none", id, err, seq)
+				}
+			}
+			p, _ := s.Read()
+			if want := strings.Repeat("event: message\ndata: hi\n\n", 3); string(p) != want {
+				t.Errorf("journal: got %q; want %q (no id lines)", p, want)
+			}
+			tt.end(f)
+			<-f.Done()
+			if st, _, _ := f.Outcome(); st != tt.want {
+				t.Errorf("Outcome: got %s; want %s", st, tt.want)
+			}
+			if _, ended := s.Read(); !ended {
+				t.Error("Read: got ended=false; want true")
+			}
+			if st := m.Stats(); st != (Stats{}) {
+				t.Errorf("store Stats: got %+v; want zero (no ledger trace)", st)
+			}
+		})
+	}
+
+	t.Run("bound", func(t *testing.T) {
+		f := NewDetached(100)
+		if _, err := f.Append("", strings.Repeat("x", 100)); !errors.Is(err, ErrStreamTooLarge) {
+			t.Errorf("Append past maxBytes: got %v; want ErrStreamTooLarge", err)
+		}
+		if got := f.Events(); got != 0 {
+			t.Errorf("Events: got %d; want 0", got)
+		}
+	})
+}
+
+func itoa(n int) string { return sse.ID{Seq: uint64(n)}.String()[2:] }
+
+func reflect2(a, b Head) bool {
+	return a.Status == b.Status && a.ContentType == b.ContentType && a.Stream == b.Stream && len(a.Header) == len(b.Header)
+}

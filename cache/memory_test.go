@@ -1,0 +1,654 @@
+package cache
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/sse"
+)
+
+var streamHead = Head{
+	Status: 200, ContentType: "text/event-stream", Stream: true,
+	Header: []Header{{Name: "X-Request-Id", Value: "req_1"}},
+}
+
+// commitStream claims sc, journals n events and commits them; it returns
+// the flight and the bytes it journaled.
+func commitStream(tb testing.TB, m *Memory, sc Scope, fp string, n int) (*Flight, []byte) {
+	tb.Helper()
+	f := claim(tb, m, sc, fp)
+	f.SetHead(streamHead)
+	want := appendN(tb, f, 1, n)
+	f.Commit(nil)
+	return f, want
+}
+
+func TestBeginClaimIsAtomic(t *testing.T) {
+	const callers = 64
+	m := newMemory(t, Config{})
+	scopes := []Scope{
+		{Tenant: "t1", Key: "k1"},
+		{Tenant: "t1", Key: "k2"},
+		{Tenant: "t2", Key: "k1"}, // same key, other tenant: its own claim
+		{Tenant: "t2", Key: "k2"},
+		{Tenant: "t3", Key: strings.Repeat("k", 255)},
+		{Tenant: "t1\x00k", Key: "1"}, // must not collide with t1/k1
+	}
+	owners := make(map[*Flight]Scope)
+	for _, sc := range scopes {
+		t.Run(fmt.Sprintf("%q/%.8q", sc.Tenant, sc.Key), func(t *testing.T) {
+			var (
+				wg    sync.WaitGroup
+				start = make(chan struct{})
+				got   [callers]Begun
+				errs  [callers]error
+			)
+			for i := range callers {
+				wg.Go(func() {
+					<-start
+					got[i], errs[i] = m.Begin(sc, "fp")
+				})
+			}
+			close(start)
+			wg.Wait()
+
+			var owner *Flight
+			misses, joins := 0, 0
+			for i := range callers {
+				if errs[i] != nil {
+					t.Fatalf("caller %d: got error %v; want none", i, errs[i])
+				}
+				switch got[i].Decision {
+				case Miss:
+					misses++
+					owner = got[i].Flight
+				case Join:
+					joins++
+				default:
+					t.Fatalf("caller %d: got %v; want miss or join", i, got[i].Decision)
+				}
+			}
+			if misses != 1 || joins != callers-1 {
+				t.Fatalf("got %d misses, %d joins; want 1, %d", misses, joins, callers-1)
+			}
+			for i := range callers {
+				if got[i].Flight != owner {
+					t.Fatalf("caller %d: got flight %p; want the owner's %p", i, got[i].Flight, owner)
+				}
+			}
+			if prev, ok := owners[owner]; ok {
+				t.Fatalf("got the flight of %v; want a flight of its own", prev)
+			}
+			owners[owner] = sc
+		})
+	}
+	if got, want := m.Stats().LiveFlights, int64(len(scopes)); got != want {
+		t.Errorf("LiveFlights: got %d; want %d", got, want)
+	}
+}
+
+func TestBeginDecision(t *testing.T) {
+	sc := Scope{Tenant: "tenant", Key: "key"}
+	type state struct {
+		f    *Flight // the key's last generation, if any
+		want []byte  // what it journaled
+	}
+	live := func(t *testing.T, m *Memory) state {
+		f := claim(t, m, sc, "a")
+		f.SetHead(streamHead)
+		return state{f, appendN(t, f, 1, 3)}
+	}
+	committed := func(t *testing.T, m *Memory) state {
+		f, want := commitStream(t, m, sc, "a", 7)
+		return state{f, want}
+	}
+	failed := func(st State) func(t *testing.T, m *Memory) state {
+		return func(t *testing.T, m *Memory) state {
+			s := live(t, m)
+			s.f.Fail(st, "upstream reset", nil)
+			return s
+		}
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, m *Memory) state
+		fp    string
+		want  Decision
+		check func(t *testing.T, s state, b Begun)
+	}{
+		{name: "new key", fp: "a", want: Miss, check: func(t *testing.T, s state, b Begun) {
+			if b.Flight == nil || b.Flight.Gen == 0 || b.Regenerated {
+				t.Errorf("got flight %p gen %d regenerated %v; want a flight with gen > 0, not regenerated",
+					b.Flight, b.Flight.Gen, b.Regenerated)
+			}
+		}},
+		{name: "live same fp", setup: live, fp: "a", want: Join, check: func(t *testing.T, s state, b Begun) {
+			if b.Flight != s.f {
+				t.Errorf("got flight %p; want the live %p", b.Flight, s.f)
+			}
+		}},
+		{name: "live other fp", setup: live, fp: "b", want: Conflict},
+		{name: "committed same fp", setup: committed, fp: "a", want: Hit, check: func(t *testing.T, s state, b Begun) {
+			r := b.Result
+			if r == nil {
+				t.Fatal("got no result; want one")
+			}
+			if !bytes.Equal(r.Data, s.want) {
+				t.Errorf("result data: got %q; want %q", r.Data, s.want)
+			}
+			if r.Gen != s.f.Gen || r.Scope != sc || r.Events() != 7 {
+				t.Errorf("result: got gen %d scope %v events %d; want %d %v 7", r.Gen, r.Scope, r.Events(), s.f.Gen, sc)
+			}
+			if !reflect.DeepEqual(r.Head, streamHead) {
+				t.Errorf("result head: got %+v; want %+v", r.Head, streamHead)
+			}
+		}},
+		{name: "committed other fp", setup: committed, fp: "b", want: Conflict},
+		{name: "failed_retryable same fp", setup: failed(StateFailedRetryable), fp: "a", want: Miss},
+		{name: "failed_retryable other fp", setup: failed(StateFailedRetryable), fp: "b", want: Miss},
+		{name: "failed_terminal same fp", setup: failed(StateFailedTerminal), fp: "a", want: Miss},
+		{name: "commit_unknown other fp", setup: failed(StateCommitUnknown), fp: "b", want: Miss},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMemory(t, Config{})
+			var s state
+			if tt.setup != nil {
+				s = tt.setup(t, m)
+			}
+			b := begin(t, m, sc, tt.fp)
+			if b.Decision != tt.want {
+				t.Fatalf("got %v; want %v", b.Decision, tt.want)
+			}
+			switch b.Decision {
+			case Conflict:
+				if b.Flight != nil || b.Result != nil {
+					t.Errorf("conflict: got flight %p result %p; want neither", b.Flight, b.Result)
+				}
+			case Miss:
+				if b.Flight == nil {
+					t.Fatal("miss: got no flight; want one")
+				}
+				if s.f != nil && b.Flight.Gen <= s.f.Gen {
+					t.Errorf("miss after a failure: got gen %d; want > %d", b.Flight.Gen, s.f.Gen)
+				}
+				if s.f != nil && b.Flight == s.f {
+					t.Error("miss after a failure: got the failed flight; want a new one")
+				}
+			}
+			if tt.check != nil {
+				tt.check(t, s, b)
+			}
+		})
+	}
+}
+
+func TestBounds(t *testing.T) {
+	sc := func(k string) Scope { return Scope{Tenant: "t", Key: k} }
+	pad := strings.Repeat("x", 100)
+
+	t.Run("MaxStreamBytes", func(t *testing.T) {
+		m := newMemory(t, Config{MaxStreamBytes: 500})
+		f := claim(t, m, sc("a"), "fp")
+		f.SetHead(streamHead)
+		var err error
+		for range 100 {
+			if _, err = f.Append("", pad); err != nil {
+				break
+			}
+		}
+		if !errors.Is(err, ErrStreamTooLarge) {
+			t.Fatalf("Append past the bound: got %v; want ErrStreamTooLarge", err)
+		}
+		n, live := f.Events(), m.Stats().LiveBytes
+		s, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatalf("Subscribe: got %v; want none", err)
+		}
+		before, _ := s.Read()
+		if int64(len(before)) != live || len(before) > 500 {
+			t.Errorf("journal: got %d bytes, live %d; want equal and <= 500", len(before), live)
+		}
+		if _, err := f.Append("", pad); !errors.Is(err, ErrStreamTooLarge) {
+			t.Errorf("second Append past the bound: got %v; want ErrStreamTooLarge", err)
+		}
+		if got := f.Events(); got != n {
+			t.Errorf("events after refused Append: got %d; want %d", got, n)
+		}
+		if got := m.Stats().LiveBytes; got != live {
+			t.Errorf("LiveBytes after refused Append: got %d; want %d", got, live)
+		}
+		s2, _ := f.Subscribe(0)
+		if after, _ := s2.Read(); !bytes.Equal(after, before) {
+			t.Errorf("journal after refused Append: got %q; want %q", after, before)
+		}
+		if p, _ := s.Read(); len(p) != 0 {
+			t.Errorf("subscriber after refused Append: got %q; want nothing new", p)
+		}
+		evs := parseWire(t, before)
+		if len(evs) != n {
+			t.Errorf("journal parses to %d events; want %d", len(evs), n)
+		}
+		f.Fail(StateFailedRetryable, "stream too large", nil)
+		if got := m.Stats().LiveBytes; got != 0 {
+			t.Errorf("LiveBytes after Fail: got %d; want 0", got)
+		}
+	})
+
+	t.Run("MaxLiveBytes across flights", func(t *testing.T) {
+		m := newMemory(t, Config{MaxLiveBytes: 1000})
+		a, b := claim(t, m, sc("a"), "fp"), claim(t, m, sc("b"), "fp")
+		big := strings.Repeat("y", 600)
+		if _, err := a.Append("", big); err != nil {
+			t.Fatalf("first flight Append: got %v; want none", err)
+		}
+		liveA := m.Stats().LiveBytes
+		if _, err := b.Append("", big); !errors.Is(err, ErrStoreFull) {
+			t.Fatalf("second flight Append: got %v; want ErrStoreFull", err)
+		}
+		if got := b.Events(); got != 0 {
+			t.Errorf("second flight events: got %d; want 0", got)
+		}
+		if got := m.Stats().LiveBytes; got != liveA {
+			t.Errorf("LiveBytes after refused Append: got %d; want %d", got, liveA)
+		}
+		a.Fail(StateFailedRetryable, "aborted", nil)
+		if got := m.Stats().LiveBytes; got != 0 {
+			t.Errorf("LiveBytes after Fail: got %d; want 0", got)
+		}
+		b.SetHead(streamHead)
+		if _, err := b.Append("", big); err != nil {
+			t.Fatalf("second flight Append after the first ended: got %v; want none", err)
+		}
+		if got := m.Stats().LiveBytes; got == 0 {
+			t.Errorf("LiveBytes with a live journal: got 0; want > 0")
+		}
+		b.Commit(nil)
+		st := m.Stats()
+		if st.LiveBytes != 0 || st.LiveFlights != 0 {
+			t.Errorf("after Commit: got LiveBytes %d LiveFlights %d; want 0 0", st.LiveBytes, st.LiveFlights)
+		}
+	})
+
+	t.Run("Begin at MaxLiveBytes", func(t *testing.T) {
+		const bound = 500
+		m := newMemory(t, Config{MaxLiveBytes: bound})
+		a := claim(t, m, sc("a"), "fp")
+		overhead := len(sse.AppendEvent(nil, sse.ID{Gen: a.Gen, Seq: 1}, "", ""))
+		if _, err := a.Append("", strings.Repeat("z", bound-overhead)); err != nil {
+			t.Fatalf("Append up to the bound: got %v; want none", err)
+		}
+		if got := m.Stats().LiveBytes; got != bound {
+			t.Fatalf("LiveBytes: got %d; want %d", got, bound)
+		}
+		if _, err := m.Begin(sc("b"), "fp"); !errors.Is(err, ErrStoreFull) {
+			t.Errorf("Begin of a new key: got %v; want ErrStoreFull", err)
+		}
+		if b := begin(t, m, sc("a"), "fp"); b.Decision != Join {
+			t.Errorf("Begin of the live key: got %v; want join", b.Decision)
+		}
+		a.Fail(StateFailedRetryable, "aborted", nil)
+		claim(t, m, sc("b"), "fp")
+	})
+
+	t.Run("MaxKeys", func(t *testing.T) {
+		m := newMemory(t, Config{MaxKeys: 3})
+		claim(t, m, sc("a"), "fp")
+		commitStream(t, m, sc("b"), "fp", 2)
+		f := claim(t, m, sc("c"), "fp")
+		f.Fail(StateFailedRetryable, "aborted", nil)
+		if _, err := m.Begin(sc("d"), "fp"); !errors.Is(err, ErrStoreFull) {
+			t.Errorf("Begin of a 4th key: got %v; want ErrStoreFull", err)
+		}
+		for k, want := range map[string]Decision{"a": Join, "b": Hit, "c": Miss} {
+			if b := begin(t, m, sc(k), "fp"); b.Decision != want {
+				t.Errorf("Begin of known key %q: got %v; want %v", k, b.Decision, want)
+			}
+		}
+		if got := m.Stats().Keys; got != 3 {
+			t.Errorf("Keys: got %d; want 3", got)
+		}
+	})
+
+	t.Run("MaxSubscribers", func(t *testing.T) {
+		m := newMemory(t, Config{MaxSubscribers: 2})
+		f := claim(t, m, sc("a"), "fp")
+		s1, err1 := f.Subscribe(0)
+		_, err2 := f.Subscribe(0)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("Subscribe within the bound: got %v, %v; want none", err1, err2)
+		}
+		if _, err := f.Subscribe(0); !errors.Is(err, ErrStoreFull) {
+			t.Errorf("Subscribe past the bound: got %v; want ErrStoreFull", err)
+		}
+		s1.Close()
+		s1.Close() // safe twice
+		if _, err := f.Subscribe(0); err != nil {
+			t.Errorf("Subscribe after a Close: got %v; want none", err)
+		}
+	})
+}
+
+func TestBodyStoreDrop(t *testing.T) {
+	tests := []struct {
+		name     string
+		tiny     bool // MaxStoreBytes below the result's cost: admission refuses it
+		policy   MissingBody
+		decision Decision
+	}{
+		{"rejected/regenerate", true, Regenerate, Miss},
+		{"rejected/refuse", true, Refuse, Gone},
+		{"dropped/regenerate", false, Regenerate, Miss},
+		{"dropped/refuse", false, Refuse, Gone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{MissingBody: tt.policy}
+			if tt.tiny {
+				cfg.MaxStoreBytes = 100
+			}
+			m := newMemory(t, cfg)
+			sc := Scope{Tenant: "t", Key: "k"}
+			f := claim(t, m, sc, "fp")
+			f.SetHead(streamHead)
+			appendN(t, f, 1, 5)
+			stored := f.Commit(nil)
+			st := m.Stats()
+			if tt.tiny {
+				if stored || st.Stored != 0 || st.Rejected != 1 || st.StoreEntries != 0 {
+					t.Fatalf("Commit into a tiny store: got stored %v, Stats Stored %d Rejected %d StoreEntries %d; want false 0 1 0",
+						stored, st.Stored, st.Rejected, st.StoreEntries)
+				}
+			} else {
+				if !stored || st.Stored != 1 || st.StoreEntries != 1 {
+					t.Fatalf("Commit: got stored %v, Stats Stored %d StoreEntries %d; want true 1 1", stored, st.Stored, st.StoreEntries)
+				}
+				m.DropBody(sc)
+				if st := m.Stats(); st.StoreEntries != 0 || st.StoredBytes != 0 {
+					t.Errorf("after DropBody: got StoreEntries %d StoredBytes %d; want 0 0", st.StoreEntries, st.StoredBytes)
+				}
+			}
+			if st.Commits != 1 {
+				t.Errorf("Commits: got %d; want 1", st.Commits)
+			}
+
+			ki, ok := m.Info(sc)
+			if !ok || ki.State != StateCommitted || ki.BodyStored || ki.Generation != f.Gen || ki.Events != 5 {
+				t.Errorf("Info: got %+v, %v; want committed, gen %d, 5 events, body not stored", ki, ok, f.Gen)
+			}
+			if _, _, err := m.Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 2}, true); !errors.Is(err, ErrGone) {
+				t.Errorf("Attach with the committed gen: got %v; want ErrGone", err)
+			}
+			if _, _, err := m.Attach(sc, "", sse.ID{}, false); !errors.Is(err, ErrGone) {
+				t.Errorf("Attach without a position: got %v; want ErrGone", err)
+			}
+			if b := begin(t, m, sc, "other"); b.Decision != Conflict {
+				t.Errorf("Begin with another fp: got %v; want conflict", b.Decision)
+			}
+
+			b := begin(t, m, sc, "fp")
+			if b.Decision != tt.decision {
+				t.Fatalf("duplicate Begin: got %v; want %v", b.Decision, tt.decision)
+			}
+			st = m.Stats()
+			if st.BodyMissing != 3 {
+				t.Errorf("BodyMissing: got %d; want 3 (two Attach, one Begin)", st.BodyMissing)
+			}
+			switch tt.policy {
+			case Regenerate:
+				if !b.Regenerated || b.Flight == nil || b.Flight.Gen <= f.Gen {
+					t.Fatalf("regenerated miss: got regenerated %v flight %p; want true and a flight with gen > %d",
+						b.Regenerated, b.Flight, f.Gen)
+				}
+				if st.Regenerated != 1 {
+					t.Errorf("Stats Regenerated: got %d; want 1", st.Regenerated)
+				}
+				if _, _, err := m.Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 2}, true); !errors.Is(err, ErrGone) {
+					t.Errorf("Attach with the old gen after regeneration: got %v; want ErrGone", err)
+				}
+				if ki, _ := m.Info(sc); ki.State != StateIntentReceived || ki.Generation != b.Flight.Gen {
+					t.Errorf("Info after regeneration: got %s gen %d; want %s gen %d", ki.State, ki.Generation, StateIntentReceived, b.Flight.Gen)
+				}
+				b.Flight.Fail(StateFailedRetryable, "test over", nil)
+			case Refuse:
+				if b.Flight != nil || b.Result != nil || st.Regenerated != 0 {
+					t.Errorf("gone: got flight %p result %p Regenerated %d; want neither, 0", b.Flight, b.Result, st.Regenerated)
+				}
+			}
+		})
+	}
+}
+
+// TestStoreAccounting checks that StoredBytes and StoreEntries follow what
+// the body store holds through admissions, evictions and DropBody.
+func TestStoreAccounting(t *testing.T) {
+	tests := []struct {
+		name     string
+		maxBytes int64
+		results  int
+		drop     int // how many of the first results to DropBody
+	}{
+		{"all kept", 0, 20, 0},
+		{"dropped", 0, 20, 7},
+		{"evicted", 4000, 60, 0},
+		{"evicted and dropped", 4000, 60, 30},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMemory(t, Config{MaxStoreBytes: tt.maxBytes})
+			var scopes []Scope
+			for i := range tt.results {
+				sc := Scope{Tenant: "t", Key: fmt.Sprint(i)}
+				scopes = append(scopes, sc)
+				commitStream(t, m, sc, "fp", 10)
+			}
+			for _, sc := range scopes[:tt.drop] {
+				m.DropBody(sc)
+			}
+			m.bodies.Wait()
+			var bytes, entries int64
+			for _, sc := range scopes {
+				if r, ok := m.bodies.Get(sc.id()); ok {
+					bytes += r.cost()
+					entries++
+				}
+			}
+			st := m.Stats()
+			if st.StoredBytes != bytes || st.StoreEntries != entries {
+				t.Errorf("got StoredBytes %d StoreEntries %d; want %d %d (Stored %d Rejected %d Evicted %d)",
+					st.StoredBytes, st.StoreEntries, bytes, entries, st.Stored, st.Rejected, st.Evicted)
+			}
+			if st.Stored-st.Evicted != entries {
+				t.Errorf("Stored-Evicted: got %d; want %d entries held", st.Stored-st.Evicted, entries)
+			}
+		})
+	}
+}
+
+func TestTTL(t *testing.T) {
+	sc := Scope{Tenant: "t", Key: "k"}
+	const ttl, failedTTL = time.Hour, time.Minute
+	// ristretto's own TTL runs on the real clock: an hour does not pass in
+	// this test, so only the ledger's injected clock moves.
+	tests := []struct {
+		name    string
+		end     func(t *testing.T, m *Memory) *Flight
+		advance time.Duration
+		// kept: the ledger still knows the key; then Begin decides want.
+		kept bool
+		want Decision
+	}{
+		{"committed within TTL", committedKey, ttl - time.Second, true, Hit},
+		{"committed at TTL", committedKey, ttl, true, Hit},
+		{"committed past TTL", committedKey, ttl + time.Millisecond, false, Miss},
+		{"failed within FailedTTL", failedKey, failedTTL - time.Second, true, Miss},
+		{"failed past FailedTTL", failedKey, failedTTL + time.Millisecond, false, Miss},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newClock()
+			m := newMemory(t, Config{TTL: ttl, FailedTTL: failedTTL, Now: clk.Now})
+			f := tt.end(t, m)
+			ki, _ := m.Info(sc)
+			wantTTL := ttl
+			if ki.State != StateCommitted {
+				wantTTL = failedTTL
+			}
+			if want := clk.Now().Add(wantTTL); !ki.Expires.Equal(want) {
+				t.Errorf("Info Expires: got %v; want %v", ki.Expires, want)
+			}
+			clk.Advance(tt.advance)
+
+			_, ok := m.Info(sc)
+			if ok != tt.kept {
+				t.Errorf("Info found: got %v; want %v", ok, tt.kept)
+			}
+			_, _, err := m.Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 1}, true)
+			switch {
+			case !tt.kept && !errors.Is(err, ErrNotFound):
+				t.Errorf("Attach: got %v; want ErrNotFound", err)
+			case tt.kept && ki.State == StateCommitted && err != nil:
+				t.Errorf("Attach: got %v; want the result", err)
+			case tt.kept && ki.State != StateCommitted && !errors.Is(err, ErrGone):
+				t.Errorf("Attach: got %v; want ErrGone", err)
+			}
+			b := begin(t, m, sc, "fp")
+			if b.Decision != tt.want {
+				t.Fatalf("Begin: got %v; want %v", b.Decision, tt.want)
+			}
+			if b.Decision == Miss {
+				if b.Regenerated || b.Flight.Gen <= f.Gen {
+					t.Errorf("Begin: got regenerated %v gen %d; want false, gen > %d", b.Regenerated, b.Flight.Gen, f.Gen)
+				}
+				if ki, _ := m.Info(sc); ki.State != StateIntentReceived || ki.Events != 0 {
+					t.Errorf("Info of the new generation: got %s with %d events; want %s with 0", ki.State, ki.Events, StateIntentReceived)
+				}
+			}
+		})
+	}
+}
+
+func committedKey(t *testing.T, m *Memory) *Flight {
+	f, _ := commitStream(t, m, Scope{Tenant: "t", Key: "k"}, "fp", 3)
+	return f
+}
+
+func failedKey(t *testing.T, m *Memory) *Flight {
+	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	f.SetHead(streamHead)
+	appendN(t, f, 1, 3)
+	f.Fail(StateFailedRetryable, "upstream reset", nil)
+	return f
+}
+
+func TestAttach(t *testing.T) {
+	m := newMemory(t, Config{})
+	done := Scope{Tenant: "t", Key: "done"}
+	fd, all := commitStream(t, m, done, "fp", 5)
+	liveSc := Scope{Tenant: "t", Key: "live"}
+	fl := claim(t, m, liveSc, "fp")
+	fl.SetHead(streamHead)
+	appendN(t, fl, 1, 3)
+	failedSc := Scope{Tenant: "t", Key: "failed"}
+	ff := claim(t, m, failedSc, "fp")
+	ff.Fail(StateFailedRetryable, "aborted", nil)
+	// The bytes of events 3..5 of the committed stream.
+	var tail []byte
+	for seq := uint64(3); seq <= 5; seq++ {
+		tail = sse.AppendEvent(tail, sse.ID{Gen: fd.Gen, Seq: seq}, "", fmt.Sprint(seq))
+	}
+
+	tests := []struct {
+		name     string
+		sc       Scope
+		fp       string
+		after    *sse.ID
+		wantErr  error
+		flight   *Flight
+		wantData []byte // Result.After(after.Seq), for a result
+	}{
+		{name: "unknown key", sc: Scope{Tenant: "t", Key: "nope"}, fp: "fp", wantErr: ErrNotFound},
+		{name: "other tenant", sc: Scope{Tenant: "u", Key: "done"}, fp: "fp", wantErr: ErrNotFound},
+		{name: "live", sc: liveSc, fp: "fp", flight: fl},
+		{name: "live at seq", sc: liveSc, fp: "fp", after: &sse.ID{Gen: fl.Gen, Seq: 2}, flight: fl},
+		{name: "live wrong gen", sc: liveSc, fp: "fp", after: &sse.ID{Gen: fl.Gen - 1, Seq: 2}, wantErr: ErrGone},
+		{name: "live fp mismatch", sc: liveSc, fp: "other", wantErr: ErrConflict},
+		{name: "committed", sc: done, fp: "fp", wantData: all},
+		{name: "committed any fp", sc: done, fp: "", wantData: all},
+		{name: "committed at seq", sc: done, fp: "fp", after: &sse.ID{Gen: fd.Gen, Seq: 2}, wantData: tail},
+		{name: "committed at end", sc: done, fp: "fp", after: &sse.ID{Gen: fd.Gen, Seq: 5}, wantData: []byte{}},
+		{name: "committed beyond", sc: done, fp: "fp", after: &sse.ID{Gen: fd.Gen, Seq: 6}, wantErr: ErrPosition},
+		{name: "committed wrong gen", sc: done, fp: "fp", after: &sse.ID{Gen: fd.Gen + 1, Seq: 1}, wantErr: ErrGone},
+		{name: "committed fp mismatch", sc: done, fp: "other", wantErr: ErrConflict},
+		{name: "failed", sc: failedSc, fp: "fp", wantErr: ErrGone},
+		{name: "failed at its gen", sc: failedSc, fp: "fp", after: &sse.ID{Gen: ff.Gen, Seq: 0}, wantErr: ErrGone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var after sse.ID
+			if tt.after != nil {
+				after = *tt.after
+			}
+			f, r, err := m.Attach(tt.sc, tt.fp, after, tt.after != nil)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("got error %v; want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				if f != nil || r != nil {
+					t.Errorf("got flight %p result %p with an error; want neither", f, r)
+				}
+				return
+			}
+			if f != tt.flight {
+				t.Errorf("got flight %p; want %p", f, tt.flight)
+			}
+			if tt.wantData == nil {
+				if r != nil {
+					t.Errorf("got result %p; want none", r)
+				}
+				return
+			}
+			if r == nil {
+				t.Fatal("got no result; want one")
+			}
+			got, err := r.After(after.Seq)
+			if err != nil || !bytes.Equal(got, tt.wantData) {
+				t.Errorf("After(%d): got %q, %v; want %q", after.Seq, got, err, tt.wantData)
+			}
+		})
+	}
+
+	// A live position beyond the journal is refused when subscribing.
+	if _, err := fl.Subscribe(4); !errors.Is(err, ErrPosition) {
+		t.Errorf("Subscribe beyond the live journal: got %v; want ErrPosition", err)
+	}
+}
+
+func TestResultAfter(t *testing.T) {
+	m := newMemory(t, Config{})
+	_, all := commitStream(t, m, Scope{Tenant: "t", Key: "k"}, "fp", 4)
+	b := begin(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	r := b.Result
+	evs := parseWire(t, all)
+	for seq := uint64(0); seq <= 5; seq++ {
+		t.Run(fmt.Sprint(seq), func(t *testing.T) {
+			got, err := r.After(seq)
+			if seq > 4 {
+				if !errors.Is(err, ErrPosition) {
+					t.Fatalf("got %v; want ErrPosition", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got %v; want none", err)
+			}
+			checkSeq(t, parseWire(t, got), evs[0].ID.Gen, seq, 4)
+		})
+	}
+}
