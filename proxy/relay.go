@@ -62,4 +62,3 @@ func copyBody(c *client, r io.Reader) bool {
 		}
 	}
 }
-

@@ -346,4 +346,3 @@ func TestStreamBound(t *testing.T) {
 	}
 	e.waitState(key, "", cache.StateFailedRetryable)
 }
-
