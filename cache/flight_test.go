@@ -3,6 +3,8 @@ package cache
 import (
 	"bytes"
 	"errors"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,7 +64,7 @@ func TestJournalSubscribers(t *testing.T) {
 	var took time.Duration
 	go func() {
 		for seq := 1; seq <= total; seq++ {
-			if _, err := f.Append("", itoa(seq)); err != nil {
+			if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
 				produced <- err
 				return
 			}
@@ -143,7 +145,7 @@ func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
 	go func() {
 		defer close(done)
 		for seq := 1; seq <= total; seq++ {
-			if _, err := f.Append("", itoa(seq)); err != nil {
+			if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
 				t.Errorf("Append %d: got %v; want none", seq, err)
 				return
 			}
@@ -178,7 +180,7 @@ func TestSubscribe(t *testing.T) {
 		{0, nil}, {2, nil}, {3, nil}, {4, ErrPosition}, {1 << 40, ErrPosition},
 	}
 	for _, tt := range tests {
-		t.Run(itoa(int(tt.after)), func(t *testing.T) {
+		t.Run(strconv.FormatUint(tt.after, 10), func(t *testing.T) {
 			s, err := f.Subscribe(tt.after)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("got %v; want %v", err, tt.wantErr)
@@ -243,7 +245,7 @@ func TestNonStreaming(t *testing.T) {
 		head := Head{Status: 200, ContentType: "application/json"}
 		f.SetHead(head)
 		<-joiner.HeadReady()
-		if h, ok := joiner.Head(); !ok || !reflect2(h, head) {
+		if h, ok := joiner.Head(); !ok || !reflect.DeepEqual(h, head) {
 			t.Errorf("Head: got %+v, %v; want %+v, true", h, ok, head)
 		}
 		if !f.Commit(body) {
@@ -368,10 +370,4 @@ func TestDetached(t *testing.T) {
 			t.Errorf("Events: got %d; want 0", got)
 		}
 	})
-}
-
-func itoa(n int) string { return sse.ID{Seq: uint64(n)}.String()[2:] }
-
-func reflect2(a, b Head) bool {
-	return a.Status == b.Status && a.ContentType == b.ContentType && a.Stream == b.Stream && len(a.Header) == len(b.Header)
 }

@@ -141,6 +141,10 @@ func NewMemory(cfg Config) (*Memory, error) {
 		NumCounters: counters,
 		MaxCost:     cfg.MaxStoreBytes,
 		BufferItems: 64,
+		// Result.cost already allows for the structure. Without this,
+		// ristretto adds its own per-item size to the cost it reports to
+		// OnEvict, and StoredBytes would drift below zero.
+		IgnoreInternalCost: true,
 		OnEvict: func(it *ristretto.Item[*Result]) {
 			m.evicted.Add(1)
 			m.storeBytes.Add(-it.Cost)
@@ -319,8 +323,16 @@ func (m *Memory) Stats() Stats {
 // DropBody removes a committed body from the body store, as an eviction
 // would; the ledger keeps the commit. It exists for tests and operators.
 func (m *Memory) DropBody(sc Scope) {
-	m.bodies.Del(sc.id())
+	id := sc.id()
+	r, ok := m.bodies.Get(id)
+	m.bodies.Del(id)
 	m.bodies.Wait()
+	if ok {
+		// Del does not call OnEvict: count the removal here.
+		m.evicted.Add(1)
+		m.storeBytes.Add(-r.cost())
+		m.storeCount.Add(-1)
+	}
 }
 
 func (m *Memory) reserve(n int) error {

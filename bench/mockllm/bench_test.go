@@ -18,7 +18,7 @@ const benchTokens = "197"
 func BenchmarkChatStream(b *testing.B) {
 	_, url := start(b, Config{})
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	read := func(buf []byte) int {
+	read := func() int {
 		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatStream))
 		req.Header.Set("X-Mock-Tokens", benchTokens)
 		resp, err := c.Do(req)
@@ -51,7 +51,7 @@ func BenchmarkChatStream(b *testing.B) {
 		b.ReportAllocs()
 		events := 0
 		for b.Loop() {
-			events += read(nil)
+			events += read()
 		}
 		if events != 200*b.N {
 			b.Fatalf("events: got %d; want %d", events, 200*b.N)
@@ -64,7 +64,7 @@ func BenchmarkChatStream(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			n := 0
 			for pb.Next() {
-				n += read(nil)
+				n += read()
 			}
 			total <- n
 		})
