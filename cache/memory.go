@@ -220,7 +220,10 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 		}
 	}
 	if e == nil && len(m.keys) >= m.cfg.MaxKeys {
-		return Begun{}, fmt.Errorf("ledger holds %d keys: %w", len(m.keys), ErrStoreFull)
+		m.sweepLocked(now) // expired keys do not count against the bound
+		if len(m.keys) >= m.cfg.MaxKeys {
+			return Begun{}, fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", len(m.keys), ErrStoreFull)
+		}
 	}
 	if m.live.Load() >= m.cfg.MaxLiveBytes {
 		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", m.live.Load(), ErrStoreFull)
@@ -419,12 +422,16 @@ func (m *Memory) sweep() {
 		case <-t.C:
 			now := m.cfg.Now()
 			m.mu.Lock()
-			for id, e := range m.keys {
-				if !e.state.Live() && now.After(e.expires) {
-					delete(m.keys, id)
-				}
-			}
+			m.sweepLocked(now)
 			m.mu.Unlock()
+		}
+	}
+}
+
+func (m *Memory) sweepLocked(now time.Time) {
+	for id, e := range m.keys {
+		if !e.state.Live() && now.After(e.expires) {
+			delete(m.keys, id)
 		}
 	}
 }
