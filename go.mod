@@ -3,8 +3,10 @@ module github.com/ssegate/ssegate
 go 1.26.0
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/dgraph-io/ristretto/v2 v2.4.2
 	github.com/openai/openai-go/v3 v3.98.0
+	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/tidwall/gjson v1.20.0
 	github.com/tmaxmax/go-sse v0.12.0
 	github.com/valyala/fasthttp v1.78.0

@@ -19,9 +19,14 @@ const (
 // Config configures a Proxy. Its zero value, with Upstream and Store set,
 // is usable: every zero field takes the default documented beside it.
 type Config struct {
-	// Upstream is the base URL of the LLM API, e.g. https://api.openai.com.
-	// A path in it is prefixed to every relayed path.
-	Upstream string
+	// Upstreams are the base URLs of the LLM API, e.g.
+	// https://api.openai.com, in order of preference: a request goes to the
+	// first whose circuit is closed, and fails over to the next before its
+	// first byte reached the client. A path in a URL is prefixed to every
+	// relayed path.
+	Upstreams []string
+	// Retry says when a failed upstream call is tried again.
+	Retry RetryConfig
 	// Store decides keyed requests; nil relays every request unrecorded.
 	Store Store
 	// Inflight picks join (default) or conflict for a live key.
@@ -86,6 +91,10 @@ func (c *Config) setDefaults() error {
 	defInt(&c.MaxStreamBytes, 16<<20)
 	defInt(&c.UpstreamMaxConns, 4096)
 	defInt(&c.MaxStreams, 10000)
+	if len(c.Upstreams) == 0 {
+		return fmt.Errorf("no upstream")
+	}
+	c.Retry.setDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

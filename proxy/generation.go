@@ -11,22 +11,28 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// gen is one upstream call feeding one Flight. Its goroutine owns resp;
-// cancel may be called from any goroutine and interrupts a blocked read
-// by closing the body stream (fasthttp's supported way).
+// gen is one request's upstream work feeding one Flight: the attempts,
+// then the answer's body. Its goroutine owns resp; cancel may be called
+// from any goroutine and interrupts a blocked read by closing the body
+// stream (fasthttp's supported way) or a backoff by closing stop.
 type gen struct {
 	p         *Proxy
 	f         *cache.Flight
 	wantUsage bool
+	// handoff, for a request without a key, receives a final answer that
+	// is not an event stream; the handler then relays it as it comes and
+	// calls finish.
+	handoff chan *fasthttp.Response
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
 	finished bool
-	cause    string // why the generation was cut short, if it was
+	cause    string        // why the generation was cut short, if it was
+	stop     chan struct{} // closed by cancel
 }
 
 func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
-	g := &gen{p: p, f: f, wantUsage: wantUsage}
+	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{})}
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}
@@ -42,6 +48,7 @@ func (g *gen) cancel(cause string) {
 		return
 	}
 	g.cause = cause
+	close(g.stop)
 	if g.resp != nil {
 		g.resp.CloseBodyStream() //nolint:errcheck // interrupting a read
 	}
@@ -53,11 +60,9 @@ func (g *gen) cutShort() string {
 	return g.cause
 }
 
-// finish marks the generation over, so a late cancel no longer touches
-// resp, and releases what it holds.
-func (g *gen) finish() {
+// drop releases the current attempt's response.
+func (g *gen) drop() {
 	g.mu.Lock()
-	g.finished = true
 	resp := g.resp
 	g.resp = nil
 	g.mu.Unlock()
@@ -65,6 +70,15 @@ func (g *gen) finish() {
 		resp.CloseBodyStream() //nolint:errcheck // the body is done with
 		fasthttp.ReleaseResponse(resp)
 	}
+}
+
+// finish marks the generation over, so a late cancel no longer touches
+// resp, and releases what it holds.
+func (g *gen) finish() {
+	g.drop()
+	g.mu.Lock()
+	g.finished = true
+	g.mu.Unlock()
 	p := g.p
 	p.liveMu.Lock()
 	delete(p.live, g)
@@ -73,11 +87,11 @@ func (g *gen) finish() {
 	p.gens.Done()
 }
 
-// call sends req upstream and returns the response with its body still to
-// be read. It releases req.
-func (g *gen) call(req *fasthttp.Request) (*fasthttp.Response, error) {
+// call sends req to up and returns the response with its body still to be
+// read. It releases req.
+func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := g.p.up.client.Do(req, resp)
+	err := up.client.Do(req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
@@ -93,50 +107,208 @@ func (g *gen) call(req *fasthttp.Request) (*fasthttp.Response, error) {
 	return resp, nil
 }
 
-// run is a keyed generation's goroutine: call the upstream, then record
-// the answer into the flight until it ends.
-func (g *gen) run(req *fasthttp.Request) {
-	defer g.finish()
+// mark records the key's state and logs the change.
+func (g *gen) mark(state cache.State, attempt, status int) {
 	f := g.f
-	f.Mark(cache.StateExecutionStarted, 1, 0)
-	resp, err := g.call(req)
-	if err != nil {
-		state, reason := cache.StateFailedRetryable, "upstream_unreachable"
-		if !isDial(err) && isTimeout(err) {
-			state, reason = cache.StateCommitUnknown, "upstream_timeout"
+	f.Mark(state, attempt, status)
+	if f.Gen != 0 {
+		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+			"attempt", attempt, "state", state, "upstream_status", status)
+	}
+}
+
+// attempt is what one call to the upstream came to.
+type attempt struct {
+	verdict    verdict
+	reason     string     // snake_case cause, for logs and the flight
+	head       cache.Head // set when the upstream answered
+	body       []byte     // an error answer's body, to relay if it is the last
+	retryAfter time.Duration
+}
+
+// run is the generation's goroutine: call the upstream, retrying where
+// retry.go says it is safe and only before any event was journaled, then
+// record the answer into the flight until it ends.
+func (g *gen) run(tmpl *fasthttp.Request) {
+	handedOff := false
+	defer func() {
+		fasthttp.ReleaseRequest(tmpl)
+		if !handedOff {
+			g.finish()
 		}
-		g.p.log.Warn("upstream call failed", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
-			"generation", f.Gen, "state", state, "err", err.Error())
-		f.Fail(state, reason, nil)
-		return
+	}()
+	p, f := g.p, g.f
+	rc := &p.cfg.Retry
+	keyed := f.Gen != 0
+	start := time.Now()
+	p.budget.request(start)
+	jitter := newFullJitter(rc.BaseBackoff, rc.MaxBackoff)
+	next := 0
+	var last attempt
+	for n := 1; ; n++ {
+		if cause := g.cutShort(); cause != "" {
+			f.Fail(cache.StateFailedRetryable, cause, nil)
+			return
+		}
+		up, idx, done, ok := pick(p.ups, next)
+		if !ok {
+			g.end(n-1, attempt{reason: "upstream_unavailable"}, last)
+			return
+		}
+		g.mark(cache.StateExecutionStarted, n, last.head.Status)
+		a, started := g.try(up, tmpl, done)
+		if started {
+			return // the flight has its answer, and ended with it
+		}
+		if a.verdict == final && a.head.Status != 0 && !a.head.Stream && g.handoff != nil {
+			handedOff = true
+			g.mu.Lock()
+			resp := g.resp
+			g.resp = nil
+			g.mu.Unlock()
+			g.handoff <- resp
+			return
+		}
+		g.drop()
+		retry := a.verdict == safe || (a.verdict == ambiguous && keyed)
+		wait := jitter.next()
+		why := ""
+		switch {
+		case !retry:
+		case n >= rc.Attempts:
+			why = "attempts"
+		case a.retryAfter > rc.RetryAfterMax:
+			why = "retry_after_too_long"
+		case time.Since(start)+max(wait, a.retryAfter) > rc.MaxElapsed:
+			why = "max_elapsed"
+		case !p.budget.retry(time.Now()):
+			why = "budget"
+		}
+		if !retry || why != "" {
+			if why != "" {
+				p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
+					"reason", a.reason, "why", why, "upstream", up.name)
+			}
+			g.end(n, a, last)
+			return
+		}
+		p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", a.reason,
+			"upstream", up.name, "backoff", max(wait, a.retryAfter).String())
+		last = a
+		next = idx + 1 // fail over to the next upstream
+		t := time.NewTimer(max(wait, a.retryAfter))
+		select {
+		case <-t.C:
+		case <-g.stop:
+			t.Stop()
+		}
+	}
+}
+
+// try makes one attempt on up. started reports that the answer went into
+// the flight (and the flight ended with it); otherwise a says what came.
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a attempt, started bool) {
+	resp, err := g.call(up, up.prepare(tmpl))
+	if err != nil {
+		done(err)
+		switch {
+		case isDial(err):
+			return attempt{verdict: safe, reason: "connect_error"}, false
+		case isTimeout(err):
+			return attempt{verdict: ambiguous, reason: "upstream_timeout"}, false
+		default:
+			return attempt{verdict: ambiguous, reason: "upstream_reset"}, false
+		}
 	}
 	head := copyHead(resp)
-	f.Mark(cache.StateExecutionStarted, 1, head.Status)
-	if !head.Stream {
-		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
-		f.SetHead(head)
-		switch {
-		case err != nil:
-			f.Fail(cache.StateFailedRetryable, readFailure(err), nil)
-		case head.Status >= 200 && head.Status < 300:
-			f.Commit(body)
-		case head.Status >= 400 && head.Status < 500 && head.Status != fasthttp.StatusTooManyRequests:
-			f.Fail(cache.StateFailedTerminal, fmt.Sprintf("upstream_status_%d", head.Status), body)
-		default:
-			f.Fail(cache.StateFailedRetryable, fmt.Sprintf("upstream_status_%d", head.Status), body)
-		}
-		g.logEnd(head.Status)
-		return
+	a = attempt{verdict: statusVerdict(head.Status), head: head, reason: fmt.Sprintf("upstream_status_%d", head.Status)}
+	if head.Status >= 500 {
+		done(errUpstreamStatus)
+	} else {
+		done(nil) // alive: 4xx and 429 are answers, not outages
 	}
+	if a.verdict == safe {
+		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
+		a.body, _ = readBody(resp, 64<<10)
+		return a, false
+	}
+	if !head.Stream {
+		if g.handoff != nil {
+			return a, false
+		}
+		g.record(resp, head)
+		return a, true
+	}
+	reason, started := g.pump(resp, head)
+	if started {
+		return a, true
+	}
+	a.reason = reason
+	if reason == "error_event" {
+		a.verdict = safe // the upstream said it failed, before any event
+	} else {
+		a.verdict = ambiguous
+	}
+	a.head = cache.Head{}
+	return a, false
+}
+
+var errUpstreamStatus = errors.New("upstream answered 5xx")
+
+// record ends the flight with a non-streaming answer: committed when 2xx,
+// relayed to joiners and not stored otherwise.
+func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
+	f := g.f
+	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
 	f.SetHead(head)
-	g.pump(resp)
+	switch {
+	case err != nil:
+		f.Fail(cache.StateFailedRetryable, readFailure(err), nil)
+	case head.Status >= 200 && head.Status < 300:
+		f.Commit(body)
+	case head.Status >= 400 && head.Status < 500 && head.Status != fasthttp.StatusTooManyRequests:
+		f.Fail(cache.StateFailedTerminal, fmt.Sprintf("upstream_status_%d", head.Status), body)
+	default:
+		f.Fail(cache.StateFailedRetryable, fmt.Sprintf("upstream_status_%d", head.Status), body)
+	}
 	g.logEnd(head.Status)
 }
 
-// pump reads the upstream's events into the flight and ends it: committed
-// after a clean end, failed after anything else. The upstream body is read
-// to its end even past the terminal event, so the connection can be reused.
-func (g *gen) pump(resp *fasthttp.Response) {
+// end ends the flight after the last attempt a (and the one before it,
+// prev) brought no answer worth recording as a result.
+func (g *gen) end(attempts int, a, prev attempt) {
+	f := g.f
+	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict != ambiguous {
+		a = prev // relay the upstream's own last answer rather than a connect error
+	}
+	state := cache.StateFailedRetryable
+	switch {
+	case a.verdict == ambiguous:
+		state = cache.StateCommitUnknown
+	case a.head.Status >= 400 && a.head.Status < 500 && a.head.Status != fasthttp.StatusTooManyRequests:
+		state = cache.StateFailedTerminal
+	}
+	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; Fail records the state
+	if f.Gen != 0 {
+		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+			"attempt", attempts, "state", state, "upstream_status", a.head.Status, "reason", a.reason)
+	}
+	if a.head.Status != 0 {
+		f.SetHead(a.head)
+		f.Fail(state, a.reason, a.body)
+	} else {
+		f.Fail(state, a.reason, nil)
+	}
+	g.logEnd(a.head.Status)
+}
+
+// pump reads the upstream's events into the flight. The head goes to the
+// flight with the first event: until then nothing has reached a client,
+// and a failure returns started=false so the caller may retry. After it,
+// the flight ends here: committed after a clean end, failed otherwise.
+// The body is read to its end, even past the terminal event, so the
+// connection can be reused.
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head) (reason string, started bool) {
 	f := g.f
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
 	defer deadline.Stop()
@@ -148,29 +320,48 @@ func (g *gen) pump(resp *fasthttp.Response) {
 			break
 		}
 		det.Observe(ev)
+		if !started {
+			if ok, why := det.Clean(); !ok && why == "error_event" {
+				return why, false // an upstream error before any event: a failed call
+			}
+			f.SetHead(head)
+			started = true
+		}
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
 			appendErr = err
 			break
 		}
 	}
-	if cause := g.cutShort(); cause != "" {
-		f.Fail(cache.StateFailedRetryable, cause, nil)
-		return
-	}
+	cause := g.cutShort()
 	switch {
+	case cause != "":
+		reason = cause
 	case errors.Is(appendErr, cache.ErrStreamTooLarge):
-		f.Fail(cache.StateFailedRetryable, "max_stream_bytes", nil)
+		reason = "max_stream_bytes"
 	case appendErr != nil:
-		f.Fail(cache.StateFailedRetryable, "store_full", nil)
+		reason = "store_full"
 	case readErr != nil:
-		f.Fail(cache.StateFailedRetryable, readFailure(readErr), nil)
+		reason = readFailure(readErr)
 	default:
-		if ok, reason := det.Clean(); ok {
+		var ok bool
+		if ok, reason = det.Clean(); ok {
+			if !started {
+				f.SetHead(head)
+			}
 			f.Commit(nil)
-		} else {
-			f.Fail(cache.StateFailedRetryable, reason, nil)
+			g.logEnd(head.Status)
+			return "", true
 		}
 	}
+	if !started && cause == "" {
+		return reason, false
+	}
+	if !started {
+		f.SetHead(head)
+	}
+	f.Fail(cache.StateFailedRetryable, reason, nil)
+	g.logEnd(head.Status)
+	return reason, true
 }
 
 func readFailure(err error) string {

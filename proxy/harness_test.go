@@ -57,7 +57,7 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc.Upstream = upURL
+	pc.Upstreams = []string{upURL}
 	pc.Store = store
 	if pc.Logger == nil {
 		pc.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

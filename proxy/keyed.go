@@ -43,7 +43,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
-		p.serveFlight(ctx, b.Flight, 0, true)
+		p.serveFlight(ctx, b.Flight, 0, true, nil)
 	case cache.Miss:
 		f := b.Flight
 		if !p.acquire() {
@@ -53,8 +53,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		}
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
-		go g.run(p.up.buildRequest(ctx))
-		p.serveFlight(ctx, f, 0, false)
+		go g.run(newTemplate(ctx))
+		p.serveFlight(ctx, f, 0, false, nil)
 	}
 }
 
@@ -69,17 +69,14 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,
-// then its events after seq after, following it to its end.
-func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+// then its events after seq after, following it to its end. onGone, when
+// set, runs if the client goes away.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool, onGone func()) {
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
 		_, reason, _ := f.Outcome()
-		if reason == "upstream_timeout" {
-			p.writeError(ctx, errUpstreamTimeout("the upstream did not answer in time; its outcome is unknown"))
-		} else {
-			p.writeError(ctx, errUpstream("the upstream could not be reached ("+reason+")"))
-		}
+		p.writeError(ctx, headlessError(reason))
 		return
 	}
 	if !h.Stream {
@@ -103,7 +100,24 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		return
 	}
 	writeHead(ctx, h, replayed)
-	p.stream(ctx, func(c *client) bool { return p.follow(c, sub, f) }, nil)
+	p.stream(ctx, func(c *client) bool { return p.follow(c, sub, f) }, onGone)
+}
+
+// headlessError is the answer to a request whose upstream work ended
+// without an answer head to relay.
+func headlessError(reason string) *apiError {
+	switch reason {
+	case "upstream_timeout":
+		return errUpstreamTimeout("the upstream took the request and did not answer in time; its outcome is unknown")
+	case "upstream_unavailable":
+		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "upstream_unavailable",
+			message: "every upstream's circuit is open after repeated failures", retryAfter: 1}
+	case "shutdown":
+		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "shutting_down", message: "the proxy is shutting down", retryAfter: 1}
+	case "max_streams", "store_full":
+		return errCapacity("a bound was hit (" + reason + ")")
+	}
+	return errUpstream("the upstream failed before answering (" + reason + ")")
 }
 
 // replay answers from a committed result, from the event after seq.

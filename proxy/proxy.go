@@ -12,16 +12,18 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sony/gobreaker/v2"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
 
 // Proxy is the ssegate handler. Create it with New; serve it with Server.
 type Proxy struct {
-	cfg   Config
-	log   *slog.Logger
-	store Store
-	up    *upstream
+	cfg    Config
+	log    *slog.Logger
+	store  Store
+	ups    []*upstream
+	budget *budget
 
 	streams atomic.Int64 // upstream calls in progress, bounded by MaxStreams
 
@@ -39,11 +41,21 @@ func New(cfg Config) (*Proxy, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	up, err := newUpstream(cfg.Upstream, &cfg)
-	if err != nil {
-		return nil, err
+	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
+		live: make(map[*gen]struct{}), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
+	for _, raw := range cfg.Upstreams {
+		up, err := newUpstream(raw, &cfg, p.breakerChanged)
+		if err != nil {
+			return nil, err
+		}
+		p.ups = append(p.ups, up)
 	}
-	return &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, up: up, done: make(chan struct{}), live: make(map[*gen]struct{})}, nil
+	return p, nil
+}
+
+// breakerChanged logs an upstream circuit's state change.
+func (p *Proxy) breakerChanged(name string, from, to gobreaker.State) {
+	p.log.Warn("upstream circuit", "upstream", name, "from", from.String(), "to", to.String())
 }
 
 // Server returns a fasthttp server configured for streaming through p:

@@ -12,7 +12,9 @@ import (
 // relay passes a request without a key to the upstream and its answer
 // back: an event stream event by event (ended with stream_aborted when it
 // does not end cleanly), anything else as it comes. Nothing is recorded,
-// and a client that goes away ends the upstream call.
+// only safe retries are made (no ambiguous ones: without a key a repeat
+// could run the request twice), and a client that goes away ends the
+// upstream call.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	if !p.acquire() {
 		p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
@@ -20,32 +22,22 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	}
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
-	resp, err := g.call(p.up.buildRequest(ctx))
-	if err != nil {
-		g.finish()
-		if !isDial(err) && isTimeout(err) {
-			p.writeError(ctx, errUpstreamTimeout("the upstream did not answer in time"))
-		} else {
-			p.writeError(ctx, errUpstream("the upstream could not be reached: "+err.Error()))
-		}
-		return
-	}
-	head := copyHead(resp)
-	writeHead(ctx, head, false)
-	if !head.Stream {
+	g.handoff = make(chan *fasthttp.Response, 1)
+	go g.run(newTemplate(ctx))
+	select {
+	case resp := <-g.handoff:
+		writeHead(ctx, copyHead(resp), false)
 		p.stream(ctx, func(c *client) bool {
-			defer g.finish()
+			defer func() {
+				resp.CloseBodyStream() //nolint:errcheck // done with the body
+				fasthttp.ReleaseResponse(resp)
+				g.finish()
+			}()
 			return copyBody(c, resp.BodyStream())
 		}, nil)
-		return
+	case <-f.HeadReady():
+		p.serveFlight(ctx, f, 0, false, func() { g.cancel("client_gone") })
 	}
-	f.SetHead(head)
-	sub, _ := f.Subscribe(0)
-	go func() {
-		defer g.finish()
-		g.pump(resp)
-	}()
-	p.stream(ctx, func(c *client) bool { return p.follow(c, sub, f) }, func() { g.cancel("client_gone") })
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever

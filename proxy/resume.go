@@ -24,7 +24,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 	}
 	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
 	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true)
+		p.serveFlight(ctx, f, id.Seq, true, nil)
 		return
 	}
 	p.replay(ctx, r, id.Seq)
@@ -55,7 +55,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
 	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true)
+		p.serveFlight(ctx, f, id.Seq, true, nil)
 		return
 	}
 	p.replay(ctx, r, id.Seq)

@@ -10,18 +10,22 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
 
-// upstream is one LLM API endpoint and the client that reaches it.
+// upstream is one LLM API endpoint, the client that reaches it, and the
+// circuit breaker that keeps calls away from it while it fails.
 type upstream struct {
-	base   *url.URL
-	prefix string // path prefix from the base URL, without a trailing slash
-	client *fasthttp.HostClient
+	name    string // the base URL, for logs
+	base    *url.URL
+	prefix  string // path prefix from the base URL, without a trailing slash
+	client  *fasthttp.HostClient
+	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
-func newUpstream(raw string, cfg *Config) (*upstream, error) {
+func newUpstream(raw string, cfg *Config, onState func(name string, from, to gobreaker.State)) (*upstream, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", raw, err)
@@ -40,7 +44,7 @@ func newUpstream(raw string, cfg *Config) (*upstream, error) {
 			addr += ":80"
 		}
 	}
-	idle, connect := cfg.UpstreamIdleTimeout, cfg.UpstreamConnectTimeout
+	idle, connect, head := cfg.UpstreamIdleTimeout, cfg.UpstreamConnectTimeout, cfg.Retry.AttemptTimeout
 	hc := &fasthttp.HostClient{
 		Addr:                          addr,
 		IsTLS:                         u.Scheme == "https",
@@ -51,18 +55,41 @@ func newUpstream(raw string, cfg *Config) (*upstream, error) {
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
-		// A POST is never retried by the client itself: whether a retry is
-		// safe is the proxy's decision.
+		// The client never retries on its own: whether a retry is safe is
+		// the proxy's decision (retry.go).
 		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		Dial: func(addr string) (net.Conn, error) {
 			c, err := net.DialTimeout("tcp", addr, connect)
 			if err != nil {
 				return nil, &dialError{err}
 			}
-			return &idleConn{Conn: c, idle: idle}, nil
+			return &idleConn{Conn: c, idle: idle, head: head}, nil
 		},
 	}
-	return &upstream{base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc}, nil
+	rc := cfg.Retry
+	breaker := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        raw,
+		MaxRequests: uint32(rc.BreakerProbes),
+		Timeout:     rc.BreakerOpen,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(rc.BreakerFailures)
+		},
+		OnStateChange: onState,
+	})
+	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc, breaker: breaker}, nil
+}
+
+// pick returns the first upstream from index start on (wrapping) whose
+// circuit lets a call through, with the function that reports the call's
+// health to that circuit.
+func pick(ups []*upstream, start int) (up *upstream, idx int, done func(error), ok bool) {
+	for i := range ups {
+		j := (start + i) % len(ups)
+		if d, err := ups[j].breaker.Allow(); err == nil {
+			return ups[j], j, d, true
+		}
+	}
+	return nil, 0, nil, false
 }
 
 // dialError marks a failure to connect: nothing reached the upstream.
@@ -73,17 +100,32 @@ func (e *dialError) Unwrap() error { return e.err }
 
 // idleConn turns fasthttp's absolute read deadline into an idle timeout:
 // every Read may wait at most idle, so a long healthy stream lives while a
-// silent upstream is cut.
+// silent upstream is cut. After each request is written, the first byte of
+// the answer must come within head (the per-attempt timeout).
 type idleConn struct {
 	net.Conn
-	idle time.Duration
+	idle, head   time.Duration
+	headDeadline time.Time // set by Write, cleared by the first answer byte
+}
+
+func (c *idleConn) Write(p []byte) (int, error) {
+	c.headDeadline = time.Now().Add(c.head)
+	return c.Conn.Write(p)
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+	d := time.Now().Add(c.idle)
+	if !c.headDeadline.IsZero() && c.headDeadline.Before(d) {
+		d = c.headDeadline
+	}
+	if err := c.Conn.SetReadDeadline(d); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.headDeadline = time.Time{}
+	}
+	return n, err
 }
 
 // hopHeaders are meaningful for one connection only and never relayed.
@@ -92,10 +134,11 @@ var hopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// buildRequest copies the client's request for the upstream: method, path,
-// query, body and end-to-end headers. The upstream is asked for an
-// uncompressed answer, because the proxy reads its events.
-func (u *upstream) buildRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
+// newTemplate copies the client's request for the upstream: method, path,
+// query, body and end-to-end headers (Idempotency-Key among them, unchanged
+// on every attempt). The upstream is asked for an uncompressed answer,
+// because the proxy reads its events.
+func newTemplate(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	ctx.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {
@@ -110,11 +153,19 @@ func (u *upstream) buildRequest(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	req.Header.Del("Accept-Encoding")
 	req.Header.Del("Content-Length")
 	req.SetBody(ctx.Request.Body())
+	req.SetRequestURIBytes(ctx.URI().RequestURI())
+	return req
+}
+
+// prepare returns a copy of the template addressed to this upstream.
+func (u *upstream) prepare(tmpl *fasthttp.Request) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	tmpl.CopyTo(req)
 	uri := req.URI()
+	path := u.prefix + string(tmpl.URI().PathOriginal())
 	uri.SetScheme(u.base.Scheme)
 	uri.SetHost(u.base.Host)
-	uri.SetPath(u.prefix + string(ctx.URI().PathOriginal()))
-	uri.SetQueryStringBytes(ctx.URI().QueryString())
+	uri.SetPath(path)
 	req.Header.SetHost(u.base.Host)
 	return req
 }

@@ -35,7 +35,8 @@ func main() {
 // options are the flags, each also read from SSEGATE_<NAME>.
 type options struct {
 	listen        string
-	upstream      string
+	upstreams     listFlag
+	retry         proxy.RetryConfig
 	inflight      string
 	logLevel      string
 	logFormat     string
@@ -63,7 +64,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs := flag.NewFlagSet("ssegate", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
-	fs.StringVar(&o.upstream, "upstream", "", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM")
+	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
 	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
@@ -81,6 +82,18 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 5*time.Minute, "longest upstream silence, including the wait for its first byte")
 	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client whose connection accepts nothing for this long is dropped (it can resume)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long open streams may run before they are aborted")
+	r := &o.retry
+	fs.IntVar(&r.Attempts, "retry-attempts", 3, "upstream calls per request at most, the first included (1 disables retries)")
+	fs.DurationVar(&r.BaseBackoff, "retry-backoff", 250*time.Millisecond, "first backoff ceiling; it doubles per retry, each wait drawn uniformly below it (full jitter)")
+	fs.DurationVar(&r.MaxBackoff, "retry-max-backoff", 5*time.Second, "largest backoff ceiling")
+	fs.DurationVar(&r.MaxElapsed, "retry-max-elapsed", 30*time.Second, "no retry starts later than this after the first call")
+	fs.DurationVar(&r.RetryAfterMax, "retry-after-max", 10*time.Second, "longest upstream Retry-After honoured; a longer one is relayed to the client instead")
+	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", 5*time.Minute, "longest wait for one attempt's response head (a non-streaming completion answers only when done)")
+	fs.Float64Var(&r.BudgetRatio, "retry-budget", 0.1, "retries may add at most this share of recent (10 s) requests")
+	fs.IntVar(&r.BudgetMin, "retry-budget-min", 10, "retries per 10 s always allowed, whatever the budget")
+	fs.IntVar(&r.BreakerFailures, "breaker-failures", 5, "consecutive failures that open an upstream's circuit")
+	fs.DurationVar(&r.BreakerOpen, "breaker-open", 10*time.Second, "how long an open circuit keeps calls away before probing")
+	fs.IntVar(&r.BreakerProbes, "breaker-probes", 1, "calls let through a half-open circuit to decide whether it closes")
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
@@ -104,8 +117,11 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if o.upstream == "" {
+	if len(o.upstreams) == 0 {
 		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
+	}
+	if r.Attempts < 1 || r.BudgetRatio < 0 || r.BreakerFailures < 1 || r.BreakerProbes < 1 {
+		return nil, errors.New("-retry-attempts, -breaker-failures and -breaker-probes must be at least 1, -retry-budget at least 0")
 	}
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
@@ -139,14 +155,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	upstream := o.upstream
-	if upstream == "mock" {
+	upstreams := append([]string(nil), o.upstreams...)
+	for i, u := range upstreams {
+		if u != "mock" {
+			continue
+		}
 		mock := mockllm.New(mockllm.Config{Tokens: o.mockTokens, Delay: o.mockDelay})
-		if upstream, err = mock.Start("127.0.0.1:0"); err != nil {
+		if upstreams[i], err = mock.Start("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("mock upstream: %w", err)
 		}
 		defer mock.Close()
-		log.Info("embedded mock LLM started", "url", upstream)
+		log.Info("embedded mock LLM started", "url", upstreams[i])
 	}
 	missing := cache.Regenerate
 	if o.missingBody == "gone" {
@@ -162,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer store.Close()
 	p, err := proxy.New(proxy.Config{
-		Upstream: upstream, Store: store, Inflight: proxy.Inflight(o.inflight),
+		Upstreams: upstreams, Retry: o.retry, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
 		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
@@ -178,7 +197,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	srv := p.Server()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstream", o.upstream)
+	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -201,5 +220,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		_ = srv.ShutdownWithContext(final)
 	}
 	log.Info("stopped")
+	return nil
+}
+
+// listFlag is a flag that may be repeated, each value a comma-separated list.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
 	return nil
 }
