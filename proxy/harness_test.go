@@ -57,7 +57,9 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc.Upstreams = []string{upURL}
+	if len(pc.Upstreams) == 0 {
+		pc.Upstreams = []string{upURL}
+	}
 	pc.Store = store
 	if pc.Logger == nil {
 		pc.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

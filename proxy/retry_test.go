@@ -1,0 +1,285 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+)
+
+// faultServer is a real HTTP upstream on loopback whose every answer is
+// chosen by a script from the call's number (1, 2, ...).
+type faultServer struct {
+	url    string
+	calls  atomic.Int64
+	script atomic.Value // func(n int64, w http.ResponseWriter, r *http.Request)
+}
+
+func newFaultServer(t *testing.T, script func(n int64, w http.ResponseWriter, r *http.Request)) *faultServer {
+	t.Helper()
+	fs := &faultServer{}
+	fs.script.Store(script)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := fs.calls.Add(1)
+		fs.script.Load().(func(int64, http.ResponseWriter, *http.Request))(n, w, r)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	fs.url = "http://" + ln.Addr().String()
+	return fs
+}
+
+func (fs *faultServer) set(script func(n int64, w http.ResponseWriter, r *http.Request)) {
+	fs.script.Store(script)
+}
+
+const okEvents = 5
+
+// okStream answers a clean chat stream of okEvents chunks.
+func okStream(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i := range okEvents {
+		fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+}
+
+func status(code int) func(int64, http.ResponseWriter, *http.Request) {
+	return func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"error":{"type":"upstream_says","message":"status %d"}}`, code)
+	}
+}
+
+// reset cuts the connection abruptly, after n stream events (0: right
+// after the head).
+func reset(events int) func(int64, http.ResponseWriter, *http.Request) {
+	return func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for i := range events {
+			fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+		}
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
+	}
+}
+
+// then answers with first for call 1 (or up to call k) and ok afterwards.
+func then(k int64, first func(int64, http.ResponseWriter, *http.Request)) func(int64, http.ResponseWriter, *http.Request) {
+	return func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n <= k {
+			first(n, w, r)
+			return
+		}
+		okStream(w)
+	}
+}
+
+func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
+	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}}
+	if tune != nil {
+		tune(&pc)
+	}
+	pc.Upstreams = upstreams
+	e := newEnvUpstream(t, upstreams[0], nil, pc, cache.Config{})
+	return e
+}
+
+func wantCount(t *testing.T, what string, got, want int64) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: got %d; want %d", what, got, want)
+	}
+}
+
+// TestRetries holds each upstream outcome to DESIGN.md's retry rules,
+// counting upstream calls and checking the client's answer and the key's
+// state.
+func TestRetries(t *testing.T) {
+	hang := func(_ int64, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	cases := []struct {
+		name     string
+		script   func(int64, http.ResponseWriter, *http.Request)
+		keyed    bool
+		calls    int64
+		status   int
+		aborted  bool
+		state    cache.State
+		attempts int
+		minTime  time.Duration
+	}{
+		{"429 with Retry-After", then(1, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(429)
+		}), true, 2, 200, false, cache.StateCommitted, 2, 900 * time.Millisecond},
+		{"503 then success", then(1, status(503)), true, 2, 200, false, cache.StateCommitted, 2, 0},
+		{"always 503", status(503), true, 3, 503, false, cache.StateFailedRetryable, 3, 0},
+		{"400 is terminal", status(400), true, 1, 400, false, cache.StateFailedTerminal, 1, 0},
+		{"hang after reading, keyed: retried", hang, true, 3, 504, false, cache.StateCommitUnknown, 3, 0},
+		{"hang after reading, no key: not retried", hang, false, 1, 504, false, "", 0, 0},
+		{"reset before the first event: retried", then(1, reset(0)), true, 2, 200, false, cache.StateCommitted, 2, 0},
+		{"reset after the first event: aborted", reset(2), true, 1, 200, true, cache.StateFailedRetryable, 1, 0},
+		{"503 then success, no key", then(1, status(503)), false, 2, 200, false, "", 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs := newFaultServer(t, c.script)
+			e := retryEnv(t, []string{fs.url}, nil)
+			key := ""
+			if c.keyed {
+				key = newKey("retry")
+			}
+			start := time.Now()
+			got := e.fetch(req{key: key})
+			took := time.Since(start)
+			wantCount(t, "upstream calls", fs.calls.Load(), c.calls)
+			if got.status != c.status || got.aborted != c.aborted {
+				t.Fatalf("client: got %d aborted %v (%q); want %d aborted %v", got.status, got.aborted, got.raw, c.status, c.aborted)
+			}
+			if c.status == 200 && !c.aborted && got.lastData() != "[DONE]" {
+				t.Fatalf("client: last event %q; want [DONE]", got.lastData())
+			}
+			if took < c.minTime {
+				t.Fatalf("answered after %v; want at least %v (Retry-After)", took, c.minTime)
+			}
+			if took > 5*time.Second {
+				t.Fatalf("answered after %v; retries must be bounded in time", took)
+			}
+			if c.keyed {
+				ki := e.waitState(key, "", c.state)
+				if ki.Attempts != c.attempts {
+					t.Fatalf("attempts: got %d; want %d", ki.Attempts, c.attempts)
+				}
+			}
+		})
+	}
+}
+
+// TestConnectionRefused: nothing listens; every attempt is a connect
+// error, retried up to the bound, and the client gets 502.
+func TestConnectionRefused(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	e := retryEnv(t, []string{"http://" + addr}, nil)
+	key := newKey("refused")
+	got := e.fetch(req{key: key})
+	if got.status != 502 || got.errType != "upstream_error" {
+		t.Fatalf("got %d %q; want 502 upstream_error", got.status, got.errType)
+	}
+	ki := e.waitState(key, "", cache.StateFailedRetryable)
+	if ki.Attempts != 3 {
+		t.Fatalf("attempts: got %d; want 3", ki.Attempts)
+	}
+}
+
+// TestRetryBudget: 200 requests against an always-503 upstream cause at
+// most 200 × 1.1 + the floor upstream calls with the budget, where without
+// it they cause 200 × attempts.
+func TestRetryBudget(t *testing.T) {
+	const requests, attempts, floor = 200, 3, 10
+	run := func(ratio float64, min int) int64 {
+		fs := newFaultServer(t, status(503))
+		e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+			pc.Retry.Attempts = attempts
+			pc.Retry.BudgetRatio = ratio
+			pc.Retry.BudgetMin = min
+			pc.Retry.BreakerFailures = 1 << 30 // this test is about the budget alone
+		})
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i := range requests {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				got := e.fetch(req{key: newKey(fmt.Sprint("budget", i))})
+				if got.status != 503 {
+					t.Errorf("got %d; want the upstream's 503", got.status)
+				}
+			}()
+		}
+		wg.Wait()
+		return fs.calls.Load()
+	}
+	with := run(0.1, floor)
+	without := run(1e9, 1<<30)
+	t.Logf("upstream calls for %d requests against an always-503 upstream: %d with the budget, %d without", requests, with, without)
+	if limit := int64(requests*1.1 + floor); with > limit {
+		t.Fatalf("with the budget: got %d calls; want at most %d", with, limit)
+	}
+	if without != requests*attempts {
+		t.Fatalf("without the budget: got %d calls; want %d", without, requests*attempts)
+	}
+}
+
+// TestBreakerFailover: a failing primary's circuit opens after
+// BreakerFailures consecutive failures and requests go to the secondary;
+// after BreakerOpen a probe finds the primary healthy and closes it.
+func TestBreakerFailover(t *testing.T) {
+	primary := newFaultServer(t, status(503))
+	secondary := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
+		pc.Retry.BreakerFailures = 3
+		pc.Retry.BreakerOpen = 400 * time.Millisecond
+		pc.Retry.Attempts = 2
+	})
+	get := func() {
+		t.Helper()
+		got := e.fetch(req{key: newKey("breaker")})
+		if got.status != 200 || got.lastData() != "[DONE]" {
+			t.Fatalf("got %d %q; want a clean stream", got.status, got.lastData())
+		}
+	}
+	// Closed: each request tries the primary, then fails over.
+	for range 3 {
+		get()
+	}
+	wantCount(t, "primary calls while closed", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while closed", secondary.calls.Load(), 3)
+	// Open: the primary is skipped.
+	for range 5 {
+		get()
+	}
+	wantCount(t, "primary calls while open", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while open", secondary.calls.Load(), 8)
+	// Half-open after the open time: the primary recovered; one probe
+	// closes the circuit and traffic returns to it.
+	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	time.Sleep(450 * time.Millisecond)
+	for range 4 {
+		get()
+	}
+	wantCount(t, "primary calls after recovery", primary.calls.Load(), 7)
+	wantCount(t, "secondary calls after recovery", secondary.calls.Load(), 8)
+	if !strings.Contains(fmt.Sprint(e.proxy.ups[0].breaker.State()), "closed") {
+		t.Fatalf("primary circuit: got %v; want closed", e.proxy.ups[0].breaker.State())
+	}
+}
