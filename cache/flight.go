@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -54,6 +55,34 @@ type Flight struct {
 	reason   string
 	body     []byte // non-streaming answer, for joiners
 	result   *Result
+	usage    Usage
+	first    time.Time // when the first event was journaled
+}
+
+// Usage is the token count an upstream reported for one answer.
+type Usage struct {
+	Input, Output int64
+}
+
+// SetUsage records the tokens the upstream reported, before Commit.
+func (f *Flight) SetUsage(u Usage) {
+	f.mu.Lock()
+	f.usage = u
+	f.mu.Unlock()
+}
+
+// Usage returns the tokens the upstream reported, once known.
+func (f *Flight) Usage() Usage {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.usage
+}
+
+// FirstEventAt returns when the first event was journaled (zero before).
+func (f *Flight) FirstEventAt() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.first
 }
 
 func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time) *Flight {
@@ -132,6 +161,9 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 		return sse.ID{}, err
 	}
 	f.reserved += n
+	if len(f.ends) == 0 {
+		f.first = time.Now()
+	}
 	f.ends = append(f.ends, uint32(len(f.data)))
 	f.signalLocked()
 	f.mu.Unlock()
@@ -156,7 +188,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		f.mu.Unlock()
 		return false
 	}
-	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head}
+	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
 	if f.head.Stream {
 		res.Data = f.data[:len(f.data):len(f.data)]
 		res.Ends = f.ends[:len(f.ends):len(f.ends)]
@@ -191,6 +223,13 @@ func (f *Flight) Fail(state State, reason string, body []byte) {
 
 func (f *Flight) end(state State, reason string) {
 	f.mu.Lock()
+	if f.ended {
+		// A store whose commit can be refused (Redis: another replica
+		// took the generation over) fails the flight from inside commit;
+		// the Commit that called it then finds the flight already ended.
+		f.mu.Unlock()
+		return
+	}
 	f.ended = true
 	f.state = state
 	f.reason = reason
@@ -290,4 +329,48 @@ func (s *Sub) Close() {
 		}
 	}
 	f.mu.Unlock()
+}
+
+// appendWire adds one event that is already encoded, id included: an
+// event another replica journaled, which a follower flight copies byte for
+// byte so that every replica serves the owner's exact bytes and ids. seq
+// must be the next seq of this journal.
+func (f *Flight) appendWire(seq uint64, wire []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return ErrEnded
+	}
+	if want := uint64(len(f.ends)) + 1; seq != want {
+		return fmt.Errorf("event %d-%d arrived where %d-%d was due", f.Gen, seq, f.Gen, want)
+	}
+	if len(f.data)+len(wire) > f.maxBytes {
+		return ErrStreamTooLarge
+	}
+	if err := f.be.reserve(len(wire)); err != nil {
+		return err
+	}
+	f.reserved += len(wire)
+	f.data = append(f.data, wire...)
+	f.ends = append(f.ends, uint32(len(f.data)))
+	f.signalLocked()
+	return nil
+}
+
+// wireSince returns the encoded events after the first from ones, at most
+// maxEvents of them, each as its own slice (valid for good: the journal is
+// never rewritten), with the head as it stands. A store that mirrors the
+// journal elsewhere reads it with this.
+func (f *Flight) wireSince(from, maxEvents int) (evs [][]byte, h Head, hasHead bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := min(len(f.ends), from+maxEvents)
+	for i := from; i < n; i++ {
+		start := uint32(0)
+		if i > 0 {
+			start = f.ends[i-1]
+		}
+		evs = append(evs, f.data[start:f.ends[i]:f.ends[i]])
+	}
+	return evs, f.head, f.hasHead
 }

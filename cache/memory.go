@@ -76,16 +76,18 @@ func (c *Config) setDefaults() {
 // Stats counts what the store did; all fields are cumulative except
 // LiveBytes, LiveFlights and Keys.
 type Stats struct {
-	Commits      int64 // results committed to the ledger
-	Stored       int64 // of those, bodies the body store admitted
-	Rejected     int64 // bodies the body store refused (full, admission)
-	Evicted      int64 // bodies the body store later evicted or expired
-	BodyMissing  int64 // lookups of committed keys whose body was gone
-	Regenerated  int64 // of those, keys handed out for a new generation
-	Failed       int64 // generations that ended without a result
-	LiveBytes    int64
-	LiveFlights  int64
-	Keys         int64
+	Commits     int64 // results committed to the ledger
+	Stored      int64 // of those, bodies the body store admitted
+	Rejected    int64 // bodies the body store refused (full, admission)
+	Evicted     int64 // bodies the body store later evicted or expired
+	BodyMissing int64 // lookups of committed keys whose body was gone
+	Regenerated int64 // of those, keys handed out for a new generation
+	Failed      int64 // generations that ended without a result
+	LiveBytes   int64
+	LiveFlights int64
+	Keys        int64
+	// ByState counts the ledger's keys in each state.
+	ByState      map[State]int64
 	StoredBytes  int64 // bytes the body store currently holds
 	StoreEntries int64
 }
@@ -112,9 +114,10 @@ type Memory struct {
 	cfg    Config
 	bodies *ristretto.Cache[string, *Result]
 
-	mu      sync.Mutex // guards keys and the entries in it
+	mu      sync.Mutex // guards keys, the entries in it, flights and states
 	keys    map[string]*entry
-	flights int64 // live flights, guarded by mu
+	flights int64           // live flights
+	states  map[State]int64 // keys per state
 
 	live        atomic.Int64
 	commits     atomic.Int64
@@ -134,7 +137,7 @@ type Memory struct {
 // NewMemory returns a Memory store; Close releases it.
 func NewMemory(cfg Config) (*Memory, error) {
 	cfg.setDefaults()
-	m := &Memory{cfg: cfg, keys: make(map[string]*entry), stop: make(chan struct{})}
+	m := &Memory{cfg: cfg, keys: make(map[string]*entry), states: make(map[State]int64), stop: make(chan struct{})}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
 	bodies, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
@@ -193,7 +196,7 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 	defer m.mu.Unlock()
 	e := m.keys[id]
 	if e != nil && !e.state.Live() && now.After(e.expires) {
-		delete(m.keys, id)
+		m.deleteLocked(id, e)
 		e = nil
 	}
 	regenerated := false
@@ -233,10 +236,14 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 		prev = e.gen
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now)
+	if e != nil {
+		m.states[e.state]--
+	}
 	m.keys[id] = &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
 		created: now, updated: now,
 	}
+	m.states[StateIntentReceived]++
 	m.flights++
 	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, nil
 }
@@ -314,11 +321,15 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 func (m *Memory) Stats() Stats {
 	m.mu.Lock()
 	keys, flights := int64(len(m.keys)), m.flights
+	byState := make(map[State]int64, len(m.states))
+	for s, n := range m.states {
+		byState[s] = n
+	}
 	m.mu.Unlock()
 	return Stats{
 		Commits: m.commits.Load(), Stored: m.stored.Load(), Rejected: m.rejected.Load(),
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
-		Failed: m.failed.Load(), LiveBytes: m.live.Load(), LiveFlights: flights, Keys: keys,
+		Failed: m.failed.Load(), LiveBytes: m.live.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
 		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
 	}
 }
@@ -366,7 +377,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 	now := m.cfg.Now()
 	m.mu.Lock()
 	if e := m.keys[id]; e != nil && e.flight == f {
-		e.state = StateCommitted
+		m.setStateLocked(e, StateCommitted)
 		e.flight = nil
 		e.events = res.Events()
 		e.bytes = len(res.Data)
@@ -384,7 +395,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 	m.failed.Add(1)
 	m.mu.Lock()
 	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
-		e.state = state
+		m.setStateLocked(e, state)
 		e.flight = nil
 		e.reason = reason
 		e.events = f.Events()
@@ -399,7 +410,7 @@ func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
 	now := m.cfg.Now()
 	m.mu.Lock()
 	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
-		e.state = state
+		m.setStateLocked(e, state)
 		e.attempts = attempts
 		if lastStatus != 0 {
 			e.lastStatus = lastStatus
@@ -431,7 +442,18 @@ func (m *Memory) sweep() {
 func (m *Memory) sweepLocked(now time.Time) {
 	for id, e := range m.keys {
 		if !e.state.Live() && now.After(e.expires) {
-			delete(m.keys, id)
+			m.deleteLocked(id, e)
 		}
 	}
+}
+
+func (m *Memory) setStateLocked(e *entry, s State) {
+	m.states[e.state]--
+	m.states[s]++
+	e.state = s
+}
+
+func (m *Memory) deleteLocked(id string, e *entry) {
+	m.states[e.state]--
+	delete(m.keys, id)
 }

@@ -10,6 +10,8 @@ type Result struct {
 	Head  Head
 	Data  []byte
 	Ends  []uint32
+	// Usage is what the upstream reported; a replay saves that many tokens.
+	Usage Usage
 }
 
 // Events returns the number of events of a streamed result.

@@ -58,6 +58,9 @@ type Config struct {
 	ReadTimeout time.Duration
 	// IdleTimeout bounds a keep-alive connection between requests (default 90s).
 	IdleTimeout time.Duration
+	// AdminSeparate keeps /metrics, /healthz and /readyz off the proxy's
+	// handler (they are served by AdminHandler on another listener).
+	AdminSeparate bool
 	// Logger receives the decision log (default slog.Default()).
 	Logger *slog.Logger
 }

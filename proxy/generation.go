@@ -8,6 +8,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -158,6 +159,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		g.mark(cache.StateExecutionStarted, n, last.head.Status)
 		a, started := g.try(up, tmpl, done)
 		if started {
+			p.m.attemptsPerOK.Observe(float64(n))
 			return // the flight has its answer, and ended with it
 		}
 		if a.verdict == final && a.head.Status != 0 && !a.head.Stream && g.handoff != nil {
@@ -186,12 +188,17 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		}
 		if !retry || why != "" {
 			if why != "" {
+				p.m.noRetry.WithLabelValues(why).Inc()
+				if why == "budget" {
+					p.m.budgetRefused.Inc()
+				}
 				p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
 					"reason", a.reason, "why", why, "upstream", up.name)
 			}
 			g.end(n, a, last)
 			return
 		}
+		p.m.retries.WithLabelValues(a.reason).Inc()
 		p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", a.reason,
 			"upstream", up.name, "backoff", max(wait, a.retryAfter).String())
 		last = a
@@ -208,19 +215,23 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 // try makes one attempt on up. started reports that the answer went into
 // the flight (and the flight ended with it); otherwise a says what came.
 func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a attempt, started bool) {
+	sent := time.Now()
 	resp, err := g.call(up, up.prepare(tmpl))
+	m := g.p.m
 	if err != nil {
 		done(err)
+		a := attempt{verdict: ambiguous, reason: "upstream_reset"}
 		switch {
 		case isDial(err):
-			return attempt{verdict: safe, reason: "connect_error"}, false
+			a = attempt{verdict: safe, reason: "connect_error"}
 		case isTimeout(err):
-			return attempt{verdict: ambiguous, reason: "upstream_timeout"}, false
-		default:
-			return attempt{verdict: ambiguous, reason: "upstream_reset"}, false
+			a.reason = "upstream_timeout"
 		}
+		m.attempts.WithLabelValues(a.reason).Inc()
+		return a, false
 	}
 	head := copyHead(resp)
+	m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
 	a = attempt{verdict: statusVerdict(head.Status), head: head, reason: fmt.Sprintf("upstream_status_%d", head.Status)}
 	if head.Status >= 500 {
 		done(errUpstreamStatus)
@@ -239,7 +250,7 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		g.record(resp, head)
 		return a, true
 	}
-	reason, started := g.pump(resp, head)
+	reason, started := g.pump(resp, head, sent)
 	if started {
 		return a, true
 	}
@@ -265,7 +276,8 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 	case err != nil:
 		f.Fail(cache.StateFailedRetryable, readFailure(err), nil)
 	case head.Status >= 200 && head.Status < 300:
-		f.Commit(body)
+		f.SetUsage(bodyUsage(body))
+		g.skipped(f.Commit(body))
 	case head.Status >= 400 && head.Status < 500 && head.Status != fasthttp.StatusTooManyRequests:
 		f.Fail(cache.StateFailedTerminal, fmt.Sprintf("upstream_status_%d", head.Status), body)
 	default:
@@ -285,6 +297,7 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	switch {
 	case a.verdict == ambiguous:
 		state = cache.StateCommitUnknown
+		g.p.m.commitUnknowns.Inc()
 	case a.head.Status >= 400 && a.head.Status < 500 && a.head.Status != fasthttp.StatusTooManyRequests:
 		state = cache.StateFailedTerminal
 	}
@@ -308,8 +321,9 @@ func (g *gen) end(attempts int, a, prev attempt) {
 // the flight ends here: committed after a clean end, failed otherwise.
 // The body is read to its end, even past the terminal event, so the
 // connection can be reused.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head) (reason string, started bool) {
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (reason string, started bool) {
 	f := g.f
+	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
 	defer deadline.Stop()
 	det := sse.NewDetector(g.wantUsage)
@@ -326,7 +340,9 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head) (reason string, sta
 			}
 			f.SetHead(head)
 			started = true
+			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 		}
+		m.events.Inc()
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
 			appendErr = err
 			break
@@ -348,7 +364,10 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head) (reason string, sta
 			if !started {
 				f.SetHead(head)
 			}
-			f.Commit(nil)
+			if in, out, ok := det.Usage(); ok {
+				f.SetUsage(cache.Usage{Input: in, Output: out})
+			}
+			g.skipped(f.Commit(nil))
 			g.logEnd(head.Status)
 			return "", true
 		}
@@ -359,6 +378,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head) (reason string, sta
 	if !started {
 		f.SetHead(head)
 	}
+	m.aborted.WithLabelValues(reason).Inc()
 	f.Fail(cache.StateFailedRetryable, reason, nil)
 	g.logEnd(head.Status)
 	return reason, true
@@ -404,4 +424,39 @@ func abortMessage(reason string) string {
 		return m
 	}
 	return "the upstream stream did not end cleanly (" + reason + ")"
+}
+
+// skipped counts a completed answer that is not stored.
+func (g *gen) skipped(stored bool) {
+	switch {
+	case g.f.Gen == 0:
+		g.p.m.cacheSkipped.WithLabelValues("no_key").Inc()
+	case !stored:
+		g.p.m.cacheSkipped.WithLabelValues("store_refused").Inc()
+	}
+}
+
+// statusClass is the outcome label of an upstream answer.
+func statusClass(status int) string {
+	switch {
+	case status == fasthttp.StatusTooManyRequests:
+		return "status_429"
+	case status >= 500:
+		return "status_5xx"
+	case status >= 400:
+		return "status_4xx"
+	}
+	return "ok"
+}
+
+// bodyUsage reads the token usage of a non-streaming answer, in the
+// OpenAI (prompt/completion, input/output) or Anthropic shape.
+func bodyUsage(body []byte) cache.Usage {
+	u := gjson.GetBytes(body, "usage")
+	if !u.Exists() {
+		return cache.Usage{}
+	}
+	in := u.Get("prompt_tokens").Int() + u.Get("input_tokens").Int()
+	out := u.Get("completion_tokens").Int() + u.Get("output_tokens").Int()
+	return cache.Usage{Input: in, Output: out}
 }

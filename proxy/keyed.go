@@ -12,6 +12,7 @@ import (
 // serveKeyed takes DESIGN.md's decision for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	if err := validKey(key); err != nil {
+		p.m.requests.WithLabelValues("invalid").Inc()
 		p.writeError(ctx, errInvalidKey(err.Error()))
 		return
 	}
@@ -35,6 +36,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.writeError(ctx, errGone("the committed result of this key is no longer held"))
 	case cache.Hit:
 		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
+		p.saved(b.Result.Usage)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
@@ -46,7 +48,11 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.serveFlight(ctx, b.Flight, 0, true, nil)
 	case cache.Miss:
 		f := b.Flight
+		if b.Regenerated {
+			p.m.missingBodies.Inc()
+		}
 		if !p.acquire() {
+			p.m.requests.WithLabelValues("refused").Inc()
 			f.Fail(cache.StateFailedRetryable, "max_streams", nil)
 			p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
 			return
@@ -60,6 +66,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 
 // storeError answers a failure of the store itself.
 func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
+	p.m.requests.WithLabelValues("refused").Inc()
 	if errors.Is(err, cache.ErrStoreFull) {
 		p.writeError(ctx, errCapacity(err.Error()))
 		return
@@ -88,6 +95,9 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		}
 		writeHead(ctx, h, replayed)
 		ctx.SetBody(body)
+		if replayed && state == cache.StateCommitted {
+			p.saved(f.Usage())
+		}
 		return
 	}
 	sub, err := f.Subscribe(after)
@@ -100,7 +110,15 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		return
 	}
 	writeHead(ctx, h, replayed)
-	p.stream(ctx, func(c *client) bool { return p.follow(c, sub, f) }, onGone)
+	p.stream(ctx, func(c *client) bool {
+		ok := p.follow(c, sub, f, !replayed)
+		if ok && replayed {
+			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
+				p.saved(f.Usage())
+			}
+		}
+		return ok
+	}, onGone)
 }
 
 // headlessError is the answer to a request whose upstream work ended

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sony/gobreaker/v2"
 	"github.com/ssegate/ssegate/cache"
@@ -24,6 +25,9 @@ type Proxy struct {
 	store  Store
 	ups    []*upstream
 	budget *budget
+	m      *metrics
+
+	draining atomic.Bool // set by Drain: /readyz answers 503
 
 	streams atomic.Int64 // upstream calls in progress, bounded by MaxStreams
 
@@ -34,6 +38,12 @@ type Proxy struct {
 
 	liveMu sync.Mutex // guards live
 	live   map[*gen]struct{}
+
+	metricsHandler fasthttp.RequestHandler
+
+	readyMu sync.Mutex // guards readyAt and readyOK
+	readyAt time.Time
+	readyOK bool
 }
 
 // New validates cfg and returns a Proxy.
@@ -50,6 +60,8 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.ups = append(p.ups, up)
 	}
+	p.m = newMetrics(p)
+	p.metricsHandler = p.m.handler()
 	return p, nil
 }
 
@@ -108,6 +120,9 @@ func (p *Proxy) Abort() {
 // Handler serves one request.
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
+	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
+		return
+	}
 	if ctx.IsGet() {
 		if key, ok := strings.CutPrefix(path, "/streams/"); ok {
 			p.serveStreamGet(ctx, key)
@@ -203,6 +218,10 @@ func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.Scope, fp string, attrs ...any) {
 	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
+	}
+	p.m.requests.WithLabelValues(decision).Inc()
+	if decision == "hit" || decision == "join" || decision == "resume" {
+		p.m.suppressed.Inc()
 	}
 	p.log.Info("decision", append([]any{
 		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,

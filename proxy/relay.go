@@ -20,6 +20,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 		p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
 		return
 	}
+	p.m.requests.WithLabelValues("relay").Inc()
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 	g.handoff = make(chan *fasthttp.Response, 1)

@@ -14,6 +14,7 @@ import (
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID string) {
 	id, err := sse.ParseID(lastEventID)
 	if err != nil {
+		p.m.requests.WithLabelValues("invalid").Inc()
 		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID is not an id this proxy issued"))
 		return
 	}

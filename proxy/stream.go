@@ -17,6 +17,7 @@ type client struct {
 	w     *bufio.Writer
 	stall *time.Timer
 	slow  time.Duration
+	m     *metrics
 }
 
 // write sends p and flushes it to the connection.
@@ -27,6 +28,9 @@ func (c *client) write(p []byte) error {
 		err = c.w.Flush()
 	}
 	c.stall.Stop()
+	if err == nil {
+		c.m.clientBytes.Add(float64(len(p)))
+	}
 	return err
 }
 
@@ -38,12 +42,19 @@ func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone f
 	conn := ctx.Conn()
 	slow := p.cfg.SlowClientTimeout
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		c := &client{w: w, slow: slow, stall: time.AfterFunc(time.Hour, func() { closeConn(conn) })}
+		m := p.m
+		c := &client{w: w, slow: slow, m: m, stall: time.AfterFunc(time.Hour, func() {
+			m.slowDropped.Inc()
+			closeConn(conn)
+		})}
 		c.stall.Stop()
 		ok := fn(c)
 		c.stall.Stop()
-		if !ok && onGone != nil {
-			onGone()
+		if !ok {
+			m.clientsGone.Inc()
+			if onGone != nil {
+				onGone()
+			}
 		}
 	})
 }
@@ -59,8 +70,9 @@ var pingComment = sse.AppendComment(nil, "ping")
 // follow writes a flight's events to c as they come, with a heartbeat
 // while idle, and ends the stream as the flight ends: after the last event
 // when it was committed, with a stream_aborted error event when it was not.
-// It returns false when the client went away.
-func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight) bool {
+// It returns false when the client went away. With measure set, the delay
+// between journaling the first event and flushing it here is observed.
+func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool) bool {
 	defer sub.Close()
 	hb := time.NewTimer(p.cfg.Heartbeat)
 	defer hb.Stop()
@@ -79,6 +91,12 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight) bool {
 			if c.write(data) != nil {
 				return false
 			}
+			if measure {
+				measure = false
+				if t := f.FirstEventAt(); !t.IsZero() {
+					p.m.ttfeAdded.Observe(time.Since(t).Seconds())
+				}
+			}
 		}
 		if ended {
 			state, reason, _ := f.Outcome()
@@ -89,5 +107,15 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight) bool {
 			return true
 		}
 		hb.Reset(p.cfg.Heartbeat)
+	}
+}
+
+// saved counts the tokens of an answer served without a new generation.
+func (p *Proxy) saved(u cache.Usage) {
+	if u.Input > 0 {
+		p.m.tokensSaved.WithLabelValues("input").Add(float64(u.Input))
+	}
+	if u.Output > 0 {
+		p.m.tokensSaved.WithLabelValues("output").Add(float64(u.Output))
 	}
 }

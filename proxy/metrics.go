@@ -1,0 +1,152 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+)
+
+// metrics are the proxy's Prometheus series. Label values are drawn from
+// fixed sets (decisions, causes, states, configured upstreams), never from
+// keys, tenants or paths, so the series count is bounded.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests       *prometheus.CounterVec
+	suppressed     prometheus.Counter
+	attempts       *prometheus.CounterVec
+	retries        *prometheus.CounterVec
+	noRetry        *prometheus.CounterVec
+	budgetRefused  prometheus.Counter
+	aborted        *prometheus.CounterVec
+	cacheSkipped   *prometheus.CounterVec
+	tokensSaved    *prometheus.CounterVec
+	attemptsPerOK  prometheus.Histogram
+	ttfeUpstream   prometheus.Histogram
+	ttfeAdded      prometheus.Histogram
+	events         prometheus.Counter
+	clientBytes    prometheus.Counter
+	missingBodies  prometheus.Counter
+	slowDropped    prometheus.Counter
+	clientsGone    prometheus.Counter
+	commitUnknowns prometheus.Counter
+}
+
+// firstEventBuckets span a loopback relay's microseconds to a reasoning
+// model's minute.
+var firstEventBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+func newMetrics(p *Proxy) *metrics {
+	reg := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &metrics{reg: reg}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ssegate_" + name, Help: help}, labels)
+		f(v)
+		return v
+	}
+	c := func(name, help string) prometheus.Counter {
+		v := prometheus.NewCounter(prometheus.CounterOpts{Name: "ssegate_" + name, Help: help})
+		f(v)
+		return v
+	}
+	m.requests = cv("requests_total", "Requests by decision: miss, hit, join, resume, conflict, in_flight, gone, invalid, refused (a bound), relay (no key).", "decision")
+	m.suppressed = c("duplicates_suppressed_total", "Requests answered without a new upstream generation (hit, join, resume): generations saved.")
+	m.attempts = cv("upstream_attempts_total", "Upstream calls by outcome.", "outcome")
+	m.retries = cv("retries_total", "Upstream calls retried, by the failure that caused the retry.", "reason")
+	m.noRetry = cv("retries_refused_total", "Retryable failures not retried, by why: attempts, max_elapsed, retry_after_too_long, budget.", "why")
+	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
+	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
+	m.cacheSkipped = cv("cache_skipped_total", "Completed answers not stored, by reason: no_key, store_refused.", "reason")
+	m.tokensSaved = cv("tokens_saved_total", "Upstream-reported tokens of answers served without a new generation.", "kind")
+	m.events = c("events_relayed_total", "Events read from upstream streams and journaled.")
+	m.clientBytes = c("client_bytes_total", "Bytes written to clients in streamed answers.")
+	m.missingBodies = c("missing_bodies_total", "Committed keys whose body the store no longer held when asked for.")
+	m.slowDropped = c("slow_clients_dropped_total", "Clients dropped because their connection accepted nothing for -slow-client-timeout.")
+	m.clientsGone = c("clients_gone_total", "Streamed answers whose client went away before the end.")
+	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
+	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
+		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
+	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",
+		Help: "Time from sending the upstream request to its first event.", Buckets: firstEventBuckets})
+	m.ttfeAdded = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_proxy_first_event_added_seconds",
+		Help: "Time from reading the upstream's first event to flushing it to the client that started the generation.", Buckets: firstEventBuckets})
+	f(m.attemptsPerOK)
+	f(m.ttfeUpstream)
+	f(m.ttfeAdded)
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations", Help: "Upstream calls and streams in progress."},
+		func() float64 { return float64(p.streams.Load()) }))
+	for _, up := range p.ups {
+		up := up
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_circuit_open",
+			Help: "1 while an upstream's circuit is open, 0.5 half-open, 0 closed.", ConstLabels: prometheus.Labels{"upstream": up.name}},
+			func() float64 {
+				switch up.breaker.State().String() {
+				case "open":
+					return 1
+				case "half-open":
+					return 0.5
+				}
+				return 0
+			}))
+	}
+	if s, ok := p.store.(interface{ Stats() cache.Stats }); ok {
+		f(&storeCollector{stats: s.Stats})
+	}
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, d := range []string{"miss", "hit", "join", "resume", "conflict", "in_flight", "gone", "invalid", "refused", "relay"} {
+		m.requests.WithLabelValues(d)
+	}
+	return m
+}
+
+// handler serves the metrics in Prometheus text format.
+func (m *metrics) handler() fasthttp.RequestHandler {
+	return fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+}
+
+// storeCollector reads the store's counters at scrape time.
+type storeCollector struct{ stats func() cache.Stats }
+
+var (
+	descEntries  = prometheus.NewDesc("ssegate_store_entries", "Committed bodies held in memory.", nil, nil)
+	descBytes    = prometheus.NewDesc("ssegate_store_bytes", "Bytes of committed bodies held in memory.", nil, nil)
+	descLive     = prometheus.NewDesc("ssegate_live_journal_bytes", "Bytes held by live journals.", nil, nil)
+	descEvicted  = prometheus.NewDesc("ssegate_store_evictions_total", "Committed bodies evicted (by cost or TTL).", nil, nil)
+	descRefused  = prometheus.NewDesc("ssegate_store_refused_total", "Committed bodies the body store refused to admit.", nil, nil)
+	descCommits  = prometheus.NewDesc("ssegate_commits_total", "Answers committed to the ledger.", nil, nil)
+	descKeys     = prometheus.NewDesc("ssegate_keys", "Keys in the ledger by state.", []string{"state"}, nil)
+	descRegen    = prometheus.NewDesc("ssegate_regenerated_total", "Keys regenerated because their committed body was gone.", nil, nil)
+	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
+	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen}
+)
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range storeDescset {
+		ch <- d
+	}
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	g := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+	k := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	g(descEntries, s.StoreEntries)
+	g(descBytes, s.StoredBytes)
+	g(descLive, s.LiveBytes)
+	k(descEvicted, s.Evicted)
+	k(descRefused, s.Rejected)
+	k(descCommits, s.Commits)
+	k(descRegen, s.Regenerated)
+	for _, st := range allStates {
+		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(s.ByState[st]), string(st))
+	}
+}
