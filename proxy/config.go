@@ -58,6 +58,11 @@ type Config struct {
 	ReadTimeout time.Duration
 	// IdleTimeout bounds a keep-alive connection between requests (default 90s).
 	IdleTimeout time.Duration
+	// KeyHeaders name headers that carry an idempotency key when
+	// Idempotency-Key is absent, tried in order: e.g. webhook-id (Standard
+	// Webhooks) or X-GitHub-Delivery, so a redelivered webhook is answered
+	// from the store instead of running twice.
+	KeyHeaders []string
 	// AdminSeparate keeps /metrics, /healthz and /readyz off the proxy's
 	// handler (they are served by AdminHandler on another listener).
 	AdminSeparate bool

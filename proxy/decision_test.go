@@ -262,3 +262,26 @@ func TestBodyTooLarge(t *testing.T) {
 	}
 	e.wantCalls(0)
 }
+
+// TestWebhookRedelivery: with -key-header webhook-id, a redelivered
+// webhook (same id, same body) relayed through ssegate is answered from
+// the store and reaches the upstream once.
+func TestWebhookRedelivery(t *testing.T) {
+	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+		pc.KeyHeaders = []string{"webhook-id", "X-GitHub-Delivery"}
+	})
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"summarize this event"}]}`
+	hdr := map[string]string{"webhook-id": "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", "webhook-timestamp": "1674087231"}
+	first := e.fetch(req{body: body, header: hdr})
+	hdr["webhook-timestamp"] = "1674087299" // redeliveries carry a new timestamp header
+	second := e.fetch(req{body: body, header: hdr})
+	if first.status != 200 || !second.replayed || string(second.raw) != string(first.raw) {
+		t.Fatalf("redelivery: got %d replayed %v same %v; want a replay of the first answer", second.status, second.replayed, string(second.raw) == string(first.raw))
+	}
+	github := map[string]string{"X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"}
+	e.fetch(req{body: body, header: github})
+	if got := e.fetch(req{body: body, header: github}); !got.replayed {
+		t.Fatalf("GitHub redelivery was not replayed")
+	}
+	e.wantCalls(2)
+}

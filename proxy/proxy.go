@@ -134,6 +134,12 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	key := ctx.Request.Header.Peek("Idempotency-Key")
+	for _, h := range p.cfg.KeyHeaders {
+		if key != nil {
+			break
+		}
+		key = ctx.Request.Header.Peek(h)
+	}
 	if key == nil || p.store == nil || !ctx.IsPost() {
 		p.relay(ctx)
 		return

@@ -20,6 +20,7 @@ import (
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/proxy"
+	"github.com/valyala/fasthttp"
 )
 
 func main() {
@@ -35,6 +36,8 @@ func main() {
 // options are the flags, each also read from SSEGATE_<NAME>.
 type options struct {
 	listen        string
+	adminListen   string
+	keyHeaders    listFlag
 	upstreams     listFlag
 	retry         proxy.RetryConfig
 	inflight      string
@@ -62,8 +65,12 @@ type options struct {
 func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("ssegate", flag.ContinueOnError)
-	fs.SetOutput(out)
+	// Parse errors are returned as one line naming the flag; only -h
+	// prints the usage.
+	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
+	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
 	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -97,10 +104,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
-	fs.Usage = func() {
+	usage := func() {
+		fs.SetOutput(out)
 		fmt.Fprintf(out, "Usage: ssegate -upstream URL|mock [flags]\n\nEvery flag can also be set as SSEGATE_<NAME> (e.g. -max-body as SSEGATE_MAX_BODY); a flag on the command line wins.\n\n")
 		fs.PrintDefaults()
 	}
+	fs.Usage = func() {} // printed below for -h only
 	// Environment first, so the command line overrides it.
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -115,6 +124,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 		return nil, envErr
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+		}
 		return nil, err
 	}
 	if len(o.upstreams) == 0 {
@@ -186,6 +198,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
 		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, Logger: log,
+		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "",
 	})
 	if err != nil {
 		return err
@@ -195,8 +208,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("-listen: %w", err)
 	}
 	srv := p.Server()
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
+	if o.adminListen != "" {
+		aln, err := net.Listen("tcp", o.adminListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("-admin-listen: %w", err)
+		}
+		admin := &fasthttp.Server{Handler: p.AdminHandler, Name: "ssegate-admin", ReadTimeout: 10 * time.Second}
+		go func() { serveErr <- admin.Serve(aln) }()
+		defer admin.Shutdown() //nolint:errcheck // the process is ending
+		log.Info("admin listening", "addr", aln.Addr().String())
+	}
 	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String())
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -210,6 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	case <-sig.Done():
 	}
 	log.Info("draining", "timeout", o.shutdown.String())
+	p.Drain()
 	drain, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
 	if err := srv.ShutdownWithContext(drain); err != nil {
