@@ -30,10 +30,11 @@ type gen struct {
 	finished bool
 	cause    string        // why the generation was cut short, if it was
 	stop     chan struct{} // closed by cancel
+	start    time.Time
 }
 
 func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
-	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{})}
+	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{}), start: time.Now()}
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}
@@ -141,7 +142,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	p, f := g.p, g.f
 	rc := &p.cfg.Retry
 	keyed := f.Gen != 0
-	start := time.Now()
+	start := g.start
 	p.budget.request(start)
 	jitter := newFullJitter(rc.BaseBackoff, rc.MaxBackoff)
 	next := 0
@@ -403,9 +404,13 @@ func (g *gen) logEnd(status int) {
 		return // unkeyed: nothing was decided
 	}
 	state, reason, _ := f.Outcome()
-	g.p.log.Info("generation ended", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
-		"generation", f.Gen, "state", state, "reason", reason, "upstream_status", status,
-		"events", f.Events())
+	attrs := []any{"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+		"state", state, "reason", reason, "upstream_status", status, "events", f.Events(),
+		"duration_ms", time.Since(g.start).Milliseconds()}
+	if t := f.FirstEventAt(); !t.IsZero() {
+		attrs = append(attrs, "first_event_ms", t.Sub(g.start).Milliseconds())
+	}
+	g.p.log.Info("generation ended", attrs...)
 }
 
 // abortMessages explain each abort cause to the client.
