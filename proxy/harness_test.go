@@ -82,6 +82,7 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.ShutdownWithContext(ctx) //nolint:errcheck
+		p.Wait(ctx)                  //nolint:errcheck
 		store.Close()
 	})
 	return &env{

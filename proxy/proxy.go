@@ -35,6 +35,7 @@ type Proxy struct {
 	done      chan struct{}
 	abortOnce sync.Once
 	gens      sync.WaitGroup // generation goroutines
+	clients   sync.WaitGroup // streamed answers being written
 
 	liveMu sync.Mutex // guards live
 	live   map[*gen]struct{}
@@ -105,8 +106,9 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...))
 }
 
-// Abort ends every live generation (uncommitted) and every follower; used
-// when a drain's time is up. It waits for the generations to end.
+// Abort cuts every live generation short: it ends uncommitted, and its
+// clients get stream_aborted. Used when a drain's time is up; Wait then
+// waits for the streams to close.
 func (p *Proxy) Abort() {
 	p.abortOnce.Do(func() { close(p.done) })
 	p.liveMu.Lock()
@@ -114,7 +116,24 @@ func (p *Proxy) Abort() {
 		g.cancel("shutdown")
 	}
 	p.liveMu.Unlock()
-	p.gens.Wait()
+}
+
+// Wait waits until no generation runs and no streamed answer is being
+// written, or ctx ends. Streamed answers own their connections, so the
+// server's own shutdown does not wait for them.
+func (p *Proxy) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		p.gens.Wait()
+		p.clients.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Handler serves one request.

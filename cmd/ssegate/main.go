@@ -237,12 +237,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	p.Drain()
 	drain, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
-	if err := srv.ShutdownWithContext(drain); err != nil {
+	err = srv.ShutdownWithContext(drain) // stops accepting; ends idle connections
+	if err == nil {
+		err = p.Wait(drain) // streams own their connections
+	}
+	if err != nil {
 		log.Warn("drain time is up: aborting open streams", "err", err.Error())
 		p.Abort()
 		final, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel2()
 		_ = srv.ShutdownWithContext(final)
+		if err := p.Wait(final); err != nil {
+			log.Warn("streams still open at exit", "err", err.Error())
+		}
 	}
 	log.Info("stopped")
 	return nil
