@@ -145,6 +145,13 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream never had"))
 		return
 	}
+	if r.Head.Stream && after > 0 && len(data) == 0 {
+		// Nothing after that id, and nothing will come: 204 tells a
+		// browser's EventSource to stop reconnecting.
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		ctx.Response.Header.Set("Idempotent-Replayed", "true")
+		return
+	}
 	writeHead(ctx, r.Head, true)
 	if !r.Head.Stream {
 		ctx.SetBody(data)

@@ -122,6 +122,13 @@ func TestResumeErrors(t *testing.T) {
 	}
 	e.wantCalls(before)
 
+	// Resuming from the last event of a finished stream: 204, so an
+	// EventSource stops reconnecting.
+	end := e.fetch(req{method: http.MethodGet, path: "/streams/" + key, lastEventID: first.ids[len(first.ids)-1]})
+	if end.status != 204 {
+		t.Fatalf("resume at the end: got %d; want 204", end.status)
+	}
+
 	// A path-escaped key reaches the same stream.
 	odd := "a/b?c"
 	e.fetch(req{key: odd})
