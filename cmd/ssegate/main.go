@@ -60,6 +60,7 @@ type options struct {
 	missingBody   string
 	mockTokens    int
 	mockDelay     time.Duration
+	redis         redisOptions
 }
 
 func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
@@ -104,6 +105,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
+	o.redis.register(fs)
 	usage := func() {
 		fs.SetOutput(out)
 		fmt.Fprintf(out, "Usage: ssegate -upstream URL|mock [flags]\n\nEvery flag can also be set as SSEGATE_<NAME> (e.g. -max-body as SSEGATE_MAX_BODY); a flag on the command line wins.\n\n")
@@ -183,15 +185,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if o.missingBody == "gone" {
 		missing = cache.Refuse
 	}
-	store, err := cache.NewMemory(cache.Config{
+	store, closeStore, err := newStore(&o.redis, cache.Config{
 		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxLiveBytes: o.maxLiveBytes,
 		MaxStreamBytes: o.maxStream, MaxKeys: o.maxKeys, MaxSubscribers: o.maxSubs,
 		MissingBody: missing,
-	})
+	}, log)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer closeStore()
 	p, err := proxy.New(proxy.Config{
 		Upstreams: upstreams, Retry: o.retry, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,

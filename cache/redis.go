@@ -1,0 +1,614 @@
+package cache
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// ErrUnavailable is wrapped by the errors of a store that could not reach
+// its backing service (Redis down, too slow, or refusing). The proxy
+// answers 503 store_unavailable; it is never ErrStoreFull, since waiting
+// for room would not help.
+var ErrUnavailable = errors.New("store unavailable")
+
+// RedisConfig configures a Redis store. Its zero value, with URL set, is
+// usable: every zero field takes the default documented beside it.
+type RedisConfig struct {
+	// URL names the server: redis://[user:password@]host:port[/db], or
+	// rediss:// for TLS (rueidis.ParseURL's syntax, which also accepts
+	// ?addr= for more cluster seeds).
+	URL string
+	// Prefix starts every key this store writes (default "ssg"). Replicas
+	// that share keys must share the prefix.
+	Prefix string
+	// Lease is how long an owner's lease lasts without renewal (default
+	// 10s); it is renewed every Lease/3. A replica that dies leaves its
+	// generation to be reaped within Lease plus the follower's idle
+	// interval (Lease/2, at most 2s).
+	Lease time.Duration
+	// Timeout bounds one Redis operation (default 2s). A claim that takes
+	// longer fails with ErrUnavailable.
+	Timeout time.Duration
+	// TTL is how long a committed result is kept (default 24h).
+	TTL time.Duration
+	// FailedTTL is how long a failed or reaped generation is remembered,
+	// so that a resume with its ids gets "gone" (default 5m).
+	FailedTTL time.Duration
+	// LiveTTL bounds how long a live generation's records outlive their
+	// last lease renewal (default 1h); it only cleans up after a whole
+	// cluster vanished, since renewals extend it.
+	LiveTTL time.Duration
+	// MaxCacheBytes bounds the local copy of committed results (default
+	// 64 MiB). Redis holds the truth; this only saves GETs.
+	MaxCacheBytes int64
+	// MaxLiveBytes bounds the bytes of this replica's live journals, owned
+	// and followed together (default 256 MiB).
+	MaxLiveBytes int64
+	// MaxStreamBytes bounds one generation's journal (default 16 MiB).
+	MaxStreamBytes int
+	// MaxSubscribers bounds the local clients following one generation
+	// (default 1024).
+	MaxSubscribers int
+	// MissingBody is the policy for a committed key whose body is gone
+	// from Redis (evicted despite the advice to forbid eviction).
+	MissingBody MissingBody
+	// Now is the clock of the ledger's timestamps (default time.Now).
+	// Leases always use the monotonic clock.
+	Now func() time.Time
+	// Logger receives reaps, fences and outages (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *RedisConfig) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = "ssg"
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Lease, 10*time.Second)
+	def(&c.Timeout, 2*time.Second)
+	def(&c.TTL, 24*time.Hour)
+	def(&c.FailedTTL, 5*time.Minute)
+	def(&c.LiveTTL, time.Hour)
+	if c.MaxCacheBytes <= 0 {
+		c.MaxCacheBytes = 64 << 20
+	}
+	if c.MaxLiveBytes <= 0 {
+		c.MaxLiveBytes = 256 << 20
+	}
+	if c.MaxStreamBytes <= 0 {
+		c.MaxStreamBytes = 16 << 20
+	}
+	if c.MaxSubscribers <= 0 {
+		c.MaxSubscribers = 1024
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// RedisStats counts what a Redis store did; all fields are cumulative
+// except LiveBytes and LiveFlights.
+type RedisStats struct {
+	Claims      int64 // claim scripts run
+	Batches     int64 // append scripts run (one Redis round trip each)
+	Events      int64 // events appended by this replica as owner
+	Commits     int64 // generations this replica committed
+	Fenced      int64 // owned generations ended because another replica took them over
+	Reaped      int64 // generations of dead owners this replica ended as lost
+	Tails       int64 // tails started (one per followed generation)
+	Reads       int64 // XREAD calls of tails
+	Unavailable int64 // operations that failed for want of Redis
+	LiveBytes   int64
+	LiveFlights int64
+}
+
+// Redis is the store of several replicas: the claim, the live journals,
+// the committed results and the owner leases are kept in Redis, so that a
+// request can start on one replica and be joined or resumed on another.
+// It returns the same Flight and Result types as Memory, so the proxy
+// cannot tell the stores apart.
+//
+// On the replica that claimed a key, the Flight's journal is mirrored to
+// Redis in batches while the proxy appends to it. On another replica, a
+// join or resume gets a follower Flight fed by one tail per generation,
+// which copies the owner's encoded events byte for byte; local clients of
+// both read the same journal code.
+type Redis struct {
+	cfg   RedisConfig
+	c     rueidis.Client
+	codec *blobCodec
+	// results caches committed results by scope hash. Results are
+	// immutable per generation, and every use checks the generation, so a
+	// stale entry is never served.
+	results *ristretto.Cache[string, *Result]
+	replica string        // names this replica in st.owner, for operators
+	idle    time.Duration // how long a tail's XREAD blocks before it checks the owner
+
+	live atomic.Int64 // bytes of local journals
+
+	mu      sync.Mutex // guards flights
+	flights map[string]*Flight
+
+	ctx    context.Context // cancelled by Close: ends blocking reads
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // owners' and tails' goroutines
+
+	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+}
+
+// NewRedis connects to Redis and returns the store; Close releases it.
+// If Redis cannot be reached at start the store is still returned (with a
+// single-node client that keeps reconnecting), so that ssegate can serve
+// unkeyed traffic and report itself not ready until Redis comes.
+func NewRedis(cfg RedisConfig) (*Redis, error) {
+	cfg.setDefaults()
+	if cfg.URL == "" {
+		return nil, errors.New("redis: no URL")
+	}
+	opt, err := rueidis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redis URL: %w", err)
+	}
+	// Client-side caching needs RESP3 tracking and buys nothing here:
+	// results are cached by generation, and st must never be cached.
+	opt.DisableCache = true
+	// A few microseconds of delay lets concurrent appends share a write
+	// (REDIS.md §3: 2.3x the throughput at the same latency).
+	opt.MaxFlushDelay = 20 * time.Microsecond
+	if opt.Dialer.Timeout == 0 {
+		opt.Dialer.Timeout = cfg.Timeout
+	}
+	// Detect a server that stopped answering (paused, partitioned) within
+	// a few timeouts rather than rueidis's default of 10s, so the next
+	// command dials afresh.
+	opt.ConnWriteTimeout = max(3*cfg.Timeout, time.Second)
+	c, err := rueidis.NewClient(opt)
+	if err != nil && len(opt.InitAddress) == 1 && !isAuthError(err) {
+		cfg.Logger.Warn("redis unreachable at start; will keep trying", "err", err.Error())
+		opt.ForceSingleClient = true
+		c, err = rueidis.NewClient(opt)
+		if c != nil {
+			err = nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis connect: %w", err)
+	}
+	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	results, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
+		NumCounters:        max(cfg.MaxCacheBytes/4096*10, 10_000),
+		MaxCost:            cfg.MaxCacheBytes,
+		BufferItems:        64,
+		IgnoreInternalCost: true,
+	})
+	if err != nil {
+		c.Close()
+		codec.close()
+		return nil, fmt.Errorf("result cache: %w", err)
+	}
+	host, _ := os.Hostname()
+	r := &Redis{
+		cfg: cfg, c: c, codec: codec, results: results,
+		replica: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), newToken()[:8]),
+		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
+		flights: make(map[string]*Flight),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+func isAuthError(err error) bool {
+	s := strings.ToUpper(err.Error())
+	return strings.Contains(s, "WRONGPASS") || strings.Contains(s, "NOAUTH") || strings.Contains(s, "NOPERM")
+}
+
+// Close ends the followers' tails (their clients get stream_aborted),
+// stops the owners' lease renewals, and closes the connection. Owned
+// generations still live are left to expire and be reaped; the proxy
+// aborts them before closing the store.
+func (r *Redis) Close() {
+	r.cancel()
+	r.mu.Lock()
+	var owners []*owner
+	for _, f := range r.flights {
+		if o, ok := f.be.(*owner); ok {
+			owners = append(owners, o)
+		}
+	}
+	r.mu.Unlock()
+	for _, o := range owners {
+		o.shutdown()
+	}
+	r.wg.Wait()
+	r.c.Close()
+	r.results.Close()
+	r.codec.close()
+}
+
+// Ping reports whether Redis answers, for readiness checks.
+func (r *Redis) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	if err := r.c.Do(ctx, r.c.B().Ping().Build()).Error(); err != nil {
+		return fmt.Errorf("redis ping: %w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Stats returns the store's counters.
+func (r *Redis) Stats() RedisStats {
+	r.mu.Lock()
+	n := int64(len(r.flights))
+	r.mu.Unlock()
+	return RedisStats{
+		Claims: r.claims.Load(), Batches: r.batches.Load(), Events: r.events.Load(),
+		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
+		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
+		LiveBytes: r.live.Load(), LiveFlights: n,
+	}
+}
+
+// rkeys are the Redis keys of one scope.
+type rkeys struct {
+	h                  string // the scope's hash, also the local registry key
+	st, lease, j, res  string
+	all, withoutResult []string
+	journal            []string // st, j: the append script's keys
+}
+
+// keys derives a scope's keys. The hash keeps tenants and keys out of
+// Redis in clear and puts all of a scope's keys in one Cluster slot.
+func (r *Redis) keys(sc Scope) rkeys {
+	sum := sha256.Sum256([]byte(sc.id()))
+	h := base64.RawURLEncoding.EncodeToString(sum[:])[:22]
+	p := r.cfg.Prefix + ":{" + h + "}:"
+	k := rkeys{h: h, st: p + "st", lease: p + "lease", j: p + "j", res: p + "res"}
+	k.all = []string{k.st, k.lease, k.j, k.res}
+	k.withoutResult = k.all[:3]
+	k.journal = []string{k.st, k.j}
+	return k
+}
+
+// opCtx bounds one Redis operation.
+func (r *Redis) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, r.cfg.Timeout)
+}
+
+func (r *Redis) unavailableErr(op string, err error) error {
+	r.unavailable.Add(1)
+	return fmt.Errorf("redis %s: %w: %w", op, ErrUnavailable, err)
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
+	return hex.EncodeToString(b[:])
+}
+
+// Begin takes DESIGN.md's decision for one request with a key, atomically
+// across every replica sharing the Redis: among concurrent callers for one
+// scope exactly one gets Miss, whichever replica they reached. A Miss
+// starts the owner's lease and journal mirror; a Join returns the local
+// flight of that generation, starting a tail when this replica has none.
+// An error wraps ErrUnavailable (Redis unreachable) or ErrStoreFull (this
+// replica's live journals are full).
+func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
+	if n := r.live.Load(); n >= r.cfg.MaxLiveBytes {
+		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", n, ErrStoreFull)
+	}
+	k := r.keys(sc)
+	refuse := "0"
+	if r.cfg.MissingBody == Refuse {
+		refuse = "1"
+	}
+	// A replay can find its result expired between the claim and the GET;
+	// the claim then decides again, which is bounded by the TTL's arrival.
+	for range 3 {
+		tok := newToken()
+		sent := time.Now() // the lease runs from no earlier than this
+		ctx, cancel := r.opCtx()
+		r.claims.Add(1)
+		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, []string{
+			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse,
+		}))
+		cancel()
+		if err != nil {
+			return Begun{}, r.unavailableErr("claim", err)
+		}
+		switch out[0] {
+		case "conflict":
+			return Begun{Decision: Conflict}, nil
+		case "gone":
+			return Begun{Decision: Gone}, nil
+		case "replay", "join", "miss":
+			if len(out) < 2 {
+				break
+			}
+			gen, err := strconv.ParseUint(out[1], 10, 64)
+			if err != nil {
+				return Begun{}, fmt.Errorf("redis claim: generation %q: %w", out[1], err)
+			}
+			switch out[0] {
+			case "replay":
+				res, err := r.result(sc, k, gen)
+				if errors.Is(err, ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return Begun{}, err
+				}
+				return Begun{Decision: Hit, Result: res}, nil
+			case "join":
+				return Begun{Decision: Join, Flight: r.follow(sc, k, gen, fp)}, nil
+			default:
+				if len(out) > 3 && out[3] == "1" {
+					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
+						"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+					r.reaped.Add(1)
+				}
+				return Begun{Decision: Miss, Flight: r.own(sc, k, gen, tok, fp, sent), Regenerated: len(out) > 2 && out[2] == "1"}, nil
+			}
+		}
+		return Begun{}, fmt.Errorf("redis claim: unexpected answer %q", out)
+	}
+	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// scriptStrings reads a script's array of strings.
+func scriptStrings(res rueidis.RedisResult) ([]string, error) {
+	arr, err := res.AsStrSlice()
+	if err != nil {
+		return nil, err
+	}
+	if len(arr) == 0 {
+		return nil, errors.New("empty script answer")
+	}
+	return arr, nil
+}
+
+func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+// Attach finds what a resume reads, as Memory.Attach documents. A live
+// generation is served from this replica's flight of it (a tail when
+// another replica owns it); a resume past what the tail has copied waits
+// for the tail to catch up, bounded by the lease, since the owner's own
+// client may be a batch ahead of Redis.
+func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
+	k := r.keys(sc)
+	ctx, cancel := r.opCtx()
+	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp").Build()).ToArray()
+	cancel()
+	if err != nil {
+		return nil, nil, r.unavailableErr("attach", err)
+	}
+	phase, _ := vals[0].ToString()
+	genS, _ := vals[1].ToString()
+	stfp, _ := vals[2].ToString()
+	if phase == "" {
+		return nil, nil, ErrNotFound
+	}
+	if fp != "" && stfp != fp {
+		return nil, nil, ErrConflict
+	}
+	gen, err := strconv.ParseUint(genS, 10, 64)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redis attach: generation %q: %w", genS, err)
+	}
+	if hasAfter && after.Gen != gen {
+		return nil, nil, ErrGone
+	}
+	switch phase {
+	case "live":
+		f := r.follow(sc, k, gen, stfp)
+		if hasAfter && after.Seq > 0 {
+			if err := r.catchUp(f, after.Seq); err != nil {
+				return nil, nil, err
+			}
+		}
+		return f, nil, nil
+	case "done":
+		res, err := r.result(sc, k, gen)
+		if errors.Is(err, ErrNotFound) {
+			return nil, nil, ErrGone
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if hasAfter && res.Head.Stream && after.Seq > uint64(res.Events()) {
+			return nil, nil, ErrPosition
+		}
+		return nil, res, nil
+	default:
+		return nil, nil, ErrGone
+	}
+}
+
+// catchUp waits until f holds seq events, f ends, or the owner has had a
+// lease's time to get them to Redis.
+func (r *Redis) catchUp(f *Flight, seq uint64) error {
+	if uint64(f.Events()) >= seq {
+		return nil
+	}
+	sub, err := f.Subscribe(0)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	t := time.NewTimer(r.cfg.Lease + r.idle)
+	defer t.Stop()
+	for uint64(f.Events()) < seq {
+		select {
+		case <-sub.C():
+			if _, ended := sub.Read(); ended && uint64(f.Events()) < seq {
+				if state, _, _ := f.Outcome(); state == StateCommitted {
+					return ErrPosition
+				}
+				return ErrGone
+			}
+		case <-t.C:
+			return nil // the proxy's Subscribe reports the position
+		}
+	}
+	return nil
+}
+
+// result returns the committed result of gen: the local copy, or Redis's.
+// ErrNotFound means Redis no longer holds it (or holds another
+// generation's).
+func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
+	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope == sc {
+		return res, nil
+	}
+	ctx, cancel := r.opCtx()
+	b, err := r.c.Do(ctx, r.c.B().Get().Key(k.res).Build()).AsBytes()
+	cancel()
+	if rueidis.IsRedisNil(err) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, r.unavailableErr("result", err)
+	}
+	res, err := r.codec.decode(b, sc)
+	if err != nil {
+		return nil, fmt.Errorf("redis result: %w", err)
+	}
+	if res.Gen != gen {
+		return nil, ErrNotFound
+	}
+	r.keep(k, res)
+	return res, nil
+}
+
+// keep caches a committed result locally. ristretto may drop it; that
+// costs a GET later, nothing else.
+func (r *Redis) keep(k rkeys, res *Result) {
+	r.results.SetWithTTL(k.h, res, res.cost(), r.cfg.TTL)
+}
+
+// own registers the flight this replica just claimed and starts its
+// journal mirror and lease.
+func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time) *Flight {
+	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now())
+	o := newOwner(r, f, k, tok, claimed)
+	f.be = o
+	r.mu.Lock()
+	r.flights[k.h] = f
+	r.mu.Unlock()
+	o.start()
+	return f
+}
+
+// follow returns this replica's flight of a live generation: the one it
+// owns or already tails, or a new follower with its tail. One tail per
+// generation per replica serves all of its local clients.
+func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.flights[k.h]; f != nil && f.Gen == gen {
+		select {
+		case <-f.Done():
+		default:
+			return f
+		}
+	}
+	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now())
+	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10)}
+	f.be = fl
+	r.flights[k.h] = f
+	r.tails.Add(1)
+	r.wg.Add(1)
+	go fl.tail()
+	return f
+}
+
+// forget removes f from the local registry, unless a newer flight of the
+// scope replaced it.
+func (r *Redis) forget(k rkeys, f *Flight) {
+	r.mu.Lock()
+	if r.flights[k.h] == f {
+		delete(r.flights, k.h)
+	}
+	r.mu.Unlock()
+}
+
+func (r *Redis) reserve(n int) error {
+	if r.live.Add(int64(n)) > r.cfg.MaxLiveBytes {
+		r.live.Add(-int64(n))
+		return fmt.Errorf("live journals would exceed %d bytes: %w", r.cfg.MaxLiveBytes, ErrStoreFull)
+	}
+	return nil
+}
+
+func (r *Redis) release(n int) { r.live.Add(-int64(n)) }
+
+// Info returns what Redis knows of a key. It reports false when the key
+// is unknown and also when Redis cannot be asked.
+func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
+	k := r.keys(sc)
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	rs := r.c.DoMulti(ctx,
+		r.c.B().Hgetall().Key(k.st).Build(),
+		r.c.B().Pttl().Key(k.st).Build(),
+		r.c.B().Exists().Key(k.res).Build())
+	m, err := rs[0].AsStrMap()
+	if err != nil || len(m) == 0 {
+		return KeyInfo{}, false
+	}
+	ttl, _ := rs[1].AsInt64()
+	hasRes, _ := rs[2].AsInt64()
+	num := func(f string) int { n, _ := strconv.Atoi(m[f]); return n }
+	at := func(f string) time.Time {
+		n, err := strconv.ParseInt(m[f], 10, 64)
+		if err != nil {
+			return time.Time{}
+		}
+		return time.UnixMilli(n)
+	}
+	gen, _ := strconv.ParseUint(m["gen"], 10, 64)
+	ki := KeyInfo{
+		State: State(m["state"]), Generation: gen, Attempts: num("attempts"),
+		LastStatus: num("status"), Events: num("events"), Bytes: num("bytes"),
+		Reason: m["reason"], Created: at("created"), Updated: at("updated"),
+		BodyStored: m["phase"] == "done" && hasRes == 1,
+	}
+	if m["phase"] != "live" && ttl > 0 {
+		ki.Expires = r.cfg.Now().Add(time.Duration(ttl) * time.Millisecond)
+	}
+	r.mu.Lock()
+	f := r.flights[k.h]
+	r.mu.Unlock()
+	if f != nil && f.Gen == gen {
+		ki.Events = max(ki.Events, f.Events())
+	}
+	return ki, true
+}

@@ -1,0 +1,500 @@
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Bounds of one append script. A batch takes whatever the proxy journaled
+// while the previous batch was in flight (Nagle-style: about one round trip
+// of latency, bigger batches under load), up to these.
+const (
+	maxBatch      = 64
+	maxBatchBytes = 1 << 20
+)
+
+// journalTTL is how long a journal outlives its generation's end: time for
+// every tail to read the terminal entry. Later resumes read the result.
+const journalTTL = 60 * time.Second
+
+// owner is the backend of a flight this replica claimed. Two goroutines
+// serve it: the flusher mirrors the journal to Redis and runs the commit;
+// the renewer keeps the lease. Both stop at shutdown.
+//
+// Fencing: Redis refuses appends and the commit once st names another
+// (tok, gen); the owner then fails its flight with generation_lost, so its
+// clients get stream_aborted rather than an answer that was not kept. It
+// also fails it when it cannot reach Redis for a whole lease, since by then
+// a follower may have reaped it.
+type owner struct {
+	r   *Redis
+	f   *Flight
+	k   rkeys
+	tok string
+	gen string
+
+	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
+	// is when (as time since t0) the last successful renewal, or the
+	// claim, was sent. The lease cannot end before lastRenew + Lease.
+	t0        time.Time
+	lastRenew atomic.Int64
+	// flushedBytes is the journal's size in Redis, for the failure record.
+	flushedBytes atomic.Int64
+
+	kick     chan struct{} // capacity 1: the journal or the mark changed
+	commitC  chan *commitReq
+	stop     chan struct{} // closed by shutdown
+	stopOnce sync.Once
+	ctx      context.Context // cancelled by shutdown: ends calls in flight
+	cancel   context.CancelFunc
+
+	mu      sync.Mutex // guards the fields below
+	ending  bool       // a commit, failure or fence has begun; only the first proceeds
+	fenced  bool       // Redis refused this owner, or could not be reached for a lease
+	failed  bool       // fail has run
+	mk      markFields
+	markVer int // bumped by mark; the flusher sends the mark when it moved
+}
+
+type markFields struct {
+	state            State
+	attempts, status int
+}
+
+type commitReq struct {
+	blob []byte
+	done chan commitOutcome
+}
+
+type commitOutcome struct {
+	ok     bool
+	state  State
+	reason string
+}
+
+// journalPos is where the flusher knows Redis's journal to end.
+type journalPos struct {
+	flushed int    // events Redis holds
+	prev    string // the id of the last entry (gen-0 before the first)
+	bytes   int64  // their encoded bytes
+	markVer int    // the mark Redis holds
+}
+
+func newOwner(r *Redis, f *Flight, k rkeys, tok string, claimed time.Time) *owner {
+	o := &owner{
+		r: r, f: f, k: k, tok: tok, gen: strconv.FormatUint(f.Gen, 10),
+		t0:      claimed,
+		kick:    make(chan struct{}, 1),
+		commitC: make(chan *commitReq),
+		stop:    make(chan struct{}),
+		mk:      markFields{state: StateIntentReceived},
+	}
+	o.ctx, o.cancel = context.WithCancel(r.ctx)
+	return o
+}
+
+func (o *owner) start() {
+	o.r.wg.Add(2)
+	go o.flusher()
+	go o.renewer()
+}
+
+func (o *owner) shutdown() {
+	o.stopOnce.Do(func() {
+		close(o.stop)
+		o.cancel()
+	})
+}
+
+func (o *owner) poke() {
+	select {
+	case o.kick <- struct{}{}:
+	default:
+	}
+}
+
+// leaseLapsed reports whether the lease may have expired: no renewal has
+// succeeded for a whole lease.
+func (o *owner) leaseLapsed() bool {
+	return time.Since(o.t0) > time.Duration(o.lastRenew.Load())+o.r.cfg.Lease
+}
+
+func (o *owner) reserve(n int) error {
+	if err := o.r.reserve(n); err != nil {
+		return err
+	}
+	o.poke()
+	return nil
+}
+
+func (o *owner) release(n int) { o.r.release(n) }
+
+func (o *owner) mark(_ *Flight, state State, attempts, lastStatus int) {
+	o.mu.Lock()
+	o.mk.state, o.mk.attempts = state, attempts
+	if lastStatus != 0 {
+		o.mk.status = lastStatus
+	}
+	o.markVer++
+	o.mu.Unlock()
+	o.poke()
+}
+
+// fence ends the flight because this replica may no longer write its
+// generation. It does nothing once a commit or failure has begun: those
+// settle with Redis themselves.
+func (o *owner) fence(reason string) {
+	o.mu.Lock()
+	if o.ending {
+		o.mu.Unlock()
+		return
+	}
+	o.ending, o.fenced = true, true
+	o.mu.Unlock()
+	o.r.fenced.Add(1)
+	o.r.cfg.Logger.Warn("owned generation fenced", "key", o.f.Scope.Key, "tenant", o.f.Scope.Tenant,
+		"generation", o.f.Gen, "reason", reason, "state", StateCommitUnknown)
+	o.f.Fail(StateCommitUnknown, reason, nil)
+}
+
+// commit runs the fenced finish script through the flusher, after the
+// journal's tail. When Redis refuses it or cannot be reached, the flight
+// fails here, before Flight.Commit would end it as committed: the owner's
+// clients never see a clean end of an answer that was not kept.
+func (o *owner) commit(f *Flight, res *Result) bool {
+	o.mu.Lock()
+	if o.ending {
+		o.mu.Unlock()
+		<-f.Done() // a fence is failing the flight
+		return false
+	}
+	o.ending = true
+	o.mu.Unlock()
+	out := commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+	if blob, err := o.r.codec.encode(res); err == nil {
+		req := &commitReq{blob: blob, done: make(chan commitOutcome, 1)}
+		select {
+		case o.commitC <- req:
+			out = <-req.done
+		case <-o.stop:
+		}
+	}
+	if out.ok {
+		o.r.commits.Add(1)
+		o.r.keep(o.k, res)
+		o.shutdown()
+		o.r.forget(o.k, f)
+		return true
+	}
+	o.mu.Lock()
+	o.fenced = true
+	o.mu.Unlock()
+	if out.reason == "generation_lost" {
+		o.r.fenced.Add(1)
+	}
+	o.r.cfg.Logger.Warn("commit refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
+		"generation", f.Gen, "reason", out.reason, "state", out.state)
+	f.Fail(out.state, out.reason, nil)
+	return false
+}
+
+// fail records the end of a generation without a result, so that tails
+// end their clients the same way and the key is free. When Redis cannot
+// be told, the lease lapses and a follower or the next claim reaps it.
+func (o *owner) fail(f *Flight, state State, reason string) {
+	o.mu.Lock()
+	if o.failed {
+		o.mu.Unlock()
+		return
+	}
+	o.failed, o.ending = true, true
+	skip := o.fenced
+	o.mu.Unlock()
+	o.shutdown()
+	defer o.r.forget(o.k, f)
+	if skip {
+		return
+	}
+	head := ""
+	if h, ok := f.Head(); ok {
+		head = headJSON(h)
+	}
+	_, _, body := f.Outcome()
+	args := []string{o.tok, o.gen, "failed", "", ms(o.r.cfg.FailedTTL), ms(journalTTL),
+		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
+		strconv.Itoa(f.Events()), strconv.FormatInt(o.flushedBytes.Load(), 10), ""}
+	for range 2 {
+		ctx, cancel := o.r.opCtx()
+		err := finishScript.Exec(ctx, o.r.c, o.k.all, args).Error()
+		cancel()
+		if err == nil {
+			return
+		}
+		o.r.unavailable.Add(1)
+	}
+}
+
+func headJSON(h Head) string {
+	b, _ := json.Marshal(h) // a Head always marshals
+	return string(b)
+}
+
+// renewer keeps the lease every Lease/3 and fences the flight when Redis
+// says another replica took over, or when no renewal got through for a
+// whole lease.
+func (o *owner) renewer() {
+	defer o.r.wg.Done()
+	lease := o.r.cfg.Lease
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	args := []string{o.tok, o.gen, ms(lease), ms(o.r.cfg.LiveTTL)}
+	for {
+		select {
+		case <-o.stop:
+			return
+		case <-t.C:
+		}
+		sent := time.Since(o.t0)
+		ctx, cancel := context.WithTimeout(o.ctx, min(o.r.cfg.Timeout, lease/2))
+		n, err := renewScript.Exec(ctx, o.r.c, o.k.withoutResult, args).AsInt64()
+		cancel()
+		switch {
+		case err == nil && n == 1:
+			o.lastRenew.Store(int64(sent))
+		case err == nil:
+			o.fence("generation_lost")
+			return
+		case o.ctx.Err() != nil:
+			return
+		default:
+			o.r.unavailable.Add(1)
+			if o.leaseLapsed() {
+				o.fence("store_unavailable")
+				return
+			}
+		}
+	}
+}
+
+// flusher mirrors the journal to Redis and runs the commit, so appends
+// and the finish are ordered on one goroutine.
+func (o *owner) flusher() {
+	defer o.r.wg.Done()
+	pos := journalPos{prev: o.gen + "-0"}
+	dead := false // fenced: nothing more is written, a commit is refused
+	for {
+		select {
+		case <-o.stop:
+			return
+		case req := <-o.commitC:
+			if dead {
+				req.done <- commitOutcome{state: StateCommitUnknown, reason: "generation_lost"}
+			} else {
+				req.done <- o.finishCommit(&pos, req.blob)
+			}
+			continue
+		case <-o.kick:
+		}
+		if dead {
+			continue
+		}
+		if reason := o.flush(&pos, 0); reason != "" {
+			dead = true
+			o.fence(reason)
+		}
+	}
+}
+
+// batchResult is what one script call did with the journal.
+type batchResult int
+
+const (
+	batchOK     batchResult = iota
+	batchRetry              // Redis could not be reached: try again
+	batchFenced             // another replica holds the generation
+)
+
+// flush appends journaled events until at most keep of them are not in
+// Redis. It returns a fence reason, or "" (done, or stopped).
+func (o *owner) flush(pos *journalPos, keep int) string {
+	backoff := 5 * time.Millisecond
+	for {
+		evs, h, _ := o.f.wireSince(pos.flushed, maxBatch+keep)
+		if len(evs) <= keep {
+			evs = nil
+		} else if keep > 0 {
+			evs = evs[:len(evs)-keep]
+		}
+		evs = capBytes(evs)
+		mk, ver := o.markNow()
+		if len(evs) == 0 && ver == pos.markVer {
+			return ""
+		}
+		args := []string{o.tok, o.gen, pos.prev, string(mk.state), strconv.Itoa(mk.attempts),
+			strconv.Itoa(mk.status), nowMS(o.r.cfg.Now()), "", ""}
+		if pos.flushed == 0 && len(evs) > 0 {
+			args[7] = headJSON(h)
+		}
+		args, bytes := o.appendEvents(args, pos, evs)
+		args[8] = strconv.FormatInt(bytes, 10)
+		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
+		out, err := scriptStrings(appendScript.Exec(ctx, o.r.c, o.k.journal, args))
+		cancel()
+		switch o.settle(pos, out, err, len(evs), bytes) {
+		case batchOK:
+			pos.markVer = ver
+			backoff = 5 * time.Millisecond
+		case batchFenced:
+			return "generation_lost"
+		case batchRetry:
+			if o.leaseLapsed() {
+				return "store_unavailable"
+			}
+			if !o.sleep(&backoff) {
+				return ""
+			}
+		}
+	}
+}
+
+// appendEvents adds the id, event pairs of evs after pos to args and
+// returns the journal's size once they are in.
+func (o *owner) appendEvents(args []string, pos *journalPos, evs [][]byte) ([]string, int64) {
+	bytes := pos.bytes
+	for i, e := range evs {
+		args = append(args, o.gen+"-"+strconv.Itoa(pos.flushed+i+1), string(e))
+		bytes += int64(len(e))
+	}
+	return args, bytes
+}
+
+// settle applies a script's answer to pos.
+func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes int64) batchResult {
+	if err != nil {
+		if _, ok := rueidis.IsRedisErr(err); ok {
+			// Redis answered with an error: retrying cannot help.
+			o.r.cfg.Logger.Error("redis refused a journal write", "key", o.f.Scope.Key,
+				"generation", o.f.Gen, "err", err.Error())
+			return batchFenced
+		}
+		if o.ctx.Err() == nil {
+			o.r.unavailable.Add(1)
+		}
+		return batchRetry
+	}
+	switch out[0] {
+	case "ok", "already":
+		o.r.batches.Add(1)
+		o.r.events.Add(int64(n))
+		pos.flushed += n
+		pos.bytes = bytes
+		pos.prev = o.gen + "-" + strconv.Itoa(pos.flushed)
+		if pos.flushed == 0 {
+			pos.prev = o.gen + "-0"
+		}
+		o.flushedBytes.Store(bytes)
+		return batchOK
+	case "prev":
+		// Redis's journal ends before what it acknowledged: a failover
+		// lost its tail. Re-append from where it ends, from the journal.
+		last := ""
+		if len(out) > 1 {
+			last = out[1]
+		}
+		g, seqS, ok := strings.Cut(last, "-")
+		seq, err := strconv.Atoi(seqS)
+		if !ok || g != o.gen || err != nil || seq > pos.flushed {
+			return batchFenced
+		}
+		o.r.cfg.Logger.Warn("redis journal lost acknowledged events; re-appending",
+			"key", o.f.Scope.Key, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
+		evs, _, _ := o.f.wireSince(0, seq)
+		pos.bytes = 0
+		for _, e := range evs {
+			pos.bytes += int64(len(e))
+		}
+		pos.flushed, pos.prev = seq, last
+		return batchOK
+	default:
+		return batchFenced
+	}
+}
+
+// finishCommit appends what Redis lacks (the last batch inside the finish
+// script itself) and commits. finish is idempotent per (tok, gen), so a
+// retry after a lost reply settles as "already".
+func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
+	backoff := 5 * time.Millisecond
+	for {
+		if reason := o.flush(pos, maxBatch); reason != "" {
+			return commitOutcome{state: StateCommitUnknown, reason: reason}
+		}
+		if o.ctx.Err() != nil {
+			return commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+		}
+		evs, h, _ := o.f.wireSince(pos.flushed, maxBatch)
+		head := ""
+		if pos.flushed == 0 && len(evs) > 0 {
+			head = headJSON(h)
+		}
+		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.r.cfg.TTL), ms(journalTTL),
+			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
+			strconv.Itoa(o.f.Events()), "", head}
+		args, bytes := o.appendEvents(args, pos, evs)
+		args[12] = strconv.FormatInt(bytes, 10)
+		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
+		out, err := scriptStrings(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		cancel()
+		switch o.settle(pos, out, err, len(evs), bytes) {
+		case batchOK:
+			if out[0] == "ok" || out[0] == "already" {
+				return commitOutcome{ok: true}
+			}
+			// "prev": pos moved back to where Redis's journal ends.
+		case batchFenced:
+			return commitOutcome{state: StateCommitUnknown, reason: "generation_lost"}
+		case batchRetry:
+			if o.leaseLapsed() || !o.sleep(&backoff) {
+				return commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+			}
+		}
+	}
+}
+
+func (o *owner) markNow() (markFields, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mk, o.markVer
+}
+
+// sleep waits out a backoff step; false when the owner stopped meanwhile.
+func (o *owner) sleep(d *time.Duration) bool {
+	t := time.NewTimer(*d)
+	defer t.Stop()
+	select {
+	case <-o.stop:
+		return false
+	case <-t.C:
+	}
+	*d = min(*d*2, o.r.cfg.Lease/4)
+	return true
+}
+
+// capBytes keeps a batch under maxBatchBytes (but at least one event).
+func capBytes(evs [][]byte) [][]byte {
+	n := 0
+	for i, e := range evs {
+		n += len(e)
+		if n > maxBatchBytes && i > 0 {
+			return evs[:i]
+		}
+	}
+	return evs
+}

@@ -1,0 +1,192 @@
+package cache
+
+import "github.com/redis/rueidis"
+
+// The Lua scripts of the Redis store. Each runs atomically on the server
+// and makes every check before its first write, so a script that refuses
+// leaves nothing behind. All keys of one scope share a hash tag, so the
+// scripts are legal on a Redis Cluster too.
+//
+// Keys of a scope (prefix:{h}:…):
+//
+//	st     HASH    phase (live|done|failed|lost), state (DESIGN.md's name),
+//	               gen, tok, fp, owner, created, updated, attempts, status,
+//	               reason, events, bytes, commits
+//	lease  STRING  the owner's token; a failure detector only, renewed
+//	               every Lease/3. Ownership is (tok, gen) in st.
+//	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
+//	               1..n carry the events (field e: the encoded event, id
+//	               included; field h on seq 1: the head), <gen>-maxSeq
+//	               ends the generation (field t: done|failed|lost).
+//	res    STRING  the committed result, compressed (see redis_blob.go)
+//
+// Generations come from the server's clock (TIME in ms, or the previous
+// generation + 1 when the clock has not moved past it), so they increase
+// per scope across replicas without a replica's clock taking part.
+
+// maxSeq is the seq of a generation's terminal entry: nothing of the
+// generation can be appended after it, even by a raw XADD.
+const maxSeq = "18446744073709551615"
+
+// claimScript decides a request: conflict, replay, join, gone or miss.
+//
+// KEYS: st, lease, j, res
+// ARGV: fp, tok, owner, lease ms, live ttl ms, now ms, refuse (1 when a
+// committed key whose body is gone must not regenerate)
+//
+// Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"}, or
+// {"miss", gen, regenerated (0|1), reaped (0|1)}.
+var claimScript = rueidis.NewLuaScript(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp')
+local phase, gen, fp = s[1], s[2], s[3]
+if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
+  return {'conflict'}
+end
+local regenerated, reaped = '0', '0'
+if phase == 'done' then
+  if redis.call('EXISTS', KEYS[4]) == 1 then return {'replay', gen} end
+  if ARGV[7] == '1' then return {'gone'} end
+  regenerated = '1'
+elseif phase == 'live' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'join', gen} end
+  -- The owner's lease expired and nobody reaped it yet: the claim reaps.
+  reaped = '1'
+end
+local t = redis.call('TIME')
+local g = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
+local gs = string.format('%.0f', g)
+redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
+redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
+  'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
+  'attempts', 0, 'status', 0, 'reason', '', 'events', 0, 'bytes', 0)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+return {'miss', gs, regenerated, reaped}
+`)
+
+// appendScript appends a batch of events to the live journal, fenced.
+//
+// KEYS: st, j
+// ARGV: tok, gen, prev (the id the journal must end with), state,
+// attempts, status, now ms, head (JSON, for the entry of seq 1), bytes
+// (total after this batch), then id, event pairs.
+//
+// Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
+// end where the owner thinks (a failover lost acknowledged entries), and
+// the owner re-appends from there.
+var appendScript = rueidis.NewLuaScript(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local lastId = ''
+if #last > 0 then lastId = last[1][1] end
+if lastId ~= ARGV[3] then return {'prev', lastId} end
+local n = 0
+for i = 10, #ARGV, 2 do
+  local id = ARGV[i]
+  if id == ARGV[2] .. '-1' and ARGV[8] ~= '' then
+    redis.call('XADD', KEYS[2], 'NOMKSTREAM', id, 'e', ARGV[i + 1], 'h', ARGV[8])
+  else
+    redis.call('XADD', KEYS[2], 'NOMKSTREAM', id, 'e', ARGV[i + 1])
+  end
+  n = n + 1
+  lastId = id
+end
+local f = {'state', ARGV[4], 'attempts', ARGV[5], 'updated', ARGV[7], 'bytes', ARGV[9]}
+if ARGV[6] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[6]) end
+if n > 0 then
+  local seq = string.match(lastId, '-(%d+)$')
+  table.insert(f, 'events'); table.insert(f, seq)
+end
+redis.call('HSET', KEYS[1], unpack(f))
+return {'ok'}
+`)
+
+// renewScript extends the owner's lease. A lease that expired while st
+// still names this owner (a pause nobody reaped) is set again: ownership
+// lives in st, the lease only signals death.
+//
+// KEYS: st, lease, j
+// ARGV: tok, gen, lease ms, live ttl ms
+//
+// Returns 1 while this owner holds the generation, 0 once it does not.
+var renewScript = rueidis.NewLuaScript(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
+local cur = redis.call('GET', KEYS[2])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+return 1
+`)
+
+// finishScript ends a generation: committed with its result, or failed.
+// It is idempotent per (gen, tok): re-running it after a lost reply
+// answers "already", which settles a commit whose outcome was unknown.
+//
+// KEYS: st, lease, j, res
+// ARGV: tok, gen, kind (done|failed), prev, st ttl ms, journal ttl ms,
+// state, reason, now ms, blob (done) or head JSON (failed), body
+// (failed), events, bytes, head JSON (for seq 1), then id, event pairs
+// still to append.
+//
+// Returns {"ok"}, {"already"}, {"fenced"} or {"prev", last id}.
+var finishScript = rueidis.NewLuaScript(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
+if s[1] == ARGV[3] then return {'already'} end
+if s[1] ~= 'live' then return {'fenced'} end
+local first = 15
+if #ARGV >= first then
+  local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+  local lastId = ''
+  if #last > 0 then lastId = last[1][1] end
+  if lastId ~= ARGV[4] then return {'prev', lastId} end
+  for i = first, #ARGV, 2 do
+    local id = ARGV[i]
+    if id == ARGV[2] .. '-1' and ARGV[14] ~= '' then
+      redis.call('XADD', KEYS[3], 'NOMKSTREAM', id, 'e', ARGV[i + 1], 'h', ARGV[14])
+    else
+      redis.call('XADD', KEYS[3], 'NOMKSTREAM', id, 'e', ARGV[i + 1])
+    end
+  end
+end
+local term = ARGV[2] .. '-' .. '` + maxSeq + `'
+if ARGV[3] == 'done' then
+  redis.call('XADD', KEYS[3], term, 't', 'done')
+  redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
+  redis.call('HINCRBY', KEYS[1], 'commits', 1)
+else
+  redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11])
+end
+redis.call('HSET', KEYS[1], 'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
+  'events', ARGV[12], 'bytes', ARGV[13])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('DEL', KEYS[2])
+return {'ok'}
+`)
+
+// reapScript is run by a follower whose tail went idle: it reports the
+// generation alive while its owner's lease stands, and otherwise ends it
+// as lost (DESIGN.md's commit_unknown) so that the key is free.
+//
+// KEYS: st, lease, j
+// ARGV: gen, st ttl ms, journal ttl ms, now ms
+//
+// Returns "alive", "reaped" (this call ended it) or "ended" (it is not
+// live any more, or another generation holds the key).
+var reapScript = rueidis.NewLuaScript(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen')
+if s[1] ~= 'live' or s[2] ~= ARGV[1] then return 'ended' end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
+redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
+redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', 'generation_lost', 'updated', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+return 'reaped'
+`)

@@ -1,0 +1,214 @@
+package cache
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// follower is the backend of a flight that copies a generation another
+// replica owns. Its tail is the only writer of the flight, so the flight's
+// journal code serves local clients exactly as it does on the owner.
+// Nothing a follower does changes the generation in Redis, except reaping
+// it once its owner's lease is gone.
+type follower struct {
+	r   *Redis
+	f   *Flight
+	k   rkeys
+	gen string
+}
+
+func (fl *follower) reserve(n int) error { return fl.r.reserve(n) }
+func (fl *follower) release(n int)       { fl.r.release(n) }
+
+func (fl *follower) commit(f *Flight, res *Result) bool {
+	fl.r.keep(fl.k, res)
+	fl.r.forget(fl.k, f)
+	return true
+}
+
+func (fl *follower) fail(f *Flight, _ State, _ string) { fl.r.forget(fl.k, f) }
+func (fl *follower) mark(*Flight, State, int, int)     {}
+
+// tail reads the generation's journal from its start, with explicit ids so
+// that nothing falls between catching up and following (XREAD with an id
+// returns at once what follows it and blocks only when caught up), and
+// ends the flight as the journal's terminal entry says. When the journal
+// stays idle it asks whether the owner's lease stands, and reaps the
+// generation when it does not.
+func (fl *follower) tail() {
+	r, f := fl.r, fl.f
+	defer r.wg.Done()
+	last := fl.gen + "-0"
+	next := uint64(1)
+	var downSince time.Time
+	backoff := 5 * time.Millisecond
+	ended := 0 // consecutive idle checks that found the generation over
+	for {
+		if r.ctx.Err() != nil {
+			f.Fail(StateFailedRetryable, "shutdown", nil)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
+		r.reads.Add(1)
+		m, err := r.c.Do(ctx, r.c.B().Xread().Count(256).Block(r.idle.Milliseconds()).
+			Streams().Key(fl.k.j).Id(last).Build()).AsXRead()
+		cancel()
+		if rueidis.IsRedisNil(err) {
+			var state string
+			if state, err = fl.check(); err == nil {
+				switch state {
+				case "alive":
+					ended = 0
+				case "reaped":
+					// The next read returns the lost entry this wrote.
+					r.reaped.Add(1)
+					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
+						"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+						"state", StateCommitUnknown)
+				default:
+					// Over, yet no terminal entry after ours: read once
+					// more (it may have just been written), then give up.
+					if ended++; ended >= 2 {
+						f.Fail(StateCommitUnknown, "generation_lost", nil)
+						return
+					}
+				}
+				downSince = time.Time{}
+				continue
+			}
+		}
+		if err != nil {
+			if r.ctx.Err() != nil {
+				continue
+			}
+			r.unavailable.Add(1)
+			if downSince.IsZero() {
+				downSince = time.Now()
+			}
+			// The owner fences itself after a lease without Redis; past
+			// that the generation cannot commit.
+			if time.Since(downSince) > r.cfg.Lease+r.idle {
+				f.Fail(StateCommitUnknown, "store_unavailable", nil)
+				return
+			}
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, r.idle)
+			continue
+		}
+		downSince, backoff, ended = time.Time{}, 5*time.Millisecond, 0
+		for _, e := range m[fl.k.j] {
+			if fl.apply(e, &next) {
+				return
+			}
+			last = e.ID
+		}
+	}
+}
+
+// apply copies one journal entry into the flight; true when the flight
+// has ended.
+func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
+	f := fl.f
+	g, seqS, _ := strings.Cut(e.ID, "-")
+	seq, err := strconv.ParseUint(seqS, 10, 64)
+	if g != fl.gen || err != nil {
+		// The key was claimed again: this generation is over, and its
+		// terminal entry went with the old journal.
+		f.Fail(StateCommitUnknown, "generation_lost", nil)
+		return true
+	}
+	switch {
+	case seq == 0 || seq < *next:
+		return false
+	case seq == math.MaxUint64:
+		fl.end(e.FieldValues)
+		return true
+	}
+	if h := e.FieldValues["h"]; h != "" {
+		var hd Head
+		if json.Unmarshal([]byte(h), &hd) == nil {
+			f.SetHead(hd)
+		}
+	}
+	if err := f.appendWire(seq, []byte(e.FieldValues["e"])); err != nil {
+		reason := "generation_lost"
+		switch {
+		case errors.Is(err, ErrStreamTooLarge):
+			reason = "max_stream_bytes"
+		case errors.Is(err, ErrStoreFull):
+			reason = "store_full"
+		}
+		f.Fail(StateFailedRetryable, reason, nil)
+		return true
+	}
+	*next = seq + 1
+	return false
+}
+
+// end ends the flight as the owner ended the generation.
+func (fl *follower) end(fields map[string]string) {
+	f := fl.f
+	switch fields["t"] {
+	case "done":
+		if h, ok := f.Head(); ok && h.Stream {
+			f.Commit(nil) // the journal holds every event: the finish appended the rest first
+			return
+		}
+		// A non-streaming answer, or a stream without events: the result
+		// holds the head and body.
+		var res *Result
+		var err error
+		deadline := time.Now().Add(fl.r.cfg.Lease)
+		for {
+			res, err = fl.r.result(f.Scope, fl.k, f.Gen)
+			if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(fl.r.idle / 4)
+		}
+		if err != nil {
+			f.Fail(StateCommitUnknown, "store_unavailable", nil)
+			return
+		}
+		f.SetHead(res.Head)
+		if res.Head.Stream {
+			f.Commit(nil)
+		} else {
+			f.Commit(res.Data)
+		}
+	case "failed":
+		if h := fields["h"]; h != "" {
+			var hd Head
+			if json.Unmarshal([]byte(h), &hd) == nil {
+				f.SetHead(hd)
+			}
+		}
+		var body []byte
+		if b := fields["b"]; b != "" {
+			body = []byte(b)
+		}
+		f.Fail(State(fields["state"]), fields["reason"], body)
+	default: // lost: reaped, the owner died or was cut off
+		f.Fail(StateCommitUnknown, "generation_lost", nil)
+	}
+}
+
+// check asks whether the generation's owner is alive, reaping it if not.
+func (fl *follower) check() (string, error) {
+	r := fl.r
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	return reapScript.Exec(ctx, r.c, fl.k.withoutResult, []string{
+		fl.gen, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
+	}).ToString()
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"flag"
+	"log/slog"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy"
+)
+
+// redisOptions are the flags of the Redis store; without -redis the
+// in-memory store is used.
+type redisOptions struct {
+	url     string
+	lease   time.Duration
+	timeout time.Duration
+}
+
+func (ro *redisOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&ro.url, "redis", "", "share keys with other replicas through Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS (default: an in-memory store of this process only)")
+	fs.DurationVar(&ro.lease, "redis-lease", 10*time.Second, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
+	fs.DurationVar(&ro.timeout, "redis-timeout", 2*time.Second, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
+}
+
+// newStore returns the store the options choose and the function that
+// closes it. mem carries the bounds both stores share.
+func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store, func(), error) {
+	if ro.url == "" {
+		m, err := cache.NewMemory(mem)
+		if err != nil {
+			return nil, nil, err
+		}
+		return m, m.Close, nil
+	}
+	r, err := cache.NewRedis(cache.RedisConfig{
+		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout,
+		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, MaxLiveBytes: mem.MaxLiveBytes,
+		MaxStreamBytes: mem.MaxStreamBytes, MaxSubscribers: mem.MaxSubscribers,
+		MissingBody: mem.MissingBody, Logger: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("keys are shared through redis", "lease", ro.lease.String())
+	return r, r.Close, nil
+}

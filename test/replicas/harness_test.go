@@ -1,0 +1,457 @@
+package replicas_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/redistest"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// The lease the replicas run with: short, so that crash and pause tests
+// take a second rather than half a minute.
+const (
+	lease   = 400 * time.Millisecond
+	timeout = 500 * time.Millisecond
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ssegate-replicas-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// binary builds cmd/ssegate once, so the tests run what operators deploy:
+// separate processes that share nothing but Redis.
+func binary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(binDir, "ssegate")
+	buildOnce.Do(func() {
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		out, err := exec.Command(gobin, "build", "-o", bin, "github.com/ssegate/ssegate/cmd/ssegate").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/ssegate: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return bin
+}
+
+// env is one test's world: a Redis database of its own, a counting mock
+// upstream, and the replicas started on them.
+type env struct {
+	t        *testing.T
+	redisURL string
+	rc       rueidis.Client
+	mock     *mockllm.Server
+	upstream string
+
+	mu    sync.Mutex // guards gates
+	gates []*gate
+}
+
+// databases hands out Redis databases, one per test, so tests can count
+// every key of theirs (and flush them) on the Redis CI shares.
+var nextDB = 1
+
+// newEnv sets up a test on the shared Redis (db of its own) or, with srv,
+// on a private server the test may stop.
+func newEnv(t *testing.T, srv *redistest.Server, mock mockllm.Config) *env {
+	t.Helper()
+	var addr string
+	db := 0
+	if srv != nil {
+		addr = srv.Addr
+	} else {
+		addr = redistest.Shared(t)
+		db = nextDB
+		nextDB = nextDB%15 + 1
+	}
+	e := &env{t: t, redisURL: fmt.Sprintf("redis://%s/%d", addr, db)}
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, SelectDB: db,
+		DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		t.Fatalf("redis client: %v", err)
+	}
+	t.Cleanup(rc.Close)
+	e.rc = rc
+	if err := rc.Do(context.Background(), rc.B().Flushdb().Build()).Error(); err != nil {
+		t.Fatalf("FLUSHDB: %v", err)
+	}
+	e.mock = mockllm.New(mock)
+	if e.upstream, err = e.mock.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.mock.Close() })
+	return e
+}
+
+// gate is one running ssegate process.
+type gate struct {
+	name string
+	url  string
+	cmd  *exec.Cmd
+	logs *logBuffer
+	done chan struct{}
+}
+
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// start runs a replica on a free loopback port.
+func (e *env) start(name string, args ...string) *gate {
+	e.t.Helper()
+	bin := binary(e.t)
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		g := &gate{name: name, url: "http://" + addr, logs: &logBuffer{}, done: make(chan struct{})}
+		g.cmd = exec.Command(bin, append([]string{"-listen", addr, "-upstream", e.upstream,
+			"-redis", e.redisURL, "-redis-lease", lease.String(), "-redis-timeout", timeout.String(),
+			"-heartbeat", "1h", "-log-format", "text", "-log-level", "warn"}, args...)...)
+		g.cmd.Env = hermeticEnv()
+		g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
+		if err := g.cmd.Start(); err != nil {
+			e.t.Fatal(err)
+		}
+		go func() { g.cmd.Wait(); close(g.done) }() //nolint:errcheck // the exit is observed through done
+		if g.waitUp(10 * time.Second) {
+			e.mu.Lock()
+			e.gates = append(e.gates, g)
+			e.mu.Unlock()
+			e.t.Cleanup(func() { g.stop(e.t) })
+			return g
+		}
+		g.signal(syscall.SIGKILL)
+		<-g.done
+		if !strings.Contains(g.logs.String(), "address already in use") {
+			e.t.Fatalf("%s did not start:\n%s", name, g.logs.String())
+		}
+	}
+	e.t.Fatalf("%s: no free port", name)
+	return nil
+}
+
+func hermeticEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SSEGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func (g *gate) waitUp(limit time.Duration) bool {
+	c := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case <-g.done:
+			return false
+		default:
+		}
+		if resp, err := c.Get(g.url + "/healthz"); err == nil {
+			resp.Body.Close()
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+func (g *gate) signal(s os.Signal) { g.cmd.Process.Signal(s) } //nolint:errcheck // it may have exited
+
+func (g *gate) stop(t *testing.T) {
+	g.signal(syscall.SIGCONT)
+	g.signal(syscall.SIGKILL)
+	<-g.done
+	if t.Failed() {
+		t.Logf("%s output:\n%s", g.name, g.logs.String())
+	}
+}
+
+// body is the request every test sends (a chat completion stream); the
+// key makes requests distinct.
+const body = `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+// event is one SSE event as a client parses it.
+type event struct {
+	id, typ, data string
+}
+
+// stream is one client's answer, read as it comes.
+type stream struct {
+	status int
+	header http.Header
+	resp   *http.Response
+	r      *bufio.Reader
+	raw    []byte // every event's bytes, comments left out
+	all    []byte // every byte of the body
+	events []event
+	err    error // how reading ended, when it did not end at EOF
+	eof    bool
+}
+
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
+
+// open sends a request and returns once the head arrived.
+func open(t *testing.T, method, url, key, lastID string) *stream {
+	t.Helper()
+	s, err := tryOpen(method, url, key, lastID)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return s
+}
+
+func tryOpen(method, url, key, lastID string) (*stream, error) {
+	var rd io.Reader
+	if method == http.MethodPost {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer replicas-test")
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	return &stream{status: resp.StatusCode, header: resp.Header, resp: resp, r: bufio.NewReader(resp.Body)}, nil
+}
+
+func post(t *testing.T, g *gate, key string) *stream {
+	t.Helper()
+	return open(t, http.MethodPost, g.url+"/v1/chat/completions", key, "")
+}
+
+// next reads the next event; false at the end of the body.
+func (s *stream) next() (event, bool) {
+	var ev event
+	var block []byte
+	for {
+		line, err := s.r.ReadString('\n')
+		s.all = append(s.all, line...)
+		if err != nil {
+			if err == io.EOF {
+				s.eof = true
+			} else {
+				s.err = err
+			}
+			s.resp.Body.Close()
+			return event{}, false
+		}
+		if line == "\n" {
+			if len(block) == 0 {
+				continue
+			}
+			s.raw = append(s.raw, block...)
+			s.raw = append(s.raw, '\n')
+			s.events = append(s.events, ev)
+			return ev, true
+		}
+		if strings.HasPrefix(line, ":") {
+			continue // keep-alive comment: relayed, never part of the stream
+		}
+		block = append(block, line...)
+		name, val, _ := strings.Cut(strings.TrimSuffix(line, "\n"), ":")
+		val = strings.TrimPrefix(val, " ")
+		switch name {
+		case "id":
+			ev.id = val
+		case "event":
+			ev.typ = val
+		case "data":
+			if ev.data != "" {
+				ev.data += "\n"
+			}
+			ev.data += val
+		}
+	}
+}
+
+// readN reads n events.
+func (s *stream) readN(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		if _, ok := s.next(); !ok {
+			t.Fatalf("stream ended after %d events; want %d (err %v)", len(s.events), n, s.err)
+		}
+	}
+}
+
+// readAll reads to the end of the body.
+func (s *stream) readAll() *stream {
+	for {
+		if _, ok := s.next(); !ok {
+			return s
+		}
+	}
+}
+
+func (s *stream) close() { s.resp.Body.Close() }
+
+// clean reports whether the stream ended with the dialect's terminal event.
+func (s *stream) clean() bool {
+	return len(s.events) > 0 && s.events[len(s.events)-1].data == "[DONE]"
+}
+
+// aborted returns the code of the stream_aborted event that ended the
+// stream, or "".
+func (s *stream) aborted() string {
+	if len(s.events) == 0 {
+		return ""
+	}
+	last := s.events[len(s.events)-1]
+	if last.typ != "error" || !strings.Contains(last.data, `"stream_aborted"`) {
+		return ""
+	}
+	_, code, _ := strings.Cut(last.data, `"code":"`)
+	code, _, _ = strings.Cut(code, `"`)
+	return code
+}
+
+// ids parses the stream's event ids (the abort event has none).
+func (s *stream) ids(t *testing.T) []sse.ID {
+	t.Helper()
+	var ids []sse.ID
+	for _, ev := range s.events {
+		if ev.id == "" {
+			continue
+		}
+		id, err := sse.ParseID(ev.id)
+		if err != nil {
+			t.Fatalf("event id %q: %v", ev.id, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// contiguous checks that the stream's ids are after+1, after+2, … of one
+// generation, and returns that generation.
+func contiguous(t *testing.T, s *stream, after sse.ID) uint64 {
+	t.Helper()
+	ids := s.ids(t)
+	gen := after.Gen
+	for i, id := range ids {
+		if gen == 0 {
+			gen = id.Gen
+		}
+		if id.Gen != gen || id.Seq != after.Seq+uint64(i)+1 {
+			t.Fatalf("event %d: id %v; want %d-%d (one generation, no gap, no duplicate)", i, id, gen, after.Seq+uint64(i)+1)
+		}
+	}
+	return gen
+}
+
+// commits returns the commits Redis recorded for each key of the test's
+// database; the finish script counts them.
+func (e *env) commits() map[string]int64 {
+	e.t.Helper()
+	ctx := context.Background()
+	out := map[string]int64{}
+	var cursor uint64
+	for {
+		sc, err := e.rc.Do(ctx, e.rc.B().Scan().Cursor(cursor).Match("ssg:*:st").Count(1000).Build()).AsScanEntry()
+		if err != nil {
+			e.t.Fatalf("SCAN: %v", err)
+		}
+		for _, k := range sc.Elements {
+			n, err := e.rc.Do(ctx, e.rc.B().Hget().Key(k).Field("commits").Build()).AsInt64()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				e.t.Fatalf("HGET %s commits: %v", k, err)
+			}
+			out[k] = n
+		}
+		if cursor = sc.Cursor; cursor == 0 {
+			return out
+		}
+	}
+}
+
+// atMostOneCommit checks the invariant over every key of the test, and
+// returns the total.
+func (e *env) atMostOneCommit() int64 {
+	e.t.Helper()
+	var total int64
+	for k, n := range e.commits() {
+		if n > 1 {
+			e.t.Fatalf("key %s: %d commits; want at most one", k, n)
+		}
+		total += n
+	}
+	return total
+}
+
+func within(t *testing.T, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
