@@ -63,6 +63,10 @@ type Config struct {
 	// Webhooks) or X-GitHub-Delivery, so a redelivered webhook is answered
 	// from the store instead of running twice.
 	KeyHeaders []string
+	// RelayWhenStoreDown relays keyed requests unprotected (no
+	// deduplication, nothing recorded) while the store is unreachable,
+	// instead of failing them with 503 store_unavailable.
+	RelayWhenStoreDown bool
 	// AdminSeparate keeps /metrics, /healthz and /readyz off the proxy's
 	// handler (they are served by AdminHandler on another listener).
 	AdminSeparate bool

@@ -355,6 +355,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		reason = cause
 	case errors.Is(appendErr, cache.ErrStreamTooLarge):
 		reason = "max_stream_bytes"
+	case errors.Is(appendErr, cache.ErrEnded):
+		_, reason, _ = f.Outcome() // the store ended it (e.g. fenced by another replica)
 	case appendErr != nil:
 		reason = "store_full"
 	case readErr != nil:
@@ -422,6 +424,9 @@ var abortMessages = map[string]string{
 	"upstream_idle_timeout": "the upstream went silent",
 	"upstream_read_error":   "the upstream connection failed mid-stream",
 	"shutdown":              "the proxy is shutting down",
+	"generation_lost":       "the replica that ran this generation stopped; retry the request",
+	"store_unavailable":     "the store holding this generation became unreachable",
+	"fenced":                "another replica took this generation over",
 }
 
 func abortMessage(reason string) string {

@@ -60,7 +60,9 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	if len(pc.Upstreams) == 0 {
 		pc.Upstreams = []string{upURL}
 	}
-	pc.Store = store
+	if pc.Store == nil {
+		pc.Store = store
+	}
 	if pc.Logger == nil {
 		pc.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		if testing.Verbose() {

@@ -24,6 +24,11 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 	b, err := p.store.Begin(sc, fp)
 	if err != nil {
+		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
+			p.logDecision(ctx, "unprotected", sc, fp, "err", err.Error())
+			p.relay(ctx)
+			return
+		}
 		p.storeError(ctx, err)
 		return
 	}

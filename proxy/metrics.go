@@ -93,12 +93,15 @@ func newMetrics(p *Proxy) *metrics {
 				return 0
 			}))
 	}
-	if s, ok := p.store.(interface{ Stats() cache.Stats }); ok {
+	switch s := p.store.(type) {
+	case interface{ Stats() cache.Stats }:
 		f(&storeCollector{stats: s.Stats})
+	case interface{ Stats() cache.RedisStats }:
+		f(&redisCollector{stats: s.Stats})
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, d := range []string{"miss", "hit", "join", "resume", "conflict", "in_flight", "gone", "invalid", "refused", "relay"} {
+	for _, d := range []string{"miss", "hit", "join", "resume", "conflict", "in_flight", "gone", "invalid", "refused", "relay", "unprotected"} {
 		m.requests.WithLabelValues(d)
 	}
 	return m
@@ -149,4 +152,51 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range allStates {
 		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(s.ByState[st]), string(st))
 	}
+}
+
+// redisCollector reads a Redis store's counters at scrape time.
+type redisCollector struct{ stats func() cache.RedisStats }
+
+var redisDescs = map[string]*prometheus.Desc{}
+
+func redisDesc(name, help string) *prometheus.Desc {
+	d := prometheus.NewDesc("ssegate_redis_"+name, help, nil, nil)
+	redisDescs[name] = d
+	return d
+}
+
+var (
+	descRClaims  = redisDesc("claims_total", "Claim scripts run.")
+	descRBatches = redisDesc("append_batches_total", "Journal append scripts run: one Redis round trip each.")
+	descREvents  = redisDesc("events_appended_total", "Events this replica appended to Redis as owner.")
+	descRCommits = redisDesc("commits_total", "Generations this replica committed.")
+	descRFenced  = redisDesc("fenced_total", "Owned generations ended because another replica took them over.")
+	descRReaped  = redisDesc("reaped_total", "Generations of dead owners this replica ended.")
+	descRTails   = redisDesc("tails_total", "Tails started: one per followed generation per replica.")
+	descRReads   = redisDesc("reads_total", "Journal reads (XREAD) of tails.")
+	descRUnavail = redisDesc("unavailable_total", "Operations that failed because Redis was unreachable.")
+)
+
+func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range redisDescs {
+		ch <- d
+	}
+	ch <- descLive
+}
+
+func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	k := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	k(descRClaims, s.Claims)
+	k(descRBatches, s.Batches)
+	k(descREvents, s.Events)
+	k(descRCommits, s.Commits)
+	k(descRFenced, s.Fenced)
+	k(descRReaped, s.Reaped)
+	k(descRTails, s.Tails)
+	k(descRReads, s.Reads)
+	k(descRUnavail, s.Unavailable)
+	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 }

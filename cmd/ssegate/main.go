@@ -137,6 +137,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if r.Attempts < 1 || r.BudgetRatio < 0 || r.BreakerFailures < 1 || r.BreakerProbes < 1 {
 		return nil, errors.New("-retry-attempts, -breaker-failures and -breaker-probes must be at least 1, -retry-budget at least 0")
 	}
+	if o.redis.down != "reject" && o.redis.down != "relay" {
+		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
+	}
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
 	}
@@ -201,6 +204,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "",
+		RelayWhenStoreDown: o.redis.down == "relay",
 	})
 	if err != nil {
 		return err
