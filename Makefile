@@ -22,8 +22,12 @@ fuzz:
 	$(GO) test ./sse -run '^$$' -fuzz FuzzRead -fuzztime 30s
 	$(GO) test ./sse -run '^$$' -fuzz FuzzParseID -fuzztime 30s
 
+# The benchmark suite (bench/): every scenario against direct, httputil,
+# nginx (when installed) and ssegate with and without Idempotency-Key,
+# 3 interleaved rounds; tables on stdout, JSON/Markdown/SVG in bench/results/.
+# BENCHFLAGS=-quick for a smoke run, or e.g. BENCHFLAGS='-scenarios a,b'.
 bench:
-	$(GO) run ./bench
+	$(GO) run ./bench $(BENCHFLAGS)
 
 clean:
 	rm -rf bin

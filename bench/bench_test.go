@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary serve as the suite's child processes (the
+// httputil baseline and the mock upstream), as the bench binary does.
+func TestMain(m *testing.M) {
+	if child(os.Args[1:]) {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// sseBody is a body with what the parser must handle: ids, comments, a ping
+// block, CRLF line ends, a multi-line data field and [DONE].
+const sseBody = "id: 1\ndata: {\"a\":1}\n\n" +
+	": ping\n\n" +
+	"id: 2\r\ndata: line one\r\ndata: line two\r\n\r\n" +
+	"event: message\ndata: x\n\n" +
+	"id: 3\ndata: [DONE]\n\n"
+
+func TestParserEverySplit(t *testing.T) {
+	for cut := 0; cut <= len(sseBody); cut++ {
+		var p sseParser
+		p.reset(true)
+		p.feed([]byte(sseBody[:cut]))
+		p.feed([]byte(sseBody[cut:]))
+		if p.events != 4 || !p.lastDone || p.errEvent {
+			t.Fatalf("cut %d: events %d, done %v, error %v; want 4, true, false", cut, p.events, p.lastDone, p.errEvent)
+		}
+		if got := strings.Join(p.ids, ","); got != "1,2,3" {
+			t.Fatalf("cut %d: ids %q; want 1,2,3", cut, got)
+		}
+	}
+}
+
+func TestParserErrorEvents(t *testing.T) {
+	for _, body := range []string{
+		"event: error\ndata: {\"error\":{\"type\":\"stream_aborted\"}}\n\n",
+		"data: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n\n",
+	} {
+		var p sseParser
+		p.reset(false)
+		p.feed([]byte(body))
+		if !p.errEvent {
+			t.Errorf("%q: no error event seen", body)
+		}
+	}
+}
+
+// serveCanned answers every request with resp, written in pieces of size n
+// so that chunk heads, CRLFs and SSE lines straddle reads; with once, it
+// closes the connection after the first answer.
+func serveCanned(t *testing.T, resp string, n int, once bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					// One request per read is enough for these tests.
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					for i := 0; i < len(resp); i += n {
+						if _, err := c.Write([]byte(resp[i:min(i+n, len(resp))])); err != nil {
+							return
+						}
+						time.Sleep(time.Millisecond / 4)
+					}
+					if once {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// chunk frames s as HTTP/1.1 chunks of at most size bytes.
+func chunk(s string, size int) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i += size {
+		part := s[i:min(i+size, len(s))]
+		b.WriteString(strconv.FormatInt(int64(len(part)), 16) + ";ext=1\r\n" + part + "\r\n")
+	}
+	return b.String() + "0\r\nTrailer: x\r\n\r\n"
+}
+
+func TestRoundTrip(t *testing.T) {
+	head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nIdempotent-Replayed: true\r\nTransfer-Encoding: chunked\r\n\r\n"
+	tests := []struct {
+		name      string
+		resp      string
+		piece     int
+		wantOK    bool
+		wantKeep  bool
+		wantState string
+		once      bool
+	}{
+		{"chunked, keep-alive", head + chunk(sseBody, 7), 5, true, true, "", false},
+		{"chunked, one piece", head + chunk(sseBody, 1000), 1 << 20, true, true, "", false},
+		{"content-length", "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(sseBody)) + "\r\n\r\n" + sseBody, 3, true, true, "", false},
+		{"truncated chunked body", head + chunk(sseBody, 7)[:40], 1000, false, false, "unexpected EOF", true},
+		{"503", "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 9\r\nConnection: close\r\n\r\nbusy now!", 1000, false, false, "status 503: busy now!", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serveCanned(t, tc.resp, tc.piece, tc.once)
+			c := newClientConn(addr)
+			defer c.close()
+			first := 0
+			res := c.roundTrip([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), time.Now().Add(5*time.Second), true, func() { first++ }, nil)
+			if got := res.ok(4); got != tc.wantOK {
+				t.Fatalf("ok = %v (%s); want %v", got, res.problem(4), tc.wantOK)
+			}
+			if tc.wantState != "" && !strings.Contains(res.problem(4), tc.wantState) {
+				t.Errorf("problem %q; want it to contain %q", res.problem(4), tc.wantState)
+			}
+			if tc.wantOK {
+				if first != 1 || res.ttfe <= 0 {
+					t.Errorf("onFirst ran %d times, ttfe %v; want once, > 0", first, res.ttfe)
+				}
+				if len(res.ids) != 3 {
+					t.Errorf("ids %q; want 3", res.ids)
+				}
+			}
+			if keep := c.nc != nil; keep != tc.wantKeep {
+				t.Errorf("connection kept = %v; want %v", keep, tc.wantKeep)
+			}
+			if tc.wantKeep {
+				// The kept connection carries a second exchange.
+				res = c.roundTrip([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), time.Now().Add(5*time.Second), false, nil, nil)
+				if !res.ok(4) {
+					t.Errorf("second request on the kept connection: %s", res.problem(4))
+				}
+			}
+		})
+	}
+}
+
+func TestStats(t *testing.T) {
+	d := func(xs ...int) []time.Duration {
+		out := make([]time.Duration, len(xs))
+		for i, x := range xs {
+			out[i] = time.Duration(x)
+		}
+		return out
+	}
+	tests := []struct {
+		xs   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{d(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 50, 5},
+		{d(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 99, 10},
+		{d(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 0, 1},
+		{d(7), 99, 7},
+		{nil, 50, 0},
+	}
+	for _, tc := range tests {
+		if got := percentile(tc.xs, tc.p); got != tc.want {
+			t.Errorf("percentile(%v, %v) = %v; want %v", tc.xs, tc.p, got, tc.want)
+		}
+	}
+	if got := median([]float64{3, 1, 2}); got != 2 {
+		t.Errorf("median(3,1,2) = %v; want 2", got)
+	}
+	if got := median([]float64{4, 1, math.NaN(), 2, 3}); got != 2.5 {
+		t.Errorf("median with NaN = %v; want 2.5", got)
+	}
+	if got := median(nil); !math.IsNaN(got) {
+		t.Errorf("median() = %v; want NaN", got)
+	}
+	if got := ratio(1, 0); !math.IsNaN(got) {
+		t.Errorf("ratio(1, 0) = %v; want NaN", got)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-quick", "-scenarios", "a,c", "-slow", "100,2000@50ms,10000@250ms:48"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.rounds != 1 || o.duration != 300*time.Millisecond || strings.Join(o.scenarios, ",") != "a,c" {
+		t.Errorf("quick: rounds %d, duration %v, scenarios %v; want 1, 300ms, [a c]", o.rounds, o.duration, o.scenarios)
+	}
+	want := []slowStep{{100, 10 * time.Millisecond, 50}, {2000, 50 * time.Millisecond, 50}, {10000, 250 * time.Millisecond, 48}}
+	if len(o.slow) != len(want) {
+		t.Fatalf("slow %v; want %v", o.slow, want)
+	}
+	for i := range want {
+		if o.slow[i] != want[i] {
+			t.Errorf("slow[%d] = %+v; want %+v", i, o.slow[i], want[i])
+		}
+	}
+	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "caddy"}, {"extra"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) succeeded; want an error", bad)
+		}
+	}
+}
+
+// fakeReport has two rounds of scenario a and a sweep.
+func fakeReport() *report {
+	mk := func(scn, step string, round int, p path, evs, cpu float64) measurement {
+		m := newMeasurement(scn, step, round, p, 8)
+		m.EventsPerSec, m.StreamsPerSec, m.TTFEP50us, m.TTFEP99us = num(evs), num(evs/200), 100, 200
+		m.Streams, m.OK, m.UpstreamCalls = 10, 10, 10
+		if p.kind != kindDirect {
+			m.CPUusPerEvent, m.PeakRSS, m.TTFEP50us = num(cpu), 20<<20, 150
+		}
+		return m
+	}
+	rep := &report{Date: "2026-01-02T03:04:05Z", Cores: 2, Rounds: 2, Measure: "1s"}
+	for round := 1; round <= 2; round++ {
+		rep.Measurements = append(rep.Measurements,
+			mk("a", "8 streams", round, pathDirect, 1000*float64(round), 0),
+			mk("a", "8 streams", round, pathSsegate, 500*float64(round), 2))
+		for _, c := range []string{"c=1", "c=8"} {
+			rep.Measurements = append(rep.Measurements,
+				mk("sweep", c, round, pathDirect, 1000, 0), mk("sweep", c, round, pathNginx, 800, 1))
+		}
+	}
+	failed := newMeasurement("a", "8 streams", 3, pathNginx, 8)
+	failed.Error = "nginx did not come up"
+	rep.Measurements = append(rep.Measurements, failed)
+	return rep
+}
+
+func TestMarkdown(t *testing.T) {
+	md := fakeReport().markdown()
+	for _, want := range []string{
+		"### (a) Saturation",
+		"| direct | 1500 | 1.00× |",        // median of 1000 and 2000
+		"| ssegate | 750 | 0.50× |",        // ratio from the same round
+		"| 2.00 | 20.0 | 0 / 20 |",         // CPU, peak RSS, errors over rounds
+		"nginx, 8 streams: round 3: nginx", // a failed measurement is said
+		"| 8 | nginx | 800 | 0.80× |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestSVG(t *testing.T) {
+	svg := fakeReport().svg()
+	if err := xml.Unmarshal([]byte(svg), new(struct{ XMLName xml.Name })); err != nil {
+		t.Fatalf("SVG is not well-formed XML: %v\n%s", err, svg)
+	}
+	for _, want := range []string{"<polyline", ">direct<", ">nginx<", "log scale"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+	if (&report{}).svg() != "" {
+		t.Error("SVG of a report without a sweep is not empty")
+	}
+}
+
+func TestJSONKeepsNaNAsNull(t *testing.T) {
+	b, err := json.Marshal(fakeReport())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(`"proxy_cpu_us_per_event":null`)) {
+		t.Error("direct's CPU per event is not null in the JSON")
+	}
+	var back report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Measurements) != 13 {
+		t.Errorf("%d measurements after a round trip; want 13", len(back.Measurements))
+	}
+}
+
+// TestQuickRun runs a short suite against the real ssegate binary (built
+// from ./cmd/ssegate, or $SSEGATE_BIN) and checks that every stream of
+// every path arrived whole, that fan-out made one generation per group and
+// that replay and resume made none.
+func TestQuickRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes and runs load")
+	}
+	out := t.TempDir()
+	args := []string{"-quick", "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20", "-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40", "-out", out}
+	if bin := os.Getenv("SSEGATE_BIN"); bin != "" {
+		args = append(args, "-ssegate", bin)
+	}
+	opt, err := parseFlags(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if err := run(opt, io.Discard, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("%d JSON files; want 1", len(files))
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, m := range rep.Measurements {
+		name := m.Scenario + " " + m.Path
+		seen[m.Scenario] = true
+		if m.Error != "" {
+			t.Errorf("%s: %s", name, m.Error)
+			continue
+		}
+		if m.Errors > 0 || m.OK == 0 {
+			t.Errorf("%s: %d of %d streams failed: %v", name, m.Errors, m.Streams, m.ErrorSamples)
+		}
+		if m.Server != kindDirect && !(m.CPUSec >= 0) {
+			t.Errorf("%s: proxy CPU %v; want a number", name, m.CPUSec)
+		}
+		switch {
+		case m.Scenario == "e" && m.Path == "ssegate+key" && m.UpstreamCalls != m.Groups:
+			t.Errorf("%s: %d upstream calls for %d groups; want one a group", name, m.UpstreamCalls, m.Groups)
+		case (m.Scenario == "d" || m.Scenario == "f") && m.Server == kindSsegate && m.UpstreamCalls != 0:
+			t.Errorf("%s: %d upstream calls; want 0", name, m.UpstreamCalls)
+		case m.Scenario == "d" && m.Server == kindSsegate && m.Replayed != m.Streams:
+			t.Errorf("%s: %d of %d answers replayed; want all", name, m.Replayed, m.Streams)
+		}
+	}
+	for _, s := range scenarios {
+		if !seen[s.id] {
+			t.Errorf("scenario %s has no measurement", s.id)
+		}
+	}
+	if md, _ := filepath.Glob(filepath.Join(out, "bench-*.md")); len(md) != 1 {
+		t.Errorf("%d Markdown files; want 1", len(md))
+	}
+	if svg, _ := filepath.Glob(filepath.Join(out, "bench-*.svg")); len(svg) != 1 {
+		t.Errorf("%d SVG files; want 1", len(svg))
+	}
+}

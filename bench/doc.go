@@ -1,0 +1,60 @@
+// Command bench is ssegate's end-to-end benchmark suite: it measures the
+// ssegate binary against the upstream direct and against the relays a user
+// would otherwise pick, side by side in one run.
+//
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep] [-rounds 3] [-duration 5s] [-quick] [-out DIR]
+//	make bench                      # the whole suite
+//	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
+//
+// # Peers
+//
+// The upstream is the embedded mock LLM (bench/mockllm) in a child process,
+// streaming OpenAI chat chunks of about 240 bytes; each request sets its
+// length and pace with X-Mock-Tokens and X-Mock-Delay. Every path reaches it:
+//
+//   - direct: the clients talk to the mock itself (the limit);
+//   - httputil: httputil.ReverseProxy with FlushInterval -1, a child process
+//     of this binary, reading each request body into memory first (without
+//     that it cuts a few percent of streams; shared/PITFALLS.md §7);
+//   - nginx: proxy_buffering off, upstream keep-alive, when nginx is on PATH
+//     (a generated configuration in a temporary prefix, in the foreground,
+//     stopped after each measurement);
+//   - ssegate, without Idempotency-Key, and ssegate+key with a unique key
+//     per stream (the recording path), built from ./cmd/ssegate at the start.
+//
+// Each measurement starts a fresh peer process, so that its idle RSS, CPU
+// time and peak RSS (VmHWM) belong to that measurement; the CPU is
+// utime+stime of /proc/<pid>/stat, summed with the process's children
+// (nginx's workers). The paths are interleaved, every path once a round,
+// and the tables show medians over rounds, with ratios to direct computed
+// within each round.
+//
+// # Load
+//
+// The load generator is a minimal HTTP/1.1 client on raw connections
+// (chunked decoding, keep-alive) that counts SSE events as they arrive, so
+// that it costs the shared CPU little. Every stream is checked whole: status
+// 200, the expected number of events, data: [DONE] last, no error event;
+// anything else is an error, and every table has an error column.
+//
+// # Scenarios
+//
+//   - a, saturation: -conc streams of -events events back to back, no pacing;
+//   - b, latency: one stream of 10 events at a time; time to first event
+//     and what each path adds to direct's;
+//   - c, many slow streams: for every -slow step, N streams opened at once
+//     and paced by the upstream; proxy CPU per event and RSS per live stream;
+//   - d, replay: cache hits of one stored stream against direct generations;
+//   - e, fan-out: groups of -conc clients sending the same keyed request at
+//     once (one generation each group), with the upstream calls counted;
+//   - f, resume: reconnects with Last-Event-ID (GET /streams/{key} and a
+//     repeated POST) into a stored stream, against fresh streams of the same
+//     remaining length;
+//   - sweep: saturation at each -sweep concurrency, for the SVG chart.
+//
+// # Output
+//
+// The Markdown tables go to stdout and, with the JSON of every measurement
+// of every round and the SVG chart, to bench/results/ (or -out). Progress
+// goes to stderr; the peers' logs to a logs-* directory beside the results.
+package main

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// num is a float64 that encodes NaN (not measured) as JSON null.
+type num float64
+
+// MarshalJSON writes n, or null for NaN and infinities.
+func (n num) MarshalJSON() ([]byte, error) {
+	f := float64(n)
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, f, 'g', 6, 64), nil
+}
+
+// UnmarshalJSON reads a number, or null as NaN.
+func (n *num) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = num(math.NaN())
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	*n = num(f)
+	return err
+}
+
+// measurement is one round of one path in one step of a scenario: what the
+// clients saw and what the peer process cost. Every one is kept in the JSON
+// output; the tables show medians over rounds.
+type measurement struct {
+	Scenario string `json:"scenario"`
+	Step     string `json:"step"`
+	Round    int    `json:"round"`
+	Path     string `json:"path"`
+	Server   kind   `json:"server"`
+	Conc     int    `json:"concurrency"`
+	// Error says why the measurement could not run at all (the peer did
+	// not start, the warm-up stream failed); the numbers are then empty.
+	Error string `json:"error,omitempty"`
+
+	WallSec       num   `json:"wall_s"`
+	Streams       int64 `json:"streams"`
+	OK            int64 `json:"streams_ok"`
+	Errors        int64 `json:"errors"`
+	Events        int64 `json:"events"`
+	Bytes         int64 `json:"body_bytes"`
+	Replayed      int64 `json:"replayed"`
+	Groups        int64 `json:"groups,omitempty"`
+	UpstreamCalls int64 `json:"upstream_calls"`
+
+	EventsPerSec  num `json:"events_per_s"`
+	StreamsPerSec num `json:"streams_per_s"`
+	NominalPerSec num `json:"nominal_events_per_s,omitempty"`
+	TTFEP50us     num `json:"ttfe_p50_us"`
+	TTFEP99us     num `json:"ttfe_p99_us"`
+
+	// Proxy process (and descendants), from /proc; null for direct.
+	CPUSec        num   `json:"proxy_cpu_s"`
+	CPUusPerEvent num   `json:"proxy_cpu_us_per_event"`
+	IdleRSS       int64 `json:"idle_rss_bytes,omitempty"`
+	PeakRSS       int64 `json:"peak_rss_bytes,omitempty"` // VmHWM at the end
+	// At the sample with the most live streams (a stream is live from its
+	// first event to its end): RSS, the count, and the events per live
+	// stream received so far (the journal length, for the keyed path).
+	LiveRSS          int64 `json:"live_rss_bytes,omitempty"`
+	MaxLive          int64 `json:"max_live_streams"`
+	RSSPerLive       num   `json:"rss_per_live_stream_bytes"`
+	EventsPerLiveAtS num   `json:"events_per_stream_at_sample"`
+
+	ErrorSamples []string `json:"error_samples,omitempty"`
+}
+
+// nan is the value of a number not measured.
+var nan = num(math.NaN())
+
+// newMeasurement returns a measurement with every number unset.
+func newMeasurement(scn, step string, round int, p path, conc int) measurement {
+	return measurement{
+		Scenario: scn, Step: step, Round: round, Path: p.name, Server: p.kind, Conc: conc,
+		WallSec: nan, EventsPerSec: nan, StreamsPerSec: nan, NominalPerSec: nan,
+		TTFEP50us: nan, TTFEP99us: nan, CPUSec: nan, CPUusPerEvent: nan,
+		RSSPerLive: nan, EventsPerLiveAtS: nan,
+	}
+}
+
+// prepareFunc readies a started server for a measurement (stores a stream
+// to replay, say) and returns the load to run against it.
+type prepareFunc func(srv *server) (*job, error)
+
+// measure starts a fresh server for path p, checks it with a warm-up
+// stream, runs the job prepare returns, and reads the server's CPU and
+// memory around it.
+func (r *runner) measure(scn, step string, round int, p path, conc int, prepare prepareFunc) measurement {
+	m := newMeasurement(scn, step, round, p, conc)
+	srv, err := r.env.start(p.kind)
+	if err != nil {
+		m.Error = err.Error()
+		return m
+	}
+	defer srv.stop()
+
+	warm := newClientConn(srv.addr)
+	res := warm.roundTrip(r.request(srv.addr, reqSpec{tokens: 2}), time.Now().Add(10*time.Second), false, nil, nil)
+	warm.close()
+	if !res.ok(5) {
+		m.Error = "warm-up stream failed: " + res.problem(5)
+		return m
+	}
+	j, err := prepare(srv)
+	if err != nil {
+		m.Error = err.Error()
+		return m
+	}
+	j.addr = srv.addr
+	time.Sleep(100 * time.Millisecond) // let the warm-up's goroutines settle
+
+	var cpu0 time.Duration
+	if len(srv.pids) > 0 {
+		if m.IdleRSS, _, err = memory(srv.pids); err != nil {
+			m.Error = err.Error()
+			return m
+		}
+		if cpu0, err = cpuTime(srv.pids); err != nil {
+			m.Error = err.Error()
+			return m
+		}
+	}
+	var (
+		mu                        sync.Mutex // guards the sample fields below
+		maxLive, liveRSS, liveEvs int64
+	)
+	j.sample = func(live, events int64) {
+		if live < maxLive || live == 0 {
+			return
+		}
+		var rss int64
+		if len(srv.pids) > 0 {
+			rss, _, _ = memory(srv.pids)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if live > maxLive || rss > liveRSS {
+			maxLive, liveRSS, liveEvs = live, rss, events
+		}
+	}
+	label := fmt.Sprintf("%s %s r%d %s", scn, step, round, p.name)
+	j.progress = func(live, events int64) {
+		r.logf("  %s: %d live streams, %d events so far", label, live, events)
+	}
+	calls0 := r.env.upstreamCalls()
+	lr := j.run()
+	calls := r.env.upstreamCalls() - calls0
+	if calls0 < 0 {
+		calls = -1
+	}
+
+	m.WallSec = num(lr.wall.Seconds())
+	m.Streams, m.OK, m.Errors, m.Events = lr.streams, lr.ok, lr.errors, lr.events
+	m.Bytes, m.Replayed, m.Groups, m.UpstreamCalls = lr.bytes, lr.replayed, lr.rounds, calls
+	m.EventsPerSec = num(perSecond(lr.events, lr.wall))
+	m.StreamsPerSec = num(perSecond(lr.ok, lr.wall))
+	if len(lr.ttfe) > 0 {
+		m.TTFEP50us = num(us(percentile(lr.ttfe, 50)))
+		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
+	}
+	m.ErrorSamples = lr.errSamples
+	mu.Lock()
+	m.MaxLive = maxLive
+	if maxLive > 0 {
+		m.EventsPerLiveAtS = num(float64(liveEvs) / float64(maxLive))
+	}
+	if len(srv.pids) > 0 {
+		m.LiveRSS = liveRSS
+		if maxLive > 0 {
+			m.RSSPerLive = num(float64(liveRSS-m.IdleRSS) / float64(maxLive))
+		}
+	}
+	mu.Unlock()
+	if len(srv.pids) > 0 {
+		cpu1, err := cpuTime(srv.pids)
+		if err == nil {
+			m.CPUSec = num((cpu1 - cpu0).Seconds())
+			if lr.events > 0 {
+				m.CPUusPerEvent = num(us(cpu1-cpu0) / float64(lr.events))
+			}
+		}
+		if _, hwm, err := memory(srv.pids); err == nil {
+			m.PeakRSS = hwm
+		}
+	}
+	r.logf("%-40s %s", label, m.summary())
+	return m
+}
+
+// summary is the one-line progress report of a measurement.
+func (m *measurement) summary() string {
+	if m.Error != "" {
+		return "FAILED: " + m.Error
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.0f ev/s, %d/%d streams ok", float64(m.EventsPerSec), m.OK, m.Streams)
+	if !math.IsNaN(float64(m.TTFEP50us)) {
+		fmt.Fprintf(&b, ", ttfe p50 %.0fµs", float64(m.TTFEP50us))
+	}
+	if !math.IsNaN(float64(m.CPUusPerEvent)) {
+		fmt.Fprintf(&b, ", cpu %.2fµs/ev", float64(m.CPUusPerEvent))
+	}
+	if m.Scenario == "c" && !math.IsNaN(float64(m.RSSPerLive)) {
+		fmt.Fprintf(&b, ", %.1f KiB/live stream (%d live)", float64(m.RSSPerLive)/1024, m.MaxLive)
+	}
+	if m.Errors > 0 {
+		fmt.Fprintf(&b, ", %d ERRORS: %s", m.Errors, strings.Join(m.ErrorSamples, "; "))
+	}
+	return b.String()
+}

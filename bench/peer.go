@@ -1,0 +1,191 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// kind names a server the load generator talks to.
+type kind string
+
+const (
+	kindDirect   kind = "direct"   // the mock upstream itself, in the bench process
+	kindHTTPUtil kind = "httputil" // httputil.ReverseProxy, a child of the bench binary
+	kindNginx    kind = "nginx"    // nginx, proxy_buffering off
+	kindSsegate  kind = "ssegate"  // the ssegate binary built at the start of the run
+	kindMock     kind = "mock"     // the upstream, a child of the bench binary
+)
+
+// server is one running peer: where to reach it and which processes to
+// measure. A fresh one is started for every measurement, so that its idle
+// RSS, CPU and peak RSS belong to that measurement alone.
+type server struct {
+	kind kind
+	addr string
+	pids []int // the process and its descendants; none for direct
+	cmd  *exec.Cmd
+	dir  string
+	exit chan error // receives cmd.Wait's result
+	log  *os.File
+	env  *env
+}
+
+// freeAddr returns a loopback address with a port free at the time of the
+// call.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr, nil
+}
+
+// start starts a server of kind k in front of the mock upstream.
+func (e *env) start(k kind) (*server, error) {
+	if k == kindDirect {
+		return &server{kind: k, addr: e.mockAddr}, nil
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	s := &server{kind: k, addr: addr, exit: make(chan error, 1)}
+	var cmd *exec.Cmd
+	switch k {
+	case kindSsegate:
+		args := []string{"-listen", addr, "-upstream", e.mockURL,
+			"-log-level", "warn", "-shutdown-timeout", "1s",
+			"-max-streams", "100000", "-max-live-bytes", strconv.Itoa(8 << 30)}
+		args = append(args, e.ssegateArgs...)
+		cmd = exec.Command(e.ssegateBin, args...)
+	case kindHTTPUtil:
+		cmd = exec.Command(e.self, httputilCommand, addr, e.mockURL)
+	case kindMock:
+		cmd = exec.Command(e.self, mockCommand, addr)
+	case kindNginx:
+		if e.nginxBin == "" {
+			return nil, errors.New("nginx not found on PATH")
+		}
+		e.nginxSeq++
+		s.dir = filepath.Join(e.tmp, fmt.Sprintf("nginx-%d", e.nginxSeq))
+		conf, err := writeNginxConf(s.dir, addr, e.mockAddr)
+		if err != nil {
+			return nil, err
+		}
+		cmd = exec.Command(e.nginxBin, "-p", s.dir, "-c", conf, "-e", filepath.Join(s.dir, "error.log"))
+	default:
+		return nil, fmt.Errorf("unknown server kind %q", k)
+	}
+	s.log, err = os.OpenFile(filepath.Join(e.logDir, string(k)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	// A process group of its own, so that a stuck nginx can be killed with
+	// its workers, and the terminal's Ctrl-C reaches only the bench.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		_ = s.log.Close()
+		return nil, fmt.Errorf("start %s: %w", k, err)
+	}
+	s.cmd = cmd
+	e.track(s, true)
+	go func() { s.exit <- cmd.Wait() }()
+	if err := s.waitReady(10 * time.Second); err != nil {
+		s.stop()
+		return nil, fmt.Errorf("%s did not come up on %s: %w (see %s)", k, addr, err, s.log.Name())
+	}
+	// nginx forks its workers after it listens; wait for them.
+	for i := 0; i < 50; i++ {
+		s.pids = procTree(cmd.Process.Pid)
+		if k != kindNginx || len(s.pids) > 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s, nil
+}
+
+// track adds s to the running servers, or removes it.
+func (e *env) track(s *server, running bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running == nil {
+		e.running = map[*server]struct{}{}
+	}
+	if running {
+		e.running[s] = struct{}{}
+		s.env = e
+	} else {
+		delete(e.running, s)
+	}
+}
+
+// killAll kills the process groups of every running server, for an
+// interrupted run.
+func (e *env) killAll() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for s := range e.running {
+		if s.cmd != nil && s.cmd.Process != nil {
+			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// waitReady waits until the server accepts connections.
+func (s *server) waitReady(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := net.DialTimeout("tcp", s.addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		select {
+		case werr := <-s.exit:
+			s.exit <- werr
+			return fmt.Errorf("exited: %v", werr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop ends the server: SIGTERM, then SIGKILL to its process group if it
+// is still there after a few seconds.
+func (s *server) stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exit:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exit
+	}
+	if s.kind == kindNginx {
+		// Workers leave with the master; make sure none lingers.
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	s.cmd = nil
+	if s.env != nil {
+		s.env.track(s, false)
+	}
+	if s.log != nil {
+		_ = s.log.Close()
+	}
+}

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// report is the result of a run: where and how it ran, and every
+// measurement. It is what the JSON file holds.
+type report struct {
+	Date         string        `json:"date"`
+	DurationSec  float64       `json:"duration_s"`
+	Cores        int           `json:"cores"`
+	Kernel       string        `json:"kernel"`
+	GoVersion    string        `json:"go_version"`
+	Nginx        string        `json:"nginx,omitempty"`
+	NoFile       uint64        `json:"rlimit_nofile"`
+	Rounds       int           `json:"rounds"`
+	Measure      string        `json:"measurement_duration"`
+	Command      []string      `json:"command"`
+	SsegateFlags string        `json:"ssegate_flags"`
+	Notes        []string      `json:"notes,omitempty"`
+	Measurements []measurement `json:"measurements"`
+}
+
+// report collects the run's measurements and context.
+func (r *runner) report(start time.Time, took time.Duration) *report {
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return &report{
+		Date:         start.UTC().Format(time.RFC3339),
+		DurationSec:  took.Seconds(),
+		Cores:        runtime.NumCPU(),
+		Kernel:       strings.TrimSpace(string(kernel)),
+		GoVersion:    runtime.Version(),
+		Nginx:        nginxVersion(r.env.nginxBin),
+		NoFile:       r.noFile,
+		Rounds:       r.opt.rounds,
+		Measure:      r.opt.duration.String(),
+		Command:      os.Args,
+		SsegateFlags: strings.TrimSpace("-log-level warn -shutdown-timeout 1s -max-streams 100000 -max-live-bytes 8589934592 " + r.opt.ssegateArg),
+		Notes:        r.notes,
+		Measurements: r.ms,
+	}
+}
+
+// writeJSON writes v, indented, to path.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// agg is one row of a table: one path in one step, over its rounds.
+type agg struct {
+	path, step string
+	server     kind
+	rounds     int      // measurements that ran
+	failed     []string // why the others did not
+	ms         []*measurement
+	ratio      float64 // median over rounds of the ratio to direct's main metric
+	addedP50   float64 // median over rounds of TTFE p50 minus direct's, µs
+	addedP99   float64
+}
+
+// med returns the median over the rounds of f.
+func (a *agg) med(f func(m *measurement) float64) float64 {
+	xs := make([]float64, 0, len(a.ms))
+	for _, m := range a.ms {
+		xs = append(xs, f(m))
+	}
+	return median(xs)
+}
+
+// sum returns the sum over the rounds of f.
+func (a *agg) sum(f func(m *measurement) int64) int64 {
+	var n int64
+	for _, m := range a.ms {
+		n += f(m)
+	}
+	return n
+}
+
+// calls returns the upstream calls over the rounds; NaN when a count could
+// not be read.
+func (a *agg) calls() float64 {
+	var n int64
+	for _, m := range a.ms {
+		if m.UpstreamCalls < 0 {
+			return math.NaN()
+		}
+		n += m.UpstreamCalls
+	}
+	return float64(n)
+}
+
+// rows groups the measurements of scenario scn into rows, in the order the
+// steps and paths were measured; main is the metric the ratio compares.
+func (rep *report) rows(scn string, main func(m *measurement) float64) []*agg {
+	var out []*agg
+	byKey := map[[2]string]*agg{}
+	direct := map[[2]string]*measurement{} // (step, round) → direct's
+	for i := range rep.Measurements {
+		m := &rep.Measurements[i]
+		if m.Scenario != scn {
+			continue
+		}
+		k := [2]string{m.Step, m.Path}
+		a := byKey[k]
+		if a == nil {
+			a = &agg{path: m.Path, step: m.Step, server: m.Server}
+			byKey[k] = a
+			out = append(out, a)
+		}
+		if m.Error != "" {
+			a.failed = append(a.failed, fmt.Sprintf("round %d: %s", m.Round, m.Error))
+			continue
+		}
+		a.rounds++
+		a.ms = append(a.ms, m)
+		if m.Server == kindDirect {
+			direct[[2]string{m.Step, fmt.Sprint(m.Round)}] = m
+		}
+	}
+	for _, a := range out {
+		var rs, p50, p99 []float64
+		for _, m := range a.ms {
+			d := direct[[2]string{m.Step, fmt.Sprint(m.Round)}]
+			if d == nil {
+				continue
+			}
+			rs = append(rs, ratio(main(m), main(d)))
+			p50 = append(p50, float64(m.TTFEP50us-d.TTFEP50us))
+			p99 = append(p99, float64(m.TTFEP99us-d.TTFEP99us))
+		}
+		a.ratio, a.addedP50, a.addedP99 = median(rs), median(p50), median(p99)
+	}
+	return out
+}
+
+// column is one column of a table.
+type column struct {
+	head  string
+	align string // "---:" or "---"
+	cell  func(a *agg) string
+}
+
+// Cell formatting; "—" marks what was not measured or does not apply.
+func fmtNum(x float64, prec int) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "—"
+	}
+	if math.Abs(x) >= 10_000 {
+		return groupThousands(fmt.Sprintf("%.0f", x))
+	}
+	return fmt.Sprintf("%.*f", prec, x)
+}
+
+func groupThousands(s string) string {
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func fmtRatio(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", x)
+}
+
+func fmtSigned(x float64) string {
+	if math.IsNaN(x) {
+		return "—"
+	}
+	return fmt.Sprintf("%+.0f", x)
+}
+
+func fmtMiB(b float64) string {
+	if math.IsNaN(b) || b <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", b/(1<<20))
+}
+
+// The metrics of a measurement, as functions for agg.med.
+func evps(m *measurement) float64    { return float64(m.EventsPerSec) }
+func stps(m *measurement) float64    { return float64(m.StreamsPerSec) }
+func p50(m *measurement) float64     { return float64(m.TTFEP50us) }
+func p99(m *measurement) float64     { return float64(m.TTFEP99us) }
+func cpuEv(m *measurement) float64   { return float64(m.CPUusPerEvent) }
+func hwm(m *measurement) float64     { return nonzero(float64(m.PeakRSS)) }
+func perLive(m *measurement) float64 { return float64(m.RSSPerLive) }
+func errs(m *measurement) int64      { return m.Errors }
+func nstreams(m *measurement) int64  { return m.Streams }
+
+func nonzero(x float64) float64 {
+	if x == 0 {
+		return math.NaN()
+	}
+	return x
+}
+
+// Columns used by several tables.
+var (
+	colPath   = column{"path", "---", func(a *agg) string { return a.path }}
+	colEvps   = column{"events/s", "---:", func(a *agg) string { return fmtNum(a.med(evps), 0) }}
+	colRatio  = column{"ratio to direct", "---:", func(a *agg) string { return fmtRatio(a.ratio) }}
+	colStps   = column{"streams/s", "---:", func(a *agg) string { return fmtNum(a.med(stps), 0) }}
+	colP50    = column{"TTFE p50 µs", "---:", func(a *agg) string { return fmtNum(a.med(p50), 0) }}
+	colP99    = column{"TTFE p99 µs", "---:", func(a *agg) string { return fmtNum(a.med(p99), 0) }}
+	colCPU    = column{"proxy CPU µs/event", "---:", func(a *agg) string { return fmtNum(a.med(cpuEv), 2) }}
+	colHWM    = column{"peak RSS MiB", "---:", func(a *agg) string { return fmtMiB(a.med(hwm)) }}
+	colErrors = column{"errors / streams", "---:", func(a *agg) string {
+		s := fmt.Sprintf("%d / %d", a.sum(errs), a.sum(nstreams))
+		if len(a.failed) > 0 {
+			s += fmt.Sprintf(" (%d rounds failed)", len(a.failed))
+		}
+		return s
+	}}
+	colCalls = column{"upstream calls / stream", "---:", func(a *agg) string {
+		return fmtNum(ratio(a.calls(), float64(a.sum(nstreams))), 3)
+	}}
+	colReplayed = column{"replayed", "---:", func(a *agg) string {
+		return fmtNum(100*ratio(float64(a.sum(func(m *measurement) int64 { return m.Replayed })), float64(a.sum(nstreams))), 0) + "%"
+	}}
+)
+
+// table is how one scenario is shown.
+type table struct {
+	scn, title, about string
+	main              func(m *measurement) float64 // what "ratio to direct" compares
+	cols              []column
+}
+
+var tables = []table{
+	{"a", "(a) Saturation", "Each client runs streams back to back, as fast as the upstream makes them. On 2 cores the client, the mock upstream and the proxy share the CPU, so events/s is a noisy yardstick; CPU per event is the steadier one.",
+		evps, []column{colPath, colEvps, colRatio, colStps, colP50, colP99, colCPU, colHWM, colErrors}},
+	{"b", "(b) Latency", "One stream at a time; time from writing the request to the end of the first event. Added = the path's p50 (p99) minus direct's in the same round. Ratio = p50 to direct's p50.",
+		p50, []column{colPath, colP50,
+			{"added p50 µs", "---:", func(a *agg) string { return fmtSigned(a.addedP50) }},
+			colP99,
+			{"added p99 µs", "---:", func(a *agg) string { return fmtSigned(a.addedP99) }},
+			colRatio, colStps, colCPU, colErrors}},
+	{"c", "(c) Many slow streams", "All streams opened at once, each paced by the upstream. RSS per live stream = (RSS at the sample with the most live streams − idle RSS before the load) / live streams; a stream is live from its first event to its end. \"events/stream at sample\" is how far the streams (and the keyed path's journals) were then. Nominal = streams × events/s each at the pace; below it the machine could not keep the pace.",
+		evps, []column{colPath,
+			{"live streams (max)", "---:", func(a *agg) string {
+				return fmtNum(a.med(func(m *measurement) float64 { return float64(m.MaxLive) }), 0)
+			}},
+			{"events/s (nominal)", "---:", func(a *agg) string {
+				return fmtNum(a.med(evps), 0) + " (" + fmtNum(a.med(func(m *measurement) float64 { return float64(m.NominalPerSec) }), 0) + ")"
+			}},
+			colRatio, colCPU,
+			{"RSS KiB / live stream", "---:", func(a *agg) string { return fmtNum(a.med(perLive)/1024, 1) }},
+			{"events/stream at sample", "---:", func(a *agg) string {
+				return fmtNum(a.med(func(m *measurement) float64 { return float64(m.EventsPerLiveAtS) }), 0)
+			}},
+			colHWM, colP50, colP99, colErrors}},
+	{"d", "(d) Replay", "Clients repeat the keyed request of one stored stream (cache hits, no upstream call) against direct, which generates every stream.",
+		evps, []column{colPath, colEvps, colRatio, colStps, colP50, colP99, colCPU, colCalls, colReplayed, colErrors}},
+	{"e", "(e) Fan-out", "Groups of clients send the same request at once. ssegate+key: one key per group, so one generation joined by the whole group; the other paths make one generation per client. Events/s counts events delivered to clients.",
+		evps, []column{colPath, colEvps, colRatio, colP50, colP99, colCPU,
+			{"upstream calls / group", "---:", func(a *agg) string {
+				return fmtNum(ratio(a.calls(), float64(a.sum(func(m *measurement) int64 { return m.Groups }))), 2)
+			}},
+			colReplayed, colErrors}},
+	{"f", "(f) Resume", "Clients reconnect to a stored stream with Last-Event-ID at varying positions and read the rest; direct makes fresh streams of the same remaining lengths. Ratio = reconnects/s to direct's streams/s.",
+		stps, []column{colPath,
+			{"reconnects/s", "---:", func(a *agg) string { return fmtNum(a.med(stps), 0) }},
+			colRatio, colEvps, colP50, colP99, colCPU, colCalls, colErrors}},
+	{"sweep", "Sweep: events/s against concurrency", "Saturation (as in a) at each concurrency; the SVG chart plots the events/s column.",
+		evps, []column{{"concurrency", "---:", func(a *agg) string { return strings.TrimPrefix(a.step, "c=") }},
+			colPath, colEvps, colRatio, colP50, colCPU, colErrors}},
+}
+
+// markdown renders the report: context, then one table per scenario that
+// ran.
+func (rep *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Benchmark results — %s\n\n", rep.Date)
+	fmt.Fprintf(&b, "%d cores, Linux %s, %s", rep.Cores, rep.Kernel, rep.GoVersion)
+	if rep.Nginx != "" {
+		fmt.Fprintf(&b, ", nginx %s", rep.Nginx)
+	}
+	fmt.Fprintf(&b, ". Medians of %d interleaved rounds (every path once per round, in turn) of %s measurements; ratios are medians of the per-round ratios to direct from the same round; errors are summed over rounds. ", rep.Rounds, rep.Measure)
+	fmt.Fprintf(&b, "Each measurement starts a fresh peer process; proxy CPU (utime+stime) and RSS come from /proc of that process and its children. The mock upstream and the load generator share the machine with the proxy. ")
+	fmt.Fprintf(&b, "ssegate ran with `%s`; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first.\n\n", rep.SsegateFlags)
+	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.Join(rep.Command, " "))
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "- Note: %s\n", n)
+	}
+	if len(rep.Notes) > 0 {
+		b.WriteString("\n")
+	}
+	for _, t := range tables {
+		rows := rep.rows(t.scn, t.main)
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "### %s\n\n%s\n\n", t.title, t.about)
+		step := ""
+		for i, a := range rows {
+			if a.step != step && t.scn != "sweep" {
+				if i > 0 {
+					b.WriteString("\n")
+				}
+				fmt.Fprintf(&b, "**%s**\n\n", a.step)
+				writeHead(&b, t.cols)
+			} else if i == 0 {
+				writeHead(&b, t.cols)
+			}
+			step = a.step
+			cells := make([]string, len(t.cols))
+			for k, c := range t.cols {
+				cells[k] = c.cell(a)
+			}
+			fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
+		}
+		b.WriteString("\n")
+		for _, a := range rows {
+			for _, f := range a.failed {
+				fmt.Fprintf(&b, "- %s, %s: %s\n", a.path, a.step, f)
+			}
+			if n := a.sum(errs); n > 0 {
+				var samples []string
+				for _, m := range a.ms {
+					for _, e := range m.ErrorSamples {
+						samples = addDistinct(samples, e)
+					}
+				}
+				fmt.Fprintf(&b, "- %s, %s: %d errors, e.g. %s\n", a.path, a.step, n, strings.Join(samples[:min(len(samples), 3)], "; "))
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func writeHead(b *strings.Builder, cols []column) {
+	heads := make([]string, len(cols))
+	aligns := make([]string, len(cols))
+	for i, c := range cols {
+		heads[i], aligns[i] = c.head, c.align
+	}
+	fmt.Fprintf(b, "| %s |\n| %s |\n", strings.Join(heads, " | "), strings.Join(aligns, " | "))
+}
