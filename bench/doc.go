@@ -2,7 +2,7 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep] [-rounds 3] [-duration 5s] [-quick] [-out DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //
@@ -51,6 +51,13 @@
 //     repeated POST) into a stored stream, against fresh streams of the same
 //     remaining length;
 //   - sweep: saturation at each -sweep concurrency, for the SVG chart.
+//   - redis: ssegate's Redis store (-redis) on a private redis-server, when
+//     redis-server is on PATH (skipped with a note otherwise), beside the
+//     in-memory store: CPU per event (ssegate's and redis-server's, apart
+//     and summed) and Redis round trips per event at the -redis-load step;
+//     the latency a joiner on another replica adds to each event over the
+//     first client's (p50/p99) at the -redis-join step, beside a joiner on
+//     the owner replica and one on a single in-memory replica.
 //
 // # Output
 //

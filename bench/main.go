@@ -30,6 +30,8 @@ type options struct {
 	slowEvents int
 	slowPace   time.Duration
 	fanoutPace time.Duration
+	redisLoad  slowStep // scenario redis, CPU step
+	redisJoin  slowStep // scenario redis, joiner step
 	sweep      []int
 	ssegateBin string
 	ssegateArg string
@@ -42,7 +44,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := &options{}
-	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart)")
+	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep,redis", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart), redis (the Redis store beside the in-memory one; needs redis-server on PATH)")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every measurement (the tables show medians)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of one timed measurement (a, b, d, e, f, sweep)")
 	fs.BoolVar(&o.quick, "quick", false, "a short smoke run: 1 round, 300ms measurements, small steps (unless those flags are given)")
@@ -53,6 +55,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.slowEvents, "slow-events", 200, "events per stream of scenario c, unless a step says")
 	fs.DurationVar(&o.slowPace, "slow-pace", 10*time.Millisecond, "pause before each event of scenario c, unless a step says")
 	fs.DurationVar(&o.fanoutPace, "fanout-pace", 5*time.Millisecond, "pause before each event of scenario e, so that the clients join a live generation")
+	redisLoad := fs.String("redis-load", "256@10ms:200", "CPU step of scenario redis, N[@PACE][:EVENTS] as a step of -slow")
+	redisJoin := fs.String("redis-join", "16@20ms:200", "joiner step of scenario redis, N[@PACE][:EVENTS]: N streams, each joined on its own replica and on another")
 	sweep := fs.String("sweep", "1,8,64,256", "comma-separated concurrencies of the sweep")
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
@@ -87,10 +91,30 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if !set["fanout-pace"] {
 			o.fanoutPace = 2 * time.Millisecond
 		}
+		if !set["redis-load"] {
+			*redisLoad = "64@10ms:50"
+		}
+		if !set["redis-join"] {
+			*redisJoin = "4@10ms:50"
+		}
 	}
 	var err error
 	if o.slow, err = parseSlow(*slow, o.slowPace, o.slowEvents); err != nil {
 		return nil, fmt.Errorf("-slow: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		s    string
+		dst  *slowStep
+	}{{"redis-load", *redisLoad, &o.redisLoad}, {"redis-join", *redisJoin, &o.redisJoin}} {
+		st, err := parseSlow(f.s, o.slowPace, o.slowEvents)
+		if err == nil && len(st) != 1 {
+			err = errors.New("one step only")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("-%s: %w", f.name, err)
+		}
+		*f.dst = st[0]
 	}
 	if o.sweep, err = intList(*sweep); err != nil {
 		return nil, fmt.Errorf("-sweep: %w", err)

@@ -76,6 +76,9 @@ type measurement struct {
 	EventsPerLiveAtS num   `json:"events_per_stream_at_sample"`
 
 	ErrorSamples []string `json:"error_samples,omitempty"`
+
+	// Redis holds what scenario redis measures besides (bench/redis.go).
+	Redis *redisNumbers `json:"redis,omitempty"`
 }
 
 // nan is the value of a number not measured.

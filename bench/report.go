@@ -287,6 +287,7 @@ var tables = []table{
 	{"sweep", "Sweep: events/s against concurrency", "Saturation (as in a) at each concurrency; the SVG chart plots the events/s column.",
 		evps, []column{{"concurrency", "---:", func(a *agg) string { return strings.TrimPrefix(a.step, "c=") }},
 			colPath, colEvps, colRatio, colP50, colCPU, colErrors}},
+	redisTable,
 }
 
 // markdown renders the report: context, then one table per scenario that

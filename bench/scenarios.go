@@ -138,6 +138,7 @@ var scenarios = []scenario{
 	{"e", "fan-out", (*runner).fanout},
 	{"f", "resume", (*runner).resume},
 	{"sweep", "events/s against concurrency", (*runner).sweep},
+	{"redis", "Redis store: CPU, round trips and joiner latency beside the in-memory store", (*runner).redisScenario},
 }
 
 // saturation (a): conc streams of opt.events events, no pacing, back to back.

@@ -46,9 +46,8 @@ type Flight struct {
 	mu       sync.Mutex // guards everything below
 	head     Head
 	hasHead  bool
-	data     []byte   // encoded events, each with its id; never rewritten
-	ends     []uint32 // ends[i] is the end offset of event i+1 in data
-	reserved int      // bytes accounted with the backend
+	j        journal // encoded events, each with its id
+	reserved int     // bytes accounted with the backend
 	subs     []*Sub
 	ended    bool
 	state    State
@@ -142,29 +141,25 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 		f.mu.Unlock()
 		return sse.ID{}, ErrEnded
 	}
-	id := sse.ID{Gen: f.Gen, Seq: uint64(len(f.ends)) + 1}
-	before := len(f.data)
+	id := sse.ID{Gen: f.Gen, Seq: uint64(f.j.events()) + 1}
 	wire := id
 	if f.Gen == 0 {
 		wire = sse.ID{} // a detached flight: no resumable position to name
 	}
-	f.data = sse.AppendEvent(f.data, wire, typ, data)
-	n := len(f.data) - before
-	if len(f.data) > f.maxBytes {
-		f.data = f.data[:before]
+	n, err := f.j.appendEvent(wire, typ, data, f.maxBytes)
+	if err != nil {
 		f.mu.Unlock()
-		return sse.ID{}, ErrStreamTooLarge
+		return sse.ID{}, err
 	}
 	if err := f.be.reserve(n); err != nil {
-		f.data = f.data[:before]
+		f.j.drop(n)
 		f.mu.Unlock()
 		return sse.ID{}, err
 	}
 	f.reserved += n
-	if len(f.ends) == 0 {
+	if id.Seq == 1 {
 		f.first = time.Now()
 	}
-	f.ends = append(f.ends, uint32(len(f.data)))
 	f.signalLocked()
 	f.mu.Unlock()
 	return id, nil
@@ -190,8 +185,8 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 	}
 	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
 	if f.head.Stream {
-		res.Data = f.data[:len(f.data):len(f.data)]
-		res.Ends = f.ends[:len(f.ends):len(f.ends)]
+		res.Data = f.j.bytes()
+		res.Ends = f.j.ends[:f.j.events():f.j.events()]
 	} else {
 		res.Data = body
 		f.body = body
@@ -257,7 +252,7 @@ func (f *Flight) Outcome() (state State, reason string, body []byte) {
 func (f *Flight) Events() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.ends)
+	return f.j.events()
 }
 
 // Subscribe registers a subscriber that receives the events after seq
@@ -266,7 +261,7 @@ func (f *Flight) Events() int {
 func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if after > uint64(len(f.ends)) {
+	if after > uint64(f.j.events()) {
 		return nil, ErrPosition
 	}
 	if f.maxSubs > 0 && len(f.subs) >= f.maxSubs {
@@ -288,22 +283,16 @@ type Sub struct {
 // C receives a signal whenever there may be something new to Read.
 func (s *Sub) C() <-chan struct{} { return s.c }
 
-// Read returns the encoded events not yet delivered (as one slice that
-// stays valid: the journal is never rewritten) and whether the flight has
-// ended, in which case nothing more will come after p.
+// Read returns encoded events not yet delivered, as one slice that stays
+// valid (the journal is never rewritten), and whether the flight has ended
+// with nothing left to read after p. A long backlog comes in several
+// Reads: call until p is empty.
 func (s *Sub) Read() (p []byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
-	n := len(f.ends)
-	if s.next < n {
-		start := uint32(0)
-		if s.next > 0 {
-			start = f.ends[s.next-1]
-		}
-		p = f.data[start:f.ends[n-1]]
-		s.next = n
-	}
-	ended = f.ended
+	n := f.j.events()
+	p, s.next = f.j.span(s.next, n)
+	ended = f.ended && s.next == n
 	f.mu.Unlock()
 	return p, ended
 }
@@ -341,18 +330,20 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 	if f.ended {
 		return ErrEnded
 	}
-	if want := uint64(len(f.ends)) + 1; seq != want {
+	if want := uint64(f.j.events()) + 1; seq != want {
 		return fmt.Errorf("event %d-%d arrived where %d-%d was due", f.Gen, seq, f.Gen, want)
 	}
-	if len(f.data)+len(wire) > f.maxBytes {
-		return ErrStreamTooLarge
+	if err := f.j.appendWire(wire, f.maxBytes); err != nil {
+		return err
 	}
 	if err := f.be.reserve(len(wire)); err != nil {
+		f.j.drop(len(wire))
 		return err
 	}
 	f.reserved += len(wire)
-	f.data = append(f.data, wire...)
-	f.ends = append(f.ends, uint32(len(f.data)))
+	if seq == 1 {
+		f.first = time.Now()
+	}
 	f.signalLocked()
 	return nil
 }
@@ -364,13 +355,9 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 func (f *Flight) wireSince(from, maxEvents int) (evs [][]byte, h Head, hasHead bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := min(len(f.ends), from+maxEvents)
+	n := min(f.j.events(), from+maxEvents)
 	for i := from; i < n; i++ {
-		start := uint32(0)
-		if i > 0 {
-			start = f.ends[i-1]
-		}
-		evs = append(evs, f.data[start:f.ends[i]:f.ends[i]])
+		evs = append(evs, f.j.event(i))
 	}
 	return evs, f.head, f.hasHead
 }

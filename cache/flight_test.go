@@ -108,7 +108,7 @@ func TestJournalSubscribers(t *testing.T) {
 	}
 	followers = append(followers, &follower{name: "idle"})
 	idleFl := followers[len(followers)-1]
-	idleFl.got, idleFl.ended = idle.Read()
+	idleFl.got, idleFl.ended = readAll(idle)
 	for _, fl := range followers {
 		t.Run(fl.name, func(t *testing.T) {
 			if !fl.ended {
@@ -158,7 +158,7 @@ func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
 	}
 	f.Commit(nil)
 	for i, s := range subs {
-		p, ended := s.Read()
+		p, ended := readAll(s)
 		if !ended {
 			t.Fatalf("idle subscriber %d: got ended=false; want true", i)
 		}

@@ -128,10 +128,15 @@ func follow(s *Sub, idle time.Duration) (got []byte, ended bool) {
 		case <-t.C:
 			return got, false
 		}
-		p, end := s.Read()
-		got = append(got, p...)
-		if end {
-			return got, true
+		for {
+			p, end := s.Read()
+			got = append(got, p...)
+			if end {
+				return got, true
+			}
+			if len(p) == 0 {
+				break
+			}
 		}
 		t.Reset(idle)
 	}
@@ -148,3 +153,15 @@ func newClock() *clock {
 
 func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// readAll reads what s has now, over as many Reads as the journal's
+// blocks take.
+func readAll(s *Sub) (got []byte, ended bool) {
+	for {
+		p, end := s.Read()
+		got = append(got, p...)
+		if end || len(p) == 0 {
+			return got, end
+		}
+	}
+}

@@ -468,11 +468,17 @@ func (r *Redis) catchUp(f *Flight, seq uint64) error {
 	for uint64(f.Events()) < seq {
 		select {
 		case <-sub.C():
-			if _, ended := sub.Read(); ended && uint64(f.Events()) < seq {
-				if state, _, _ := f.Outcome(); state == StateCommitted {
-					return ErrPosition
+			for {
+				p, ended := sub.Read()
+				if ended && uint64(f.Events()) < seq {
+					if state, _, _ := f.Outcome(); state == StateCommitted {
+						return ErrPosition
+					}
+					return ErrGone
 				}
-				return ErrGone
+				if ended || len(p) == 0 {
+					break
+				}
 			}
 		case <-t.C:
 			return nil // the proxy's Subscribe reports the position

@@ -47,7 +47,8 @@ type Config struct {
 	UpstreamIdleTimeout time.Duration
 	// UpstreamConnectTimeout bounds dialing the upstream (default 10s).
 	UpstreamConnectTimeout time.Duration
-	// UpstreamMaxConns bounds connections to the upstream (default 4096).
+	// UpstreamMaxConns bounds connections to each upstream (default
+	// MaxStreams: every upstream call in progress can have one).
 	UpstreamMaxConns int
 	// SlowClientTimeout drops a client whose connection accepts no bytes
 	// for this long (default 30s); the client can resume.
@@ -101,8 +102,8 @@ func (c *Config) setDefaults() error {
 	defInt(&c.MaxBodyBytes, 32<<20)
 	defInt(&c.MaxEventBytes, 4<<20)
 	defInt(&c.MaxStreamBytes, 16<<20)
-	defInt(&c.UpstreamMaxConns, 4096)
 	defInt(&c.MaxStreams, 10000)
+	defInt(&c.UpstreamMaxConns, c.MaxStreams)
 	if len(c.Upstreams) == 0 {
 		return fmt.Errorf("no upstream")
 	}

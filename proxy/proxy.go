@@ -81,7 +81,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		MaxRequestBodySize: p.cfg.MaxBodyBytes,
 		ReadTimeout:        p.cfg.ReadTimeout,
 		IdleTimeout:        p.cfg.IdleTimeout,
-		ReadBufferSize:     16 << 10,
+		ReadBufferSize:     8 << 10, // held for a stream's life: requests' headers fit
 		TCPKeepalive:       true,
 		// Streams set their own write deadline; see follow.
 		NoDefaultServerHeader: true,

@@ -24,6 +24,7 @@ type client struct {
 	buf     []byte // the answer head until it is written, then chunk frames
 	vec     net.Buffers
 	stalled bool
+	set     time.Time // the write deadline last set
 }
 
 // smallChunk is the size up to which a chunk is copied into one buffer
@@ -36,8 +37,12 @@ func (c *client) write(p []byte) error {
 	if len(p) > 0 {
 		c.buf = appendChunkHeader(c.buf, len(p))
 	}
-	if err = c.conn.SetWriteDeadline(time.Now().Add(c.slow)); err != nil {
-		return err
+	// As for reads (idleConn): move the deadline only when it is stale.
+	if d := time.Now().Add(c.slow); d.Sub(c.set) > c.slow/16 {
+		if err = c.conn.SetWriteDeadline(d); err != nil {
+			return err
+		}
+		c.set = d
 	}
 	switch {
 	case len(p) == 0:
@@ -124,30 +129,35 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 			hb.Reset(p.cfg.Heartbeat)
 			continue
 		}
-		data, ended := sub.Read()
-		if len(data) == 0 && len(c.buf) > 0 && !ended {
-			if c.write(nil) != nil { // the head, so the client sees the answer start
-				return false
-			}
-		}
-		if len(data) > 0 {
-			if c.write(data) != nil {
-				return false
-			}
-			if measure {
-				measure = false
-				if t := f.FirstEventAt(); !t.IsZero() {
-					p.m.ttfeAdded.Observe(time.Since(t).Seconds())
+		for {
+			data, ended := sub.Read()
+			if len(data) == 0 && len(c.buf) > 0 && !ended {
+				if c.write(nil) != nil { // the head, so the client sees the answer start
+					return false
 				}
 			}
-		}
-		if ended {
-			state, reason, _ := f.Outcome()
-			if state != cache.StateCommitted {
-				ev := sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason)))
-				return c.write(ev) == nil
+			if len(data) > 0 {
+				if c.write(data) != nil {
+					return false
+				}
+				if measure {
+					measure = false
+					if t := f.FirstEventAt(); !t.IsZero() {
+						p.m.ttfeAdded.Observe(time.Since(t).Seconds())
+					}
+				}
 			}
-			return true
+			if ended {
+				state, reason, _ := f.Outcome()
+				if state != cache.StateCommitted {
+					ev := sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason)))
+					return c.write(ev) == nil
+				}
+				return true
+			}
+			if len(data) == 0 {
+				break // caught up: wait for the next signal
+			}
 		}
 		hb.Reset(p.cfg.Heartbeat)
 	}

@@ -46,12 +46,15 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 	}
 	idle, connect, head := cfg.UpstreamIdleTimeout, cfg.UpstreamConnectTimeout, cfg.Retry.AttemptTimeout
 	hc := &fasthttp.HostClient{
-		Addr:                          addr,
-		IsTLS:                         u.Scheme == "https",
-		StreamResponseBody:            true,
-		MaxConns:                      cfg.UpstreamMaxConns,
+		Addr:               addr,
+		IsTLS:              u.Scheme == "https",
+		StreamResponseBody: true,
+		MaxConns:           cfg.UpstreamMaxConns,
+		// A call waits for a pooled connection rather than failing at once;
+		// MaxStreams already bounds how many calls there are.
+		MaxConnWaitTimeout:            connect,
 		MaxIdleConnDuration:           5 * time.Second,
-		ReadBufferSize:                16 << 10,
+		ReadBufferSize:                4 << 10, // per upstream connection, so per stream
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
@@ -75,6 +78,9 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 			return c.ConsecutiveFailures >= uint32(rc.BreakerFailures)
 		},
 		OnStateChange: onState,
+		// Running out of our own connection pool says nothing of the
+		// upstream's health.
+		IsExcluded: func(err error) bool { return errors.Is(err, fasthttp.ErrNoFreeConns) },
 	})
 	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc, breaker: breaker}, nil
 }
@@ -106,6 +112,7 @@ type idleConn struct {
 	net.Conn
 	idle, head   time.Duration
 	headDeadline time.Time // set by Write, cleared by the first answer byte
+	set          time.Time // the read deadline last set
 }
 
 func (c *idleConn) Write(p []byte) (int, error) {
@@ -113,13 +120,37 @@ func (c *idleConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// SetReadDeadline and SetDeadline are fasthttp's own calls; the next Read
+// sets the idle deadline again.
+func (c *idleConn) SetReadDeadline(t time.Time) error {
+	c.set = time.Time{}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *idleConn) SetDeadline(t time.Time) error {
+	c.set = time.Time{}
+	return c.Conn.SetDeadline(t)
+}
+
 func (c *idleConn) Read(p []byte) (int, error) {
 	d := time.Now().Add(c.idle)
-	if !c.headDeadline.IsZero() && c.headDeadline.Before(d) {
-		d = c.headDeadline
+	switch {
+	case !c.headDeadline.IsZero():
+		// Awaiting an answer: the deadline must be exact.
+		if c.headDeadline.Before(d) {
+			d = c.headDeadline
+		}
+	case !c.set.IsZero() && d.Sub(c.set) <= c.idle/16:
+		// Moving the deadline costs a timer update per read; moving it
+		// only when it is a sixteenth of idle stale keeps the bound
+		// within 7%.
+		d = time.Time{}
 	}
-	if err := c.Conn.SetReadDeadline(d); err != nil {
-		return 0, err
+	if !d.IsZero() {
+		if err := c.Conn.SetReadDeadline(d); err != nil {
+			return 0, err
+		}
+		c.set = d
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
@@ -228,5 +259,5 @@ func isTimeout(err error) bool {
 // isDial reports whether err happened before anything was sent.
 func isDial(err error) bool {
 	var de *dialError
-	return errors.As(err, &de) || errors.Is(err, fasthttp.ErrNoFreeConns)
+	return errors.As(err, &de) || errors.Is(err, fasthttp.ErrNoFreeConns) // nothing was sent
 }

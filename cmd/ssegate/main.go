@@ -21,6 +21,7 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 )
 
 func main() {
@@ -53,6 +54,8 @@ type options struct {
 	maxKeys       int
 	maxSubs       int
 	maxStreams    int
+	maxConns      int
+	pprof         bool
 	maxDuration   time.Duration
 	idleTimeout   time.Duration
 	slowClient    time.Duration
@@ -86,6 +89,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
 	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
+	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream (0: as many as -max-streams)")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")
 	fs.DurationVar(&o.maxDuration, "max-stream-duration", 30*time.Minute, "longest upstream stream (aborted after)")
 	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 5*time.Minute, "longest upstream silence, including the wait for its first byte")
 	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client whose connection accepts nothing for this long is dropped (it can resume)")
@@ -202,7 +207,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
 		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
-		MaxStreams: o.maxStreams, Logger: log,
+		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "",
 		RelayWhenStoreDown: o.redis.down == "relay",
 	})
@@ -222,7 +227,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			ln.Close()
 			return fmt.Errorf("-admin-listen: %w", err)
 		}
-		admin := &fasthttp.Server{Handler: p.AdminHandler, Name: "ssegate-admin", ReadTimeout: 10 * time.Second}
+		handler := p.AdminHandler
+		if o.pprof {
+			handler = func(ctx *fasthttp.RequestCtx) {
+				if strings.HasPrefix(string(ctx.Path()), "/debug/pprof/") {
+					pprofhandler.PprofHandler(ctx)
+					return
+				}
+				p.AdminHandler(ctx)
+			}
+		}
+		admin := &fasthttp.Server{Handler: handler, Name: "ssegate-admin", ReadTimeout: 10 * time.Second}
 		go func() { serveErr <- admin.Serve(aln) }()
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 // chromiumPath is where Debian's chromium package (installed by .ci/run)
@@ -123,14 +125,14 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 	var calls atomic.Int64
 	up := slowChatUpstream(t, &calls)
 	g := startGate(t, "-upstream", up.URL)
-	fw := newForwarder(t, g.addr)
+	fw := newForwarder(t, g.Addr)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
 	// The browser first, so that its start-up time does not eat into the
 	// stream.
-	browserOut := &logBuffer{}
+	browserOut := &gatetest.LogBuffer{}
 	userData, err := os.MkdirTemp("", "ssegate-chromium-")
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +180,7 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 	go func() {
 		var res postResult
 		defer func() { postDone <- res }()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions",
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.URL+"/v1/chat/completions",
 			strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"count"}]}`))
 		if err != nil {
 			res.err = err

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 // drainTimeout is the -shutdown-timeout the drain test gives ssegate.
@@ -42,7 +44,7 @@ func TestGracefulDrain(t *testing.T) {
 	// listener that outlives the main one; check it when the binary has one.
 	adminURL := ""
 	if hasFlag(t, "admin-listen") {
-		admin := freePort(t)
+		admin := gatetest.FreePort(t)
 		args = append(args, "-admin-listen", admin)
 		adminURL = "http://" + admin
 	} else {
@@ -65,7 +67,7 @@ func TestGracefulDrain(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	for i, s := range streams {
 		s.started, s.done = make(chan struct{}), make(chan struct{})
-		go s.run(ctx, client, g.url, fmt.Sprintf("drain-%d-%d", time.Now().UnixNano(), i))
+		go s.run(ctx, client, g.URL, fmt.Sprintf("drain-%d-%d", time.Now().UnixNano(), i))
 	}
 	for _, s := range streams {
 		select {
@@ -83,7 +85,7 @@ func TestGracefulDrain(t *testing.T) {
 	}
 
 	sigAt := time.Now()
-	if err := g.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := g.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 
@@ -103,7 +105,7 @@ func TestGracefulDrain(t *testing.T) {
 
 	// No new work once draining: a new connection is refused, or gets no
 	// answer. Polled, as the signal reaches the process asynchronously.
-	if answer := newConnAnswered(g.addr, time.Second); answer != "" {
+	if answer := newConnAnswered(g.Addr, time.Second); answer != "" {
 		t.Errorf("new request 1s after SIGTERM: got answer %q; want the connection refused or unanswered", answer)
 	}
 
@@ -137,16 +139,15 @@ func TestGracefulDrain(t *testing.T) {
 		t.Logf("%s: ended %v after SIGTERM with %q", s.name, after, last.typ)
 	}
 
-	select {
-	case <-g.done:
-	case <-time.After(drainTimeout + 8*time.Second):
+	exited, err := g.Wait(drainTimeout + 8*time.Second)
+	if !exited {
 		t.Fatalf("process: still running %v after SIGTERM; want it exited", time.Since(sigAt).Round(time.Millisecond))
 	}
 	var exit *exec.ExitError
-	if errors.As(g.err, &exit) {
+	if errors.As(err, &exit) {
 		t.Errorf("process: got exit status %d; want 0", exit.ExitCode())
-	} else if g.err != nil {
-		t.Errorf("process: got %v; want exit status 0", g.err)
+	} else if err != nil {
+		t.Errorf("process: got %v; want exit status 0", err)
 	}
 	t.Logf("process exited %v after SIGTERM", time.Since(sigAt).Round(time.Millisecond))
 }
@@ -223,6 +224,6 @@ func getStatus(url string) int {
 // hasFlag reports whether the built binary documents -name in its -h.
 func hasFlag(t *testing.T, name string) bool {
 	t.Helper()
-	out, _ := exec.Command(binary(t), "-h").CombinedOutput() //nolint:errcheck // -h output is what matters
+	out, _ := exec.Command(gatetest.Binary(t), "-h").CombinedOutput() //nolint:errcheck // -h output is what matters
 	return strings.Contains(string(out), "-"+name+" ") || strings.Contains(string(out), "-"+name+"\n")
 }

@@ -154,7 +154,7 @@ func TestOpenAISDKJoin(t *testing.T) {
 	g := startGate(t, "-upstream", upstream)
 	key := fmt.Sprintf("openai-join-%d", time.Now().UnixNano())
 	client := openai.NewClient(
-		openaiopt.WithBaseURL(g.url+"/v1/"),
+		openaiopt.WithBaseURL(g.URL+"/v1/"),
 		openaiopt.WithAPIKey("sk-e2e"),
 		openaiopt.WithHeader("Idempotency-Key", key),
 		openaiopt.WithMaxRetries(0),

@@ -2,24 +2,18 @@ package replicas_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )
@@ -31,45 +25,7 @@ const (
 	timeout = 500 * time.Millisecond
 )
 
-var binDir string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "ssegate-replicas-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-var (
-	buildOnce sync.Once
-	buildErr  error
-)
-
-// binary builds cmd/ssegate once, so the tests run what operators deploy:
-// separate processes that share nothing but Redis.
-func binary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(binDir, "ssegate")
-	buildOnce.Do(func() {
-		gobin, err := exec.LookPath("go")
-		if err != nil {
-			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		out, err := exec.Command(gobin, "build", "-o", bin, "github.com/ssegate/ssegate/cmd/ssegate").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/ssegate: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return bin
-}
+func TestMain(m *testing.M) { gatetest.Main(m) }
 
 // env is one test's world: a Redis database of its own, a counting mock
 // upstream, and the replicas started on them.
@@ -81,7 +37,7 @@ type env struct {
 	upstream string
 
 	mu    sync.Mutex // guards gates
-	gates []*gate
+	gates []*gatetest.Process
 }
 
 // databases hands out Redis databases, one per test, so tests can count
@@ -120,107 +76,18 @@ func newEnv(t *testing.T, srv *redistest.Server, mock mockllm.Config) *env {
 	return e
 }
 
-// gate is one running ssegate process.
-type gate struct {
-	name string
-	url  string
-	cmd  *exec.Cmd
-	logs *logBuffer
-	done chan struct{}
-}
-
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// start runs a replica on a free loopback port.
-func (e *env) start(name string, args ...string) *gate {
+// start runs a replica on a free loopback port with the env's flags, then
+// args. It is killed (after a SIGCONT, in case the test paused it) when
+// the test ends.
+func (e *env) start(name string, args ...string) *gatetest.Process {
 	e.t.Helper()
-	bin := binary(e.t)
-	for range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		g := &gate{name: name, url: "http://" + addr, logs: &logBuffer{}, done: make(chan struct{})}
-		g.cmd = exec.Command(bin, append([]string{"-listen", addr, "-upstream", e.upstream,
-			"-redis", e.redisURL, "-redis-lease", lease.String(), "-redis-timeout", timeout.String(),
-			"-heartbeat", "1h", "-log-format", "text", "-log-level", "warn"}, args...)...)
-		g.cmd.Env = hermeticEnv()
-		g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
-		if err := g.cmd.Start(); err != nil {
-			e.t.Fatal(err)
-		}
-		go func() { g.cmd.Wait(); close(g.done) }() //nolint:errcheck // the exit is observed through done
-		if g.waitUp(10 * time.Second) {
-			e.mu.Lock()
-			e.gates = append(e.gates, g)
-			e.mu.Unlock()
-			e.t.Cleanup(func() { g.stop(e.t) })
-			return g
-		}
-		g.signal(syscall.SIGKILL)
-		<-g.done
-		if !strings.Contains(g.logs.String(), "address already in use") {
-			e.t.Fatalf("%s did not start:\n%s", name, g.logs.String())
-		}
-	}
-	e.t.Fatalf("%s: no free port", name)
-	return nil
-}
-
-func hermeticEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SSEGATE_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-func (g *gate) waitUp(limit time.Duration) bool {
-	c := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		select {
-		case <-g.done:
-			return false
-		default:
-		}
-		if resp, err := c.Get(g.url + "/healthz"); err == nil {
-			resp.Body.Close()
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
-}
-
-func (g *gate) signal(s os.Signal) { g.cmd.Process.Signal(s) } //nolint:errcheck // it may have exited
-
-func (g *gate) stop(t *testing.T) {
-	g.signal(syscall.SIGCONT)
-	g.signal(syscall.SIGKILL)
-	<-g.done
-	if t.Failed() {
-		t.Logf("%s output:\n%s", g.name, g.logs.String())
-	}
+	g := gatetest.Config{Name: name}.Start(e.t, append([]string{"-upstream", e.upstream,
+		"-redis", e.redisURL, "-redis-lease", lease.String(), "-redis-timeout", timeout.String(),
+		"-heartbeat", "1h", "-log-format", "text", "-log-level", "warn"}, args...)...)
+	e.mu.Lock()
+	e.gates = append(e.gates, g)
+	e.mu.Unlock()
+	return g
 }
 
 // body is the request every test sends (a chat completion stream); the
@@ -281,9 +148,9 @@ func tryOpen(method, url, key, lastID string) (*stream, error) {
 	return &stream{status: resp.StatusCode, header: resp.Header, resp: resp, r: bufio.NewReader(resp.Body)}, nil
 }
 
-func post(t *testing.T, g *gate, key string) *stream {
+func post(t *testing.T, g *gatetest.Process, key string) *stream {
 	t.Helper()
-	return open(t, http.MethodPost, g.url+"/v1/chat/completions", key, "")
+	return open(t, http.MethodPost, g.URL+"/v1/chat/completions", key, "")
 }
 
 // next reads the next event; false at the end of the body.

@@ -6,11 +6,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )
@@ -47,9 +47,9 @@ func TestDuplicatesAcrossReplicas(t *testing.T) {
 			t.Fatalf("duplicate %d (replica %s): %d bytes differ from the first stream's %d", i, []string{"A", "B"}[i%2], len(s.raw), len(first.raw))
 		}
 	}
-	for _, g := range []*gate{a, b} {
+	for _, g := range []*gatetest.Process{a, b} {
 		if s := post(t, g, "dup").readAll(); !bytes.Equal(s.raw, first.raw) {
-			t.Fatalf("replay on %s: differs from the original", g.name)
+			t.Fatalf("replay on %s: differs from the original", g.Name)
 		}
 	}
 	if n := e.mock.Calls(); n != 1 {
@@ -71,15 +71,15 @@ func TestResumeOnOtherReplica(t *testing.T) {
 	s.close()
 	last := s.events[19].id
 	after, _ := sse.ParseID(last)
-	byPost := open(t, http.MethodPost, b.url+"/v1/chat/completions", "resume", last)
-	byGet := open(t, http.MethodGet, b.url+"/streams/resume", "", last)
+	byPost := open(t, http.MethodPost, b.URL+"/v1/chat/completions", "resume", last)
+	byGet := open(t, http.MethodGet, b.URL+"/streams/resume", "", last)
 	var wg sync.WaitGroup
 	wg.Go(func() { byPost.readAll() })
 	wg.Go(func() { byGet.readAll() })
 	wg.Wait()
 	full := post(t, b, "resume").readAll() // the committed stream, replayed
 	for name, r := range map[string]*stream{"POST": byPost, "GET": byGet,
-		"GET after commit": open(t, http.MethodGet, b.url+"/streams/resume", "", last).readAll()} {
+		"GET after commit": open(t, http.MethodGet, b.URL+"/streams/resume", "", last).readAll()} {
 		if r.status != 200 || !r.clean() {
 			t.Fatalf("resume by %s: status %d, clean %v; want 200 and a clean end", name, r.status, r.clean())
 		}
@@ -111,8 +111,7 @@ func TestOwnerKilled(t *testing.T) {
 		joiners[i].readN(t, 5)
 	}
 	killed := time.Now()
-	a.signal(syscall.SIGKILL)
-	<-a.done
+	a.Kill()
 	bound := lease + min(lease/2, 2*time.Second) + time.Second // + slack for a loaded machine
 	for i, j := range joiners {
 		j.readAll()
@@ -148,22 +147,22 @@ func TestOwnerPaused(t *testing.T) {
 	a, b := e.start("A"), e.start("B")
 	s := post(t, a, "pause")
 	s.readN(t, 5)
-	a.signal(syscall.SIGSTOP)
+	a.Pause()
 	time.Sleep(lease + 200*time.Millisecond)
 	taken := post(t, b, "pause").readAll()
 	if !taken.clean() || taken.header.Get("Idempotent-Replayed") == "true" {
 		t.Fatalf("B after A's lease: clean %v replayed %q; want a fresh clean stream", taken.clean(), taken.header.Get("Idempotent-Replayed"))
 	}
-	a.signal(syscall.SIGCONT)
+	a.Resume()
 	s.readAll()
 	if code := s.aborted(); code == "" {
 		t.Fatalf("A's client after A continued: last event %+v; want stream_aborted", s.events[len(s.events)-1])
 	}
 	contiguous(t, s, sse.ID{})
-	for _, g := range []*gate{a, b} {
+	for _, g := range []*gatetest.Process{a, b} {
 		r := post(t, g, "pause").readAll()
 		if !bytes.Equal(r.raw, taken.raw) {
-			t.Fatalf("replay on %s: not B's result", g.name)
+			t.Fatalf("replay on %s: not B's result", g.Name)
 		}
 	}
 	if n := e.mock.Calls(); n != 2 {
@@ -193,14 +192,14 @@ func TestRedisOutage(t *testing.T) {
 		} else {
 			srv.Stop()
 		}
-		for _, g := range []*gate{a, b} {
+		for _, g := range []*gatetest.Process{a, b} {
 			s := post(t, g, "down-"+how)
 			s.readAll()
 			if s.status != 503 || s.header.Get("Retry-After") == "" || !bytes.Contains(s.all, []byte("store_unavailable")) {
-				t.Fatalf("%s, keyed request on %s: status %d Retry-After %q; want 503 store_unavailable with Retry-After", how, g.name, s.status, s.header.Get("Retry-After"))
+				t.Fatalf("%s, keyed request on %s: status %d Retry-After %q; want 503 store_unavailable with Retry-After", how, g.Name, s.status, s.header.Get("Retry-After"))
 			}
 			if u := post(t, g, "").readAll(); u.status != 200 || !u.clean() {
-				t.Fatalf("%s, unkeyed request on %s: status %d clean %v; want a relayed stream", how, g.name, u.status, u.clean())
+				t.Fatalf("%s, unkeyed request on %s: status %d clean %v; want a relayed stream", how, g.Name, u.status, u.clean())
 			}
 		}
 		time.Sleep(lease) // past the lease: the owner of the live stream fences itself
@@ -213,9 +212,9 @@ func TestRedisOutage(t *testing.T) {
 		if live.clean() || live.aborted() == "" {
 			t.Fatalf("%s: the stream in flight ended clean=%v; want stream_aborted", how, live.clean())
 		}
-		for _, g := range []*gate{a, b} {
-			within(t, 10*time.Second, how+": keyed requests on "+g.name+" again", func() bool {
-				s, err := tryOpen(http.MethodPost, g.url+"/v1/chat/completions", "after-"+how+"-"+g.name, "")
+		for _, g := range []*gatetest.Process{a, b} {
+			within(t, 10*time.Second, how+": keyed requests on "+g.Name+" again", func() bool {
+				s, err := tryOpen(http.MethodPost, g.URL+"/v1/chat/completions", "after-"+how+"-"+g.Name, "")
 				if err != nil {
 					return false
 				}
@@ -240,7 +239,7 @@ func TestRandomFaults(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 6))
 	e := newEnv(t, nil, mockllm.Config{Tokens: 30, Delay: 10 * time.Millisecond})
-	gates := []*gate{e.start("g0"), e.start("g1"), e.start("g2")}
+	gates := []*gatetest.Process{e.start("g0"), e.start("g1"), e.start("g2")}
 	var mu sync.Mutex // guards gates (restarts replace them) and results
 	type result struct {
 		key string
@@ -249,7 +248,7 @@ func TestRandomFaults(t *testing.T) {
 	}
 	var results []result
 	var wg sync.WaitGroup
-	pick := func() *gate {
+	pick := func() *gatetest.Process {
 		mu.Lock()
 		defer mu.Unlock()
 		return gates[rng.IntN(len(gates))]
@@ -260,7 +259,7 @@ func TestRandomFaults(t *testing.T) {
 			key := fmt.Sprintf("rk%d", rng.IntN(8))
 			g := pick()
 			wg.Go(func() {
-				s, err := tryOpen(http.MethodPost, g.url+"/v1/chat/completions", key, "")
+				s, err := tryOpen(http.MethodPost, g.URL+"/v1/chat/completions", key, "")
 				if err == nil {
 					s.readAll()
 				}
@@ -275,17 +274,16 @@ func TestRandomFaults(t *testing.T) {
 			i := rng.IntN(len(gates))
 			g := gates[i]
 			mu.Unlock()
-			g.signal(syscall.SIGKILL)
-			<-g.done
+			g.Kill()
 			ng := e.start(fmt.Sprintf("g%d-r%d", i, round))
 			mu.Lock()
 			gates[i] = ng
 			mu.Unlock()
 		case f <= 2: // pause a replica, sometimes past its lease
 			g := pick()
-			g.signal(syscall.SIGSTOP)
+			g.Pause()
 			time.Sleep(time.Duration(rng.IntN(int(2*lease/time.Millisecond))) * time.Millisecond)
-			g.signal(syscall.SIGCONT)
+			g.Resume()
 		default:
 			time.Sleep(time.Duration(50+rng.IntN(200)) * time.Millisecond)
 		}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestRedisScenario runs a short scenario redis against the real ssegate
+// binary and a private redis-server: every stream whole, Redis round trips
+// and CPU counted on the Redis rows, joiner latencies sampled on every
+// joiner row. It is skipped without redis-server on PATH, unless $CI is
+// set (CI installs it).
+func TestRedisScenario(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes and runs load")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skip("redis-server is not on PATH")
+		}
+		t.Fatal("redis-server is not on PATH, and $CI is set")
+	}
+	out := t.TempDir()
+	args := []string{"-quick", "-scenarios", "redis", "-redis-load", "16@5ms:20", "-redis-join", "3@10ms:30", "-out", out}
+	if bin := os.Getenv("SSEGATE_BIN"); bin != "" {
+		args = append(args, "-ssegate", bin)
+	}
+	opt, err := parseFlags(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run(opt, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("%d JSON files; want 1", len(files))
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]bool{}
+	for _, m := range rep.Measurements {
+		name := m.Step + " / " + m.Path
+		paths[m.Path] = true
+		if m.Scenario != "redis" || m.Redis == nil {
+			t.Errorf("%s: scenario %q, redis numbers %v; want redis and some", name, m.Scenario, m.Redis)
+			continue
+		}
+		if m.Error != "" {
+			t.Errorf("%s: %s", name, m.Error)
+			continue
+		}
+		x := m.Redis
+		if m.Errors > 0 || m.OK == 0 {
+			t.Errorf("%s: %d of %d streams failed: %v", name, m.Errors, m.Streams, m.ErrorSamples)
+		}
+		if !(x.SsegateCPUusPerEvent > 0) || !(x.SumCPUusPerEvent >= x.SsegateCPUusPerEvent) {
+			t.Errorf("%s: CPU %v µs/event, sum %v; want numbers", name, x.SsegateCPUusPerEvent, x.SumCPUusPerEvent)
+		}
+		if x.Store == "redis" {
+			if !(x.RedisCPUusPerEvent >= 0) || !(x.RoundTripsPerEvent > 0) {
+				t.Errorf("%s: Redis CPU %v µs/event, %v round trips/event; want numbers", name, x.RedisCPUusPerEvent, x.RoundTripsPerEvent)
+			}
+			// A batch may carry no event (a state change), so there may be
+			// a few more batches than events.
+			if m.Path != pathJoinRemote.name && (x.EventsAppended == 0 || x.Batches == 0 || x.Batches > x.EventsAppended+3*m.Streams) {
+				t.Errorf("%s: %d events appended in %d batches; want some, at most one batch an event and three a stream", name, x.EventsAppended, x.Batches)
+			}
+			if m.Path == pathJoinRemote.name && (x.Tails == 0 || x.Reads == 0) {
+				t.Errorf("%s: %d tails, %d reads on the joiners' replica; want some", name, x.Tails, x.Reads)
+			}
+		}
+		if strings.HasPrefix(m.Step, "joiners") && (x.Samples == 0 || !(x.AddedP99us >= x.AddedP50us)) {
+			t.Errorf("%s: %d latency samples, p50 %v, p99 %v", name, x.Samples, x.AddedP50us, x.AddedP99us)
+		}
+	}
+	for _, p := range []path{pathMemCPU, pathRedisCPU, pathJoinMem, pathJoinOwner, pathJoinRemote} {
+		if !paths[p.name] {
+			t.Errorf("no measurement of %q", p.name)
+		}
+	}
+	if !strings.Contains(stdout.String(), "### (redis) Redis store") {
+		t.Errorf("the report lacks the redis table:\n%s", stdout.String())
+	}
+}

@@ -1,0 +1,274 @@
+package gatetest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binDir holds the binary [Binary] builds; set by [Main].
+var binDir string
+
+// Main runs the package's tests with a temporary directory for the binary
+// [Binary] builds, removes it, and exits with the tests' status. Call it
+// from TestMain.
+func Main(m *testing.M) {
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
+	dir, err := os.MkdirTemp("", "ssegate-"+name+"-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// Binary builds cmd/ssegate once per test binary and returns its path. A
+// failed build fails every test that asks for it, with the compiler's
+// output. It needs [Main] to have been called from TestMain.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	if binDir == "" {
+		tb.Fatal("gatetest: TestMain must call gatetest.Main")
+	}
+	bin := filepath.Join(binDir, "ssegate")
+	buildOnce.Do(func() {
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		out, err := exec.Command(gobin, "build", "-o", bin, "github.com/ssegate/ssegate/cmd/ssegate").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/ssegate: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		tb.Fatal(buildErr)
+	}
+	return bin
+}
+
+// FreePort returns a loopback address (127.0.0.1:port) that was free a
+// moment ago. The binary needs its addresses on the command line, so they
+// are picked here and released for it; another process may take one
+// meanwhile ([Config.Start] retries when that happens to -listen).
+func FreePort(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// Config says how to start, recognise and stop processes. The zero
+// Config names them "ssegate", polls /healthz and kills them at the end.
+type Config struct {
+	// Name names the process in failure messages and in the output
+	// printed when a test fails; "ssegate" if empty.
+	Name string
+	// Probe is the path polled until the process answers it with any
+	// HTTP status; "/healthz" if empty. It must be served on -listen.
+	Probe string
+	// Grace is how long the end of the test waits for the process to exit
+	// after SIGTERM before it kills it. Zero kills it at once (after a
+	// SIGCONT, in case the test paused it).
+	Grace time.Duration
+}
+
+// Start and stop timing.
+const (
+	startAttempts = 3                // tries of a fresh port when -listen was taken meanwhile
+	upLimit       = 10 * time.Second // for the process to answer its Probe
+	probeTimeout  = time.Second      // for one probe request
+	probeEvery    = 20 * time.Millisecond
+)
+
+// Start runs the built binary with -listen on a free loopback port
+// followed by args, and waits until it answers HTTP. Its stdout and
+// stderr are kept (see [Process.Logs]). It fails the test if the process
+// exits or does not answer within 10 seconds, showing the process's
+// output; it retries on a fresh port, up to 3 times, when the output says
+// the address was already in use. The process is stopped when the test
+// ends, as c.Grace says, unless it has exited by then; its output is
+// printed if the test failed.
+func (c Config) Start(tb testing.TB, args ...string) *Process {
+	tb.Helper()
+	name := c.Name
+	if name == "" {
+		name = "ssegate"
+	}
+	probe := c.Probe
+	if probe == "" {
+		probe = "/healthz"
+	}
+	bin := Binary(tb)
+	var last string
+	for range startAttempts {
+		addr := FreePort(tb)
+		p := &Process{Name: name, Addr: addr, URL: "http://" + addr, logs: &LogBuffer{}, done: make(chan struct{})}
+		p.cmd = exec.Command(bin, append([]string{"-listen", addr}, args...)...)
+		p.cmd.Env = hermeticEnv()
+		p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+		if err := p.cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		go func() {
+			p.err = p.cmd.Wait()
+			close(p.done)
+		}()
+		if p.waitUp(probe) {
+			tb.Cleanup(func() {
+				tb.Helper()
+				p.stop(tb, c.Grace)
+			})
+			return p
+		}
+		p.Kill()
+		last = p.logs.String()
+		if !strings.Contains(last, "address already in use") {
+			tb.Fatalf("%s did not start; its output:\n%s", name, last)
+		}
+	}
+	tb.Fatalf("%s did not start: its address was in use %d times; its last output:\n%s", name, startAttempts, last)
+	return nil
+}
+
+// hermeticEnv is the test's environment without SSEGATE_* variables, which
+// the binary would read as flags.
+func hermeticEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SSEGATE_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// Process is one running ssegate process, started by [Config.Start].
+type Process struct {
+	Name string // as in its Config
+	Addr string // host:port it listens on (-listen)
+	URL  string // http://Addr
+
+	cmd  *exec.Cmd
+	logs *LogBuffer
+	done chan struct{} // closed when the process has exited
+	err  error         // the result of Wait; read only after done
+}
+
+// waitUp polls until the process answers any HTTP request to probe, or
+// exits.
+func (p *Process) waitUp(probe string) bool {
+	c := &http.Client{Timeout: probeTimeout}
+	deadline := time.Now().Add(upLimit)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return false
+		default:
+		}
+		if resp, err := c.Get(p.URL + probe); err == nil {
+			resp.Body.Close()
+			return true
+		}
+		time.Sleep(probeEvery)
+	}
+	return false
+}
+
+// Logs returns what the process has written to stdout and stderr so far.
+func (p *Process) Logs() string { return p.logs.String() }
+
+// Signal sends sig to the process. It fails if the process has exited.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Pause stops the process with SIGSTOP: its connections stay open and
+// nothing answers, as with a hung or descheduled replica.
+func (p *Process) Pause() { _ = p.Signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (p *Process) Resume() { _ = p.Signal(syscall.SIGCONT) }
+
+// Kill ends the process at once with SIGKILL and waits for it to exit.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill() // it may have exited already
+	<-p.done
+}
+
+// Wait waits up to timeout for the process to exit. It reports whether it
+// did and, if so, how: nil for exit status 0, an *exec.ExitError
+// otherwise.
+func (p *Process) Wait(timeout time.Duration) (exited bool, err error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	case <-time.After(timeout):
+		return false, nil
+	}
+}
+
+// stop ends the process at the end of the test if it still runs (SIGTERM
+// and up to grace for it to exit, or at once with SIGCONT and SIGKILL),
+// and shows its output if the test failed.
+func (p *Process) stop(tb testing.TB, grace time.Duration) {
+	tb.Helper()
+	select {
+	case <-p.done:
+	default:
+		if grace > 0 {
+			_ = p.Signal(syscall.SIGTERM) // it may have exited meanwhile
+			if exited, _ := p.Wait(grace); !exited {
+				p.Kill()
+			}
+		} else {
+			p.Resume()
+			p.Kill()
+		}
+	}
+	if tb.Failed() {
+		tb.Logf("%s output:\n%s", p.Name, p.Logs())
+	}
+}
+
+// LogBuffer collects a child process's output: the exec package (or
+// whatever runs the child) writes to it from its own goroutine while the
+// test may read it. The zero LogBuffer is empty and ready to use.
+type LogBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+// Write appends p to the buffer.
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns what has been written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
