@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,8 @@ type Config struct {
 	MissingBody MissingBody
 	// Now is the clock (default time.Now); tests replace it.
 	Now func() time.Time
+	// Logger receives what the store cannot answer for (default slog.Default()).
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +73,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 
@@ -112,7 +118,8 @@ type entry struct {
 // and committed bodies in ristretto.
 type Memory struct {
 	cfg    Config
-	bodies *ristretto.Cache[string, *Result]
+	bodies *ristretto.Cache[string, *blob]
+	codec  *blobCodec
 
 	mu      sync.Mutex // guards keys, the entries in it, flights and states
 	keys    map[string]*entry
@@ -140,7 +147,12 @@ func NewMemory(cfg Config) (*Memory, error) {
 	m := &Memory{cfg: cfg, keys: make(map[string]*entry), states: make(map[State]int64), stop: make(chan struct{})}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
-	bodies, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
+	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	if err != nil {
+		return nil, fmt.Errorf("body codec: %w", err)
+	}
+	m.codec = codec
+	bodies, err := ristretto.NewCache(&ristretto.Config[string, *blob]{
 		NumCounters: counters,
 		MaxCost:     cfg.MaxStoreBytes,
 		BufferItems: 64,
@@ -148,12 +160,12 @@ func NewMemory(cfg Config) (*Memory, error) {
 		// ristretto adds its own per-item size to the cost it reports to
 		// OnEvict, and StoredBytes would drift below zero.
 		IgnoreInternalCost: true,
-		OnEvict: func(it *ristretto.Item[*Result]) {
+		OnEvict: func(it *ristretto.Item[*blob]) {
 			m.evicted.Add(1)
 			m.storeBytes.Add(-it.Cost)
 			m.storeCount.Add(-1)
 		},
-		OnReject: func(it *ristretto.Item[*Result]) { m.rejected.Add(1) },
+		OnReject: func(it *ristretto.Item[*blob]) { m.rejected.Add(1) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("body store: %w", err)
@@ -169,6 +181,33 @@ func (m *Memory) Close() {
 	close(m.stop)
 	m.wg.Wait()
 	m.bodies.Close()
+	m.codec.close()
+}
+
+// blob is a committed result as the body store keeps it: compressed (the
+// chunks of one completion are nearly identical JSON), with the scope and
+// generation to verify a lookup by (ristretto keeps only hashes of keys).
+type blob struct {
+	sc  Scope
+	gen uint64
+	z   []byte
+}
+
+func (b *blob) cost() int64 { return int64(len(b.z)) + 128 }
+
+// body returns the committed result of id when the body store still holds
+// the one of generation gen.
+func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
+	b, ok := m.bodies.Get(id)
+	if !ok || b.gen != gen || b.sc != sc {
+		return nil, false
+	}
+	r, err := m.codec.decode(b.z, sc)
+	if err != nil {
+		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+		return nil, false
+	}
+	return r, true
 }
 
 var lastGen atomic.Uint64
@@ -211,7 +250,7 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 			if e.fp != fp {
 				return Begun{Decision: Conflict}, nil
 			}
-			if r, ok := m.bodies.Get(id); ok && r.Gen == e.gen && r.Scope == sc {
+			if r, ok := m.body(id, sc, e.gen); ok {
 				return Begun{Decision: Hit, Result: r}, nil
 			}
 			m.missing.Add(1)
@@ -277,8 +316,8 @@ func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flig
 		return f, nil, nil
 	case e.state == StateCommitted:
 		m.mu.Unlock()
-		r, ok := m.bodies.Get(id)
-		if !ok || r.Gen != e.gen || r.Scope != sc {
+		r, ok := m.body(id, sc, e.gen)
+		if !ok {
 			m.missing.Add(1)
 			return nil, nil, ErrGone
 		}
@@ -311,8 +350,8 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 		ki.Events = e.flight.Events()
 	}
 	if e.state == StateCommitted {
-		r, ok := m.bodies.Get(id)
-		ki.BodyStored = ok && r.Gen == e.gen
+		b, ok := m.bodies.Get(id)
+		ki.BodyStored = ok && b.gen == e.gen && b.sc == sc
 	}
 	return ki, true
 }
@@ -338,13 +377,13 @@ func (m *Memory) Stats() Stats {
 // would; the ledger keeps the commit. It exists for tests and operators.
 func (m *Memory) DropBody(sc Scope) {
 	id := sc.id()
-	r, ok := m.bodies.Get(id)
+	b, ok := m.bodies.Get(id)
 	m.bodies.Del(id)
 	m.bodies.Wait()
 	if ok {
 		// Del does not call OnEvict: count the removal here.
 		m.evicted.Add(1)
-		m.storeBytes.Add(-r.cost())
+		m.storeBytes.Add(-b.cost())
 		m.storeCount.Add(-1)
 	}
 }
@@ -361,18 +400,25 @@ func (m *Memory) release(n int) { m.live.Add(-int64(n)) }
 
 func (m *Memory) commit(f *Flight, res *Result) bool {
 	id := f.Scope.id()
-	cost := res.cost()
-	// Set is asynchronous and may drop or later reject the item: wait for
-	// it to be applied, then look, so the ledger knows whether it is held.
-	m.bodies.SetWithTTL(id, res, cost, m.cfg.TTL)
-	m.bodies.Wait()
-	got, ok := m.bodies.Get(id)
-	stored := ok && got == res
+	stored := false
+	if z, err := m.codec.encode(res); err == nil {
+		b := &blob{sc: f.Scope, gen: f.Gen, z: z}
+		cost := b.cost()
+		// Set is asynchronous and may drop or later reject the item: wait
+		// for it to be applied, then look, so the ledger knows whether it
+		// is held.
+		m.bodies.SetWithTTL(id, b, cost, m.cfg.TTL)
+		m.bodies.Wait()
+		got, ok := m.bodies.Get(id)
+		stored = ok && got == b
+		if stored {
+			m.storeBytes.Add(cost)
+			m.storeCount.Add(1)
+		}
+	}
 	m.commits.Add(1)
 	if stored {
 		m.stored.Add(1)
-		m.storeBytes.Add(cost)
-		m.storeCount.Add(1)
 	}
 	now := m.cfg.Now()
 	m.mu.Lock()

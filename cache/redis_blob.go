@@ -15,8 +15,9 @@ import (
 // a replay is one GET.
 //
 // Layout: "SG" 1 (version), then zstd of: uvarint gen, uvarint head
-// length, head JSON, uvarint event count, the event end offsets as
-// uvarint deltas, then the encoded events (or the non-streaming body).
+// length, head JSON, uvarint input and output tokens, uvarint event count,
+// the event end offsets as uvarint deltas, then the encoded events (or
+// the non-streaming body). The memory store keeps its bodies the same way.
 
 var blobMagic = []byte{'S', 'G', 1}
 
@@ -58,6 +59,8 @@ func (c *blobCodec) encode(r *Result) ([]byte, error) {
 	p = binary.AppendUvarint(p, r.Gen)
 	p = binary.AppendUvarint(p, uint64(len(head)))
 	p = append(p, head...)
+	p = binary.AppendUvarint(p, uint64(max(r.Usage.Input, 0)))
+	p = binary.AppendUvarint(p, uint64(max(r.Usage.Output, 0)))
 	p = binary.AppendUvarint(p, uint64(len(r.Ends)))
 	prev := uint32(0)
 	for _, e := range r.Ends {
@@ -97,6 +100,12 @@ func (c *blobCodec) decode(b []byte, sc Scope) (*Result, error) {
 		return nil, fmt.Errorf("%w: head: %v", errBlob, err)
 	}
 	p = p[hl:]
+	in, ok1 := next()
+	out, ok2 := next()
+	if !ok1 || !ok2 {
+		return nil, errBlob
+	}
+	r.Usage = Usage{Input: int64(in), Output: int64(out)}
 	n, ok := next()
 	if !ok || n > uint64(len(p)) {
 		return nil, errBlob

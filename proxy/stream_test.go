@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -328,7 +329,7 @@ func TestMissingBody(t *testing.T) {
 		})
 	}
 	// A body the store refused outright (larger than the whole store).
-	e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStoreBytes = 1024 })
+	e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStoreBytes = 100 }) // less than one compressed body
 	key := newKey("refused")
 	e.fetch(req{key: key})
 	ki := e.waitState(key, "", cache.StateCommitted)
@@ -352,4 +353,42 @@ func TestStreamBound(t *testing.T) {
 		t.Fatalf("got aborted %v last %q; want stream_aborted naming max_stream_bytes", got.aborted, got.lastData())
 	}
 	e.waitState(key, "", cache.StateFailedRetryable)
+}
+
+// TestStoredCompact: a committed stream is kept compressed: at most 0.35×
+// its raw SSE bytes, for the mock's stream and for a recorded real one.
+func TestStoredCompact(t *testing.T) {
+	recorded, err := os.ReadFile("../sse/testdata/openai-chat-text.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write(recorded)
+	})
+	for _, c := range []struct {
+		name     string
+		upstream string
+	}{{"mock, 200 tokens", ""}, {"recorded OpenAI stream", fs.url}} {
+		t.Run(c.name, func(t *testing.T) {
+			var e *env
+			if c.upstream == "" {
+				e = newEnv(t, slowMock(0, 200))
+			} else {
+				e = newEnvUpstream(t, c.upstream, nil, Config{}, cache.Config{})
+			}
+			key := newKey("compact")
+			got := e.fetch(req{key: key})
+			ki := e.waitState(key, "", cache.StateCommitted)
+			stored := e.store.Stats().StoredBytes
+			ratio := float64(stored) / float64(len(got.raw))
+			t.Logf("raw %d bytes, stored %d bytes: %.3f×", len(got.raw), stored, ratio)
+			if !ki.BodyStored || ratio > 0.35 {
+				t.Fatalf("stored %d of %d raw bytes (%.3f×); want at most 0.35×", stored, len(got.raw), ratio)
+			}
+			if again := e.fetch(req{key: key}); !again.replayed || string(again.raw) != string(got.raw) {
+				t.Fatalf("the replay of the compressed body differs from the original")
+			}
+		})
+	}
 }
