@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -120,6 +121,10 @@ type Memory struct {
 	cfg    Config
 	bodies *ristretto.Cache[string, *blob]
 	codec  *blobCodec
+	// hot keeps decoded copies of recently replayed bodies, so a hot key's
+	// replays and resumes do not decode its blob each time. Losing one
+	// only costs a decode.
+	hot *ristretto.Cache[string, *Result]
 
 	mu      sync.Mutex // guards keys, the entries in it, flights and states
 	keys    map[string]*entry
@@ -147,7 +152,9 @@ func NewMemory(cfg Config) (*Memory, error) {
 	m := &Memory{cfg: cfg, keys: make(map[string]*entry), states: make(map[State]int64), stop: make(chan struct{})}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
-	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	// Every commit compresses on the generation's goroutine: the fastest
+	// level still keeps a recorded OpenAI stream at about an eighth.
+	codec, err := newBlobCodec(cfg.MaxStreamBytes, zstd.SpeedFastest)
 	if err != nil {
 		return nil, fmt.Errorf("body codec: %w", err)
 	}
@@ -171,6 +178,13 @@ func NewMemory(cfg Config) (*Memory, error) {
 		return nil, fmt.Errorf("body store: %w", err)
 	}
 	m.bodies = bodies
+	hot, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
+		NumCounters: 10_000, MaxCost: max(cfg.MaxStoreBytes/16, 1<<20), BufferItems: 64,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hot body cache: %w", err)
+	}
+	m.hot = hot
 	m.wg.Add(1)
 	go m.sweep()
 	return m, nil
@@ -181,6 +195,7 @@ func (m *Memory) Close() {
 	close(m.stop)
 	m.wg.Wait()
 	m.bodies.Close()
+	m.hot.Close()
 	m.codec.close()
 }
 
@@ -202,11 +217,15 @@ func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 	if !ok || b.gen != gen || b.sc != sc {
 		return nil, false
 	}
+	if r, ok := m.hot.Get(id); ok && r.Gen == gen && r.Scope == sc {
+		return r, true
+	}
 	r, err := m.codec.decode(b.z, sc)
 	if err != nil {
 		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 		return nil, false
 	}
+	m.hot.SetWithTTL(id, r, r.cost(), m.cfg.TTL)
 	return r, true
 }
 

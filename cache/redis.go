@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"os"
 	"strconv"
@@ -197,7 +198,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis connect: %w", err)
 	}
-	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	codec, err := newBlobCodec(cfg.MaxStreamBytes, zstd.SpeedDefault)
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -30,8 +30,8 @@ type blobCodec struct {
 	dec *zstd.Decoder
 }
 
-func newBlobCodec(maxBytes int) (*blobCodec, error) {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+func newBlobCodec(maxBytes int, level zstd.EncoderLevel) (*blobCodec, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		return nil, err
 	}

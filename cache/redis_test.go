@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -492,7 +493,7 @@ func TestRedisStartsWithoutRedis(t *testing.T) {
 }
 
 func TestBlobRoundTrip(t *testing.T) {
-	c, err := newBlobCodec(1 << 20)
+	c, err := newBlobCodec(1<<20, zstd.SpeedDefault)
 	if err != nil {
 		t.Fatal(err)
 	}

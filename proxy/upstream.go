@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -80,7 +81,7 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 		OnStateChange: onState,
 		// Running out of our own connection pool says nothing of the
 		// upstream's health.
-		IsExcluded: func(err error) bool { return errors.Is(err, fasthttp.ErrNoFreeConns) },
+		IsExcluded: localFailure,
 	})
 	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc, breaker: breaker}, nil
 }
@@ -96,6 +97,12 @@ func pick(ups []*upstream, start int) (up *upstream, idx int, done func(error), 
 		}
 	}
 	return nil, 0, nil, false
+}
+
+// localFailure reports a failure of this process, not of the upstream:
+// its own connection pool or file descriptors ran out.
+func localFailure(err error) bool {
+	return errors.Is(err, fasthttp.ErrNoFreeConns) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // dialError marks a failure to connect: nothing reached the upstream.
