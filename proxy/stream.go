@@ -81,41 +81,30 @@ func appendChunkHeader(dst []byte, n int) []byte {
 }
 
 // stream answers with a chunked body written by fn on the client's own
-// connection. fn reports whether the client is still there; onGone runs
-// when not. After a complete answer the connection goes back to the
-// server for the client's next request (keep-alive); otherwise it closes.
-// The status and headers must be set on ctx before, and everything fn
-// needs copied out of ctx.
+// connection, which closes at the end. fn reports whether the client is
+// still there; onGone runs when not. The status and headers must be set
+// on ctx before, and everything fn needs copied out of ctx.
 func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
 	ctx.Response.Header.SetContentLength(-1) // chunked
-	keepAlive := p.srv != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
-	if !keepAlive {
-		ctx.SetConnectionClose()
-	}
+	ctx.SetConnectionClose()
 	head := ctx.Response.Header.AppendBytes(make([]byte, 0, 1024))
 	ctx.HijackSetNoResponse(true)
-	slow, m, srv := p.cfg.SlowClientTimeout, p.m, p.srv
+	slow, m := p.cfg.SlowClientTimeout, p.m
 	p.clients.Add(1)
 	ctx.Hijack(func(conn net.Conn) {
+		defer p.clients.Done()
 		c := &client{conn: conn, slow: slow, m: m, buf: head}
-		ok := fn(c)
-		if ok {
+		if fn(c) {
 			c.end()
-		} else {
-			if c.stalled {
-				m.slowDropped.Inc()
-			}
-			m.clientsGone.Inc()
-			if onGone != nil {
-				onGone()
-			}
-		}
-		p.clients.Done()
-		if ok && keepAlive && !p.draining.Load() && conn.SetDeadline(time.Time{}) == nil {
-			srv.ServeConn(conn) //nolint:errcheck // it closes conn when done
 			return
 		}
-		conn.Close() //nolint:errcheck // the server keeps hijacked connections open
+		if c.stalled {
+			m.slowDropped.Inc()
+		}
+		m.clientsGone.Inc()
+		if onGone != nil {
+			onGone()
+		}
 	})
 }
 
