@@ -285,14 +285,21 @@ func (s *Sub) C() <-chan struct{} { return s.c }
 
 // Read returns encoded events not yet delivered, as one slice that stays
 // valid (the journal is never rewritten), and whether the flight has ended
-// with nothing left to read after p. A long backlog comes in several
-// Reads: call until p is empty.
+// with nothing left to read after p. A backlog longer than one journal
+// block comes in several Reads; C is signalled again while any is left,
+// so one Read per signal never strands a reader.
 func (s *Sub) Read() (p []byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
 	n := f.j.events()
 	p, s.next = f.j.span(s.next, n)
 	ended = f.ended && s.next == n
+	if s.next < n {
+		select {
+		case s.c <- struct{}{}:
+		default:
+		}
+	}
 	f.mu.Unlock()
 	return p, ended
 }
