@@ -63,10 +63,6 @@ func errCapacity(msg string) *apiError {
 	return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "capacity_exceeded", message: msg, retryAfter: 1}
 }
 
-func errMethod(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusMethodNotAllowed, typ: "method_not_allowed", message: msg}
-}
-
 type errorBody struct {
 	Error errorFields `json:"error"`
 }

@@ -39,6 +39,11 @@ func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}
 	p.liveMu.Unlock()
+	select {
+	case <-p.done: // a request that raced Abort
+		g.cancel("shutdown")
+	default:
+	}
 	return g
 }
 
