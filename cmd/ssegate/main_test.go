@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(kv map[string]string) func(string) string {
+	return func(k string) string { return kv[k] }
+}
+
+// TestFlagsFromEnv: every flag reads SSEGATE_<NAME>; the command line wins.
+func TestFlagsFromEnv(t *testing.T) {
+	o, err := parseFlags([]string{"-heartbeat", "3s"}, env(map[string]string{
+		"SSEGATE_UPSTREAM":       "http://a.example,http://b.example",
+		"SSEGATE_MAX_BODY":       "1024",
+		"SSEGATE_HEARTBEAT":      "9s",
+		"SSEGATE_RETRY_ATTEMPTS": "5",
+		"SSEGATE_KEY_HEADER":     "webhook-id",
+	}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.upstreams.String(); got != "http://a.example,http://b.example" {
+		t.Errorf("upstreams: got %q; want both from SSEGATE_UPSTREAM", got)
+	}
+	if o.maxBody != 1024 || o.retry.Attempts != 5 || o.keyHeaders.String() != "webhook-id" {
+		t.Errorf("got max-body %d, retry-attempts %d, key-header %q; want 1024, 5, webhook-id", o.maxBody, o.retry.Attempts, o.keyHeaders.String())
+	}
+	if o.heartbeat != 3*time.Second {
+		t.Errorf("heartbeat: got %v; want the command line's 3s over the environment's 9s", o.heartbeat)
+	}
+}
+
+// TestBadValues: a bad value stops start-up with one line naming the flag.
+func TestBadValues(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"-upstream", "mock", "-max-body", "abc"}, nil, "-max-body"},
+		{[]string{"-upstream", "mock"}, map[string]string{"SSEGATE_MAX_BODY": "x"}, "SSEGATE_MAX_BODY (-max-body)"},
+		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
+		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
+		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
+		{nil, nil, "-upstream is required"},
+	}
+	for _, c := range cases {
+		var out bytes.Buffer
+		_, err := parseFlags(c.args, env(c.env), &out)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v %v: got %v; want one line naming %s", c.args, c.env, err, c.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("%v: printed %q; want nothing but the error", c.args, out.String())
+		}
+	}
+}
+
+// TestHelp: -h documents every flag with its default.
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, env(nil), &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("got %v; want flag.ErrHelp", err)
+	}
+	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout"} {
+		if !strings.Contains(out.String(), "  "+name+" ") && !strings.Contains(out.String(), "  "+name+"\n") {
+			t.Errorf("-h does not document %s", name)
+		}
+	}
+	if !strings.Contains(out.String(), "(default 33554432)") || !strings.Contains(out.String(), "SSEGATE_") {
+		t.Errorf("-h lacks defaults or the environment note:\n%s", out.String())
+	}
+}
