@@ -79,7 +79,11 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	}
 	srv := p.Server()
 	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true}}
 	t.Cleanup(func() {
+		// The server waits for keep-alive connections to idle a while
+		// before closing them; the test's own can go at once.
+		client.CloseIdleConnections()
 		p.Abort()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -89,7 +93,7 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	})
 	return &env{
 		t: t, mock: mock, store: store, proxy: p, url: "http://" + ln.Addr().String(),
-		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 0, DisableCompression: true}},
+		client: client,
 	}
 }
 

@@ -41,6 +41,7 @@ type Proxy struct {
 	live   map[*gen]struct{}
 
 	metricsHandler fasthttp.RequestHandler
+	srv            *fasthttp.Server // set by Server
 
 	readyMu sync.Mutex // guards readyAt and readyOK
 	readyAt time.Time
@@ -75,7 +76,7 @@ func (p *Proxy) breakerChanged(name string, from, to gobreaker.State) {
 // request bounds, timeouts that do not cut long streams, and JSON errors
 // for requests it cannot read.
 func (p *Proxy) Server() *fasthttp.Server {
-	return &fasthttp.Server{
+	p.srv = &fasthttp.Server{
 		Handler:            p.Handler,
 		Name:               "ssegate",
 		MaxRequestBodySize: p.cfg.MaxBodyBytes,
@@ -87,7 +88,10 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
-		Logger:                fasthttpLogger{p.log},
+		// A streamed answer takes its connection over; afterwards the proxy
+		// hands it back with ServeConn (stream.go), so keep-alive survives.
+		KeepHijackedConns: true,
+		Logger:            fasthttpLogger{p.log},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
@@ -96,6 +100,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 			p.writeError(ctx, &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request: " + err.Error()})
 		},
 	}
+	return p.srv
 }
 
 // fasthttpLogger sends fasthttp's own messages (connections it could not

@@ -81,31 +81,101 @@ func appendChunkHeader(dst []byte, n int) []byte {
 }
 
 // stream answers with a chunked body written by fn on the client's own
-// connection, which closes at the end. fn reports whether the client is
-// still there; onGone runs when not. The status and headers must be set
-// on ctx before, and everything fn needs copied out of ctx.
+// connection. fn reports whether the client is still there; onGone runs
+// when not. After a complete answer the connection goes back to the
+// server for the client's next request (keep-alive); otherwise it closes.
+// The status and headers must be set on ctx before, and everything fn
+// needs copied out of ctx.
 func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
 	ctx.Response.Header.SetContentLength(-1) // chunked
-	ctx.SetConnectionClose()
+	raw := unwrap(ctx.Conn())
+	keepAlive := p.srv != nil && raw != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
+	if !keepAlive {
+		ctx.SetConnectionClose()
+	}
 	head := ctx.Response.Header.AppendBytes(make([]byte, 0, 1024))
 	ctx.HijackSetNoResponse(true)
-	slow, m := p.cfg.SlowClientTimeout, p.m
+	slow, m, srv := p.cfg.SlowClientTimeout, p.m, p.srv
 	p.clients.Add(1)
 	ctx.Hijack(func(conn net.Conn) {
-		defer p.clients.Done()
 		c := &client{conn: conn, slow: slow, m: m, buf: head}
-		if fn(c) {
+		ok := fn(c)
+		if ok {
 			c.end()
-			return
+		} else {
+			if c.stalled {
+				m.slowDropped.Inc()
+			}
+			m.clientsGone.Inc()
+			if onGone != nil {
+				onGone()
+			}
 		}
-		if c.stalled {
-			m.slowDropped.Inc()
+		p.clients.Done()
+		if ok && keepAlive && !p.draining.Load() {
+			if next := handBack(conn, raw); next != nil {
+				srv.ServeConn(next) //nolint:errcheck // it closes next when done
+				return
+			}
 		}
-		m.clientsGone.Inc()
-		if onGone != nil {
-			onGone()
-		}
+		conn.Close() //nolint:errcheck // the server keeps hijacked connections open
 	})
+}
+
+// handBack prepares a taken-over connection to be served again. The
+// server must get the raw connection, not fasthttp's wrapper of it (which
+// would nest one more wrapper per stream), plus whatever the wrapper had
+// already read past the answered request. nil: the connection is done.
+func handBack(hijacked, raw net.Conn) net.Conn {
+	if hijacked.SetReadDeadline(time.Now()) != nil {
+		return nil
+	}
+	var pre []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := hijacked.Read(buf)
+		pre = append(pre, buf[:n]...)
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				return nil // the client closed it
+			}
+			break
+		}
+	}
+	if raw.SetDeadline(time.Time{}) != nil {
+		return nil
+	}
+	if len(pre) > 0 {
+		return &prefixConn{Conn: raw, pre: pre}
+	}
+	return raw
+}
+
+// prefixConn reads pre before the connection itself.
+type prefixConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// unwrap returns the connection under a prefixConn whose prefix is read.
+func unwrap(c net.Conn) net.Conn {
+	for {
+		pc, ok := c.(*prefixConn)
+		if !ok || len(pc.pre) > 0 {
+			return c
+		}
+		c = pc.Conn
+	}
 }
 
 var pingComment = sse.AppendComment(nil, "ping")

@@ -392,3 +392,42 @@ func TestStoredCompact(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepAliveAfterStream: after a complete streamed answer the client's
+// connection serves its next request, also when the client sent that
+// request before reading the answer (pipelining), and after many streams.
+func TestKeepAliveAfterStream(t *testing.T) {
+	e := newEnv(t, slowMock(0, 3))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(conn)
+	request := func(key string) string {
+		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
+	}
+	read := func() {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("reading an answer on the kept-alive connection: %v", err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]") {
+			t.Fatalf("got %d %q (%v); want a whole stream", resp.StatusCode, body, err)
+		}
+	}
+	for i := range 50 {
+		fmt.Fprint(conn, request(fmt.Sprint("ka-", i)))
+		read()
+	}
+	// Two requests at once: the second is already read by the server when
+	// the first stream ends.
+	fmt.Fprint(conn, request("ka-p1")+request("ka-p2"))
+	read()
+	read()
+	e.wantCalls(52)
+}
