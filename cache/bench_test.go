@@ -41,7 +41,7 @@ func BenchmarkAppend(b *testing.B) {
 // subscribers read them; one op is one event delivered to all 64.
 func BenchmarkFanout(b *testing.B) {
 	const subs, per = 64, 8192
-	m := newMemory(b, Config{MaxSubscribers: subs})
+	m := newMemory(b, Config{Limits: Limits{MaxSubscribers: subs}})
 	b.ReportAllocs()
 	b.SetBytes(int64(len(chatChunk)))
 	b.ResetTimer()

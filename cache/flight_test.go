@@ -130,7 +130,7 @@ func TestJournalSubscribers(t *testing.T) {
 // read; the producer's 5,000 appends must not wait for any of them.
 func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
 	const total = 5000
-	m := newMemory(t, Config{MaxSubscribers: 100})
+	m := newMemory(t, Config{Limits: Limits{MaxSubscribers: 100}})
 	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	f.SetHead(streamHead)
 	subs := make([]*Sub, 100)

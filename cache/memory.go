@@ -34,14 +34,10 @@ type Config struct {
 	FailedTTL time.Duration
 	// MaxStoreBytes bounds the committed bodies held in memory (default 512 MiB).
 	MaxStoreBytes int64
-	// MaxLiveBytes bounds the bytes of all live journals together (default 256 MiB).
-	MaxLiveBytes int64
-	// MaxStreamBytes bounds one generation's journal (default 16 MiB).
-	MaxStreamBytes int
+	// Limits bound the live generations.
+	Limits
 	// MaxKeys bounds the ledger (default 1,000,000 keys).
 	MaxKeys int
-	// MaxSubscribers bounds the clients following one live generation (default 1024).
-	MaxSubscribers int
 	// MissingBody is the policy for a committed key whose body is gone.
 	MissingBody MissingBody
 	// Now is the clock (default time.Now); tests replace it.
@@ -60,17 +56,9 @@ func (c *Config) setDefaults() {
 	if c.MaxStoreBytes <= 0 {
 		c.MaxStoreBytes = 512 << 20
 	}
-	if c.MaxLiveBytes <= 0 {
-		c.MaxLiveBytes = 256 << 20
-	}
-	if c.MaxStreamBytes <= 0 {
-		c.MaxStreamBytes = 16 << 20
-	}
+	c.Limits.setDefaults()
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 1_000_000
-	}
-	if c.MaxSubscribers <= 0 {
-		c.MaxSubscribers = 1024
 	}
 	if c.Now == nil {
 		c.Now = time.Now

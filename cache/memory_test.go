@@ -194,7 +194,7 @@ func TestBounds(t *testing.T) {
 	pad := strings.Repeat("x", 100)
 
 	t.Run("MaxStreamBytes", func(t *testing.T) {
-		m := newMemory(t, Config{MaxStreamBytes: 500})
+		m := newMemory(t, Config{Limits: Limits{MaxStreamBytes: 500}})
 		f := claim(t, m, sc("a"), "fp")
 		f.SetHead(streamHead)
 		var err error
@@ -242,7 +242,7 @@ func TestBounds(t *testing.T) {
 	})
 
 	t.Run("MaxLiveBytes across flights", func(t *testing.T) {
-		m := newMemory(t, Config{MaxLiveBytes: 1000})
+		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: 1000}})
 		a, b := claim(t, m, sc("a"), "fp"), claim(t, m, sc("b"), "fp")
 		big := strings.Repeat("y", 600)
 		if _, err := a.Append("", big); err != nil {
@@ -278,7 +278,7 @@ func TestBounds(t *testing.T) {
 
 	t.Run("Begin at MaxLiveBytes", func(t *testing.T) {
 		const bound = 500
-		m := newMemory(t, Config{MaxLiveBytes: bound})
+		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: bound}})
 		a := claim(t, m, sc("a"), "fp")
 		overhead := len(sse.AppendEvent(nil, sse.ID{Gen: a.Gen, Seq: 1}, "", ""))
 		if _, err := a.Append("", strings.Repeat("z", bound-overhead)); err != nil {
@@ -317,7 +317,7 @@ func TestBounds(t *testing.T) {
 	})
 
 	t.Run("MaxSubscribers", func(t *testing.T) {
-		m := newMemory(t, Config{MaxSubscribers: 2})
+		m := newMemory(t, Config{Limits: Limits{MaxSubscribers: 2}})
 		f := claim(t, m, sc("a"), "fp")
 		s1, err1 := f.Subscribe(0)
 		_, err2 := f.Subscribe(0)

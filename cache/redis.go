@@ -58,14 +58,8 @@ type RedisConfig struct {
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
-	// MaxLiveBytes bounds the bytes of this replica's live journals, owned
-	// and followed together (default 256 MiB).
-	MaxLiveBytes int64
-	// MaxStreamBytes bounds one generation's journal (default 16 MiB).
-	MaxStreamBytes int
-	// MaxSubscribers bounds the local clients following one generation
-	// (default 1024).
-	MaxSubscribers int
+	// Limits bound this replica's live generations, owned and followed.
+	Limits
 	// MissingBody is the policy for a committed key whose body is gone
 	// from Redis (evicted despite the advice to forbid eviction).
 	MissingBody MissingBody
@@ -93,15 +87,7 @@ func (c *RedisConfig) setDefaults() {
 	if c.MaxCacheBytes <= 0 {
 		c.MaxCacheBytes = 64 << 20
 	}
-	if c.MaxLiveBytes <= 0 {
-		c.MaxLiveBytes = 256 << 20
-	}
-	if c.MaxStreamBytes <= 0 {
-		c.MaxStreamBytes = 16 << 20
-	}
-	if c.MaxSubscribers <= 0 {
-		c.MaxSubscribers = 1024
-	}
+	c.Limits.setDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}

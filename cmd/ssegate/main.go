@@ -194,8 +194,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		missing = cache.Refuse
 	}
 	store, closeStore, err := newStore(&o.redis, cache.Config{
-		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxLiveBytes: o.maxLiveBytes,
-		MaxStreamBytes: o.maxStream, MaxKeys: o.maxKeys, MaxSubscribers: o.maxSubs,
+		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxKeys: o.maxKeys,
+		Limits:      cache.Limits{MaxLiveBytes: o.maxLiveBytes, MaxStreamBytes: o.maxStream, MaxSubscribers: o.maxSubs},
 		MissingBody: missing,
 	}, log)
 	if err != nil {

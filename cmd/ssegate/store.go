@@ -37,8 +37,7 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 	}
 	r, err := cache.NewRedis(cache.RedisConfig{
 		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout,
-		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, MaxLiveBytes: mem.MaxLiveBytes,
-		MaxStreamBytes: mem.MaxStreamBytes, MaxSubscribers: mem.MaxSubscribers,
+		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits,
 		MissingBody: mem.MissingBody, Logger: log,
 	})
 	if err != nil {
