@@ -58,8 +58,8 @@ func (e *env) start(k kind) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{kind: k, addr: addr, exit: make(chan error, 1)}
 	var cmd *exec.Cmd
+	dir := ""
 	switch k {
 	case kindSsegate:
 		args := []string{"-listen", addr, "-upstream", e.mockURL,
@@ -76,15 +76,37 @@ func (e *env) start(k kind) (*server, error) {
 			return nil, errors.New("nginx not found on PATH")
 		}
 		e.nginxSeq++
-		s.dir = filepath.Join(e.tmp, fmt.Sprintf("nginx-%d", e.nginxSeq))
-		conf, err := writeNginxConf(s.dir, addr, e.mockAddr)
+		dir = filepath.Join(e.tmp, fmt.Sprintf("nginx-%d", e.nginxSeq))
+		conf, err := writeNginxConf(dir, addr, e.mockAddr)
 		if err != nil {
 			return nil, err
 		}
-		cmd = exec.Command(e.nginxBin, "-p", s.dir, "-c", conf, "-e", filepath.Join(s.dir, "error.log"))
+		cmd = exec.Command(e.nginxBin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
 	default:
 		return nil, fmt.Errorf("unknown server kind %q", k)
 	}
+	s, err := e.launch(k, addr, cmd)
+	if err != nil {
+		return nil, err
+	}
+	s.dir = dir
+	// nginx forks its workers after it listens; wait for them.
+	for i := 0; i < 50; i++ {
+		s.pids = procTree(cmd.Process.Pid)
+		if k != kindNginx || len(s.pids) > 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s, nil
+}
+
+// launch starts cmd as a peer of kind k listening on addr, in a process
+// group of its own, its output in the log directory, and waits until addr
+// accepts connections.
+func (e *env) launch(k kind, addr string, cmd *exec.Cmd) (*server, error) {
+	s := &server{kind: k, addr: addr, exit: make(chan error, 1)}
+	var err error
 	s.log, err = os.OpenFile(filepath.Join(e.logDir, string(k)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -104,14 +126,7 @@ func (e *env) start(k kind) (*server, error) {
 		s.stop()
 		return nil, fmt.Errorf("%s did not come up on %s: %w (see %s)", k, addr, err, s.log.Name())
 	}
-	// nginx forks its workers after it listens; wait for them.
-	for i := 0; i < 50; i++ {
-		s.pids = procTree(cmd.Process.Pid)
-		if k != kindNginx || len(s.pids) > 1 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	s.pids = procTree(cmd.Process.Pid)
 	return s, nil
 }
 

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -251,33 +250,6 @@ func redisCommand(addr, name string) error {
 		return fmt.Errorf("%s: %s", name, strings.TrimSpace(line))
 	}
 	return nil
-}
-
-// launch starts cmd as a peer of kind k listening on addr, in a process
-// group of its own, its output in the log directory, and waits until addr
-// accepts connections.
-func (e *env) launch(k kind, addr string, cmd *exec.Cmd) (*server, error) {
-	s := &server{kind: k, addr: addr, exit: make(chan error, 1)}
-	var err error
-	s.log, err = os.OpenFile(filepath.Join(e.logDir, string(k)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		_ = s.log.Close()
-		return nil, fmt.Errorf("start %s: %w", k, err)
-	}
-	s.cmd = cmd
-	e.track(s, true)
-	go func() { s.exit <- cmd.Wait() }()
-	if err := s.waitReady(10 * time.Second); err != nil {
-		s.stop()
-		return nil, fmt.Errorf("%s did not come up on %s: %w (see %s)", k, addr, err, s.log.Name())
-	}
-	s.pids = procTree(cmd.Process.Pid)
-	return s, nil
 }
 
 // startSsegate starts ssegate as env.start does, with extra flags.
