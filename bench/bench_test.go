@@ -317,22 +317,7 @@ func TestQuickRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
-	if err := run(opt, io.Discard, &stderr); err != nil {
-		t.Fatalf("run: %v\n%s", err, stderr.String())
-	}
-	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
-	if len(files) != 1 {
-		t.Fatalf("%d JSON files; want 1", len(files))
-	}
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := runReport(t, opt, out)
 	seen := map[string]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Scenario + " " + m.Path
@@ -367,4 +352,27 @@ func TestQuickRun(t *testing.T) {
 	if svg, _ := filepath.Glob(filepath.Join(out, "bench-*.svg")); len(svg) != 1 {
 		t.Errorf("%d SVG files; want 1", len(svg))
 	}
+}
+
+// runReport runs the suite with opt, writing into out, and returns the
+// JSON report it wrote and what it printed.
+func runReport(t *testing.T, opt *options, out string) (report, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if err := run(opt, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("%d JSON files; want 1", len(files))
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, stdout.String()
 }

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -35,22 +32,7 @@ func TestRedisScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr bytes.Buffer
-	if err := run(opt, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\n%s", err, stderr.String())
-	}
-	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
-	if len(files) != 1 {
-		t.Fatalf("%d JSON files; want 1", len(files))
-	}
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, stdout := runReport(t, opt, out)
 	paths := map[string]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Step + " / " + m.Path
@@ -92,7 +74,7 @@ func TestRedisScenario(t *testing.T) {
 			t.Errorf("no measurement of %q", p.name)
 		}
 	}
-	if !strings.Contains(stdout.String(), "### (redis) Redis store") {
-		t.Errorf("the report lacks the redis table:\n%s", stdout.String())
+	if !strings.Contains(stdout, "### (redis) Redis store") {
+		t.Errorf("the report lacks the redis table:\n%s", stdout)
 	}
 }
