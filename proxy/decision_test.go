@@ -179,8 +179,8 @@ func TestConcurrentDuplicates(t *testing.T) {
 	if replayed != n-1 {
 		t.Fatalf("Idempotent-Replayed on %d answers; want %d", replayed, n-1)
 	}
-	if len(results[0].events) != 40+3 { // role chunk, 40 tokens, finish chunk, [DONE]
-		t.Logf("events: %d", len(results[0].events))
+	if got := len(results[0].events); got != 40+3 { // role chunk, 40 tokens, finish chunk, [DONE]
+		t.Fatalf("events: got %d; want 43", got)
 	}
 }
 
