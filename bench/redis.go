@@ -446,18 +446,7 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
 	}
 	m.ErrorSamples = lr.errSamples
-	m.CPUSec = num((cpu1 - cpu0).Seconds())
-	if lr.events > 0 {
-		ev := float64(lr.events)
-		m.CPUusPerEvent = num(us(cpu1-cpu0) / ev)
-		x.SsegateCPUusPerEvent = m.CPUusPerEvent
-		x.SumCPUusPerEvent = m.CPUusPerEvent
-		if rs != nil {
-			x.RedisCPUSec = num((rcpu1 - rcpu0).Seconds())
-			x.RedisCPUusPerEvent = num(us(rcpu1-rcpu0) / ev)
-			x.SumCPUusPerEvent = num(us(cpu1-cpu0+rcpu1-rcpu0) / ev)
-		}
-	}
+	setCPU(&m, x, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(lr.events))
 	r.logf("%-40s %s, redis cpu %.2fµs/ev, %.3f round trips/ev", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RoundTripsPerEvent))
 	return m
 }
@@ -756,19 +745,8 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 	for i := range trials {
 		origins += int64(len(trials[i].origin.times))
 	}
-	if ev := float64(delivered + origins); ev > 0 {
-		for k := range ms {
-			m, x := &ms[k], ms[k].Redis
-			m.CPUSec = num((cpu1 - cpu0).Seconds())
-			m.CPUusPerEvent = num(us(cpu1-cpu0) / ev)
-			x.SsegateCPUusPerEvent = m.CPUusPerEvent
-			x.SumCPUusPerEvent = m.CPUusPerEvent
-			if rs != nil {
-				x.RedisCPUSec = num((rcpu1 - rcpu0).Seconds())
-				x.RedisCPUusPerEvent = num(us(rcpu1-rcpu0) / ev)
-				x.SumCPUusPerEvent = num(us(cpu1-cpu0+rcpu1-rcpu0) / ev)
-			}
-		}
+	for k := range ms {
+		setCPU(&ms[k], ms[k].Redis, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(delivered+origins))
 	}
 	for k := range ms {
 		m := &ms[k]
@@ -785,4 +763,21 @@ func errSuffix(m *measurement) string {
 		return ""
 	}
 	return fmt.Sprintf(", %d ERRORS: %s", m.Errors, strings.Join(m.ErrorSamples, "; "))
+}
+
+// setCPU records the CPU that ssegate (and redis-server, withRedis) spent
+// over a measurement of events events.
+func setCPU(m *measurement, x *redisNumbers, ssegate, redis time.Duration, withRedis bool, events float64) {
+	m.CPUSec = num(ssegate.Seconds())
+	if events <= 0 {
+		return
+	}
+	m.CPUusPerEvent = num(us(ssegate) / events)
+	x.SsegateCPUusPerEvent = m.CPUusPerEvent
+	x.SumCPUusPerEvent = m.CPUusPerEvent
+	if withRedis {
+		x.RedisCPUSec = num(redis.Seconds())
+		x.RedisCPUusPerEvent = num(us(redis) / events)
+		x.SumCPUusPerEvent = num(us(ssegate+redis) / events)
+	}
 }
