@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 type gen struct {
 	p         *Proxy
 	f         *cache.Flight
+	o         *origin // the client whose request started it
 	wantUsage bool
 	// handoff, for a request without a key, receives a final answer that
 	// is not an event stream; the handler then relays it as it comes and
@@ -35,6 +37,7 @@ type gen struct {
 
 func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
 	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{}), start: time.Now()}
+	g.o = &origin{p: p, f: f}
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}
@@ -141,6 +144,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	defer func() {
 		fasthttp.ReleaseRequest(tmpl)
 		if !handedOff {
+			g.o.push() // the end of the answer, to the client the generation writes
 			g.finish()
 		}
 	}()
@@ -334,7 +338,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	defer deadline.Stop()
 	det := sse.NewDetector(g.wantUsage)
 	var readErr, appendErr error
-	for ev, err := range sse.Read(resp.BodyStream(), g.p.cfg.MaxEventBytes) {
+	for ev, err := range sse.Read(pushReader{resp.BodyStream(), g.o}, g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
@@ -390,6 +394,19 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	f.Fail(cache.StateFailedRetryable, reason, nil)
 	g.logEnd(head.Status)
 	return reason, true
+}
+
+// pushReader writes the origin client what was journaled before each read
+// of the upstream: the events of one read go out together, and before the
+// generation waits.
+type pushReader struct {
+	r io.Reader
+	o *origin
+}
+
+func (r pushReader) Read(p []byte) (int, error) {
+	r.o.push()
+	return r.r.Read(p)
 }
 
 func readFailure(err error) string {

@@ -65,7 +65,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 		go g.run(newTemplate(ctx))
-		p.serveFlight(ctx, f, 0, false, nil)
+		p.serveFlight(ctx, f, 0, false, g.o)
 	}
 }
 
@@ -81,9 +81,10 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,
-// then its events after seq after, following it to its end. onGone, when
-// set, runs if the client goes away.
-func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool, onGone func()) {
+// then its events after seq after, following it to its end. o is set for
+// the client whose request started the flight, which the generation
+// writes itself while it keeps up.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool, o *origin) {
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
@@ -115,6 +116,10 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		return
 	}
 	writeHead(ctx, h, replayed)
+	if o != nil {
+		p.takeOver(ctx, func(c *client) { o.attach(c, sub) })
+		return
+	}
 	p.stream(ctx, func(c *client) bool {
 		ok := p.follow(c, sub, f, !replayed)
 		if ok && replayed {
@@ -123,7 +128,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 			}
 		}
 		return ok
-	}, onGone)
+	}, nil)
 }
 
 // headlessError is the answer to a request whose upstream work ended

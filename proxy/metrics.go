@@ -31,6 +31,7 @@ type metrics struct {
 	clientBytes    prometheus.Counter
 	missingBodies  prometheus.Counter
 	slowDropped    prometheus.Counter
+	originHandoffs prometheus.Counter
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
 }
@@ -66,6 +67,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.clientBytes = c("client_bytes_total", "Bytes written to clients in streamed answers.")
 	m.missingBodies = c("missing_bodies_total", "Committed keys whose body the store no longer held when asked for.")
 	m.slowDropped = c("slow_clients_dropped_total", "Clients dropped because their connection accepted nothing for -slow-client-timeout.")
+	m.originHandoffs = c("clients_behind_total", "Clients of a generation that fell behind its events and were handed from the generation's own writes to a writer of their own.")
 	m.clientsGone = c("clients_gone_total", "Streamed answers whose client went away before the end.")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",

@@ -24,6 +24,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 	g.handoff = make(chan *fasthttp.Response, 1)
+	g.o.onGone = func() { g.cancel("client_gone") }
 	go g.run(newTemplate(ctx))
 	select {
 	case resp := <-g.handoff:
@@ -37,7 +38,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 			return copyBody(c, resp.BodyStream())
 		}, nil)
 	case <-f.HeadReady():
-		p.serveFlight(ctx, f, 0, false, func() { g.cancel("client_gone") })
+		p.serveFlight(ctx, f, 0, false, g.o)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -12,66 +13,136 @@ import (
 )
 
 // client is the writing end of one streamed answer: the client's own
-// connection, taken over from fasthttp, written with HTTP/1.1 chunked
-// framing, one write per batch of events. A write that the connection does
-// not accept within SlowClientTimeout fails: a stalled client is dropped,
-// never waited on. Taking the connection over, rather than fasthttp's body
-// stream writer, saves a goroutine, a pipe and a copy per event.
+// connection, taken over from fasthttp and written with HTTP/1.1 chunked
+// framing, one write per batch of events. Taking the connection over,
+// rather than fasthttp's body stream writer, saves a goroutine, a pipe and
+// a copy per event.
+//
+// A client is written either by a goroutine of its own (write: a write
+// the connection does not accept within SlowClientTimeout fails, so a
+// stalled client is dropped, never waited on), or, for the client whose
+// request started a generation, by the generation itself (offer: a write
+// that never waits; see origin).
 type client struct {
-	conn    net.Conn
-	slow    time.Duration
-	m       *metrics
-	buf     []byte // the answer head until it is written, then chunk frames
-	vec     net.Buffers
-	stalled bool
-	set     time.Time // the write deadline last set
+	p         *Proxy
+	conn      net.Conn        // the connection itself, not fasthttp's wrapper
+	rc        syscall.RawConn // for writes that never wait; nil when conn has none
+	pre       []byte          // what the client sent after its request, read at take-over
+	keepAlive bool            // serve the connection's next request after a complete answer
+
+	buf     []byte      // the answer head until it is written, then chunk headers
+	arr     [3][]byte   // backing of vec
+	vec     net.Buffers // the frames to write; after an offer, what it left unwritten
+	stalled bool        // the last write timed out
+	set     time.Time   // the write deadline last set
+
+	// The non-blocking write's arguments and results, kept here so that
+	// its callback (wfn, made once) allocates nothing per write.
+	wfn  func(fd uintptr) bool
+	wn   int
+	werr error
 }
 
-// smallChunk is the size up to which a chunk is copied into one buffer
-// for one write; larger ones are written from where they are.
-const smallChunk = 16 << 10
-
-// write sends p as one chunk (with the answer head before the first).
-func (c *client) write(p []byte) error {
-	var err error
-	if len(p) > 0 {
+// frame puts p as one chunk (with the answer head before the first) into
+// c.vec; last adds the end of the body.
+func (c *client) frame(p []byte, last bool) {
+	c.vec = c.arr[:0]
+	switch {
+	case len(p) > 0:
 		c.buf = appendChunkHeader(c.buf, len(p))
+		tail := crlf
+		if last {
+			tail = crlfEnd
+		}
+		c.vec = append(c.vec, c.buf, p, tail)
+		c.p.m.clientBytes.Add(float64(len(p)))
+	case last:
+		c.buf = append(c.buf, lastChunk...)
+		c.vec = append(c.vec, c.buf)
+	case len(c.buf) > 0:
+		c.vec = append(c.vec, c.buf) // the head alone
 	}
+}
+
+var (
+	crlf      = []byte("\r\n")
+	crlfEnd   = []byte("\r\n0\r\n\r\n")
+	lastChunk = []byte("0\r\n\r\n")
+)
+
+// write sends p as one chunk, waiting at most SlowClientTimeout for the
+// connection to take it, after whatever an earlier offer left unwritten.
+func (c *client) write(p []byte) error { return c.send(p, false) }
+
+// end writes the end of the body: the answer is complete.
+func (c *client) end() error { return c.send(nil, true) }
+
+func (c *client) send(p []byte, last bool) error {
+	if err := c.flush(); err != nil {
+		return err
+	}
+	c.frame(p, last)
+	return c.flush()
+}
+
+// flush writes c.vec, waiting at most SlowClientTimeout.
+func (c *client) flush() error {
+	if len(c.vec) == 0 {
+		return nil
+	}
+	slow := c.p.cfg.SlowClientTimeout
 	// As for reads (idleConn): move the deadline only when it is stale.
-	if d := time.Now().Add(c.slow); d.Sub(c.set) > c.slow/16 {
-		if err = c.conn.SetWriteDeadline(d); err != nil {
+	if d := time.Now().Add(slow); d.Sub(c.set) > slow/16 {
+		if err := c.conn.SetWriteDeadline(d); err != nil {
 			return err
 		}
 		c.set = d
 	}
-	switch {
-	case len(p) == 0:
-		_, err = c.conn.Write(c.buf)
-	case len(p) <= smallChunk:
-		c.buf = append(c.buf, p...)
-		c.buf = append(c.buf, "\r\n"...)
-		_, err = c.conn.Write(c.buf)
-	default:
-		c.vec = append(c.vec[:0], c.buf, p, crlf)
-		_, err = c.vec.WriteTo(c.conn)
-	}
-	c.buf = c.buf[:0]
+	_, err := c.vec.WriteTo(c.conn)
+	c.buf, c.vec = c.buf[:0], c.arr[:0]
 	if err != nil {
 		var ne net.Error
 		c.stalled = errors.As(err, &ne) && ne.Timeout()
 		return err
 	}
-	c.m.clientBytes.Add(float64(len(p)))
 	return nil
 }
 
-var crlf = []byte("\r\n")
+// offer writes p as one chunk (last: and the end of the body) as far as
+// the connection takes it without waiting. done reports that all of it
+// was written; otherwise the rest stays in c.vec for write or end to send
+// first. An error means the client is gone.
+func (c *client) offer(p []byte, last bool) (done bool, err error) {
+	if len(c.vec) > 0 {
+		return false, nil
+	}
+	c.frame(p, last)
+	if len(c.vec) == 0 {
+		return true, nil
+	}
+	c.wn, c.werr = 0, nil
+	if err := c.rc.Write(c.wfn); err != nil {
+		return false, err
+	}
+	if c.werr != nil {
+		return false, c.werr
+	}
+	consume(&c.vec, c.wn)
+	if len(c.vec) > 0 {
+		return false, nil
+	}
+	c.buf, c.vec = c.buf[:0], c.arr[:0]
+	return true, nil
+}
 
-// end writes the last chunk: the answer is complete.
-func (c *client) end() {
-	c.buf = append(c.buf, "0\r\n\r\n"...)
-	if c.conn.SetWriteDeadline(time.Now().Add(c.slow)) == nil {
-		c.conn.Write(c.buf) //nolint:errcheck // the connection closes next
+// consume drops the first n bytes of v.
+func consume(v *net.Buffers, n int) {
+	for len(*v) > 0 && n >= len((*v)[0]) {
+		n -= len((*v)[0])
+		*v = (*v)[1:]
+	}
+	if len(*v) > 0 {
+		(*v)[0] = (*v)[0][n:]
 	}
 }
 
@@ -80,76 +151,101 @@ func appendChunkHeader(dst []byte, n int) []byte {
 	return append(dst, "\r\n"...)
 }
 
-// stream answers with a chunked body written by fn on the client's own
-// connection. fn reports whether the client is still there; onGone runs
-// when not. After a complete answer the connection goes back to the
-// server for the client's next request (keep-alive); otherwise it closes.
-// The status and headers must be set on ctx before, and everything fn
-// needs copied out of ctx.
-func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
+// takeOver answers with a chunked body on the client's own connection:
+// run gets the client once fasthttp hands the connection over, and must
+// see to it that finish is called when the answer is over. The status
+// and headers must be set on ctx before, and everything run needs copied
+// out of ctx: fasthttp reuses ctx once run returns.
+func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, run func(*client)) {
 	ctx.Response.Header.SetContentLength(-1) // chunked
-	raw := unwrap(ctx.Conn())
-	keepAlive := p.srv != nil && raw != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
+	served := ctx.Conn()
+	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
 	if !keepAlive {
 		ctx.SetConnectionClose()
 	}
-	head := ctx.Response.Header.AppendBytes(make([]byte, 0, 1024))
+	head := ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	ctx.HijackSetNoResponse(true)
-	slow, m, srv := p.cfg.SlowClientTimeout, p.m, p.srv
 	p.clients.Add(1)
-	ctx.Hijack(func(conn net.Conn) {
-		c := &client{conn: conn, slow: slow, m: m, buf: head}
-		ok := fn(c)
-		if ok {
-			c.end()
-		} else {
-			if c.stalled {
-				m.slowDropped.Inc()
-			}
-			m.clientsGone.Inc()
-			if onGone != nil {
-				onGone()
-			}
-		}
-		p.clients.Done()
-		if ok && keepAlive && !p.draining.Load() {
-			if next := handBack(conn, raw); next != nil {
-				srv.ServeConn(next) //nolint:errcheck // it closes next when done
-				return
+	ctx.Hijack(func(hijacked net.Conn) {
+		c := &client{p: p, conn: hijacked, buf: head, keepAlive: keepAlive}
+		c.wfn = c.writeFD
+		if served != nil {
+			// What fasthttp read past this request (a pipelined next one)
+			// is kept, so that the connection can be handed back without
+			// fasthttp's reader; the connection itself is written directly.
+			pre, ok := readAhead(hijacked)
+			if ok {
+				c.conn, c.pre = unwrap(served), pre
+			} else {
+				c.keepAlive = false
 			}
 		}
-		conn.Close() //nolint:errcheck // the server keeps hijacked connections open
+		if sc, ok := c.conn.(syscall.Conn); ok && nonBlockingWrites {
+			if rc, err := sc.SyscallConn(); err == nil {
+				c.rc = rc
+			}
+		}
+		run(c)
 	})
 }
 
-// handBack prepares a taken-over connection to be served again. The
-// server must get the raw connection, not fasthttp's wrapper of it (which
-// would nest one more wrapper per stream), plus whatever the wrapper had
-// already read past the answered request. nil: the connection is done.
-func handBack(hijacked, raw net.Conn) net.Conn {
-	if hijacked.SetReadDeadline(time.Now()) != nil {
-		return nil
+// stream answers with a chunked body written by fn on a goroutine of its
+// own. fn reports whether the client is still there; onGone runs when not.
+func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
+	p.takeOver(ctx, func(c *client) {
+		go func() {
+			ok := fn(c) && c.end() == nil
+			c.finish(ok, onGone)
+		}()
+	})
+}
+
+// finish ends the client's answer: after a complete one the connection
+// goes back to the server for the client's next request (keep-alive);
+// otherwise it closes, and onGone runs.
+func (c *client) finish(ok bool, onGone func()) {
+	p := c.p
+	if !ok {
+		if c.stalled {
+			p.m.slowDropped.Inc()
+		}
+		p.m.clientsGone.Inc()
+		if onGone != nil {
+			onGone()
+		}
 	}
-	var pre []byte
-	buf := make([]byte, 4096)
+	p.clients.Done()
+	if ok && c.keepAlive && !p.draining.Load() {
+		var next net.Conn = c.conn
+		if len(c.pre) > 0 {
+			next = &prefixConn{Conn: c.conn, pre: c.pre}
+		}
+		go p.srv.ServeConn(next) //nolint:errcheck // it closes next when done
+		return
+	}
+	c.conn.Close() //nolint:errcheck // the server keeps hijacked connections open
+}
+
+// readAhead returns what a taken-over connection's reader holds past the
+// answered request, without waiting for more. ok is false when the
+// connection cannot be read that way (the client closed it).
+func readAhead(hijacked net.Conn) (pre []byte, ok bool) {
+	if hijacked.SetReadDeadline(time.Now()) != nil {
+		return nil, false
+	}
+	var buf [512]byte
 	for {
-		n, err := hijacked.Read(buf)
+		n, err := hijacked.Read(buf[:])
 		pre = append(pre, buf[:n]...)
 		if err != nil {
 			var ne net.Error
 			if !errors.As(err, &ne) || !ne.Timeout() {
-				return nil // the client closed it
+				return nil, false
 			}
 			break
 		}
 	}
-	if raw.SetDeadline(time.Time{}) != nil {
-		return nil
-	}
-	if len(pre) > 0 {
-		return &prefixConn{Conn: raw, pre: pre}
-	}
-	return raw
+	return pre, hijacked.SetReadDeadline(time.Time{}) == nil
 }
 
 // prefixConn reads pre before the connection itself.

@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/cache"
+)
+
+// originConn sends a keyed streaming request on a raw connection with a
+// small receive buffer, so that the client falls behind as soon as it
+// stops reading.
+func originConn(t *testing.T, e *env, key string, hdr string) net.Conn {
+	t.Helper()
+	// The buffer is set before connecting: shrunk on an open connection,
+	// Linux can stall the sender for long zero-window backoffs.
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		key, hdr, len(chatBody), chatBody)
+	return conn
+}
+
+// TestSlowOrigin: the client whose request started the generation is
+// written by the generation while it keeps up; when it falls behind, a
+// goroutine of its own takes over from the exact byte where the
+// generation's last write stopped. A client that catches up gets the
+// whole stream, byte for byte; one that stalls is dropped after
+// -slow-client-timeout, and neither the generation nor a joiner waits.
+func TestSlowOrigin(t *testing.T) {
+	t.Run("behind, then catches up", func(t *testing.T) {
+		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+			pc.SlowClientTimeout = 10 * time.Second
+		})
+		key := newKey("behind")
+		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB: more than socket buffers hold
+		// Read nothing while the generation runs, so that its writes fill
+		// the socket buffers, then read all.
+		e.waitState(key, "", cache.StateCommitted)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("reading the stream: %v (after %d bytes)", err, len(raw))
+		}
+		got := parseResult(resp, raw, nil)
+		if n := len(got.events); n != 1503 || got.events[n-1].Data != "[DONE]" || got.aborted {
+			t.Fatalf("got %d events (aborted %v); want 1503 ending [DONE]", n, got.aborted)
+		}
+		if n := testutil.ToFloat64(e.proxy.m.originHandoffs); n != 1 {
+			t.Fatalf("clients_behind_total = %v; want 1 (the test must make the client fall behind)", n)
+		}
+		replay := e.fetch(req{key: key})
+		if !replay.replayed || string(eventBytes(raw)) != string(replay.raw) {
+			t.Fatalf("the stream the slow client got differs from the recorded one")
+		}
+		if testutil.ToFloat64(e.proxy.m.slowDropped) != 0 {
+			t.Fatalf("a client that caught up was counted as dropped")
+		}
+		e.wantCalls(1)
+	})
+	t.Run("stalled: dropped, the generation goes on", func(t *testing.T) {
+		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+			pc.SlowClientTimeout = time.Second
+		})
+		key := newKey("stalled")
+		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB
+		e.waitState(key, "", cache.StateExecutionStarted)
+		start := time.Now()
+		joiner := e.fetch(req{key: key})
+		if n := len(joiner.events); n != 1503 || joiner.events[n-1].Data != "[DONE]" || !joiner.replayed {
+			t.Fatalf("joiner: got %d events; want 1503 ending [DONE]", n)
+		}
+		if took := time.Since(start); took > 8*time.Second {
+			t.Fatalf("the joiner took %v", took)
+		}
+		e.waitState(key, "", cache.StateCommitted)
+		waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) == 1 })
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		slowRaw, _ := io.ReadAll(conn)
+		if strings.Contains(string(slowRaw), "data: [DONE]") || !strings.Contains(string(slowRaw), "200 OK") {
+			t.Fatalf("stalled client: got %d bytes (whole stream or no head); want a prefix, then the end of the connection", len(slowRaw))
+		}
+		e.wantCalls(1)
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+	}
+}
