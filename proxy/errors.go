@@ -75,21 +75,29 @@ type errorFields struct {
 
 // writeError answers e as JSON and logs it.
 func (p *Proxy) writeError(ctx *fasthttp.RequestCtx, e *apiError, attrs ...any) {
-	ctx.Response.Reset()
-	ctx.SetStatusCode(e.status)
-	ctx.SetContentType("application/json")
+	fillError(&ctx.Response, e)
+	p.logRefused(e, string(ctx.Method()), string(ctx.Path()), attrs...)
+}
+
+// fillError makes resp the JSON answer of e.
+func fillError(resp *fasthttp.Response, e *apiError) {
+	resp.Reset()
+	resp.SetStatusCode(e.status)
+	resp.Header.SetContentType("application/json")
 	if e.retryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))
+		resp.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))
 	}
 	b, _ := json.Marshal(errorBody{Error: errorFields{Type: e.typ, Message: e.message}})
-	ctx.SetBody(b)
+	resp.SetBody(b)
+}
+
+func (p *Proxy) logRefused(e *apiError, method, path string, attrs ...any) {
 	level := slog.LevelInfo
 	if e.status >= 500 {
 		level = slog.LevelWarn
 	}
 	p.log.Log(context.Background(), level, "request refused", append([]any{
-		"status", e.status, "type", e.typ, "msg", e.message,
-		"method", string(ctx.Method()), "path", string(ctx.Path()),
+		"status", e.status, "type", e.typ, "msg", e.message, "method", method, "path", path,
 	}, attrs...)...)
 }
 

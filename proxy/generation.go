@@ -37,7 +37,7 @@ type gen struct {
 
 func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
 	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{}), start: time.Now()}
-	g.o = &origin{p: p, f: f}
+	g.o = &origin{p: p, g: g, f: f}
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}

@@ -50,7 +50,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
-		p.serveFlight(ctx, b.Flight, 0, true, nil)
+		p.serveFlight(ctx, b.Flight, 0, true)
 	case cache.Miss:
 		f := b.Flight
 		if b.Regenerated {
@@ -65,7 +65,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 		go g.run(newTemplate(ctx))
-		p.serveFlight(ctx, f, 0, false, g.o)
+		p.serveOrigin(ctx, g)
 	}
 }
 
@@ -81,10 +81,8 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,
-// then its events after seq after, following it to its end. o is set for
-// the client whose request started the flight, which the generation
-// writes itself while it keeps up.
-func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool, o *origin) {
+// then its events after seq after, following it to its end.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
@@ -116,10 +114,6 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		return
 	}
 	writeHead(ctx, h, replayed)
-	if o != nil {
-		p.takeOver(ctx, func(c *client) { o.attach(c, sub) })
-		return
-	}
 	p.stream(ctx, func(c *client) bool {
 		ok := p.follow(c, sub, f, !replayed)
 		if ok && replayed {
@@ -172,18 +166,22 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 
 // writeHead sets the status and headers of an answer.
 func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
-	ctx.SetStatusCode(h.Status)
+	setHead(&ctx.Response.Header, h, replayed)
+}
+
+func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {
+	rh.SetStatusCode(h.Status)
 	for _, kv := range h.Header {
-		ctx.Response.Header.Add(kv.Name, kv.Value)
+		rh.Add(kv.Name, kv.Value)
 	}
 	if h.ContentType != "" {
-		ctx.SetContentType(h.ContentType)
+		rh.SetContentType(h.ContentType)
 	}
 	if replayed {
-		ctx.Response.Header.Set("Idempotent-Replayed", "true")
+		rh.Set("Idempotent-Replayed", "true")
 	}
 	if h.Stream {
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		rh.Set("Cache-Control", "no-cache")
+		rh.Set("X-Accel-Buffering", "no")
 	}
 }

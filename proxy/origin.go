@@ -6,43 +6,80 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
 )
 
-// origin is the client whose request started a generation. While it keeps
-// up, the generation's own goroutine writes it, right after journaling
-// and before it waits for the upstream again, with writes that never
-// wait: per event, one goroutine wakes instead of two, and the events of
-// one upstream read go out in one write. When the connection does not
-// take a write whole (the client is behind), a goroutine of its own takes
-// over with what was left, and follows the flight as any joiner does,
-// with the slow-client bound; the generation never waits for a client.
+// origin is the client whose request started a generation. Its
+// connection is taken over as soon as the upstream call starts, so that
+// the generation's own goroutine can write the answer's head with the
+// first event, and each event right after journaling it, before it waits
+// for the upstream again: no other goroutine wakes between the upstream's
+// event and the client's, and the events of one upstream read go out in
+// one write. These writes never wait. When the connection does not take a
+// write whole (the client is behind), a goroutine of its own takes over
+// with what was left and follows the flight as any joiner does, with the
+// slow-client bound: the generation never waits for a client. An answer
+// that is not an event stream is written by the goroutine that took the
+// connection over (answerRest).
 type origin struct {
 	p      *Proxy
+	g      *gen
 	f      *cache.Flight
 	onGone func() // runs when the client goes away (set before the take-over)
 
-	mu      sync.Mutex // guards everything below
-	mode    int
-	c       *client
-	sub     *cache.Sub
-	measure bool // the first event's added delay is still to be observed
-	idle    bool // nothing was written since the last heartbeat tick
-	hb      *time.Timer
+	mu           sync.Mutex // guards everything below
+	mode         int
+	c            *client
+	sub          *cache.Sub
+	method, path string // of the request, for the log of a refusal
+	measure      bool   // the first event's added delay is still to be observed
+	idle         bool   // nothing was written since the last heartbeat tick
+	hb           *time.Timer
 }
 
 const (
 	originWaiting  = iota // the connection is not taken over yet
-	originDirect          // written by the generation
-	originFollower        // handed to a goroutine of its own
+	originAttached        // taken over; the answer is not known to be a stream yet
+	originDirect          // a stream, written by the generation
+	originFollower        // a stream, handed to a goroutine of its own
+	originOther           // not a stream: answered by answerRest
 	originOver            // the answer is over
 )
 
-// attach starts writing c, which follows sub, from the generation.
-func (o *origin) attach(c *client, sub *cache.Sub) {
+// serveOrigin answers the request that started g: its connection is
+// taken over now, before the upstream answers.
+func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
+	o := g.o
+	sub, err := g.f.Subscribe(0)
+	if err != nil {
+		if o.onGone != nil {
+			o.onGone()
+		}
+		p.writeError(ctx, errCapacity("this stream has its maximum number of followers"))
+		return
+	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.c, o.sub, o.measure = c, sub, true
-	if c.rc == nil {
+	o.sub, o.method, o.path = sub, string(ctx.Method()), string(ctx.Path())
+	o.mu.Unlock()
+	p.takeOver(ctx, false, func(c *client) {
+		o.mu.Lock()
+		o.c, o.mode = c, originAttached
+		o.startLocked()
+		o.mu.Unlock()
+		o.answerRest()
+	})
+}
+
+// startLocked starts writing a streamed answer once the flight has the
+// head of one.
+func (o *origin) startLocked() {
+	h, ok := o.f.Head()
+	if !ok || !h.Stream {
+		return
+	}
+	o.c.answerHead(h)
+	o.measure = true
+	if o.c.rc == nil {
 		o.handOff(false)
 		return
 	}
@@ -51,12 +88,71 @@ func (o *origin) attach(c *client, sub *cache.Sub) {
 	o.flushLocked()
 }
 
+// answerRest, on the goroutine that took the connection over, waits for
+// the answer's head, and writes the answer when it is not a stream (an
+// error, a non-streaming answer, or what the upstream answered to a
+// request without a key that was not an event stream).
+func (o *origin) answerRest() {
+	p, g, f := o.p, o.g, o.f
+	select {
+	case resp := <-g.handoff: // nil, so never ready, for a keyed request
+		c := o.other()
+		c.answerHead(copyHead(resp))
+		ok := copyBody(c, resp.BodyStream()) && c.end() == nil
+		resp.CloseBodyStream() //nolint:errcheck // done with the body
+		fasthttp.ReleaseResponse(resp)
+		g.finish()
+		c.finish(ok, nil)
+		return
+	case <-f.HeadReady():
+	}
+	h, ok := f.Head()
+	if ok && h.Stream {
+		return // the generation writes it
+	}
+	c := o.other()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	var refused *apiError
+	if !ok {
+		_, reason, _ := f.Outcome()
+		refused = headlessError(reason)
+	} else {
+		<-f.Done()
+		state, reason, body := f.Outcome()
+		if body == nil && state != cache.StateCommitted {
+			refused = errUpstream("the upstream answer could not be read (" + reason + ")")
+		} else {
+			setHead(&resp.Header, h, false)
+			resp.SetBody(body)
+		}
+	}
+	if refused != nil {
+		fillError(resp, refused)
+		p.logRefused(refused, o.method, o.path)
+	}
+	c.finish(c.answerWhole(resp) == nil, nil)
+}
+
+// other marks the answer as not a stream, which the generation then
+// leaves alone, and returns the client.
+func (o *origin) other() *client {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.mode = originOther
+	o.sub.Close()
+	return o.c
+}
+
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream and after the
 // flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
-	if o.mode == originDirect {
+	switch o.mode {
+	case originAttached:
+		o.startLocked()
+	case originDirect:
 		o.flushLocked()
 	}
 	o.mu.Unlock()

@@ -26,20 +26,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g.handoff = make(chan *fasthttp.Response, 1)
 	g.o.onGone = func() { g.cancel("client_gone") }
 	go g.run(newTemplate(ctx))
-	select {
-	case resp := <-g.handoff:
-		writeHead(ctx, copyHead(resp), false)
-		p.stream(ctx, func(c *client) bool {
-			defer func() {
-				resp.CloseBodyStream() //nolint:errcheck // done with the body
-				fasthttp.ReleaseResponse(resp)
-				g.finish()
-			}()
-			return copyBody(c, resp.BodyStream())
-		}, nil)
-	case <-f.HeadReady():
-		p.serveFlight(ctx, f, 0, false, g.o)
-	}
+	p.serveOrigin(ctx, g)
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever

@@ -25,7 +25,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 	}
 	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
 	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true, nil)
+		p.serveFlight(ctx, f, id.Seq, true)
 		return
 	}
 	p.replay(ctx, r, id.Seq)
@@ -56,7 +56,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
 	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true, nil)
+		p.serveFlight(ctx, f, id.Seq, true)
 		return
 	}
 	p.replay(ctx, r, id.Seq)

@@ -151,23 +151,27 @@ func appendChunkHeader(dst []byte, n int) []byte {
 	return append(dst, "\r\n"...)
 }
 
-// takeOver answers with a chunked body on the client's own connection:
-// run gets the client once fasthttp hands the connection over, and must
-// see to it that finish is called when the answer is over. The status
-// and headers must be set on ctx before, and everything run needs copied
-// out of ctx: fasthttp reuses ctx once run returns.
-func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, run func(*client)) {
-	ctx.Response.Header.SetContentLength(-1) // chunked
+// takeOver answers on the client's own connection: run gets the client
+// once fasthttp hands the connection over, and must see to it that finish
+// is called when the answer is over. With head set, the answer is a
+// chunked body after the status and headers set on ctx; otherwise the
+// client writes its head itself (answerHead, answerWhole). Everything run
+// needs must be copied out of ctx: fasthttp reuses ctx once run returns.
+func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client)) {
 	served := ctx.Conn()
 	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
-	if !keepAlive {
-		ctx.SetConnectionClose()
+	var buf []byte
+	if head {
+		ctx.Response.Header.SetContentLength(-1) // chunked
+		if !keepAlive {
+			ctx.SetConnectionClose()
+		}
+		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	}
-	head := ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &client{p: p, conn: hijacked, buf: head, keepAlive: keepAlive}
+		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive}
 		c.wfn = c.writeFD
 		if served != nil {
 			// What fasthttp read past this request (a pipelined next one)
@@ -189,10 +193,34 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, run func(*client)) {
 	})
 }
 
+// answerHead puts the head of a chunked answer h into c.buf, to go out
+// with the first chunk.
+func (c *client) answerHead(h cache.Head) {
+	rh := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(rh)
+	setHead(&rh.Header, h, false)
+	rh.Header.SetContentLength(-1)
+	if !c.keepAlive {
+		rh.Header.SetConnectionClose()
+	}
+	c.buf = rh.Header.AppendBytes(c.buf[:0])
+}
+
+// answerWhole writes resp, a whole answer with its body, waiting at most
+// SlowClientTimeout.
+func (c *client) answerWhole(resp *fasthttp.Response) error {
+	if !c.keepAlive {
+		resp.SetConnectionClose()
+	}
+	resp.Header.SetContentLength(len(resp.Body()))
+	c.vec = append(c.arr[:0], resp.Header.AppendBytes(c.buf[:0]), resp.Body())
+	return c.flush()
+}
+
 // stream answers with a chunked body written by fn on a goroutine of its
 // own. fn reports whether the client is still there; onGone runs when not.
 func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
-	p.takeOver(ctx, func(c *client) {
+	p.takeOver(ctx, true, func(c *client) {
 		go func() {
 			ok := fn(c) && c.end() == nil
 			c.finish(ok, onGone)
