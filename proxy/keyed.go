@@ -64,8 +64,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		}
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
-		go g.run(newTemplate(ctx))
-		p.serveOrigin(ctx, g)
+		p.serveOrigin(ctx, g, newTemplate(ctx))
 	}
 }
 

@@ -25,8 +25,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 	g.handoff = make(chan *fasthttp.Response, 1)
 	g.o.onGone = func() { g.cancel("client_gone") }
-	go g.run(newTemplate(ctx))
-	p.serveOrigin(ctx, g)
+	p.serveOrigin(ctx, g, newTemplate(ctx))
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever
