@@ -64,7 +64,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		}
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
-		p.serveOrigin(ctx, g, newTemplate(ctx))
+		go g.run(newTemplate(ctx))
+		p.serveOrigin(ctx, g)
 	}
 }
 

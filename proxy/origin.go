@@ -9,22 +9,23 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// origin is the client whose request started a generation. The
-// generation runs on the goroutine that serves the request, and writes
-// the client's connection itself: the answer's head with the first event,
-// then each event right after journaling it, before it waits for the
-// upstream again. No other goroutine wakes between the upstream's event
-// and the client's, and the events of one upstream read go out in one
-// write. These writes never wait. When the connection does not take a
+// origin is the client whose request started a generation. Its
+// connection is taken over as soon as the upstream call starts, so that
+// the generation's own goroutine can write the answer's head with the
+// first event, and each event right after journaling it, before it waits
+// for the upstream again: no other goroutine wakes between the upstream's
+// event and the client's, and the events of one upstream read go out in
+// one write. These writes never wait. When the connection does not take a
 // write whole (the client is behind), a goroutine of its own takes over
 // with what was left and follows the flight as any joiner does, with the
-// slow-client bound: the generation never waits for a client, and a
-// client that goes away does not end it.
+// slow-client bound: the generation never waits for a client. An answer
+// that is not an event stream is written by the goroutine that took the
+// connection over (answerRest).
 type origin struct {
 	p      *Proxy
 	g      *gen
 	f      *cache.Flight
-	onGone func() // runs when the client goes away (set before serveOrigin)
+	onGone func() // runs when the client goes away (set before the take-over)
 
 	mu           sync.Mutex // guards everything below
 	mode         int
@@ -37,35 +38,36 @@ type origin struct {
 }
 
 const (
-	originWaiting  = iota // no client yet
-	originAttached        // the answer is not known to be a stream yet
+	originWaiting  = iota // the connection is not taken over yet
+	originAttached        // taken over; the answer is not known to be a stream yet
 	originDirect          // a stream, written by the generation
 	originFollower        // a stream, handed to a goroutine of its own
 	originOther           // not a stream: answered by answerRest
 	originOver            // the answer is over
 )
 
-// serveOrigin runs g, built from tmpl, for the request that started it,
-// and answers that request.
-func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen, tmpl *fasthttp.Request) {
+// serveOrigin answers the request that started g: its connection is
+// taken over now, before the upstream answers.
+func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 	o := g.o
 	sub, err := g.f.Subscribe(0)
 	if err != nil {
-		// Joiners took every follower slot first: the generation still
-		// runs for them.
-		g.run(tmpl)
+		if o.onGone != nil {
+			o.onGone()
+		}
 		p.writeError(ctx, errCapacity("this stream has its maximum number of followers"))
 		return
 	}
-	c := p.newClient(ctx, 2)
 	o.mu.Lock()
-	o.c, o.sub, o.mode = c, sub, originAttached
-	o.method, o.path = string(ctx.Method()), string(ctx.Path())
+	o.sub, o.method, o.path = sub, string(ctx.Method()), string(ctx.Path())
 	o.mu.Unlock()
-	g.run(tmpl)
-	o.answerRest()
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(c.hijacked)
+	p.takeOver(ctx, false, func(c *client) {
+		o.mu.Lock()
+		o.c, o.mode = c, originAttached
+		o.startLocked()
+		o.mu.Unlock()
+		o.answerRest()
+	})
 }
 
 // startLocked starts writing a streamed answer once the flight has the
@@ -86,9 +88,10 @@ func (o *origin) startLocked() {
 	o.flushLocked()
 }
 
-// answerRest, once the generation is over, writes the answer if it was
-// not a stream: an error, a non-streaming answer, or what the upstream
-// answered to a request without a key that was not an event stream.
+// answerRest, on the goroutine that took the connection over, waits for
+// the answer's head, and writes the answer when it is not a stream (an
+// error, a non-streaming answer, or what the upstream answered to a
+// request without a key that was not an event stream).
 func (o *origin) answerRest() {
 	p, g, f := o.p, o.g, o.f
 	select {
@@ -101,26 +104,28 @@ func (o *origin) answerRest() {
 		g.finish()
 		c.finish(ok, nil)
 		return
-	default:
+	case <-f.HeadReady():
 	}
-	o.mu.Lock()
-	mode := o.mode
-	o.mu.Unlock()
-	if mode != originAttached {
-		return // a stream: over, or with a writer of its own
+	h, ok := f.Head()
+	if ok && h.Stream {
+		return // the generation writes it
 	}
 	c := o.other()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	var refused *apiError
-	state, reason, body := f.Outcome()
-	if h, ok := f.Head(); !ok {
+	if !ok {
+		_, reason, _ := f.Outcome()
 		refused = headlessError(reason)
-	} else if body == nil && state != cache.StateCommitted {
-		refused = errUpstream("the upstream answer could not be read (" + reason + ")")
 	} else {
-		setHead(&resp.Header, h, false)
-		resp.SetBody(body)
+		<-f.Done()
+		state, reason, body := f.Outcome()
+		if body == nil && state != cache.StateCommitted {
+			refused = errUpstream("the upstream answer could not be read (" + reason + ")")
+		} else {
+			setHead(&resp.Header, h, false)
+			resp.SetBody(body)
+		}
 	}
 	if refused != nil {
 		fillError(resp, refused)

@@ -25,7 +25,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g := p.newGen(f, sse.WantsUsage(ctx.Request.Body()))
 	g.handoff = make(chan *fasthttp.Response, 1)
 	g.o.onGone = func() { g.cancel("client_gone") }
-	p.serveOrigin(ctx, g, newTemplate(ctx))
+	go g.run(newTemplate(ctx))
+	p.serveOrigin(ctx, g)
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"strconv"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,12 +29,6 @@ type client struct {
 	rc        syscall.RawConn // for writes that never wait; nil when conn has none
 	pre       []byte          // what the client sent after its request, read at take-over
 	keepAlive bool            // serve the connection's next request after a complete answer
-	ok        bool            // the answer was complete (set by finish)
-	// owners counts who must let go of the connection before it is
-	// handed back or closed: the writer of the answer (finish), and, for
-	// a client written before fasthttp handed the connection over, the
-	// take-over itself (hijacked).
-	owners atomic.Int32
 
 	buf     []byte      // the answer head until it is written, then chunk headers
 	arr     [3][]byte   // backing of vec
@@ -160,57 +153,44 @@ func appendChunkHeader(dst []byte, n int) []byte {
 
 // takeOver answers on the client's own connection: run gets the client
 // once fasthttp hands the connection over, and must see to it that finish
-// is called when the answer is over. The answer is a chunked body after
-// the status and headers set on ctx. Everything run needs must be copied
-// out of ctx: fasthttp reuses ctx once run returns.
-func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, run func(*client)) {
-	c := p.newClient(ctx, 1)
-	ctx.Response.Header.SetContentLength(-1) // chunked
-	if !c.keepAlive {
-		ctx.SetConnectionClose()
-	}
-	c.buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(hijacked net.Conn) {
-		c.take(hijacked)
-		run(c)
-	})
-}
-
-// newClient returns the writing end of ctx's answer, with owners parties
-// to let go of the connection (see client.owners).
-func (p *Proxy) newClient(ctx *fasthttp.RequestCtx, owners int32) *client {
+// is called when the answer is over. With head set, the answer is a
+// chunked body after the status and headers set on ctx; otherwise the
+// client writes its head itself (answerHead, answerWhole). Everything run
+// needs must be copied out of ctx: fasthttp reuses ctx once run returns.
+func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client)) {
 	served := ctx.Conn()
-	c := &client{p: p, conn: served,
-		keepAlive: p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()}
-	c.owners.Store(owners)
-	c.wfn = c.writeFD
-	if served != nil {
-		c.conn = unwrapAll(served) // written directly, past any prefix still to read
+	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
+	var buf []byte
+	if head {
+		ctx.Response.Header.SetContentLength(-1) // chunked
+		if !keepAlive {
+			ctx.SetConnectionClose()
+		}
+		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
+	}
+	ctx.HijackSetNoResponse(true)
+	p.clients.Add(1)
+	ctx.Hijack(func(hijacked net.Conn) {
+		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive}
+		c.wfn = c.writeFD
+		if served != nil {
+			// What fasthttp read past this request (a pipelined next one)
+			// is kept, so that the connection can be handed back without
+			// fasthttp's reader; the connection itself is written directly.
+			pre, ok := readAhead(hijacked)
+			if ok {
+				c.conn, c.pre = unwrap(served), pre
+			} else {
+				c.keepAlive = false
+			}
+		}
 		if sc, ok := c.conn.(syscall.Conn); ok && nonBlockingWrites {
 			if rc, err := sc.SyscallConn(); err == nil {
 				c.rc = rc
 			}
 		}
-	}
-	p.clients.Add(1)
-	return c
-}
-
-// take receives the connection from fasthttp, keeping what fasthttp read
-// past this request (a pipelined next one), so that the connection can be
-// handed back without fasthttp's reader.
-func (c *client) take(hijacked net.Conn) {
-	if c.conn == nil {
-		c.conn = hijacked
-		c.keepAlive = false
-		return
-	}
-	pre, ok := readAhead(hijacked)
-	if !ok {
-		c.keepAlive = false
-	}
-	c.pre = pre
+		run(c)
+	})
 }
 
 // answerHead puts the head of a chunked answer h into c.buf, to go out
@@ -240,7 +220,7 @@ func (c *client) answerWhole(resp *fasthttp.Response) error {
 // stream answers with a chunked body written by fn on a goroutine of its
 // own. fn reports whether the client is still there; onGone runs when not.
 func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
-	p.takeOver(ctx, func(c *client) {
+	p.takeOver(ctx, true, func(c *client) {
 		go func() {
 			ok := fn(c) && c.end() == nil
 			c.finish(ok, onGone)
@@ -248,8 +228,9 @@ func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone f
 	})
 }
 
-// finish ends the client's answer; ok: it is complete. When not, onGone
-// runs.
+// finish ends the client's answer: after a complete one the connection
+// goes back to the server for the client's next request (keep-alive);
+// otherwise it closes, and onGone runs.
 func (c *client) finish(ok bool, onGone func()) {
 	p := c.p
 	if !ok {
@@ -262,26 +243,7 @@ func (c *client) finish(ok bool, onGone func()) {
 		}
 	}
 	p.clients.Done()
-	c.ok = ok
-	c.release()
-}
-
-// hijacked is the take-over of a connection whose answer was written (or
-// is still being written) before fasthttp handed it over.
-func (c *client) hijacked(conn net.Conn) {
-	c.take(conn)
-	c.release()
-}
-
-// release lets go of the connection; the last owner to do so hands it
-// back to the server for the client's next request after a complete
-// answer (keep-alive), or closes it.
-func (c *client) release() {
-	if c.owners.Add(-1) > 0 {
-		return
-	}
-	p := c.p
-	if c.ok && c.keepAlive && !p.draining.Load() {
+	if ok && c.keepAlive && !p.draining.Load() {
 		var next net.Conn = c.conn
 		if len(c.pre) > 0 {
 			next = &prefixConn{Conn: c.conn, pre: c.pre}
@@ -329,11 +291,11 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// unwrapAll returns the connection under any prefixConn.
-func unwrapAll(c net.Conn) net.Conn {
+// unwrap returns the connection under a prefixConn whose prefix is read.
+func unwrap(c net.Conn) net.Conn {
 	for {
 		pc, ok := c.(*prefixConn)
-		if !ok {
+		if !ok || len(pc.pre) > 0 {
 			return c
 		}
 		c = pc.Conn
