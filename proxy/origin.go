@@ -84,8 +84,10 @@ func (o *origin) startLocked() {
 		return
 	}
 	o.mode = originDirect
-	o.hb = time.AfterFunc(o.p.cfg.Heartbeat, o.beat)
-	o.flushLocked()
+	o.flushLocked() // the head and the first events, before the timer's cost
+	if o.mode == originDirect {
+		o.hb = time.AfterFunc(o.p.cfg.Heartbeat, o.beat)
+	}
 }
 
 // answerRest, on the goroutine that took the connection over, waits for
