@@ -35,6 +35,7 @@ type options struct {
 	sweep      []int
 	ssegateBin string
 	ssegateArg string
+	ssegateEnv string
 	peers      map[kind]bool // the peers to measure; direct always is
 }
 
@@ -60,6 +61,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	sweep := fs.String("sweep", "1,8,64,256", "comma-separated concurrencies of the sweep")
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
+	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
 	peers := fs.String("peers", "httputil,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, nginx, ssegate")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -224,6 +226,7 @@ type env struct {
 	mockAddr    string
 	ssegateBin  string
 	ssegateArgs []string
+	ssegateEnv  []string
 	self        string // this binary, for the httputil child
 	nginxBin    string
 	nginxSeq    int
@@ -357,6 +360,7 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		}
 	}
 	e.ssegateArgs = strings.Fields(opt.ssegateArg)
+	e.ssegateEnv = strings.Fields(opt.ssegateEnv)
 	if p, err := exec.LookPath("nginx"); err == nil {
 		e.nginxBin = p
 	} else {

@@ -49,6 +49,24 @@ func freeAddr() (string, error) {
 	return addr, nil
 }
 
+// ssegateFlags are the flags every measured ssegate runs with: quiet logs,
+// a short drain, and bounds out of the measurements' way.
+var ssegateFlags = []string{"-log-level", "warn", "-shutdown-timeout", "1s",
+	"-max-streams", "100000", "-max-live-bytes", strconv.Itoa(8 << 30)}
+
+// ssegateCmd is the command of an ssegate on addr in front of the mock
+// upstream, with the suite's flags, the user's (-ssegate-args, -ssegate-env)
+// and extra.
+func (e *env) ssegateCmd(addr string, extra ...string) *exec.Cmd {
+	args := append([]string{"-listen", addr, "-upstream", e.mockURL}, ssegateFlags...)
+	args = append(args, e.ssegateArgs...)
+	cmd := exec.Command(e.ssegateBin, append(args, extra...)...)
+	if len(e.ssegateEnv) > 0 {
+		cmd.Env = append(os.Environ(), e.ssegateEnv...)
+	}
+	return cmd
+}
+
 // start starts a server of kind k in front of the mock upstream.
 func (e *env) start(k kind) (*server, error) {
 	if k == kindDirect {
@@ -62,11 +80,7 @@ func (e *env) start(k kind) (*server, error) {
 	dir := ""
 	switch k {
 	case kindSsegate:
-		args := []string{"-listen", addr, "-upstream", e.mockURL,
-			"-log-level", "warn", "-shutdown-timeout", "1s",
-			"-max-streams", "100000", "-max-live-bytes", strconv.Itoa(8 << 30)}
-		args = append(args, e.ssegateArgs...)
-		cmd = exec.Command(e.ssegateBin, args...)
+		cmd = e.ssegateCmd(addr)
 	case kindHTTPUtil:
 		cmd = exec.Command(e.self, httputilCommand, addr, e.mockURL)
 	case kindMock:

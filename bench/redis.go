@@ -258,12 +258,7 @@ func (e *env) startSsegate(extra ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"-listen", addr, "-upstream", e.mockURL,
-		"-log-level", "warn", "-shutdown-timeout", "1s",
-		"-max-streams", "100000", "-max-live-bytes", strconv.Itoa(8 << 30)}
-	args = append(args, e.ssegateArgs...)
-	args = append(args, extra...)
-	return e.launch(kindSsegate, addr, exec.Command(e.ssegateBin, args...))
+	return e.launch(kindSsegate, addr, e.ssegateCmd(addr, extra...))
 }
 
 // startReplicas flushes Redis (when rs is set) and starts n ssegate

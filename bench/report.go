@@ -24,6 +24,7 @@ type report struct {
 	Measure      string        `json:"measurement_duration"`
 	Command      []string      `json:"command"`
 	SsegateFlags string        `json:"ssegate_flags"`
+	SsegateEnv   string        `json:"ssegate_env,omitempty"`
 	Notes        []string      `json:"notes,omitempty"`
 	Measurements []measurement `json:"measurements"`
 }
@@ -42,7 +43,8 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		Rounds:       r.opt.rounds,
 		Measure:      r.opt.duration.String(),
 		Command:      os.Args,
-		SsegateFlags: strings.TrimSpace("-log-level warn -shutdown-timeout 1s -max-streams 100000 -max-live-bytes 8589934592 " + r.opt.ssegateArg),
+		SsegateFlags: strings.TrimSpace(strings.Join(ssegateFlags, " ") + " " + r.opt.ssegateArg),
+		SsegateEnv:   strings.TrimSpace(r.opt.ssegateEnv),
 		Notes:        r.notes,
 		Measurements: r.ms,
 	}
@@ -301,7 +303,11 @@ func (rep *report) markdown() string {
 	}
 	fmt.Fprintf(&b, ". Medians of %d interleaved rounds (every path once per round, in turn) of %s measurements; ratios are medians of the per-round ratios to direct from the same round; errors are summed over rounds. ", rep.Rounds, rep.Measure)
 	fmt.Fprintf(&b, "Each measurement starts a fresh peer process; proxy CPU (utime+stime) and RSS come from /proc of that process and its children. The mock upstream and the load generator share the machine with the proxy. ")
-	fmt.Fprintf(&b, "ssegate ran with `%s`; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first.\n\n", rep.SsegateFlags)
+	env := ""
+	if rep.SsegateEnv != "" {
+		env = " and the environment `" + rep.SsegateEnv + "`"
+	}
+	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first.\n\n", rep.SsegateFlags, env)
 	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.Join(rep.Command, " "))
 	for _, n := range rep.Notes {
 		fmt.Fprintf(&b, "- Note: %s\n", n)

@@ -91,6 +91,10 @@ func (p *Proxy) Server() *fasthttp.Server {
 		// A streamed answer takes its connection over; afterwards the proxy
 		// hands it back with ServeConn (stream.go), so keep-alive survives.
 		KeepHijackedConns: true,
+		// A streamed answer frees its worker at once (the connection is
+		// taken over), so a burst of new streams leaves a burst of idle
+		// workers; let their stacks go soon rather than after 10 s.
+		MaxIdleWorkerDuration: 2 * time.Second,
 		Logger:            fasthttpLogger{p.log},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
