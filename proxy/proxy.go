@@ -95,7 +95,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		// taken over), so a burst of new streams leaves a burst of idle
 		// workers; let their stacks go soon rather than after 10 s.
 		MaxIdleWorkerDuration: 2 * time.Second,
-		Logger:            fasthttpLogger{p.log},
+		Logger:                fasthttpLogger{p.log},
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
 			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
