@@ -3,30 +3,94 @@ package cache
 import (
 	"sort"
 	"strings"
+	"sync"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/ssegate/ssegate/sse"
 )
 
-// journalBlock is the size of a journal block: a few dozen typical events.
+// journalBlock is the size of a journal block (after the first two, of a
+// quarter and a half of it): a few dozen typical events.
 const journalBlock = 8 << 10
 
 // journal is the append-only sequence of one generation's encoded events.
 // It is kept in blocks that are filled in order and never rewritten, so
 // growing it never copies what it holds, and a slice handed to a reader
 // stays valid while the journal grows. An event never spans two blocks.
+//
+// A block that is full is sealed: kept zstd-compressed (the chunks of one
+// completion are nearly identical JSON, so a block packs to about a
+// tenth), and unpacked again only for a reader that is that far behind.
+// A live journal thus holds its open block and a little per sealed one.
 type journal struct {
-	blocks [][]byte // only the last has room left
+	blocks [][]byte // the open (last) block; a sealed block's entry is nil
+	packed [][]byte // each sealed block, compressed (nil for the open one)
 	starts []int    // offset of each block's first byte in the whole journal
 	ends   []uint32 // end offset of each event in the whole journal
 	size   int      // bytes held
+	// The sealed block unpacked last, for readers behind the open block.
+	unpackedIdx int // its index + 1; 0: none
+	unpacked    []byte
+}
+
+// The codec of sealed blocks: the fastest zstd level, as sealing is on
+// the path of every live event. EncodeAll and DecodeAll are safe for
+// concurrent use.
+var (
+	blockEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1),
+		zstd.WithLowerEncoderMem(true), zstd.WithWindowSize(journalBlock*4))
+	blockDec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderLowmem(true))
+)
+
+// packScratch holds buffers sealing packs into, so that a packed block
+// is then kept at its exact size.
+var packScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// seal packs block i, which is full.
+func (j *journal) seal(i int) {
+	buf := packScratch.Get().(*[]byte)
+	*buf = blockEnc.EncodeAll(j.blocks[i], (*buf)[:0])
+	j.packed[i] = append([]byte(nil), *buf...)
+	packScratch.Put(buf)
+	j.blocks[i] = nil
+}
+
+// block returns the bytes of block i, unpacking a sealed one.
+func (j *journal) block(i int) []byte {
+	if b := j.blocks[i]; b != nil {
+		return b
+	}
+	if j.unpackedIdx != i+1 {
+		b, err := blockDec.DecodeAll(j.packed[i], make([]byte, 0, j.blockLen(i)))
+		if err != nil {
+			panic("cache: a sealed journal block does not unpack: " + err.Error()) // it was packed here
+		}
+		j.unpackedIdx, j.unpacked = i+1, b
+	}
+	return j.unpacked
+}
+
+// blockLen is the number of bytes in block i.
+func (j *journal) blockLen(i int) int {
+	if i+1 < len(j.starts) {
+		return j.starts[i+1] - j.starts[i]
+	}
+	return len(j.blocks[i])
 }
 
 // room makes the last block able to take n more bytes.
 func (j *journal) room(n int) {
-	if k := len(j.blocks); k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n {
+	k := len(j.blocks)
+	if k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n {
 		return
 	}
-	j.blocks = append(j.blocks, make([]byte, 0, max(journalBlock, n)))
+	if k > 0 {
+		j.seal(k - 1)
+	}
+	// The first blocks are smaller, so that a short stream holds little.
+	size := journalBlock >> max(2-k, 0)
+	j.blocks = append(j.blocks, make([]byte, 0, max(size, n)))
+	j.packed = append(j.packed, nil)
 	j.starts = append(j.starts, j.size)
 }
 
@@ -92,12 +156,12 @@ func (j *journal) span(from, to int) ([]byte, int) {
 	}
 	off := j.start(from)
 	bi := sort.Search(len(j.starts), func(i int) bool { return j.starts[i] > off }) - 1
-	blockEnd := j.starts[bi] + len(j.blocks[bi])
+	blockEnd := j.starts[bi] + j.blockLen(bi)
 	k := from
 	for k < to && int(j.ends[k]) <= blockEnd {
 		k++
 	}
-	return j.blocks[bi][off-j.starts[bi] : int(j.ends[k-1])-j.starts[bi]], k
+	return j.block(bi)[off-j.starts[bi] : int(j.ends[k-1])-j.starts[bi]], k
 }
 
 // event returns the bytes of event i.
@@ -109,7 +173,14 @@ func (j *journal) event(i int) []byte {
 // bytes returns the whole journal as one slice of its exact size.
 func (j *journal) bytes() []byte {
 	out := make([]byte, 0, j.size)
-	for _, b := range j.blocks {
+	for i, b := range j.blocks {
+		if b == nil {
+			var err error
+			if out, err = blockDec.DecodeAll(j.packed[i], out); err != nil {
+				panic("cache: a sealed journal block does not unpack: " + err.Error())
+			}
+			continue
+		}
 		out = append(out, b...)
 	}
 	return out

@@ -1,0 +1,75 @@
+package cache
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/ssegate/ssegate/sse"
+)
+
+// TestJournalSealedBlocks: full blocks are kept packed, and every span,
+// event and the whole journal read back byte for byte what was appended,
+// whichever blocks they lie in and in whatever order they are read.
+func TestJournalSealedBlocks(t *testing.T) {
+	var j journal
+	var want []byte
+	var ends []int
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 1500 {
+		data := fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}`,
+			strings.Repeat("x", rng.IntN(200)))
+		if i%500 == 499 {
+			data = strings.Repeat("y", 3*journalBlock) // larger than a block
+		}
+		id := sse.ID{Gen: 7, Seq: uint64(i + 1)}
+		if _, err := j.appendEvent(id, "", data, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+		want = sse.AppendEvent(want, id, "", data)
+		ends = append(ends, len(want))
+	}
+	sealed, packedBytes := 0, 0
+	for i := range j.packed {
+		if j.packed[i] != nil {
+			sealed++
+			packedBytes += len(j.packed[i])
+			if j.blocks[i] != nil {
+				t.Fatalf("block %d is sealed and still held raw", i)
+			}
+		}
+	}
+	if sealed < len(j.blocks)-1 || sealed == 0 {
+		t.Fatalf("%d of %d blocks sealed; want all but the open one", sealed, len(j.blocks))
+	}
+	if packedBytes*4 > len(want) {
+		t.Fatalf("sealed blocks take %d bytes for %d raw; want under a quarter", packedBytes, len(want))
+	}
+	if !bytes.Equal(j.bytes(), want) {
+		t.Fatal("bytes() differs from what was appended")
+	}
+	start := func(i int) int {
+		if i == 0 {
+			return 0
+		}
+		return ends[i-1]
+	}
+	for range 300 {
+		from := rng.IntN(len(ends))
+		to := from + 1 + rng.IntN(len(ends)-from)
+		var got []byte
+		for k := from; k < to; {
+			var p []byte
+			p, k = j.span(k, to)
+			got = append(got, p...)
+		}
+		if !bytes.Equal(got, want[start(from):ends[to-1]]) {
+			t.Fatalf("span(%d, %d) differs", from, to)
+		}
+		if ev := j.event(from); !bytes.Equal(ev, want[start(from):ends[from]]) {
+			t.Fatalf("event(%d) differs", from)
+		}
+	}
+}
