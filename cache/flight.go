@@ -185,7 +185,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 	}
 	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
 	if f.head.Stream {
-		res.Data = f.j.bytes()
+		res.packed, res.size = f.j.frames(), f.j.size
 		res.Ends = f.j.ends[:f.j.events():f.j.events()]
 	} else {
 		res.Data = body

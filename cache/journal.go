@@ -170,6 +170,21 @@ func (j *journal) event(i int) []byte {
 	return p[:len(p):len(p)]
 }
 
+// frames returns the whole journal as zstd frames whose contents, in
+// order, are its bytes: the sealed blocks as they are kept, and the open
+// one packed now (and still kept open).
+func (j *journal) frames() [][]byte {
+	out := make([][]byte, 0, len(j.blocks))
+	for i, b := range j.blocks {
+		if b == nil {
+			out = append(out, j.packed[i])
+		} else if len(b) > 0 {
+			out = append(out, blockEnc.EncodeAll(b, nil))
+		}
+	}
+	return out
+}
+
 // bytes returns the whole journal as one slice of its exact size.
 func (j *journal) bytes() []byte {
 	out := make([]byte, 0, j.size)

@@ -433,7 +433,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 		m.setStateLocked(e, StateCommitted)
 		e.flight = nil
 		e.events = res.Events()
-		e.bytes = len(res.Data)
+		e.bytes = res.dataSize()
 		e.bodyStored = stored
 		e.updated = now
 		e.expires = now.Add(m.cfg.TTL)

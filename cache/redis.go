@@ -504,6 +504,9 @@ func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
 // keep caches a committed result locally. ristretto may drop it; that
 // costs a GET later, nothing else.
 func (r *Redis) keep(k rkeys, res *Result) {
+	if res.unpack() != nil {
+		return
+	}
 	r.results.SetWithTTL(k.h, res, res.cost(), r.cfg.TTL)
 }
 

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -14,20 +15,28 @@ import (
 // itself so much that a blob is tens of times smaller (REDIS.md §1), and
 // a replay is one GET.
 //
-// Layout: "SG" 1 (version), then zstd of: uvarint gen, uvarint head
-// length, head JSON, uvarint input and output tokens, uvarint event count,
-// the event end offsets as uvarint deltas, then the encoded events (or
-// the non-streaming body). The memory store keeps its bodies the same way.
+// Layout: "SG" 2 (version), uvarint length of what follows once
+// decompressed, then zstd frames of: uvarint gen, uvarint head length,
+// head JSON, uvarint input and output tokens, uvarint event count, the
+// event end offsets as uvarint deltas, then the encoded events (or the
+// non-streaming body). The events of a stream are the journal's own
+// packed blocks, one frame each; zstd frames decode to the concatenation
+// of their contents. Version 1 (one frame, no length) is still read. The
+// memory store keeps its bodies the same way.
 
-var blobMagic = []byte{'S', 'G', 1}
+var (
+	blobMagic   = []byte{'S', 'G', 2}
+	blobMagicV1 = []byte{'S', 'G', 1}
+)
 
 var errBlob = errors.New("malformed result blob")
 
 // blobCodec compresses and decompresses blobs. zstd's EncodeAll and
 // DecodeAll are safe for concurrent use, so one codec serves the store.
 type blobCodec struct {
-	enc *zstd.Encoder
-	dec *zstd.Decoder
+	enc        *zstd.Encoder
+	dec        *zstd.Decoder
+	maxDecoded uint64
 }
 
 func newBlobCodec(maxBytes int, level zstd.EncoderLevel) (*blobCodec, error) {
@@ -37,12 +46,12 @@ func newBlobCodec(maxBytes int, level zstd.EncoderLevel) (*blobCodec, error) {
 	}
 	// A blob never holds more than one stream's bound, plus its ends and
 	// head; the limit stops a corrupt or hostile blob from ballooning.
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0),
-		zstd.WithDecoderMaxMemory(uint64(maxBytes)*2+1<<20))
+	maxDecoded := uint64(maxBytes)*2 + 1<<20
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxDecoded))
 	if err != nil {
 		return nil, err
 	}
-	return &blobCodec{enc: enc, dec: dec}, nil
+	return &blobCodec{enc: enc, dec: dec, maxDecoded: maxDecoded}, nil
 }
 
 func (c *blobCodec) close() {
@@ -55,7 +64,7 @@ func (c *blobCodec) encode(r *Result) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := make([]byte, 0, len(r.Data)+len(head)+2*len(r.Ends)+32)
+	p := make([]byte, 0, len(r.Data)+len(head)+2*len(r.Ends)+32) // Data is nil while packed
 	p = binary.AppendUvarint(p, r.Gen)
 	p = binary.AppendUvarint(p, uint64(len(head)))
 	p = append(p, head...)
@@ -67,15 +76,38 @@ func (c *blobCodec) encode(r *Result) ([]byte, error) {
 		p = binary.AppendUvarint(p, uint64(e-prev))
 		prev = e
 	}
+	out := append([]byte(nil), blobMagic...)
+	out = binary.AppendUvarint(out, uint64(len(p)+r.dataSize()))
+	if r.packed != nil {
+		// The events as the journal packed them.
+		out = c.enc.EncodeAll(p, out)
+		for _, f := range r.packed {
+			out = append(out, f...)
+		}
+		return out, nil
+	}
 	p = append(p, r.Data...)
-	return c.enc.EncodeAll(p, append([]byte(nil), blobMagic...)), nil
+	return c.enc.EncodeAll(p, out), nil
 }
 
 func (c *blobCodec) decode(b []byte, sc Scope) (*Result, error) {
-	if len(b) < len(blobMagic) || string(b[:len(blobMagic)]) != string(blobMagic) {
+	var dst []byte
+	switch {
+	case bytes.HasPrefix(b, blobMagic):
+		b = b[len(blobMagic):]
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > c.maxDecoded {
+			return nil, errBlob
+		}
+		// Sized at once: growing it frame by frame would copy it over
+		// and over.
+		dst, b = make([]byte, 0, n), b[k:]
+	case bytes.HasPrefix(b, blobMagicV1):
+		b = b[len(blobMagicV1):]
+	default:
 		return nil, errBlob
 	}
-	p, err := c.dec.DecodeAll(b[len(blobMagic):], nil)
+	p, err := c.dec.DecodeAll(b, dst)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBlob, err)
 	}

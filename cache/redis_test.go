@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"github.com/klauspost/compress/zstd"
 	"log/slog"
@@ -521,4 +522,24 @@ func TestBlobRoundTrip(t *testing.T) {
 	if _, err := c.decode(b[:len(b)/2], res.Scope); err == nil {
 		t.Fatal("truncated blob: got no error")
 	}
+	// A blob kept by the previous version (one frame, no length) still
+	// reads, since Redis may hold results written before an upgrade.
+	raw, err := c.dec.DecodeAll(b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := c.enc.EncodeAll(raw, append([]byte(nil), blobMagicV1...))
+	if got, err := c.decode(v1, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
+		t.Fatalf("version 1 blob: %v; want the same result", err)
+	}
+	// A length beyond the bound is refused before anything is allocated.
+	huge := binary.AppendUvarint(append([]byte(nil), blobMagic...), 1<<40)
+	if _, err := c.decode(append(huge, b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):]...), res.Scope); err == nil {
+		t.Fatal("blob claiming 1 TiB: got no error")
+	}
+}
+
+func uvarintLen(b []byte) int {
+	_, n := binary.Uvarint(b)
+	return n
 }

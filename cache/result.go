@@ -12,6 +12,36 @@ type Result struct {
 	Ends  []uint32
 	// Usage is what the upstream reported; a replay saves that many tokens.
 	Usage Usage
+
+	// packed, for a result just committed from a journal, holds Data as
+	// the journal's zstd frames, in order, and Data is nil until unpack:
+	// a store that keeps results compressed takes the frames as they are.
+	packed [][]byte
+	size   int // len(Data), also while packed
+}
+
+// dataSize returns the length of Data, packed or not.
+func (r *Result) dataSize() int {
+	if r.packed != nil {
+		return r.size
+	}
+	return len(r.Data)
+}
+
+// unpack makes Data of a result committed from a journal.
+func (r *Result) unpack() error {
+	if r.packed == nil {
+		return nil
+	}
+	data := make([]byte, 0, r.size)
+	for _, f := range r.packed {
+		var err error
+		if data, err = blockDec.DecodeAll(f, data); err != nil {
+			return err
+		}
+	}
+	r.Data, r.packed = data, nil
+	return nil
 }
 
 // Events returns the number of events of a streamed result.
@@ -34,7 +64,7 @@ func (r *Result) After(seq uint64) ([]byte, error) {
 // cost is what the result weighs in the body store: its bytes plus a
 // fixed allowance for the structure itself.
 func (r *Result) cost() int64 {
-	n := int64(len(r.Data)) + 4*int64(len(r.Ends)) + 256
+	n := int64(r.dataSize()) + 4*int64(len(r.Ends)) + 256
 	for _, h := range r.Head.Header {
 		n += int64(len(h.Name) + len(h.Value))
 	}

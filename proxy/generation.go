@@ -338,7 +338,16 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	defer deadline.Stop()
 	det := sse.NewDetector(g.wantUsage)
 	var readErr, appendErr error
-	for ev, err := range sse.Read(pushReader{resp.BodyStream(), g.o}, g.p.cfg.MaxEventBytes) {
+	// The client the generation writes gets what was journaled whenever
+	// the generation is about to read the upstream's socket: the events of
+	// one read go out together, and before it may wait.
+	var body io.Reader = pushReader{resp.BodyStream(), g.o}
+	if c := connOf(resp); c != nil {
+		c.beforeRead = g.o.push
+		defer func() { c.beforeRead = nil }()
+		body = resp.BodyStream()
+	}
+	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
@@ -397,8 +406,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 }
 
 // pushReader writes the origin client what was journaled before each read
-// of the upstream: the events of one read go out together, and before the
-// generation waits.
+// of an answer's body, for an answer not read from the upstream client's
+// own connections (see idleConn.beforeRead).
 type pushReader struct {
 	r io.Reader
 	o *origin

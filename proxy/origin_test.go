@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
 )
 
 // originConn sends a keyed streaming request on a raw connection with a
@@ -111,5 +112,50 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 10s")
 		}
+	}
+}
+
+// TestAnswerConn: an answer from the upstream client leads back to the
+// connection it is read from, which is how a generation writes its client
+// before each read of the upstream's socket rather than before each event.
+func TestAnswerConn(t *testing.T) {
+	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
+	url, err := mock.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mock.Close()
+	store, err := cache.NewMemory(cache.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Upstreams: []string{url}, Store: store}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	up, err := newUpstream(url, &cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI(url + "/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.SetBodyString(chatBody)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := up.client.Do(req, resp); err != nil {
+		t.Fatal(err)
+	}
+	c := connOf(resp)
+	if c == nil {
+		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
+	}
+	reads := 0
+	c.beforeRead = func() { reads++ }
+	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
+	c.beforeRead = nil
+	if reads == 0 {
+		t.Fatal("reading the body did not go through the connection's beforeRead")
 	}
 }

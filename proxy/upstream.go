@@ -67,7 +67,9 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 			if err != nil {
 				return nil, &dialError{err}
 			}
-			return &idleConn{Conn: c, idle: idle, head: head}, nil
+			ic := &idleConn{Conn: c, idle: idle, head: head}
+			ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
+			return ic, nil
 		},
 	}
 	rc := cfg.Retry
@@ -120,6 +122,31 @@ type idleConn struct {
 	idle, head   time.Duration
 	headDeadline time.Time // set by Write, cleared by the first answer byte
 	set          time.Time // the read deadline last set
+	laddr        *connAddr
+	// beforeRead, while a generation reads an answer from the connection,
+	// runs before each read from the socket: the generation then writes
+	// its client what it journaled since the last read, all together,
+	// before it may wait for the upstream.
+	beforeRead func()
+}
+
+// connAddr is an idleConn's local address. fasthttp gives it to the
+// answer read from the connection (Response.LocalAddr), which is how a
+// generation finds the connection its answer comes from.
+type connAddr struct {
+	net.Addr
+	c *idleConn
+}
+
+func (c *idleConn) LocalAddr() net.Addr { return c.laddr }
+
+// connOf returns the connection an answer is read from, if it is one of
+// the upstream client's own.
+func connOf(resp *fasthttp.Response) *idleConn {
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
+		return a.c
+	}
+	return nil
 }
 
 func (c *idleConn) Write(p []byte) (int, error) {
@@ -140,6 +167,9 @@ func (c *idleConn) SetDeadline(t time.Time) error {
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
+	if c.beforeRead != nil {
+		c.beforeRead()
+	}
 	d := time.Now().Add(c.idle)
 	switch {
 	case !c.headDeadline.IsZero():
