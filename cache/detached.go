@@ -17,5 +17,7 @@ func (detached) mark(*Flight, State, int, int) {}
 // relayed without an idempotency key. Its ids carry generation 0 and are
 // not written; maxBytes bounds its journal.
 func NewDetached(maxBytes int) *Flight {
-	return newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now())
+	f := newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now())
+	f.j.discard = true // its one reader never reads an event twice
+	return f
 }

@@ -160,9 +160,23 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 	if id.Seq == 1 {
 		f.first = time.Now()
 	}
+	f.settleLocked()
 	f.signalLocked()
 	f.mu.Unlock()
 	return id, nil
+}
+
+// settleLocked seals the journal's full blocks that every subscriber has
+// read (see journal).
+func (f *Flight) settleLocked() {
+	if f.j.sealed >= len(f.j.blocks)-1 || f.j.discard && len(f.subs) == 0 {
+		return // nothing full; or a reader is still to come for what is dropped
+	}
+	pos := f.j.events()
+	for _, s := range f.subs {
+		pos = min(pos, s.next)
+	}
+	f.j.settle(pos)
 }
 
 func (f *Flight) signalLocked() {
@@ -185,7 +199,9 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 	}
 	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
 	if f.head.Stream {
-		res.packed, res.size = f.j.frames(), f.j.size
+		if !f.j.discard { // a flight no store records keeps no result
+			res.packed, res.size = f.j.frames(), f.j.size
+		}
 		res.Ends = f.j.ends[:f.j.events():f.j.events()]
 	} else {
 		res.Data = body
@@ -294,6 +310,7 @@ func (s *Sub) Read() (p []byte, ended bool) {
 	n := f.j.events()
 	p, s.next = f.j.span(s.next, n)
 	ended = f.ended && s.next == n
+	f.settleLocked()
 	if s.next < n {
 		select {
 		case s.c <- struct{}{}:
@@ -324,6 +341,7 @@ func (s *Sub) Close() {
 			break
 		}
 	}
+	f.settleLocked()
 	f.mu.Unlock()
 }
 
@@ -351,6 +369,7 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 	if seq == 1 {
 		f.first = time.Now()
 	}
+	f.settleLocked()
 	f.signalLocked()
 	return nil
 }

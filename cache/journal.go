@@ -18,16 +18,22 @@ const journalBlock = 8 << 10
 // growing it never copies what it holds, and a slice handed to a reader
 // stays valid while the journal grows. An event never spans two blocks.
 //
-// A block that is full is sealed: kept zstd-compressed (the chunks of one
-// completion are nearly identical JSON, so a block packs to about a
-// tenth), and unpacked again only for a reader that is that far behind.
-// A live journal thus holds its open block and a little per sealed one.
+// A full block that every reader has read is sealed: kept
+// zstd-compressed (the chunks of one completion are nearly identical
+// JSON, so a block packs to about a tenth), and unpacked again only for a
+// reader that joins or resumes that far behind. A live journal thus holds
+// its open block, and a little per sealed one.
 type journal struct {
 	blocks [][]byte // the open (last) block; a sealed block's entry is nil
 	packed [][]byte // each sealed block, compressed (nil for the open one)
 	starts []int    // offset of each block's first byte in the whole journal
 	ends   []uint32 // end offset of each event in the whole journal
 	size   int      // bytes held
+	// Blocks before sealed are sealed, or, with discard set, dropped: the
+	// journal of a flight no one can join keeps nothing its one reader
+	// has read.
+	sealed  int
+	discard bool
 	// The sealed block unpacked last, for readers behind the open block.
 	unpackedIdx int // its index + 1; 0: none
 	unpacked    []byte
@@ -53,6 +59,20 @@ func (j *journal) seal(i int) {
 	j.packed[i] = append([]byte(nil), *buf...)
 	packScratch.Put(buf)
 	j.blocks[i] = nil
+}
+
+// settle seals (or drops) the full blocks that lie wholly before event
+// index pos, the position of the slowest reader.
+func (j *journal) settle(pos int) {
+	off := j.start(pos)
+	for j.sealed < len(j.blocks)-1 && j.starts[j.sealed+1] <= off {
+		if j.discard {
+			j.blocks[j.sealed] = nil
+		} else {
+			j.seal(j.sealed)
+		}
+		j.sealed++
+	}
 }
 
 // block returns the bytes of block i, unpacking a sealed one.
@@ -83,9 +103,6 @@ func (j *journal) room(n int) {
 	k := len(j.blocks)
 	if k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n {
 		return
-	}
-	if k > 0 {
-		j.seal(k - 1)
 	}
 	// The first blocks are smaller, so that a short stream holds little.
 	size := journalBlock >> max(2-k, 0)

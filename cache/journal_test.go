@@ -10,7 +10,8 @@ import (
 	"github.com/ssegate/ssegate/sse"
 )
 
-// TestJournalSealedBlocks: full blocks are kept packed, and every span,
+// TestJournalSealedBlocks: full blocks that every reader has passed are
+// kept packed, and every span,
 // event and the whole journal read back byte for byte what was appended,
 // whichever blocks they lie in and in whatever order they are read.
 func TestJournalSealedBlocks(t *testing.T) {
@@ -31,6 +32,10 @@ func TestJournalSealedBlocks(t *testing.T) {
 		want = sse.AppendEvent(want, id, "", data)
 		ends = append(ends, len(want))
 	}
+	if raw := len(j.blocks) - j.sealed; raw < 2 {
+		t.Fatalf("%d raw blocks before any reader passed them; want all kept raw", raw)
+	}
+	j.settle(len(ends)) // every reader is past them
 	sealed, packedBytes := 0, 0
 	for i := range j.packed {
 		if j.packed[i] != nil {
@@ -71,5 +76,43 @@ func TestJournalSealedBlocks(t *testing.T) {
 		if ev := j.event(from); !bytes.Equal(ev, want[start(from):ends[from]]) {
 			t.Fatalf("event(%d) differs", from)
 		}
+	}
+}
+
+// TestDetachedJournalDrops: a flight no one can join keeps only what its
+// one reader has not read, and the reader still gets every event once.
+func TestDetachedJournalDrops(t *testing.T) {
+	f := NewDetached(1 << 30)
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want, got []byte
+	for i := range 2000 {
+		data := fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
+		if _, err := f.Append("", data); err != nil {
+			t.Fatal(err)
+		}
+		want = sse.AppendEvent(want, sse.ID{}, "", data)
+		if i%7 == 0 { // the reader keeps up in batches
+			for p, _ := s.Read(); len(p) > 0; p, _ = s.Read() {
+				got = append(got, p...)
+			}
+		}
+		held := 0
+		for _, b := range f.j.blocks {
+			held += cap(b)
+		}
+		if held > 2*journalBlock {
+			t.Fatalf("after %d events the journal holds %d bytes of blocks; want at most two blocks", i+1, held)
+		}
+	}
+	f.Commit(nil)
+	for p, ended := s.Read(); len(p) > 0 || !ended; p, ended = s.Read() {
+		got = append(got, p...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the reader got %d bytes; want the %d appended", len(got), len(want))
 	}
 }
