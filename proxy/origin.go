@@ -12,10 +12,10 @@ import (
 // origin is the client whose request started a generation. Its
 // connection is taken over as soon as the upstream call starts, so that
 // the generation's own goroutine can write the answer's head with the
-// first event, and each event right after journaling it, before it waits
-// for the upstream again: no other goroutine wakes between the upstream's
-// event and the client's, and the events of one upstream read go out in
-// one write. These writes never wait. When the connection does not take a
+// first event, and the events it journaled whenever it is about to read
+// the upstream's socket again: no other goroutine wakes between the
+// upstream's event and the client's, and the events of one upstream read
+// go out in one write. These writes never wait. When the connection does not take a
 // write whole (the client is behind), a goroutine of its own takes over
 // with what was left and follows the flight as any joiner does, with the
 // slow-client bound: the generation never waits for a client. An answer
@@ -147,8 +147,8 @@ func (o *origin) other() *client {
 }
 
 // push writes what the flight journaled since the last push. The
-// generation calls it before each read of the upstream and after the
-// flight ended.
+// generation calls it before each read of the upstream's socket
+// (idleConn.beforeRead) and after the flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
 	switch o.mode {
