@@ -308,16 +308,8 @@ func TestQuickRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes and runs load")
 	}
-	out := t.TempDir()
-	args := []string{"-quick", "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20", "-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40", "-out", out}
-	if bin := os.Getenv("SSEGATE_BIN"); bin != "" {
-		args = append(args, "-ssegate", bin)
-	}
-	opt, err := parseFlags(args, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, _ := runReport(t, opt, out)
+	rep, _, out := runQuick(t, "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20",
+		"-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40")
 	seen := map[string]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Scenario + " " + m.Path
@@ -354,13 +346,23 @@ func TestQuickRun(t *testing.T) {
 	}
 }
 
-// runReport runs the suite with opt, writing into out, and returns the
-// JSON report it wrote and what it printed.
-func runReport(t *testing.T, opt *options, out string) (report, string) {
+// runQuick runs the suite with -quick and args (and the binary in
+// $SSEGATE_BIN, when set), and returns the JSON report it wrote, what it
+// printed, and the directory of its results.
+func runQuick(t *testing.T, args ...string) (rep report, stdout, out string) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	if err := run(opt, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\n%s", err, stderr.String())
+	out = t.TempDir()
+	args = append(args, "-quick", "-out", out)
+	if bin := os.Getenv("SSEGATE_BIN"); bin != "" {
+		args = append(args, "-ssegate", bin)
+	}
+	opt, err := parseFlags(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var so, se bytes.Buffer
+	if err := run(opt, &so, &se); err != nil {
+		t.Fatalf("run: %v\n%s", err, se.String())
 	}
 	files, _ := filepath.Glob(filepath.Join(out, "bench-*.json"))
 	if len(files) != 1 {
@@ -370,9 +372,8 @@ func runReport(t *testing.T, opt *options, out string) (report, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep report
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	return rep, stdout.String()
+	return rep, so.String(), out
 }

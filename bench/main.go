@@ -72,32 +72,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.quick {
-		if !set["rounds"] {
-			o.rounds = 1
-		}
-		if !set["duration"] {
-			o.duration = 300 * time.Millisecond
-		}
-		if !set["slow"] {
-			*slow = "64"
-		}
-		if !set["slow-events"] {
-			o.slowEvents = 50
-		}
-		if !set["sweep"] {
-			*sweep = "1,64"
-		}
-		if !set["events"] {
-			o.events = 100
-		}
-		if !set["fanout-pace"] {
-			o.fanoutPace = 2 * time.Millisecond
-		}
-		if !set["redis-load"] {
-			*redisLoad = "64@10ms:50"
-		}
-		if !set["redis-join"] {
-			*redisJoin = "4@10ms:50"
+		// A smoke run's sizes, for every flag the command line left alone.
+		for name, v := range map[string]string{
+			"rounds": "1", "duration": "300ms", "slow": "64", "slow-events": "50", "sweep": "1,64",
+			"events": "100", "fanout-pace": "2ms", "redis-load": "64@10ms:50", "redis-join": "4@10ms:50",
+		} {
+			if !set[name] {
+				if err := fs.Set(name, v); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	var err error

@@ -165,16 +165,8 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 		calls = -1
 	}
 
-	m.WallSec = num(lr.wall.Seconds())
-	m.Streams, m.OK, m.Errors, m.Events = lr.streams, lr.ok, lr.errors, lr.events
-	m.Bytes, m.Replayed, m.Groups, m.UpstreamCalls = lr.bytes, lr.replayed, lr.rounds, calls
-	m.EventsPerSec = num(perSecond(lr.events, lr.wall))
-	m.StreamsPerSec = num(perSecond(lr.ok, lr.wall))
-	if len(lr.ttfe) > 0 {
-		m.TTFEP50us = num(us(percentile(lr.ttfe, 50)))
-		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
-	}
-	m.ErrorSamples = lr.errSamples
+	m.fillLoad(lr)
+	m.Replayed, m.Groups, m.UpstreamCalls = lr.replayed, lr.rounds, calls
 	mu.Lock()
 	m.MaxLive = maxLive
 	if maxLive > 0 {
@@ -204,6 +196,19 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 }
 
 // summary is the one-line progress report of a measurement.
+// fillLoad records what the load generator counted and timed.
+func (m *measurement) fillLoad(lr loadResult) {
+	m.WallSec = num(lr.wall.Seconds())
+	m.Streams, m.OK, m.Errors, m.Events, m.Bytes = lr.streams, lr.ok, lr.errors, lr.events, lr.bytes
+	m.EventsPerSec = num(perSecond(lr.events, lr.wall))
+	m.StreamsPerSec = num(perSecond(lr.ok, lr.wall))
+	if len(lr.ttfe) > 0 {
+		m.TTFEP50us = num(us(percentile(lr.ttfe, 50)))
+		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
+	}
+	m.ErrorSamples = lr.errSamples
+}
+
 func (m *measurement) summary() string {
 	if m.Error != "" {
 		return "FAILED: " + m.Error

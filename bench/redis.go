@@ -432,15 +432,7 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 	}
 	_, m.PeakRSS, _ = memory(srv.pids)
 
-	m.WallSec = num(lr.wall.Seconds())
-	m.Streams, m.OK, m.Errors, m.Events, m.Bytes = lr.streams, lr.ok, lr.errors, lr.events, lr.bytes
-	m.EventsPerSec = num(perSecond(lr.events, lr.wall))
-	m.StreamsPerSec = num(perSecond(lr.ok, lr.wall))
-	if len(lr.ttfe) > 0 {
-		m.TTFEP50us = num(us(percentile(lr.ttfe, 50)))
-		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
-	}
-	m.ErrorSamples = lr.errSamples
+	m.fillLoad(lr)
 	setCPU(&m, x, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(lr.events))
 	r.logf("%-40s %s, redis cpu %.2fµs/ev, %.3f round trips/ev", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RoundTripsPerEvent))
 	return m

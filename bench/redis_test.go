@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,16 +22,7 @@ func TestRedisScenario(t *testing.T) {
 		}
 		t.Fatal("redis-server is not on PATH, and $CI is set")
 	}
-	out := t.TempDir()
-	args := []string{"-quick", "-scenarios", "redis", "-redis-load", "16@5ms:20", "-redis-join", "3@10ms:30", "-out", out}
-	if bin := os.Getenv("SSEGATE_BIN"); bin != "" {
-		args = append(args, "-ssegate", bin)
-	}
-	opt, err := parseFlags(args, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, stdout := runReport(t, opt, out)
+	rep, stdout, _ := runQuick(t, "-scenarios", "redis", "-redis-load", "16@5ms:20", "-redis-join", "3@10ms:30")
 	paths := map[string]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Step + " / " + m.Path
