@@ -202,18 +202,3 @@ func (j *journal) frames() [][]byte {
 	return out
 }
 
-// bytes returns the whole journal as one slice of its exact size.
-func (j *journal) bytes() []byte {
-	out := make([]byte, 0, j.size)
-	for i, b := range j.blocks {
-		if b == nil {
-			var err error
-			if out, err = blockDec.DecodeAll(j.packed[i], out); err != nil {
-				panic("cache: a sealed journal block does not unpack: " + err.Error())
-			}
-			continue
-		}
-		out = append(out, b...)
-	}
-	return out
-}

@@ -52,8 +52,9 @@ func TestJournalSealedBlocks(t *testing.T) {
 	if packedBytes*4 > len(want) {
 		t.Fatalf("sealed blocks take %d bytes for %d raw; want under a quarter", packedBytes, len(want))
 	}
-	if !bytes.Equal(j.bytes(), want) {
-		t.Fatal("bytes() differs from what was appended")
+	res := &Result{packed: j.frames(), size: j.size}
+	if err := res.unpack(); err != nil || !bytes.Equal(res.Data, want) {
+		t.Fatalf("the journal's frames (what a commit stores) differ from what was appended: %v", err)
 	}
 	start := func(i int) int {
 		if i == 0 {

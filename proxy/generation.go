@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
 
@@ -340,14 +339,13 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	var readErr, appendErr error
 	// The client the generation writes gets what was journaled whenever
 	// the generation is about to read the upstream's socket: the events of
-	// one read go out together, and before it may wait.
-	var body io.Reader = pushReader{resp.BodyStream(), g.o}
+	// one read go out together, and before it may wait. Every upstream
+	// connection is an idleConn (newUpstream's Dial; TestAnswerConn).
 	if c := connOf(resp); c != nil {
 		c.beforeRead = g.o.push
 		defer func() { c.beforeRead = nil }()
-		body = resp.BodyStream()
 	}
-	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
+	for ev, err := range sse.Read(resp.BodyStream(), g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
@@ -405,18 +403,6 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	return reason, true
 }
 
-// pushReader writes the origin client what was journaled before each read
-// of an answer's body, for an answer not read from the upstream client's
-// own connections (see idleConn.beforeRead).
-type pushReader struct {
-	r io.Reader
-	o *origin
-}
-
-func (r pushReader) Read(p []byte) (int, error) {
-	r.o.push()
-	return r.r.Read(p)
-}
 
 func readFailure(err error) string {
 	switch {
