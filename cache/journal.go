@@ -201,4 +201,3 @@ func (j *journal) frames() [][]byte {
 	}
 	return out
 }
-

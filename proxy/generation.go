@@ -403,7 +403,6 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	return reason, true
 }
 
-
 func readFailure(err error) string {
 	switch {
 	case errors.Is(err, sse.ErrEventTooLarge):
