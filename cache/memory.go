@@ -2,7 +2,6 @@ package cache
 
 import (
 	"fmt"
-	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -140,9 +139,7 @@ func NewMemory(cfg Config) (*Memory, error) {
 	m := &Memory{cfg: cfg, keys: make(map[string]*entry), states: make(map[State]int64), stop: make(chan struct{})}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
-	// Every commit compresses on the generation's goroutine: the fastest
-	// level still keeps a recorded OpenAI stream at about an eighth.
-	codec, err := newBlobCodec(cfg.MaxStreamBytes, zstd.SpeedFastest)
+	codec, err := newBlobCodec(cfg.MaxStreamBytes)
 	if err != nil {
 		return nil, fmt.Errorf("body codec: %w", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"os"
 	"strconv"
@@ -184,7 +183,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis connect: %w", err)
 	}
-	codec, err := newBlobCodec(cfg.MaxStreamBytes, zstd.SpeedDefault)
+	codec, err := newBlobCodec(cfg.MaxStreamBytes)
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -7,43 +7,41 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 )
 
 // A committed result is kept in Redis as one compressed blob rather than
 // as the stream of its events: the JSON envelope of LLM chunks repeats
 // itself so much that a blob is tens of times smaller (REDIS.md §1), and
-// a replay is one GET.
+// a replay is one GET. The memory store keeps its bodies the same way.
 //
-// Layout: "SG" 2 (version), uvarint length of what follows once
-// decompressed, then zstd frames of: uvarint gen, uvarint head length,
-// head JSON, uvarint input and output tokens, uvarint event count, the
-// event end offsets as uvarint deltas, then the encoded events (or the
+// Layout: "SG" 3 (version), uvarint length of what follows once
+// decompressed, then frames, each a uvarint length and an S2 block
+// (klauspost/compress/s2, the block format). Decompressed, the frames
+// follow on from one another: uvarint gen, uvarint head length, head
+// JSON, uvarint input and output tokens, uvarint event count, the event
+// end offsets as uvarint deltas, then the encoded events (or the
 // non-streaming body). The events of a stream are the journal's own
-// packed blocks, one frame each; zstd frames decode to the concatenation
-// of their contents. Version 1 (one frame, no length) is still read. The
-// memory store keeps its bodies the same way.
+// packed blocks, one frame each, so a commit does not compress them
+// again. Versions 1 and 2, one or more zstd frames, are still read.
 
 var (
-	blobMagic   = []byte{'S', 'G', 2}
+	blobMagic   = []byte{'S', 'G', 3}
+	blobMagicV2 = []byte{'S', 'G', 2}
 	blobMagicV1 = []byte{'S', 'G', 1}
 )
 
 var errBlob = errors.New("malformed result blob")
 
-// blobCodec compresses and decompresses blobs. zstd's EncodeAll and
-// DecodeAll are safe for concurrent use, so one codec serves the store.
+// blobCodec encodes and decodes blobs; one codec serves the store from
+// any goroutine.
 type blobCodec struct {
-	enc        *zstd.Encoder
-	dec        *zstd.Decoder
+	legacy     *zstd.Decoder // for versions 1 and 2
 	maxDecoded uint64
 }
 
-func newBlobCodec(maxBytes int, level zstd.EncoderLevel) (*blobCodec, error) {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(1))
-	if err != nil {
-		return nil, err
-	}
+func newBlobCodec(maxBytes int) (*blobCodec, error) {
 	// A blob never holds more than one stream's bound, plus its ends and
 	// head; the limit stops a corrupt or hostile blob from ballooning.
 	maxDecoded := uint64(maxBytes)*2 + 1<<20
@@ -51,20 +49,18 @@ func newBlobCodec(maxBytes int, level zstd.EncoderLevel) (*blobCodec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &blobCodec{enc: enc, dec: dec, maxDecoded: maxDecoded}, nil
+	return &blobCodec{legacy: dec, maxDecoded: maxDecoded}, nil
 }
 
-func (c *blobCodec) close() {
-	c.enc.Close()
-	c.dec.Close()
-}
+func (c *blobCodec) close() { c.legacy.Close() }
 
-func (c *blobCodec) encode(r *Result) ([]byte, error) {
+// meta encodes what a blob holds before the events.
+func (c *blobCodec) meta(r *Result) ([]byte, error) {
 	head, err := json.Marshal(r.Head)
 	if err != nil {
 		return nil, err
 	}
-	p := make([]byte, 0, len(r.Data)+len(head)+2*len(r.Ends)+32) // Data is nil while packed
+	p := make([]byte, 0, len(head)+2*len(r.Ends)+32)
 	p = binary.AppendUvarint(p, r.Gen)
 	p = binary.AppendUvarint(p, uint64(len(head)))
 	p = append(p, head...)
@@ -76,38 +72,94 @@ func (c *blobCodec) encode(r *Result) ([]byte, error) {
 		p = binary.AppendUvarint(p, uint64(e-prev))
 		prev = e
 	}
-	out := append([]byte(nil), blobMagic...)
-	out = binary.AppendUvarint(out, uint64(len(p)+r.dataSize()))
-	if r.packed != nil {
-		// The events as the journal packed them.
-		out = c.enc.EncodeAll(p, out)
-		for _, f := range r.packed {
-			out = append(out, f...)
-		}
-		return out, nil
+	return p, nil
+}
+
+func (c *blobCodec) encode(r *Result) ([]byte, error) {
+	p, err := c.meta(r)
+	if err != nil {
+		return nil, err
 	}
-	p = append(p, r.Data...)
-	return c.enc.EncodeAll(p, out), nil
+	frames := r.packed
+	if frames == nil && len(r.Data) > 0 {
+		frames = [][]byte{s2.Encode(nil, r.Data)}
+	}
+	size := len(blobMagic) + 2*binary.MaxVarintLen64 + s2.MaxEncodedLen(len(p))
+	for _, f := range frames {
+		size += binary.MaxVarintLen64 + len(f)
+	}
+	out := append(make([]byte, 0, size), blobMagic...)
+	out = binary.AppendUvarint(out, uint64(len(p)+r.dataSize()))
+	out = appendFrame(out, s2.Encode(nil, p))
+	for _, f := range frames {
+		out = appendFrame(out, f)
+	}
+	return out, nil
+}
+
+func appendFrame(out, f []byte) []byte {
+	return append(binary.AppendUvarint(out, uint64(len(f))), f...)
+}
+
+// unframe decompresses the frames of a version 3 blob into one buffer of
+// the length the blob gives, refusing one that would pass the bound.
+func (c *blobCodec) unframe(b []byte) ([]byte, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > c.maxDecoded {
+		return nil, errBlob
+	}
+	dst, b := make([]byte, 0, n), b[k:]
+	for len(b) > 0 {
+		fl, k := binary.Uvarint(b)
+		if k <= 0 || fl > uint64(len(b)-k) {
+			return nil, errBlob
+		}
+		f := b[k : k+int(fl)]
+		b = b[k+int(fl):]
+		var err error
+		if dst, err = appendDecoded(dst, f); err != nil {
+			return nil, err
+		}
+	}
+	if uint64(len(dst)) != n {
+		return nil, errBlob
+	}
+	return dst, nil
+}
+
+// appendDecoded decodes the S2 block f after dst's bytes, in dst's spare
+// capacity, which must hold it.
+func appendDecoded(dst, f []byte) ([]byte, error) {
+	dl, err := s2.DecodedLen(f)
+	if err != nil || dl > cap(dst)-len(dst) {
+		return nil, errBlob
+	}
+	if _, err := s2.Decode(dst[len(dst):len(dst)+dl], f); err != nil {
+		return nil, fmt.Errorf("%w: %v", errBlob, err)
+	}
+	return dst[:len(dst)+dl], nil
 }
 
 func (c *blobCodec) decode(b []byte, sc Scope) (*Result, error) {
-	var dst []byte
+	var p []byte
+	var err error
 	switch {
 	case bytes.HasPrefix(b, blobMagic):
-		b = b[len(blobMagic):]
+		if p, err = c.unframe(b[len(blobMagic):]); err != nil {
+			return nil, err
+		}
+	case bytes.HasPrefix(b, blobMagicV2):
+		b = b[len(blobMagicV2):]
 		n, k := binary.Uvarint(b)
 		if k <= 0 || n > c.maxDecoded {
 			return nil, errBlob
 		}
-		// Sized at once: growing it frame by frame would copy it over
-		// and over.
-		dst, b = make([]byte, 0, n), b[k:]
+		p, err = c.legacy.DecodeAll(b[k:], make([]byte, 0, n))
 	case bytes.HasPrefix(b, blobMagicV1):
-		b = b[len(blobMagicV1):]
+		p, err = c.legacy.DecodeAll(b[len(blobMagicV1):], nil)
 	default:
 		return nil, errBlob
 	}
-	p, err := c.dec.DecodeAll(b, dst)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errBlob, err)
 	}

@@ -494,7 +494,7 @@ func TestRedisStartsWithoutRedis(t *testing.T) {
 }
 
 func TestBlobRoundTrip(t *testing.T) {
-	c, err := newBlobCodec(1<<20, zstd.SpeedDefault)
+	c, err := newBlobCodec(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,20 +522,36 @@ func TestBlobRoundTrip(t *testing.T) {
 	if _, err := c.decode(b[:len(b)/2], res.Scope); err == nil {
 		t.Fatal("truncated blob: got no error")
 	}
-	// A blob kept by the previous version (one frame, no length) still
-	// reads, since Redis may hold results written before an upgrade.
-	raw, err := c.dec.DecodeAll(b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):], nil)
+	// Blobs kept by earlier versions (zstd: one frame with no length, or
+	// frames after the length) still read, since Redis may hold results
+	// written before an upgrade.
+	meta, err := c.meta(res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v1 := c.enc.EncodeAll(raw, append([]byte(nil), blobMagicV1...))
-	if got, err := c.decode(v1, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
-		t.Fatalf("version 1 blob: %v; want the same result", err)
+	raw := append(meta, got.Data...)
+	z, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// A length beyond the bound is refused before anything is allocated.
+	v1 := z.EncodeAll(raw, append([]byte(nil), blobMagicV1...))
+	v2 := z.EncodeAll(raw, binary.AppendUvarint(append([]byte(nil), blobMagicV2...), uint64(len(raw))))
+	z.Close()
+	for v, blob := range [][]byte{v1, v2} {
+		if got, err := c.decode(blob, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
+			t.Fatalf("version %d blob: %v; want the same result", v+1, err)
+		}
+	}
+	// A length beyond the bound is refused before anything is allocated,
+	// and so is a frame that would decode past the length given.
+	rest := b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):]
 	huge := binary.AppendUvarint(append([]byte(nil), blobMagic...), 1<<40)
-	if _, err := c.decode(append(huge, b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):]...), res.Scope); err == nil {
+	if _, err := c.decode(append(huge, rest...), res.Scope); err == nil {
 		t.Fatal("blob claiming 1 TiB: got no error")
+	}
+	short := binary.AppendUvarint(append([]byte(nil), blobMagic...), 10)
+	if _, err := c.decode(append(short, rest...), res.Scope); err == nil {
+		t.Fatal("blob whose frames pass its length: got no error")
 	}
 }
 

@@ -14,7 +14,7 @@ type Result struct {
 	Usage Usage
 
 	// packed, for a result just committed from a journal, holds Data as
-	// the journal's zstd frames, in order, and Data is nil until unpack:
+	// the journal's S2 blocks, in order, and Data is nil until unpack:
 	// a store that keeps results compressed takes the frames as they are.
 	packed [][]byte
 	size   int // len(Data), also while packed
@@ -36,9 +36,12 @@ func (r *Result) unpack() error {
 	data := make([]byte, 0, r.size)
 	for _, f := range r.packed {
 		var err error
-		if data, err = blockDec.DecodeAll(f, data); err != nil {
+		if data, err = appendDecoded(data, f); err != nil {
 			return err
 		}
+	}
+	if len(data) != r.size {
+		return errBlob
 	}
 	r.Data, r.packed = data, nil
 	return nil
