@@ -18,6 +18,9 @@ func (detached) mark(*Flight, State, int, int) {}
 // not written; maxBytes bounds its journal.
 func NewDetached(maxBytes int) *Flight {
 	f := newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now())
-	f.j.discard = true // its one reader never reads an event twice
+	// Its one reader (at most one subscriber) never reads an event twice,
+	// and is done with what it read when it reads again: the journal
+	// drops or reuses it then.
+	f.j.discard = true
 	return f
 }

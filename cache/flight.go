@@ -304,10 +304,17 @@ func (s *Sub) C() <-chan struct{} { return s.c }
 // with nothing left to read after p. A backlog longer than one journal
 // block comes in several Reads; C is signalled again while any is left,
 // so one Read per signal never strands a reader.
+//
+// The one reader of a detached flight (NewDetached) gets slices that stay
+// valid only until its next Read: calling Read says it is done with what
+// the last one returned, and the journal may then reuse that memory.
 func (s *Sub) Read() (p []byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
 	n := f.j.events()
+	if s.next == n {
+		f.j.recycle() // only a detached flight's journal does anything
+	}
 	p, s.next = f.j.span(s.next, n)
 	ended = f.ended && s.next == n
 	f.settleLocked()

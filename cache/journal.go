@@ -31,7 +31,8 @@ type journal struct {
 	size   int      // bytes held
 	// Blocks before sealed are sealed, or, with discard set, dropped: the
 	// journal of a flight no one can join keeps nothing its one reader
-	// has read.
+	// has read, and reuses its memory once that reader is done with it
+	// (recycle).
 	sealed  int
 	discard bool
 	// The sealed block unpacked last, for readers behind the open block.
@@ -70,6 +71,25 @@ func (j *journal) settle(pos int) {
 		}
 		j.sealed++
 	}
+}
+
+// recycle, for a journal with discard set whose one reader has read all
+// of it and holds none of it any more, starts the journal over in its
+// open block's memory, once that block is half full: the journal of a
+// stream no one can join then stays one block however long the stream,
+// and a paced stream allocates no more blocks at all. Nothing of what it
+// held is kept, not even where its blocks were.
+func (j *journal) recycle() {
+	k := len(j.blocks)
+	if !j.discard || k == 0 || len(j.blocks[k-1]) < cap(j.blocks[k-1])/2 {
+		return
+	}
+	b := j.blocks[k-1][:0]
+	clear(j.blocks)
+	j.blocks = append(j.blocks[:0], b)
+	j.packed = append(j.packed[:0], nil)
+	j.starts = append(j.starts[:0], j.size)
+	j.sealed = 0
 }
 
 // block returns the bytes of block i, unpacking a sealed one.

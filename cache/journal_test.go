@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -109,11 +110,91 @@ func TestDetachedJournalDrops(t *testing.T) {
 			t.Fatalf("after %d events the journal holds %d bytes of blocks; want at most two blocks", i+1, held)
 		}
 	}
+	if len(f.j.blocks) > 2 || len(f.j.starts) > 2 {
+		t.Fatalf("the journal keeps %d blocks' places; want what is not read only", len(f.j.blocks))
+	}
 	f.Commit(nil)
 	for p, ended := s.Read(); len(p) > 0 || !ended; p, ended = s.Read() {
 		got = append(got, p...)
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("the reader got %d bytes; want the %d appended", len(got), len(want))
+	}
+}
+
+// A paced stream without a key, read event by event as the generation
+// writes its client, lives in its first block's memory from start to end.
+func TestDetachedJournalRecycles(t *testing.T) {
+	f := NewDetached(1 << 30)
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := -1
+	for i := range 5000 {
+		data := fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
+		if _, err := f.Append("", data); err != nil {
+			t.Fatal(err)
+		}
+		p, _ := s.Read()
+		if want := sse.AppendEvent(nil, sse.ID{}, "", data); !bytes.Equal(p, want) {
+			t.Fatalf("event %d: read %q; want %q", i, p, want)
+		}
+		if p, _ := s.Read(); len(p) != 0 {
+			t.Fatalf("event %d: a second read got %d bytes", i, len(p))
+		}
+		if len(f.j.blocks) != 1 {
+			t.Fatalf("event %d: %d blocks; want the first one, reused", i, len(f.j.blocks))
+		}
+		if first < 0 {
+			first = cap(f.j.blocks[0])
+		} else if cap(f.j.blocks[0]) != first {
+			t.Fatalf("event %d: the block has %d bytes; want the first block's %d", i, cap(f.j.blocks[0]), first)
+		}
+	}
+}
+
+// A reader on a goroutine of its own, done with each slice before it
+// reads again, never sees bytes the generation reused under it (run with
+// -race: reuse must happen after the reader's next Read).
+func TestDetachedJournalReuseIsSafe(t *testing.T) {
+	f := NewDetached(1 << 30)
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20000
+	var want []byte
+	for i := range n {
+		want = sse.AppendEvent(want, sse.ID{}, "", strings.Repeat("x", i%300)+strconv.Itoa(i))
+	}
+	done := make(chan []byte)
+	go func() {
+		var got []byte
+		for {
+			<-s.C()
+			for {
+				p, ended := s.Read()
+				got = append(got, p...) // in place, before the next Read
+				if ended {
+					done <- got
+					return
+				}
+				if len(p) == 0 {
+					break
+				}
+			}
+		}
+	}()
+	for i := range n {
+		if _, err := f.Append("", strings.Repeat("x", i%300)+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Commit(nil)
+	if got := <-done; !bytes.Equal(got, want) {
+		t.Fatalf("the reader got %d bytes that differ from the %d appended", len(got), len(want))
 	}
 }

@@ -99,7 +99,7 @@ func (c *client) flush() error {
 		c.set = d
 	}
 	_, err := c.vec.WriteTo(c.conn)
-	c.buf, c.vec = c.buf[:0], c.arr[:0]
+	c.reset()
 	if err != nil {
 		var ne net.Error
 		c.stalled = errors.As(err, &ne) && ne.Timeout()
@@ -131,8 +131,16 @@ func (c *client) offer(p []byte, last bool) (done bool, err error) {
 	if len(c.vec) > 0 {
 		return false, nil
 	}
-	c.buf, c.vec = c.buf[:0], c.arr[:0]
+	c.reset()
 	return true, nil
+}
+
+// reset empties c.vec once written, forgetting the slices it held: they
+// lie in journal blocks that would otherwise stay reachable after the
+// journal dropped them.
+func (c *client) reset() {
+	c.arr = [3][]byte{}
+	c.buf, c.vec = c.buf[:0], c.arr[:0]
 }
 
 // consume drops the first n bytes of v.
