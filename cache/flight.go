@@ -309,13 +309,31 @@ func (s *Sub) C() <-chan struct{} { return s.c }
 // valid only until its next Read: calling Read says it is done with what
 // the last one returned, and the journal may then reuse that memory.
 func (s *Sub) Read() (p []byte, ended bool) {
+	var one [1][]byte
+	spans, ended := s.ReadSpans(one[:0])
+	if len(spans) > 0 {
+		p = spans[0]
+	}
+	return p, ended
+}
+
+// ReadSpans is Read for a reader that writes several spans at once: it
+// appends to dst, up to its capacity, the spans of everything not yet
+// delivered (a backlog beyond them comes in later calls, signalled on C
+// as for Read). For a detached flight, one ReadSpans is one Read: the
+// reader must be done with all the spans before it reads again.
+func (s *Sub) ReadSpans(dst [][]byte) (spans [][]byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
 	n := f.j.events()
 	if s.next == n {
-		f.j.recycle() // only a detached flight's journal does anything
+		f.j.recycle()
 	}
-	p, s.next = f.j.span(s.next, n)
+	for s.next < n && len(dst) < cap(dst) {
+		var p []byte
+		p, s.next = f.j.span(s.next, n)
+		dst = append(dst, p)
+	}
 	ended = f.ended && s.next == n
 	f.settleLocked()
 	if s.next < n {
@@ -325,7 +343,7 @@ func (s *Sub) Read() (p []byte, ended bool) {
 		}
 	}
 	f.mu.Unlock()
-	return p, ended
+	return dst, ended
 }
 
 // Position returns the seq of the last event Read has returned.

@@ -53,7 +53,15 @@ func TestJournalSealedBlocks(t *testing.T) {
 	if packedBytes*4 > len(want) {
 		t.Fatalf("sealed blocks take %d bytes for %d raw; want under a quarter", packedBytes, len(want))
 	}
-	res := &Result{packed: j.frames(), size: j.size}
+	frames := j.frames()
+	framed := 0
+	for _, f := range frames {
+		framed += len(f)
+	}
+	if len(frames) < 2 || framed >= packedBytes {
+		t.Fatalf("%d frames of %d bytes for %d raw; want several, packed tighter than the %d bytes of sealed blocks", len(frames), framed, len(want), packedBytes)
+	}
+	res := &Result{packed: frames, size: j.size}
 	if err := res.unpack(); err != nil || !bytes.Equal(res.Data, want) {
 		t.Fatalf("the journal's frames (what a commit stores) differ from what was appended: %v", err)
 	}

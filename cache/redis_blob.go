@@ -22,9 +22,9 @@ import (
 // follow on from one another: uvarint gen, uvarint head length, head
 // JSON, uvarint input and output tokens, uvarint event count, the event
 // end offsets as uvarint deltas, then the encoded events (or the
-// non-streaming body). The events of a stream are the journal's own
-// packed blocks, one frame each, so a commit does not compress them
-// again. Versions 1 and 2, one or more zstd frames, are still read.
+// non-streaming body). The events of a stream are the frames the journal
+// packed them into at commit (journal.frames). Versions 1 and 2, one or
+// more zstd frames, are still read.
 
 var (
 	blobMagic   = []byte{'S', 'G', 3}

@@ -14,7 +14,7 @@ type Result struct {
 	Usage Usage
 
 	// packed, for a result just committed from a journal, holds Data as
-	// the journal's S2 blocks, in order, and Data is nil until unpack:
+	// S2 blocks, in order (journal.frames), and Data is nil until unpack:
 	// a store that keeps results compressed takes the frames as they are.
 	packed [][]byte
 	size   int // len(Data), also while packed

@@ -41,7 +41,7 @@ func TestOfferAllocs(t *testing.T) {
 	c.wfn = c.writeFD
 	ev := sse.AppendEvent(nil, sse.ID{Gen: 1, Seq: 1}, "", `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`)
 	if got := testing.AllocsPerRun(1000, func() {
-		if _, err := c.offer(ev, false); err != nil {
+		if _, err := c.offer(false, ev); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.flush(); err != nil { // whatever the socket did not take

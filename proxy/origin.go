@@ -35,7 +35,11 @@ type origin struct {
 	measure      bool   // the first event's added delay is still to be observed
 	idle         bool   // nothing was written since the last heartbeat tick
 	hb           *time.Timer
+	spans        [maxParts][]byte // scratch of flushLocked
 }
+
+// maxParts bounds the journal spans one write to a client gathers.
+const maxParts = 4
 
 const (
 	originWaiting  = iota // the connection is not taken over yet
@@ -162,34 +166,33 @@ func (o *origin) push() {
 
 // flushLocked writes the client everything it has not had yet, and the
 // end of the answer once the flight ended, as far as the connection takes
-// it without waiting.
+// it without waiting: all the journal spans at hand in one write.
 func (o *origin) flushLocked() {
 	c := o.c
 	for {
-		data, ended := o.sub.Read()
+		spans, ended := o.sub.ReadSpans(o.spans[:0])
 		if ended {
 			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted {
-				ev := sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason)))
-				data = append(append(make([]byte, 0, len(data)+len(ev)), data...), ev...)
+				spans = append(spans, sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason))))
 			}
-			if o.offer(data, true) {
+			if o.offer(true, spans...) {
 				o.over(true)
 			}
 			return
 		}
-		if len(data) == 0 && len(c.buf) == 0 {
+		if len(spans) == 0 && len(c.buf) == 0 {
 			return // caught up
 		}
-		if !o.offer(data, false) || len(data) == 0 {
+		if !o.offer(false, spans...) || len(spans) == 0 {
 			return
 		}
 	}
 }
 
-// offer writes p without waiting and reports whether all of it went out;
-// if not, the client is handed off or gone.
-func (o *origin) offer(p []byte, last bool) bool {
-	done, err := o.c.offer(p, last)
+// offer writes parts without waiting and reports whether all of it went
+// out; if not, the client is handed off or gone.
+func (o *origin) offer(last bool, parts ...[]byte) bool {
+	done, err := o.c.offer(last, parts...)
 	switch {
 	case err != nil:
 		o.over(false)
@@ -199,7 +202,7 @@ func (o *origin) offer(p []byte, last bool) bool {
 		return false
 	}
 	o.idle = false
-	if o.measure && len(p) > 0 {
+	if o.measure && len(parts) > 0 {
 		o.measure = false
 		if t := o.f.FirstEventAt(); !t.IsZero() {
 			o.p.m.ttfeAdded.Observe(time.Since(t).Seconds())
@@ -248,7 +251,7 @@ func (o *origin) beat() {
 	if o.mode != originDirect {
 		return
 	}
-	if o.idle && !o.offer(pingComment, false) {
+	if o.idle && !o.offer(false, pingComment) {
 		return
 	}
 	o.idle = true

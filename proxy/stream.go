@@ -30,11 +30,11 @@ type client struct {
 	pre       []byte          // what the client sent after its request, read at take-over
 	keepAlive bool            // serve the connection's next request after a complete answer
 
-	buf     []byte      // the answer head until it is written, then chunk headers
-	arr     [3][]byte   // backing of vec
-	vec     net.Buffers // the frames to write; after an offer, what it left unwritten
-	stalled bool        // the last write timed out
-	set     time.Time   // the write deadline last set
+	buf     []byte               // the answer head until it is written, then chunk headers
+	arr     [2 + maxParts][]byte // backing of vec
+	vec     net.Buffers          // the frames to write; after an offer, what it left unwritten
+	stalled bool                 // the last write timed out
+	set     time.Time            // the write deadline last set
 
 	// The non-blocking write's arguments and results, kept here so that
 	// its callback (wfn, made once) allocates nothing per write.
@@ -43,19 +43,29 @@ type client struct {
 	werr error
 }
 
-// frame puts p as one chunk (with the answer head before the first) into
-// c.vec; last adds the end of the body.
-func (c *client) frame(p []byte, last bool) {
+// frame puts parts as one chunk (with the answer head before the first)
+// into c.vec; last adds the end of the body.
+func (c *client) frame(last bool, parts ...[]byte) {
 	c.vec = c.arr[:0]
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
 	switch {
-	case len(p) > 0:
-		c.buf = appendChunkHeader(c.buf, len(p))
+	case n > 0:
+		c.buf = appendChunkHeader(c.buf, n)
 		tail := crlf
 		if last {
 			tail = crlfEnd
 		}
-		c.vec = append(c.vec, c.buf, p, tail)
-		c.p.m.clientBytes.Add(float64(len(p)))
+		c.vec = append(c.vec, c.buf)
+		for _, p := range parts {
+			if len(p) > 0 {
+				c.vec = append(c.vec, p)
+			}
+		}
+		c.vec = append(c.vec, tail)
+		c.p.m.clientBytes.Add(float64(n))
 	case last:
 		c.buf = append(c.buf, lastChunk...)
 		c.vec = append(c.vec, c.buf)
@@ -81,7 +91,7 @@ func (c *client) send(p []byte, last bool) error {
 	if err := c.flush(); err != nil {
 		return err
 	}
-	c.frame(p, last)
+	c.frame(last, p)
 	return c.flush()
 }
 
@@ -112,11 +122,11 @@ func (c *client) flush() error {
 // the connection takes it without waiting. done reports that all of it
 // was written; otherwise the rest stays in c.vec for write or end to send
 // first. An error means the client is gone.
-func (c *client) offer(p []byte, last bool) (done bool, err error) {
+func (c *client) offer(last bool, parts ...[]byte) (done bool, err error) {
 	if len(c.vec) > 0 {
 		return false, nil
 	}
-	c.frame(p, last)
+	c.frame(last, parts...)
 	if len(c.vec) == 0 {
 		return true, nil
 	}
@@ -139,7 +149,7 @@ func (c *client) offer(p []byte, last bool) (done bool, err error) {
 // lie in journal blocks that would otherwise stay reachable after the
 // journal dropped them.
 func (c *client) reset() {
-	c.arr = [3][]byte{}
+	c.arr = [len(c.arr)][]byte{}
 	c.buf, c.vec = c.buf[:0], c.arr[:0]
 }
 
