@@ -13,6 +13,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +66,12 @@ type options struct {
 	mockTokens    int
 	mockDelay     time.Duration
 	redis         redisOptions
+
+	// The Go runtime's memory settings; setGC is false when the GOGC
+	// environment variable decides instead.
+	gcPercent   int
+	setGC       bool
+	memoryLimit int64
 }
 
 func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
@@ -110,6 +118,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
+	fs.IntVar(&o.gcPercent, "gc-percent", 50, "the Go garbage collector's heap growth between collections, as GOGC (-1: off); lower holds less memory per stream for more CPU. Without this flag a GOGC environment variable is used instead")
+	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it (0: none, or GOMEMLIMIT's)")
 	o.redis.register(fs)
 	usage := func() {
 		fs.SetOutput(out)
@@ -125,6 +135,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("invalid value %q for %s (-%s): %w", v, name, f.Name, err)
 			}
+			o.setGC = o.setGC || f.Name == "gc-percent"
 		}
 	})
 	if envErr != nil {
@@ -135,6 +146,11 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 			usage()
 		}
 		return nil, err
+	}
+	fs.Visit(func(f *flag.Flag) { o.setGC = o.setGC || f.Name == "gc-percent" })
+	o.setGC = o.setGC || getenv("GOGC") == ""
+	if o.gcPercent < -1 || o.memoryLimit < 0 {
+		return nil, errors.New("-gc-percent must be -1 (off) or more, -memory-limit 0 (none) or more")
 	}
 	if len(o.upstreams) == 0 {
 		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
@@ -166,6 +182,16 @@ func newLogger(o *options, w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("-log-format: %q is neither json nor text", o.logFormat)
 }
 
+// gcPercent returns the collector's GOGC setting in effect.
+func gcPercent() int64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return -1
+	}
+	return int64(s[0].Value.Uint64())
+}
+
 // run starts ssegate and serves until ctx ends or a SIGTERM/SIGINT
 // arrives. ready, when not nil, receives the listening address.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready chan<- string) error {
@@ -176,6 +202,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	log, err := newLogger(o, stderr)
 	if err != nil {
 		return err
+	}
+	if o.setGC {
+		debug.SetGCPercent(o.gcPercent)
+	}
+	if o.memoryLimit > 0 {
+		debug.SetMemoryLimit(o.memoryLimit)
 	}
 	upstreams := append([]string(nil), o.upstreams...)
 	for i, u := range upstreams {
@@ -242,7 +274,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String())
+	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String(),
+		"gc_percent", gcPercent(), "memory_limit", debug.SetMemoryLimit(-1)) // -1 reads it
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

@@ -36,6 +36,32 @@ func TestFlagsFromEnv(t *testing.T) {
 	}
 }
 
+// TestGCSettings: -gc-percent applies by default (50), gives way to a
+// GOGC environment variable, and wins when given.
+func TestGCSettings(t *testing.T) {
+	cases := []struct {
+		args  []string
+		env   map[string]string
+		set   bool
+		value int
+	}{
+		{nil, nil, true, 50},
+		{nil, map[string]string{"GOGC": "200"}, false, 50},
+		{[]string{"-gc-percent", "80"}, map[string]string{"GOGC": "200"}, true, 80},
+		{nil, map[string]string{"GOGC": "200", "SSEGATE_GC_PERCENT": "30"}, true, 30},
+		{[]string{"-gc-percent", "-1"}, nil, true, -1},
+	}
+	for _, c := range cases {
+		o, err := parseFlags(append([]string{"-upstream", "mock"}, c.args...), env(c.env), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.setGC != c.set || o.gcPercent != c.value {
+			t.Errorf("%v %v: set %v, %d; want %v, %d", c.args, c.env, o.setGC, o.gcPercent, c.set, c.value)
+		}
+	}
+}
+
 // TestBadValues: a bad value stops start-up with one line naming the flag.
 func TestBadValues(t *testing.T) {
 	cases := []struct {
@@ -48,6 +74,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
 		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
 		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
+		{[]string{"-upstream", "mock", "-gc-percent", "-2"}, nil, "-gc-percent"},
+		{[]string{"-upstream", "mock", "-memory-limit", "-5"}, nil, "-memory-limit"},
 		{nil, nil, "-upstream is required"},
 	}
 	for _, c := range cases {
