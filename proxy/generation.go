@@ -22,8 +22,8 @@ type gen struct {
 	o         *origin // the client whose request started it
 	wantUsage bool
 	// handoff, for a request without a key, receives a final answer that
-	// is not an event stream; the handler then relays it as it comes and
-	// calls finish.
+	// is not an event stream; the origin then relays it as it comes
+	// (answerRest) and calls finish.
 	handoff chan *fasthttp.Response
 
 	mu       sync.Mutex // guards resp, finished and cause
@@ -178,6 +178,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			g.resp = nil
 			g.mu.Unlock()
 			g.handoff <- resp
+			g.o.push() // the client's connection writes it, if it is taken over yet
 			return
 		}
 		g.drop()

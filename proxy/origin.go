@@ -19,8 +19,10 @@ import (
 // write whole (the client is behind), a goroutine of its own takes over
 // with what was left and follows the flight as any joiner does, with the
 // slow-client bound: the generation never waits for a client. An answer
-// that is not an event stream is written by the goroutine that took the
-// connection over (answerRest).
+// that is not an event stream is written whole (answerRest) by the
+// goroutine that took the connection over when it is known by then, or
+// else by one the generation starts when it learns it: nothing waits for
+// the answer, so the head of a stream wakes no other goroutine.
 type origin struct {
 	p      *Proxy
 	g      *gen
@@ -35,8 +37,13 @@ type origin struct {
 	measure      bool   // the first event's added delay is still to be observed
 	idle         bool   // nothing was written since the last heartbeat tick
 	hb           *time.Timer
-	spans        [maxParts][]byte // scratch of flushLocked
+	spans        [maxParts][]byte   // scratch of flushLocked
+	raw          *fasthttp.Response // g.handoff's answer, for answerRest
 }
+
+// testHookAdvance, set by a test, runs in advanceLocked between its look
+// at whether the flight ended and its look at the head.
+var testHookAdvance func(*cache.Flight)
 
 // maxParts bounds the journal spans one write to a client gathers.
 const maxParts = 4
@@ -68,10 +75,47 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 	p.takeOver(ctx, false, func(c *client) {
 		o.mu.Lock()
 		o.c, o.mode = c, originAttached
-		o.startLocked()
+		rest := o.advanceLocked()
 		o.mu.Unlock()
-		o.answerRest()
+		if rest {
+			o.answerRest()
+		}
 	})
+}
+
+// advanceLocked, once the connection is taken over and until the answer
+// is known, starts a streamed answer as soon as the flight has its head,
+// and reports true, having made the answer originOther, when the answer
+// is known not to be a stream and can be written whole (answerRest).
+// Nothing waits for the answer: the goroutine that took the connection
+// over calls it once, and the generation again whenever it pushes.
+func (o *origin) advanceLocked() bool {
+	ended := false
+	select {
+	case resp := <-o.g.handoff: // nil, so never ready, for a keyed request
+		o.raw = resp
+	case <-o.f.Done():
+		ended = true
+	default:
+	}
+	// Whether the flight ended is taken before its head: a flight that
+	// sets its head and ends in between must not pass for one that ended
+	// without a stream.
+	if testHookAdvance != nil {
+		testHookAdvance(o.f)
+	}
+	if o.raw == nil {
+		if h, ok := o.f.Head(); ok && h.Stream {
+			o.startLocked()
+			return false
+		}
+		if !ended {
+			return false
+		}
+	}
+	o.mode = originOther
+	o.sub.Close()
+	return true
 }
 
 // startLocked starts writing a streamed answer once the flight has the
@@ -94,15 +138,13 @@ func (o *origin) startLocked() {
 	}
 }
 
-// answerRest, on the goroutine that took the connection over, waits for
-// the answer's head, and writes the answer when it is not a stream (an
-// error, a non-streaming answer, or what the upstream answered to a
-// request without a key that was not an event stream).
+// answerRest writes an answer that is not a stream (an error, a
+// non-streaming answer, or what the upstream answered to a request
+// without a key that was not an event stream), once advanceLocked found
+// it known.
 func (o *origin) answerRest() {
-	p, g, f := o.p, o.g, o.f
-	select {
-	case resp := <-g.handoff: // nil, so never ready, for a keyed request
-		c := o.other()
+	p, g, f, c := o.p, o.g, o.f, o.c
+	if resp := o.raw; resp != nil {
 		c.answerHead(copyHead(resp))
 		ok := copyBody(c, resp.BodyStream()) && c.end() == nil
 		resp.CloseBodyStream() //nolint:errcheck // done with the body
@@ -110,28 +152,18 @@ func (o *origin) answerRest() {
 		g.finish()
 		c.finish(ok, nil)
 		return
-	case <-f.HeadReady():
 	}
-	h, ok := f.Head()
-	if ok && h.Stream {
-		return // the generation writes it
-	}
-	c := o.other()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	var refused *apiError
-	if !ok {
-		_, reason, _ := f.Outcome()
+	state, reason, body := f.Outcome()
+	if h, ok := f.Head(); !ok {
 		refused = headlessError(reason)
+	} else if body == nil && state != cache.StateCommitted {
+		refused = errUpstream("the upstream answer could not be read (" + reason + ")")
 	} else {
-		<-f.Done()
-		state, reason, body := f.Outcome()
-		if body == nil && state != cache.StateCommitted {
-			refused = errUpstream("the upstream answer could not be read (" + reason + ")")
-		} else {
-			setHead(&resp.Header, h, false)
-			resp.SetBody(body)
-		}
+		setHead(&resp.Header, h, false)
+		resp.SetBody(body)
 	}
 	if refused != nil {
 		fillError(resp, refused)
@@ -140,28 +172,22 @@ func (o *origin) answerRest() {
 	c.finish(c.answerWhole(resp) == nil, nil)
 }
 
-// other marks the answer as not a stream, which the generation then
-// leaves alone, and returns the client.
-func (o *origin) other() *client {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.mode = originOther
-	o.sub.Close()
-	return o.c
-}
-
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream's socket
 // (idleConn.beforeRead) and after the flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
+	rest := false
 	switch o.mode {
 	case originAttached:
-		o.startLocked()
+		rest = o.advanceLocked()
 	case originDirect:
 		o.flushLocked()
 	}
 	o.mu.Unlock()
+	if rest {
+		go o.answerRest()
+	}
 }
 
 // flushLocked writes the client everything it has not had yet, and the

@@ -6,7 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -157,5 +160,76 @@ func TestAnswerConn(t *testing.T) {
 	c.beforeRead = nil
 	if reads == 0 {
 		t.Fatal("reading the body did not go through the connection's beforeRead")
+	}
+}
+
+// TestShortStreamsAreWhole: streams that end about when the client's
+// connection is taken over still arrive whole. A take-over that read
+// "no head yet" and then "ended" could answer a stream as an empty body
+// when the generation set the head and ended in between.
+func TestShortStreamsAreWhole(t *testing.T) {
+	e := newEnv(t, slowMock(0, 1))
+	const workers, each = 4, 200
+	var wg sync.WaitGroup
+	errs := make(chan string, workers*each)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				key := ""
+				if i%4 != 0 { // most with a key, some without
+					key = fmt.Sprintf("short-%d-%d", w, i)
+				}
+				r := e.fetch(req{key: key})
+				if r.status != 200 || len(r.events) < 2 || r.lastData() != "[DONE]" {
+					errs <- fmt.Sprintf("%s: %d, %d events, last %q", key, r.status, len(r.events), r.lastData())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for msg := range errs {
+		if n++; n <= 5 {
+			t.Error(msg)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d of %d short streams were not whole", n, workers*each)
+	}
+	e.wantCalls(workers * each)
+}
+
+// TestHeadAndEndDuringTakeOver: the take-over looks at the flight while
+// the generation sets the head of a short stream and ends it; the client
+// still gets the whole stream, not an empty answer.
+func TestHeadAndEndDuringTakeOver(t *testing.T) {
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(100 * time.Millisecond) // the head comes after the take-over
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	e := newEnvUpstream(t, up.URL, nil, Config{}, cache.Config{})
+	var once sync.Once
+	testHookAdvance = func(f *cache.Flight) {
+		once.Do(func() {
+			if _, ok := f.Head(); ok {
+				t.Error("the head came before the take-over; the test shows nothing")
+			}
+			<-f.Done() // the generation sets the head and ends meanwhile
+		})
+	}
+	defer func() { testHookAdvance = nil }()
+	r := e.fetch(req{key: newKey("head-end")})
+	if r.status != 200 || len(r.events) != 2 || r.lastData() != "[DONE]" {
+		t.Fatalf("got %d with %d events %q; want the whole stream", r.status, len(r.events), r.raw)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("%d upstream calls; want 1", calls.Load())
 	}
 }
