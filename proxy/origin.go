@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -43,7 +44,7 @@ type origin struct {
 
 // testHookAdvance, set by a test, runs in advanceLocked between its look
 // at whether the flight ended and its look at the head.
-var testHookAdvance func(*cache.Flight)
+var testHookAdvance atomic.Pointer[func(*cache.Flight)]
 
 // maxParts bounds the journal spans one write to a client gathers.
 const maxParts = 4
@@ -101,8 +102,8 @@ func (o *origin) advanceLocked() bool {
 	// Whether the flight ended is taken before its head: a flight that
 	// sets its head and ends in between must not pass for one that ended
 	// without a stream.
-	if testHookAdvance != nil {
-		testHookAdvance(o.f)
+	if hook := testHookAdvance.Load(); hook != nil {
+		(*hook)(o.f)
 	}
 	if o.raw == nil {
 		if h, ok := o.f.Head(); ok && h.Stream {

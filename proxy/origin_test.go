@@ -216,7 +216,7 @@ func TestHeadAndEndDuringTakeOver(t *testing.T) {
 	defer up.Close()
 	e := newEnvUpstream(t, up.URL, nil, Config{}, cache.Config{})
 	var once sync.Once
-	testHookAdvance = func(f *cache.Flight) {
+	hook := func(f *cache.Flight) {
 		once.Do(func() {
 			if _, ok := f.Head(); ok {
 				t.Error("the head came before the take-over; the test shows nothing")
@@ -224,7 +224,8 @@ func TestHeadAndEndDuringTakeOver(t *testing.T) {
 			<-f.Done() // the generation sets the head and ends meanwhile
 		})
 	}
-	defer func() { testHookAdvance = nil }()
+	testHookAdvance.Store(&hook)
+	defer testHookAdvance.Store(nil)
 	r := e.fetch(req{key: newKey("head-end")})
 	if r.status != 200 || len(r.events) != 2 || r.lastData() != "[DONE]" {
 		t.Fatalf("got %d with %d events %q; want the whole stream", r.status, len(r.events), r.raw)
