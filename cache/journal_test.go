@@ -92,12 +92,7 @@ func TestJournalSealedBlocks(t *testing.T) {
 // TestDetachedJournalDrops: a flight no one can join keeps only what its
 // one reader has not read, and the reader still gets every event once.
 func TestDetachedJournalDrops(t *testing.T) {
-	f := NewDetached(1 << 30)
-	f.SetHead(streamHead)
-	s, err := f.Subscribe(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, s := detachedStream(t)
 	var want, got []byte
 	for i := range 2000 {
 		data := fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
@@ -133,12 +128,7 @@ func TestDetachedJournalDrops(t *testing.T) {
 // A paced stream without a key, read event by event as the generation
 // writes its client, lives in its first block's memory from start to end.
 func TestDetachedJournalRecycles(t *testing.T) {
-	f := NewDetached(1 << 30)
-	f.SetHead(streamHead)
-	s, err := f.Subscribe(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, s := detachedStream(t)
 	first := -1
 	for i := range 5000 {
 		data := fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
@@ -167,12 +157,7 @@ func TestDetachedJournalRecycles(t *testing.T) {
 // reads again, never sees bytes the generation reused under it (run with
 // -race: reuse must happen after the reader's next Read).
 func TestDetachedJournalReuseIsSafe(t *testing.T) {
-	f := NewDetached(1 << 30)
-	f.SetHead(streamHead)
-	s, err := f.Subscribe(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, s := detachedStream(t)
 	const n = 20000
 	var want []byte
 	for i := range n {
@@ -205,4 +190,17 @@ func TestDetachedJournalReuseIsSafe(t *testing.T) {
 	if got := <-done; !bytes.Equal(got, want) {
 		t.Fatalf("the reader got %d bytes that differ from the %d appended", len(got), len(want))
 	}
+}
+
+// detachedStream returns a detached flight with a stream head and its one
+// reader.
+func detachedStream(t *testing.T) (*Flight, *Sub) {
+	t.Helper()
+	f := NewDetached(1 << 30)
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, s
 }
