@@ -83,21 +83,27 @@ func (j *journal) settle(pos int) {
 
 // recycle, for a journal with discard set whose one reader has read all
 // of it and holds none of it any more, starts the journal over in its
-// open block's memory, once that block is half full: the journal of a
-// stream no one can join then stays one block however long the stream,
-// and a paced stream allocates no more blocks at all. Nothing of what it
-// held is kept, not even where its blocks were.
+// open block's memory: the journal of a stream no one can join then stays
+// one block however long the stream, and allocates none while its reader
+// keeps up. A block that grew for a backlog (the events that came before
+// the client's connection was taken over, or a burst) is let go instead
+// when it was last filled to a quarter or less, so that a paced stream
+// returns to a first-size block. Nothing of what the journal held is
+// kept, not even where its blocks were.
 func (j *journal) recycle() {
 	k := len(j.blocks)
-	if !j.discard || k == 0 || len(j.blocks[k-1]) < cap(j.blocks[k-1])/2 {
+	if !j.discard || k == 0 {
 		return
 	}
-	b := j.blocks[k-1][:0]
+	b := j.blocks[k-1]
 	clear(j.blocks)
-	j.blocks = append(j.blocks[:0], b)
-	j.packed = append(j.packed[:0], nil)
-	j.starts = append(j.starts[:0], j.size)
-	j.sealed = 0
+	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
+	if cap(b) > journalBlock>>2 && len(b) <= cap(b)/4 {
+		return // room starts a first-size block
+	}
+	j.blocks = append(j.blocks, b[:0])
+	j.packed = append(j.packed, nil)
+	j.starts = append(j.starts, j.size)
 }
 
 // block returns the bytes of block i, unpacking a sealed one.

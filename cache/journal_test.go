@@ -126,29 +126,43 @@ func TestDetachedJournalDrops(t *testing.T) {
 }
 
 // A paced stream without a key, read event by event as the generation
-// writes its client, lives in its first block's memory from start to end.
+// writes its client, lives in one first-size block from start to end, and
+// returns to one after a backlog (events before its client was taken over).
 func TestDetachedJournalRecycles(t *testing.T) {
 	f, s := detachedStream(t)
-	first := -1
-	for i := range 5000 {
-		data := fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
-		if _, err := f.Append("", data); err != nil {
+	event := func(i int) string {
+		return fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
+	}
+	var want []byte
+	for i := range 60 { // the backlog: nobody reads yet
+		if _, err := f.Append("", event(i)); err != nil {
+			t.Fatal(err)
+		}
+		want = sse.AppendEvent(want, sse.ID{}, "", event(i))
+	}
+	var got []byte
+	for p, _ := s.Read(); len(p) > 0; p, _ = s.Read() {
+		got = append(got, p...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the backlog read back differs")
+	}
+	for i := 60; i < 5000; i++ {
+		if _, err := f.Append("", event(i)); err != nil {
 			t.Fatal(err)
 		}
 		p, _ := s.Read()
-		if want := sse.AppendEvent(nil, sse.ID{}, "", data); !bytes.Equal(p, want) {
+		if want := sse.AppendEvent(nil, sse.ID{}, "", event(i)); !bytes.Equal(p, want) {
 			t.Fatalf("event %d: read %q; want %q", i, p, want)
 		}
 		if p, _ := s.Read(); len(p) != 0 {
 			t.Fatalf("event %d: a second read got %d bytes", i, len(p))
 		}
-		if len(f.j.blocks) != 1 {
-			t.Fatalf("event %d: %d blocks; want the first one, reused", i, len(f.j.blocks))
+		if i < 62 {
+			continue // the backlog's block goes at the first catch-up after it
 		}
-		if first < 0 {
-			first = cap(f.j.blocks[0])
-		} else if cap(f.j.blocks[0]) != first {
-			t.Fatalf("event %d: the block has %d bytes; want the first block's %d", i, cap(f.j.blocks[0]), first)
+		if len(f.j.blocks) != 1 || cap(f.j.blocks[0]) != journalBlock>>2 {
+			t.Fatalf("event %d: %d blocks, the open one of %d bytes; want one first-size block (%d), reused", i, len(f.j.blocks), cap(f.j.blocks[len(f.j.blocks)-1]), journalBlock>>2)
 		}
 	}
 }
