@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
@@ -17,7 +18,9 @@ import (
 // a replay is one GET. The memory store keeps its bodies the same way.
 //
 // Layout: "SG" 3 (version), uvarint length of what follows once
-// decompressed, then frames, each a uvarint length and an S2 block
+// decompressed, the CRC-32C of the rest (4 bytes, little-endian: S2
+// blocks carry no checksum, and a damaged blob must not replay as some
+// other stream), then frames, each a uvarint length and an S2 block
 // (klauspost/compress/s2, the block format). Decompressed, the frames
 // follow on from one another: uvarint gen, uvarint head length, head
 // JSON, uvarint input and output tokens, uvarint event count, the event
@@ -88,14 +91,19 @@ func (c *blobCodec) encode(r *Result) ([]byte, error) {
 	for _, f := range frames {
 		size += binary.MaxVarintLen64 + len(f)
 	}
-	out := append(make([]byte, 0, size), blobMagic...)
+	out := append(make([]byte, 0, size+4), blobMagic...)
 	out = binary.AppendUvarint(out, uint64(len(p)+r.dataSize()))
+	sum := len(out)
+	out = append(out, 0, 0, 0, 0)
 	out = appendFrame(out, s2.Encode(nil, p))
 	for _, f := range frames {
 		out = appendFrame(out, f)
 	}
+	binary.LittleEndian.PutUint32(out[sum:], crc32.Checksum(out[sum+4:], castagnoli))
 	return out, nil
 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func appendFrame(out, f []byte) []byte {
 	return append(binary.AppendUvarint(out, uint64(len(f))), f...)
@@ -105,10 +113,14 @@ func appendFrame(out, f []byte) []byte {
 // the length the blob gives, refusing one that would pass the bound.
 func (c *blobCodec) unframe(b []byte) ([]byte, error) {
 	n, k := binary.Uvarint(b)
-	if k <= 0 || n > c.maxDecoded {
+	if k <= 0 || n > c.maxDecoded || len(b) < k+4 {
 		return nil, errBlob
 	}
-	dst, b := make([]byte, 0, n), b[k:]
+	b = b[k:]
+	if binary.LittleEndian.Uint32(b) != crc32.Checksum(b[4:], castagnoli) {
+		return nil, fmt.Errorf("%w: checksum mismatch", errBlob)
+	}
+	dst, b := make([]byte, 0, n), b[4:]
 	for len(b) > 0 {
 		fl, k := binary.Uvarint(b)
 		if k <= 0 || fl > uint64(len(b)-k) {

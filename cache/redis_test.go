@@ -522,6 +522,15 @@ func TestBlobRoundTrip(t *testing.T) {
 	if _, err := c.decode(b[:len(b)/2], res.Scope); err == nil {
 		t.Fatal("truncated blob: got no error")
 	}
+	// S2 blocks carry no checksum; the blob does: a damaged byte anywhere
+	// in its frames is refused, not replayed.
+	for _, at := range []int{len(b) - 1, len(b) / 2, len(b) - 40} {
+		bad := append([]byte(nil), b...)
+		bad[at] ^= 0x20
+		if _, err := c.decode(bad, res.Scope); err == nil {
+			t.Fatalf("blob damaged at byte %d of %d: got no error", at, len(b))
+		}
+	}
 	// Blobs kept by earlier versions (zstd: one frame with no length, or
 	// frames after the length) still read, since Redis may hold results
 	// written before an upgrade.
