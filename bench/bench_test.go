@@ -311,9 +311,11 @@ func TestQuickRun(t *testing.T) {
 	rep, _, out := runQuick(t, "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20",
 		"-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40")
 	seen := map[string]bool{}
+	peers := map[kind]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Scenario + " " + m.Path
 		seen[m.Scenario] = true
+		peers[m.Server] = true
 		if m.Error != "" {
 			t.Errorf("%s: %s", name, m.Error)
 			continue
@@ -331,6 +333,11 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("%s: %d upstream calls; want 0", name, m.UpstreamCalls)
 		case m.Scenario == "d" && m.Server == kindSsegate && m.Replayed != m.Streams:
 			t.Errorf("%s: %d of %d answers replayed; want all", name, m.Replayed, m.Streams)
+		}
+	}
+	for _, k := range []kind{kindDirect, kindHTTPUtil, kindFastHTTP, kindSsegate} {
+		if !peers[k] {
+			t.Errorf("peer %s has no measurement", k)
 		}
 	}
 	for _, s := range scenarios {

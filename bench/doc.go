@@ -16,6 +16,11 @@
 //   - httputil: httputil.ReverseProxy with FlushInterval -1, a child process
 //     of this binary, reading each request body into memory first (without
 //     that it cuts a few percent of streams; shared/PITFALLS.md §7);
+//   - fasthttp: the smallest relay on ssegate's own libraries (a fasthttp
+//     server and HostClient, the body copied with SetBodyStreamWriter and
+//     a flush per upstream read), a child process of this binary: it
+//     parses and records nothing, so it shows what fasthttp and the Go
+//     runtime cost on this machine before ssegate does anything;
 //   - nginx: proxy_buffering off, upstream keep-alive, when nginx is on PATH
 //     (a generated configuration in a temporary prefix, in the foreground,
 //     stopped after each measurement);

@@ -62,7 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
-	peers := fs.String("peers", "httputil,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, nginx, ssegate")
+	peers := fs.String("peers", "httputil,fasthttp,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx, ssegate")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.peers = map[kind]bool{kindDirect: true}
 	for _, p := range strings.Split(*peers, ",") {
 		switch k := kind(strings.TrimSpace(p)); k {
-		case kindHTTPUtil, kindNginx, kindSsegate:
+		case kindHTTPUtil, kindFastHTTP, kindNginx, kindSsegate:
 			o.peers[k] = true
 		case "":
 		default:
@@ -256,13 +256,15 @@ func main() {
 }
 
 // child runs the hidden subcommands that make the bench binary a peer
-// process: the httputil baseline or the mock upstream. It reports whether
+// process: the httputil or fasthttp baseline, or the mock upstream. It reports whether
 // args named one.
 func child(args []string) bool {
 	var err error
 	switch {
 	case len(args) == 3 && args[0] == httputilCommand:
 		err = serveHTTPUtil(args[1], args[2])
+	case len(args) == 3 && args[0] == fasthttpCommand:
+		err = serveFastHTTP(args[1], args[2])
 	case len(args) == 2 && args[0] == mockCommand:
 		err = serveMock(args[1])
 	default:

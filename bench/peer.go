@@ -18,6 +18,7 @@ type kind string
 const (
 	kindDirect   kind = "direct"   // the mock upstream itself, in the bench process
 	kindHTTPUtil kind = "httputil" // httputil.ReverseProxy, a child of the bench binary
+	kindFastHTTP kind = "fasthttp" // the minimal fasthttp relay, a child of the bench binary
 	kindNginx    kind = "nginx"    // nginx, proxy_buffering off
 	kindSsegate  kind = "ssegate"  // the ssegate binary built at the start of the run
 	kindMock     kind = "mock"     // the upstream, a child of the bench binary
@@ -83,6 +84,8 @@ func (e *env) start(k kind) (*server, error) {
 		cmd = e.ssegateCmd(addr)
 	case kindHTTPUtil:
 		cmd = exec.Command(e.self, httputilCommand, addr, e.mockURL)
+	case kindFastHTTP:
+		cmd = exec.Command(e.self, fasthttpCommand, addr, e.mockURL)
 	case kindMock:
 		cmd = exec.Command(e.self, mockCommand, addr)
 	case kindNginx:

@@ -307,7 +307,7 @@ func (rep *report) markdown() string {
 	if rep.SsegateEnv != "" {
 		env = " and the environment `" + rep.SsegateEnv + "`"
 	}
-	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first.\n\n", rep.SsegateFlags, env)
+	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first; fasthttp is a minimal relay on ssegate's libraries (HostClient with StreamResponseBody, SetBodyStreamWriter, a flush per upstream read), parsing and recording nothing.\n\n", rep.SsegateFlags, env)
 	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.Join(rep.Command, " "))
 	for _, n := range rep.Notes {
 		fmt.Fprintf(&b, "- Note: %s\n", n)

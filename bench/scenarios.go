@@ -19,6 +19,7 @@ type path struct {
 var (
 	pathDirect     = path{name: "direct", kind: kindDirect}
 	pathHTTPUtil   = path{name: "httputil", kind: kindHTTPUtil}
+	pathFastHTTP   = path{name: "fasthttp", kind: kindFastHTTP}
 	pathNginx      = path{name: "nginx", kind: kindNginx}
 	pathSsegate    = path{name: "ssegate", kind: kindSsegate}
 	pathSsegateKey = path{name: "ssegate+key", kind: kindSsegate, keyed: true}
@@ -96,10 +97,10 @@ func (r *runner) streamJob(p path, conc int, m mode, events int, pace time.Durat
 	}
 }
 
-// allPaths returns the five paths, less the peers not asked for and nginx
+// allPaths returns the six paths, less the peers not asked for and nginx
 // when it is missing.
 func (r *runner) allPaths() []path {
-	return r.only(pathDirect, pathHTTPUtil, pathNginx, pathSsegate, pathSsegateKey)
+	return r.only(pathDirect, pathHTTPUtil, pathFastHTTP, pathNginx, pathSsegate, pathSsegateKey)
 }
 
 // only returns the paths whose peers are measured in this run.
