@@ -2,13 +2,9 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -73,12 +69,8 @@ func serveFastHTTP(addr, upstream string) error {
 		return err
 	}
 	srv := &fasthttp.Server{Handler: handler, ReadBufferSize: 8 << 10, IdleTimeout: time.Minute}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	go func() {
-		<-ctx.Done()
+	return untilSignal(func() error { return srv.Serve(ln) }, func() {
 		_ = srv.Shutdown()
 		_ = ln.Close()
-	}()
-	return srv.Serve(ln)
+	})
 }

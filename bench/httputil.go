@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"log"
@@ -11,8 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 )
 
@@ -63,13 +60,8 @@ func serveHTTPUtil(addr, upstream string) error {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	if err := srv.Serve(ln); err != http.ErrServerClosed {
+	err = untilSignal(func() error { return srv.Serve(ln) }, func() { _ = srv.Close() })
+	if err != http.ErrServerClosed {
 		return err
 	}
 	return nil

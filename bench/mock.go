@@ -55,17 +55,13 @@ func serveMock(addr string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	go func() {
-		<-ctx.Done()
+	return untilSignal(func() error { return srv.Serve(ln) }, func() {
 		_ = m.Close() // ends the streams
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = srv.ShutdownWithContext(sctx)
 		_ = ln.Close()
-	}()
-	return srv.Serve(ln)
+	})
 }
 
 // quietLogger discards fasthttp's log lines.
@@ -102,4 +98,16 @@ func (e *env) startMock() (*server, error) {
 		return nil, fmt.Errorf("mock upstream on %s does not answer %s", s.addr, callsPath)
 	}
 	return s, nil
+}
+
+// untilSignal runs serve, a peer process's server loop, and calls stop
+// when SIGTERM or an interrupt arrives (the suite stops its peers so).
+func untilSignal(serve func() error, stop func()) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return serve()
 }
