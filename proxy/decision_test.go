@@ -236,6 +236,28 @@ func TestNonStreaming(t *testing.T) {
 	}
 }
 
+// TestRelayWholeAnswers: without a key, an answer that is not an event
+// stream is relayed as the upstream gave it, whether it comes after the
+// client's connection was taken over (a completion that takes a while)
+// or before (an immediate 400), and nothing is replayed: one upstream
+// call per request.
+func TestRelayWholeAnswers(t *testing.T) {
+	e := newEnv(t, slowMock(5*time.Millisecond, 20))
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	for i := range 2 {
+		r := e.fetch(req{body: body})
+		if r.status != 200 || r.replayed || !strings.Contains(string(r.raw), `"chat.completion"`) {
+			t.Fatalf("completion %d: got %d replayed %v %q; want the upstream's 200 JSON", i, r.status, r.replayed, r.raw)
+		}
+	}
+	e.wantCalls(2)
+	r := e.fetch(req{header: map[string]string{"X-Mock-Fault": "status=400"}})
+	if r.status != 400 || r.errType == "" {
+		t.Fatalf("got %d %q; want the upstream's own 400 with its error body", r.status, r.raw)
+	}
+	e.wantCalls(3)
+}
+
 // TestUpstreamErrorNotStored: a 4xx answer is relayed as it was, not
 // stored, and the key is free.
 func TestUpstreamErrorNotStored(t *testing.T) {

@@ -21,10 +21,10 @@ type gen struct {
 	f         *cache.Flight
 	o         *origin // the client whose request started it
 	wantUsage bool
-	// handoff, for a request without a key, receives a final answer that
-	// is not an event stream; the origin then relays it as it comes
-	// (answerRest) and calls finish.
-	handoff chan *fasthttp.Response
+	// relayRaw, for a request without a key: a final answer that is not an
+	// event stream goes to the origin as it is (origin.answerRaw), which
+	// relays it as it comes and calls finish.
+	relayRaw bool
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
@@ -171,14 +171,13 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			p.m.attemptsPerOK.Observe(float64(n))
 			return // the flight has its answer, and ended with it
 		}
-		if a.verdict == final && a.head.Status != 0 && !a.head.Stream && g.handoff != nil {
+		if a.verdict == final && a.head.Status != 0 && !a.head.Stream && g.relayRaw {
 			handedOff = true
 			g.mu.Lock()
 			resp := g.resp
 			g.resp = nil
 			g.mu.Unlock()
-			g.handoff <- resp
-			g.o.push() // the client's connection writes it, if it is taken over yet
+			g.o.answerRaw(resp)
 			return
 		}
 		g.drop()
@@ -254,7 +253,7 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		return a, false
 	}
 	if !head.Stream {
-		if g.handoff != nil {
+		if g.relayRaw {
 			return a, false
 		}
 		g.record(resp, head)

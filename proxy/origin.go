@@ -39,7 +39,7 @@ type origin struct {
 	idle         bool   // nothing was written since the last heartbeat tick
 	hb           *time.Timer
 	spans        [maxParts][]byte   // scratch of flushLocked
-	raw          *fasthttp.Response // g.handoff's answer, for answerRest
+	raw          *fasthttp.Response // the upstream's own answer to relay (answerRaw)
 }
 
 // testHookAdvance, set by a test, runs in advanceLocked between its look
@@ -93,8 +93,6 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 func (o *origin) advanceLocked() bool {
 	ended := false
 	select {
-	case resp := <-o.g.handoff: // nil, so never ready, for a keyed request
-		o.raw = resp
 	case <-o.f.Done():
 		ended = true
 	default:
@@ -171,6 +169,16 @@ func (o *origin) answerRest() {
 		p.logRefused(refused, o.method, o.path)
 	}
 	c.finish(c.answerWhole(resp) == nil, nil)
+}
+
+// answerRaw gives the origin the upstream's answer to a request without a
+// key that is not an event stream, to relay as it is; the generation has
+// handed its end over with it.
+func (o *origin) answerRaw(resp *fasthttp.Response) {
+	o.mu.Lock()
+	o.raw = resp
+	o.mu.Unlock()
+	o.push()
 }
 
 // push writes what the flight journaled since the last push. The
