@@ -38,7 +38,6 @@ type origin struct {
 	measure      bool   // the first event's added delay is still to be observed
 	idle         bool   // nothing was written since the last heartbeat tick
 	hb           *time.Timer
-	spans        [maxParts][]byte   // scratch of flushLocked
 	raw          *fasthttp.Response // the upstream's own answer to relay (answerRaw)
 }
 
@@ -205,7 +204,9 @@ func (o *origin) push() {
 func (o *origin) flushLocked() {
 	c := o.c
 	for {
-		spans, ended := o.sub.ReadSpans(o.spans[:0])
+		// On the stack, so that nothing keeps the spans once written.
+		var at [maxParts][]byte
+		spans, ended := o.sub.ReadSpans(at[:0])
 		if ended {
 			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted {
 				spans = append(spans, sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason))))

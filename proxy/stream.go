@@ -58,13 +58,7 @@ func (c *client) frame(last bool, parts ...[]byte) {
 		if last {
 			tail = crlfEnd
 		}
-		c.vec = append(c.vec, c.buf)
-		for _, p := range parts {
-			if len(p) > 0 {
-				c.vec = append(c.vec, p)
-			}
-		}
-		c.vec = append(c.vec, tail)
+		c.vec = append(append(append(c.vec, c.buf), parts...), tail)
 		c.p.m.clientBytes.Add(float64(n))
 	case last:
 		c.buf = append(c.buf, lastChunk...)
