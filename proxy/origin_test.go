@@ -163,10 +163,12 @@ func TestAnswerConn(t *testing.T) {
 	}
 }
 
-// TestShortStreamsAreWhole: streams that end about when the client's
-// connection is taken over still arrive whole. A take-over that read
-// "no head yet" and then "ended" could answer a stream as an empty body
-// when the generation set the head and ended in between.
+// TestShortStreamsAreWhole: one-token streams, with and without a key,
+// from several clients at once, each arrive whole from one upstream call:
+// they end about when the client's connection is taken over. It does not
+// reliably catch the take-over reading "no head yet" before "ended" (it
+// passed three runs against that bug); TestHeadAndEndDuringTakeOver
+// forces that interleaving.
 func TestShortStreamsAreWhole(t *testing.T) {
 	e := newEnv(t, slowMock(0, 1))
 	const workers, each = 4, 200
