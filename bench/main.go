@@ -211,7 +211,7 @@ type env struct {
 	ssegateBin  string
 	ssegateArgs []string
 	ssegateEnv  []string
-	self        string // this binary, for the httputil child
+	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
 	nginxSeq    int
 	tmp         string
@@ -256,8 +256,8 @@ func main() {
 }
 
 // child runs the hidden subcommands that make the bench binary a peer
-// process: the httputil or fasthttp baseline, or the mock upstream. It reports whether
-// args named one.
+// process: the httputil or fasthttp baseline, or the mock upstream. It
+// reports whether args named one.
 func child(args []string) bool {
 	var err error
 	switch {

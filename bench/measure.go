@@ -195,7 +195,6 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 	return m
 }
 
-// summary is the one-line progress report of a measurement.
 // fillLoad records what the load generator counted and timed.
 func (m *measurement) fillLoad(lr loadResult) {
 	m.WallSec = num(lr.wall.Seconds())
@@ -209,6 +208,7 @@ func (m *measurement) fillLoad(lr loadResult) {
 	m.ErrorSamples = lr.errSamples
 }
 
+// summary is the one-line progress report of a measurement.
 func (m *measurement) summary() string {
 	if m.Error != "" {
 		return "FAILED: " + m.Error

@@ -135,7 +135,6 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("invalid value %q for %s (-%s): %w", v, name, f.Name, err)
 			}
-			o.setGC = o.setGC || f.Name == "gc-percent"
 		}
 	})
 	if envErr != nil {
@@ -147,8 +146,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 		}
 		return nil, err
 	}
+	// -gc-percent applies unless GOGC is set and the flag was not given.
+	o.setGC = getenv("GOGC") == "" || getenv("SSEGATE_GC_PERCENT") != ""
 	fs.Visit(func(f *flag.Flag) { o.setGC = o.setGC || f.Name == "gc-percent" })
-	o.setGC = o.setGC || getenv("GOGC") == ""
 	if o.gcPercent < -1 || o.memoryLimit < 0 {
 		return nil, errors.New("-gc-percent must be -1 (off) or more, -memory-limit 0 (none) or more")
 	}
