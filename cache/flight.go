@@ -53,7 +53,6 @@ type Flight struct {
 	state    State
 	reason   string
 	body     []byte // non-streaming answer, for joiners
-	result   *Result
 	usage    Usage
 	first    time.Time // when the first event was journaled
 }
@@ -207,7 +206,6 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		res.Data = body
 		f.body = body
 	}
-	f.result = res
 	f.mu.Unlock()
 
 	// The ledger and body store learn of the commit before any subscriber
