@@ -200,8 +200,8 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 	if f.head.Stream {
 		if !f.j.discard { // a flight no store records keeps no result
 			res.packed, res.size = f.j.frames(), f.j.size
+			res.Ends = f.j.ends[:len(f.j.ends):len(f.j.ends)]
 		}
-		res.Ends = f.j.ends[:f.j.events():f.j.events()]
 	} else {
 		res.Data = body
 		f.body = body

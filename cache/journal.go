@@ -31,8 +31,11 @@ type journal struct {
 	blocks [][]byte // the open (last) block; a sealed block's entry is nil
 	packed [][]byte // each sealed block, compressed (nil for the open one)
 	starts []int    // offset of each block's first byte in the whole journal
-	ends   []uint32 // end offset of each event in the whole journal
+	ends   []uint32 // end offset in the whole journal of each event from base on
 	size   int      // bytes held
+	// The events before base are forgotten (recycle); event base starts
+	// at offset baseOff. Both stay 0 in a journal that keeps everything.
+	base, baseOff int
 	// Blocks before sealed are sealed, or, with discard set, dropped: the
 	// journal of a flight no one can join keeps nothing its one reader
 	// has read, and reuses its memory once that reader is done with it
@@ -89,13 +92,14 @@ func (j *journal) settle(pos int) {
 // the client's connection was taken over, or a burst) is let go instead
 // when it was last filled to a quarter or less, so that a paced stream
 // returns to a first-size block. Nothing of what the journal held is
-// kept, not even where its blocks were.
+// kept, not even where its blocks or events ended.
 func (j *journal) recycle() {
 	k := len(j.blocks)
 	if !j.discard || k == 0 {
 		return
 	}
 	b := j.blocks[k-1]
+	j.base, j.baseOff, j.ends = j.events(), j.size, j.ends[:0]
 	clear(j.blocks)
 	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
 	if cap(b) > journalBlock>>2 && len(b) <= cap(b)/4 {
@@ -186,13 +190,14 @@ func (j *journal) drop(n int) {
 	j.ends = j.ends[:len(j.ends)-1]
 }
 
-func (j *journal) events() int { return len(j.ends) }
+func (j *journal) events() int { return j.base + len(j.ends) }
 
+// start returns the offset of event i's first byte (i >= base).
 func (j *journal) start(i int) int {
-	if i == 0 {
-		return 0
+	if i == j.base {
+		return j.baseOff
 	}
-	return int(j.ends[i-1])
+	return int(j.ends[i-j.base-1])
 }
 
 // span returns the bytes of the events from index from on, up to index
@@ -206,10 +211,10 @@ func (j *journal) span(from, to int) ([]byte, int) {
 	bi := sort.Search(len(j.starts), func(i int) bool { return j.starts[i] > off }) - 1
 	blockEnd := j.starts[bi] + j.blockLen(bi)
 	k := from
-	for k < to && int(j.ends[k]) <= blockEnd {
+	for k < to && j.start(k+1) <= blockEnd {
 		k++
 	}
-	return j.block(bi)[off-j.starts[bi] : int(j.ends[k-1])-j.starts[bi]], k
+	return j.block(bi)[off-j.starts[bi] : j.start(k)-j.starts[bi]], k
 }
 
 // event returns the bytes of event i.

@@ -127,7 +127,8 @@ func TestDetachedJournalDrops(t *testing.T) {
 
 // A paced stream without a key, read event by event as the generation
 // writes its client, lives in one first-size block from start to end, and
-// returns to one after a backlog (events before its client was taken over).
+// returns to one after a backlog (events before its client was taken
+// over); it keeps the end offset of no event its reader has read.
 func TestDetachedJournalRecycles(t *testing.T) {
 	f, s := detachedStream(t)
 	event := func(i int) string {
@@ -157,6 +158,12 @@ func TestDetachedJournalRecycles(t *testing.T) {
 		}
 		if p, _ := s.Read(); len(p) != 0 {
 			t.Fatalf("event %d: a second read got %d bytes", i, len(p))
+		}
+		if got := f.Events(); got != i+1 {
+			t.Fatalf("event %d: the flight counts %d events; want %d", i, got, i+1)
+		}
+		if len(f.j.ends) > 1 {
+			t.Fatalf("event %d: the journal keeps the ends of %d events; want only the unread one", i, len(f.j.ends))
 		}
 		if i < 62 {
 			continue // the backlog's block goes at the first catch-up after it
