@@ -14,8 +14,9 @@ import (
 
 // gen is one request's upstream work feeding one Flight: the attempts,
 // then the answer's body. Its goroutine owns resp; cancel may be called
-// from any goroutine and interrupts a blocked read by closing the body
-// stream (fasthttp's supported way) or a backoff by closing stop.
+// from any goroutine, the generation's own included, and interrupts a
+// blocked read by closing the upstream connection under it, or a backoff
+// by closing stop.
 type gen struct {
 	p         *Proxy
 	f         *cache.Flight
@@ -59,8 +60,28 @@ func (g *gen) cancel(cause string) {
 	g.cause = cause
 	close(g.stop)
 	if g.resp != nil {
-		g.resp.CloseBodyStream() //nolint:errcheck // interrupting a read
+		interrupt(g.resp)
 	}
+}
+
+// interrupt makes a read of resp's body, blocked now or to come, fail at
+// once, by closing the connection it is read from. It never closes the
+// body stream itself: fasthttp's CloseBodyStream waits for a read in
+// progress to let go of the stream's lock, and cancel is also called from
+// inside that read (the generation writes its client before each read of
+// the socket, and a client that went away cancels an unkeyed
+// generation), where it would wait for itself forever. The generation
+// closes the body stream once its read returned (drop).
+func interrupt(resp *fasthttp.Response) {
+	if c := connOf(resp); c != nil {
+		c.cut.Store(true)
+		c.Conn.Close() //nolint:errcheck // interrupting a read
+		return
+	}
+	// Not one of the upstream client's own connections (never so in
+	// practice: see newUpstream's Dial). Closing the stream from another
+	// goroutine is safe; the generation's own never gets here.
+	go resp.CloseBodyStream() //nolint:errcheck // interrupting a read
 }
 
 func (g *gen) cutShort() string {
@@ -76,6 +97,11 @@ func (g *gen) drop() {
 	g.resp = nil
 	g.mu.Unlock()
 	if resp != nil {
+		if c := connOf(resp); c != nil && c.cut.Load() {
+			// Closed under a body that may have been read whole: fasthttp
+			// would pool it again.
+			resp.SetConnectionClose()
+		}
 		resp.CloseBodyStream() //nolint:errcheck // the body is done with
 		fasthttp.ReleaseResponse(resp)
 	}

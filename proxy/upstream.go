@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -123,6 +124,7 @@ type idleConn struct {
 	headDeadline time.Time // set by Write, cleared by the first answer byte
 	set          time.Time // the read deadline last set
 	laddr        *connAddr
+	cut          atomic.Bool // closed by interrupt: never to be pooled again
 	// beforeRead, while a generation reads an answer from the connection,
 	// runs before each read from the socket: the generation then writes
 	// its client what it journaled since the last read, all together,

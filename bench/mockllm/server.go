@@ -194,6 +194,11 @@ func (s *Server) leave() {
 // (faults and 400s included).
 func (s *Server) Calls() int64 { return s.calls.Load() }
 
+// Active reports how many streams (and stalls) are being written now: a
+// stream whose client went away ends at its next write, so a test can see
+// that the proxy let go of an upstream connection.
+func (s *Server) Active() int64 { return s.active.Load() }
+
 // ResetCalls sets the Calls counter to zero.
 func (s *Server) ResetCalls() { s.calls.Store(0) }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -226,4 +227,84 @@ func hasFlag(t *testing.T, name string) bool {
 	t.Helper()
 	out, _ := exec.Command(gatetest.Binary(t), "-h").CombinedOutput() //nolint:errcheck // -h output is what matters
 	return strings.Contains(string(out), "-"+name+" ") || strings.Contains(string(out), "-"+name+"\n")
+}
+
+// TestDrainAfterClientsLeft: clients that close or reset their streams
+// mid-way, keyed and not, leave nothing behind that holds SIGTERM up: the
+// live generations come back to 0 (ssegate_live_generations) within a
+// second for the unkeyed streams, and the process exits within
+// -shutdown-timeout although the keyed generations are still being read.
+func TestDrainAfterClientsLeft(t *testing.T) {
+	const shutdown = 2 * time.Second
+	g := startGate(t, "-upstream", "mock", "-mock-delay", "20ms", "-shutdown-timeout", shutdown.String())
+	leave := func(key string, reset bool) {
+		c, err := net.Dial("tcp", g.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"leave"}]}`
+		keyHdr := ""
+		if key != "" {
+			keyHdr = "Idempotency-Key: " + key + "\r\n"
+		}
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sX-Mock-Tokens: 2000\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(body), body)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a fresh conn
+		buf := make([]byte, 4096)
+		for got := ""; strings.Count(got, "data: ") < 3; {
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("before 3 events: %v", err)
+			}
+			got += string(buf[:n])
+		}
+		if reset {
+			c.(*net.TCPConn).SetLinger(0) //nolint:errcheck
+		}
+		c.Close()
+	}
+	for i := range 8 {
+		leave("", i%2 == 0)
+	}
+	live := func() string {
+		resp, err := http.Get(g.URL + "/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "ssegate_live_generations "); ok {
+				return v
+			}
+		}
+		return "absent"
+	}
+	got := ""
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if got = live(); got == "0" {
+			break
+		}
+	}
+	if got != "0" {
+		t.Fatalf("ssegate_live_generations a second after 8 unkeyed clients left: got %s; want 0", got)
+	}
+	// Keyed generations read on after their clients left (40 s of
+	// stream each): SIGTERM must still end the process in time.
+	for i := range 4 {
+		leave(fmt.Sprintf("left-%d-%d", time.Now().UnixNano(), i), i%2 == 0)
+	}
+	sigAt := time.Now()
+	if err := g.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited, err := g.Wait(shutdown + 3*time.Second)
+	if !exited {
+		t.Fatalf("process: still running %v after SIGTERM; want it exited within -shutdown-timeout (%v)", time.Since(sigAt).Round(time.Millisecond), shutdown)
+	}
+	if err != nil {
+		t.Errorf("process: got %v; want exit status 0", err)
+	}
+	if d := time.Since(sigAt); d > shutdown+time.Second {
+		t.Errorf("process exited %v after SIGTERM; want within about -shutdown-timeout (%v)", d.Round(time.Millisecond), shutdown)
+	}
 }
