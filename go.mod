@@ -11,7 +11,6 @@ require (
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/rueidis v1.0.79
-	github.com/sony/gobreaker/v2 v2.4.0
 	github.com/tidwall/gjson v1.20.0
 	github.com/tmaxmax/go-sse v0.12.0
 	github.com/valyala/fasthttp v1.78.0

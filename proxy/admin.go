@@ -76,8 +76,8 @@ func (p *Proxy) storeReachable() bool {
 	return s.Ping(c) == nil
 }
 
-// upstreamReachable reports whether some upstream's circuit is not open
-// and a TCP connection to it opens; the answer is kept for a second so a
+// upstreamReachable reports whether some upstream's host circuit is not
+// open and a TCP connection to it opens; the answer is kept for a second so a
 // busy probe does not dial on every call.
 func (p *Proxy) upstreamReachable() bool {
 	p.readyMu.Lock()
@@ -87,7 +87,7 @@ func (p *Proxy) upstreamReachable() bool {
 	}
 	ok := false
 	for _, up := range p.ups {
-		if up.breaker.State().String() == "open" {
+		if up.breaker.hostState() == circuitOpen {
 			continue
 		}
 		c, err := net.DialTimeout("tcp", up.client.Addr, time.Second)

@@ -179,6 +179,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	start := g.start
 	p.budget.request(start)
 	jitter := newFullJitter(rc.BaseBackoff, rc.MaxBackoff)
+	model := requestModel(tmpl.Body()) // whose circuits the calls go through
 	next := 0
 	var last attempt
 	for n := 1; ; n++ {
@@ -186,7 +187,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			f.Fail(cache.StateFailedRetryable, cause, nil)
 			return
 		}
-		up, idx, done, ok := pick(p.ups, next)
+		up, idx, done, ok := pick(p.ups, next, model)
 		if !ok {
 			g.end(n-1, attempt{reason: "upstream_unavailable"}, last)
 			return

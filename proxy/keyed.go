@@ -133,7 +133,7 @@ func headlessError(reason string) *apiError {
 		return errUpstreamTimeout("the upstream took the request and did not answer in time; its outcome is unknown")
 	case "upstream_unavailable":
 		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "upstream_unavailable",
-			message: "every upstream's circuit is open after repeated failures", retryAfter: 1}
+			message: "every upstream has a circuit open for this model or its host after repeated failures", retryAfter: 1}
 	case "shutdown":
 		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "shutting_down", message: "the proxy is shutting down", retryAfter: 1}
 	case "max_streams", "store_full":

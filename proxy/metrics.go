@@ -82,18 +82,34 @@ func newMetrics(p *Proxy) *metrics {
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations", Help: "Upstream calls and streams in progress."},
 		func() float64 { return float64(p.streams.Load()) }))
 	for _, up := range p.ups {
-		up := up
+		b := up.breaker
+		l := prometheus.Labels{"upstream": up.name}
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_circuit_open",
-			Help: "1 while an upstream's circuit is open, 0.5 half-open, 0 closed.", ConstLabels: prometheus.Labels{"upstream": up.name}},
+			Help: "1 while an upstream's host circuit (connect failures) is open, 0.5 half-open (a probe out), 0 closed.", ConstLabels: l},
 			func() float64 {
-				switch up.breaker.State().String() {
-				case "open":
+				switch b.hostState() {
+				case circuitOpen:
 					return 1
-				case "half-open":
+				case circuitHalfOpen:
 					return 0.5
 				}
 				return 0
 			}))
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_model_circuits_open",
+			Help: "An upstream's model circuits (5xx and transport failures of one model) that are open.", ConstLabels: l},
+			func() float64 { _, n, _ := b.counts(); return float64(n) }))
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_model_circuits",
+			Help: "An upstream's model circuits kept: models with recent failures or an open circuit (at most -breaker-models).", ConstLabels: l},
+			func() float64 { n, _, _ := b.counts(); return float64(n) }))
+		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_circuits_opened_total",
+			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.name, "scope": "host"}},
+			func() float64 { _, _, s := b.counts(); return float64(s.HostOpened) }))
+		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_circuits_opened_total",
+			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.name, "scope": "model"}},
+			func() float64 { _, _, s := b.counts(); return float64(s.ModelsOpened) }))
+		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_model_circuits_reclaimed_total",
+			Help: "Model circuits dropped, least recently used first, because -breaker-models were kept.", ConstLabels: l},
+			func() float64 { _, _, s := b.counts(); return float64(s.ModelsEvicted) }))
 	}
 	switch s := p.store.(type) {
 	case interface{ Stats() cache.Stats }:

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
@@ -56,7 +55,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
 		live: make(map[*gen]struct{}), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
 	for _, raw := range cfg.Upstreams {
-		up, err := newUpstream(raw, &cfg, p.breakerChanged)
+		up, err := newUpstream(raw, &cfg, p.circuitChanged)
 		if err != nil {
 			return nil, err
 		}
@@ -67,9 +66,24 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// breakerChanged logs an upstream circuit's state change.
-func (p *Proxy) breakerChanged(name string, from, to gobreaker.State) {
-	p.log.Warn("upstream circuit", "upstream", name, "from", from.String(), "to", to.String())
+// circuitChanged logs an upstream circuit that opened or closed: the
+// host's (connect failures) or a model's.
+func (p *Proxy) circuitChanged(c circuitChange) {
+	scope := "model"
+	if c.host {
+		scope = "host"
+	}
+	attrs := []any{"upstream", c.upstream, "scope", scope}
+	if !c.host {
+		attrs = append(attrs, "model", c.model)
+	}
+	if c.opened {
+		p.log.Warn("upstream circuit", append(attrs, "from", circuitClosed.String(), "to", circuitOpen.String(),
+			"failures", c.failures, "probe_in", c.wait.String())...)
+		return
+	}
+	p.log.Info("upstream circuit", append(attrs, "from", circuitOpen.String(), "to", circuitClosed.String(),
+		"open_ms", c.openFor.Milliseconds())...)
 }
 
 // Server returns a fasthttp server configured for streaming through p:

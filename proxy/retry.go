@@ -33,12 +33,21 @@ type RetryConfig struct {
 	// (default 0.1); BudgetMin retries per 10 s are always allowed (default 10).
 	BudgetRatio float64
 	BudgetMin   int
-	// BreakerFailures consecutive failures open an upstream's circuit
-	// (default 5); it stays open for BreakerOpen (default 10s), then lets
-	// BreakerProbes calls through (default 1) to decide whether to close.
+	// BreakerFailures consecutive failures open a circuit (default 5): an
+	// upstream's host circuit counts connect failures, its circuit for a
+	// model the 5xx and transport failures of that model's calls
+	// (circuit.go); a 4xx or 429 is never a failure. An open circuit lets
+	// BreakerProbes calls through (default 1) after BreakerOpen (default
+	// 250ms); each failed probe doubles the wait, up to BreakerOpenMax
+	// (default 1s), and BreakerProbes successes close it.
 	BreakerFailures int
 	BreakerOpen     time.Duration
+	BreakerOpenMax  time.Duration
 	BreakerProbes   int
+	// BreakerModels bounds the model circuits kept per upstream (default
+	// 1000); only a model with failures or an open circuit takes one, and
+	// the least recently used is reclaimed first.
+	BreakerModels int
 }
 
 func (c *RetryConfig) setDefaults() {
@@ -63,8 +72,11 @@ func (c *RetryConfig) setDefaults() {
 	}
 	defInt(&c.BudgetMin, 10)
 	defInt(&c.BreakerFailures, 5)
-	def(&c.BreakerOpen, 10*time.Second)
+	def(&c.BreakerOpen, 250*time.Millisecond)
+	def(&c.BreakerOpenMax, time.Second)
+	c.BreakerOpenMax = max(c.BreakerOpenMax, c.BreakerOpen)
 	defInt(&c.BreakerProbes, 1)
+	defInt(&c.BreakerModels, 1000)
 }
 
 // verdict is what one attempt's outcome allows.

@@ -12,22 +12,22 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
 
 // upstream is one LLM API endpoint, the client that reaches it, and the
-// circuit breaker that keeps calls away from it while it fails.
+// circuit breaker that keeps calls away from it, or from one of its
+// models, while they fail (circuit.go).
 type upstream struct {
 	name    string // the base URL, for logs
 	base    *url.URL
 	prefix  string // path prefix from the base URL, without a trailing slash
 	client  *fasthttp.HostClient
-	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
+	breaker *breaker
 }
 
-func newUpstream(raw string, cfg *Config, onState func(name string, from, to gobreaker.State)) (*upstream, error) {
+func newUpstream(raw string, cfg *Config, changed func(circuitChange)) (*upstream, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", raw, err)
@@ -73,29 +73,17 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 			return ic, nil
 		},
 	}
-	rc := cfg.Retry
-	breaker := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        raw,
-		MaxRequests: uint32(rc.BreakerProbes),
-		Timeout:     rc.BreakerOpen,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= uint32(rc.BreakerFailures)
-		},
-		OnStateChange: onState,
-		// Running out of our own connection pool says nothing of the
-		// upstream's health.
-		IsExcluded: localFailure,
-	})
-	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc, breaker: breaker}, nil
+	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc,
+		breaker: newBreaker(raw, &cfg.Retry, changed)}, nil
 }
 
 // pick returns the first upstream from index start on (wrapping) whose
-// circuit lets a call through, with the function that reports the call's
-// health to that circuit.
-func pick(ups []*upstream, start int) (up *upstream, idx int, done func(error), ok bool) {
+// circuits (its host's and model's, a key from requestModel) let a call
+// through, with the function that reports the call's health to them.
+func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done func(error), ok bool) {
 	for i := range ups {
 		j := (start + i) % len(ups)
-		if d, err := ups[j].breaker.Allow(); err == nil {
+		if d, ok := ups[j].breaker.allow(model); ok {
 			return ups[j], j, d, true
 		}
 	}

@@ -112,9 +112,11 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", 5*time.Minute, "longest wait for one attempt's response head (a non-streaming completion answers only when done)")
 	fs.Float64Var(&r.BudgetRatio, "retry-budget", 0.1, "retries may add at most this share of recent (10 s) requests")
 	fs.IntVar(&r.BudgetMin, "retry-budget-min", 10, "retries per 10 s always allowed, whatever the budget")
-	fs.IntVar(&r.BreakerFailures, "breaker-failures", 5, "consecutive failures that open an upstream's circuit")
-	fs.DurationVar(&r.BreakerOpen, "breaker-open", 10*time.Second, "how long an open circuit keeps calls away before probing")
-	fs.IntVar(&r.BreakerProbes, "breaker-probes", 1, "calls let through a half-open circuit to decide whether it closes")
+	fs.IntVar(&r.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit: an upstream's for connect failures, or its circuit for one model for that model's 5xx and transport failures (a 4xx or 429 never counts)")
+	fs.DurationVar(&r.BreakerOpen, "breaker-open", 250*time.Millisecond, "how long an open circuit keeps calls away before probing; it doubles per failed probe")
+	fs.DurationVar(&r.BreakerOpenMax, "breaker-open-max", time.Second, "longest wait between probes of an open circuit: recovery is found this soon after the upstream serves again")
+	fs.IntVar(&r.BreakerProbes, "breaker-probes", 1, "calls let through an open circuit per wait, and successes in a row that close it")
+	fs.IntVar(&r.BreakerModels, "breaker-models", 1000, "model circuits kept per upstream (only models with recent failures take one; least recently used reclaimed first)")
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
@@ -155,8 +157,11 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if len(o.upstreams) == 0 {
 		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
 	}
-	if r.Attempts < 1 || r.BudgetRatio < 0 || r.BreakerFailures < 1 || r.BreakerProbes < 1 {
-		return nil, errors.New("-retry-attempts, -breaker-failures and -breaker-probes must be at least 1, -retry-budget at least 0")
+	if r.Attempts < 1 || r.BudgetRatio < 0 || r.BreakerFailures < 1 || r.BreakerProbes < 1 || r.BreakerModels < 1 {
+		return nil, errors.New("-retry-attempts, -breaker-failures, -breaker-probes and -breaker-models must be at least 1, -retry-budget at least 0")
+	}
+	if r.BreakerOpen <= 0 || r.BreakerOpenMax < r.BreakerOpen {
+		return nil, errors.New("-breaker-open must be positive, -breaker-open-max at least -breaker-open")
 	}
 	if o.redis.down != "reject" && o.redis.down != "relay" {
 		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)

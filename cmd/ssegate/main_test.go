@@ -74,6 +74,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
 		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
 		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
+		{[]string{"-upstream", "mock", "-breaker-models", "0"}, nil, "-breaker-models"},
+		{[]string{"-upstream", "mock", "-breaker-open-max", "100ms"}, nil, "-breaker-open-max"},
 		{[]string{"-upstream", "mock", "-gc-percent", "-2"}, nil, "-gc-percent"},
 		{[]string{"-upstream", "mock", "-memory-limit", "-5"}, nil, "-memory-limit"},
 		{nil, nil, "-upstream is required"},
@@ -97,7 +99,7 @@ func TestHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("got %v; want flag.ErrHelp", err)
 	}
-	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout"} {
+	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout", "-breaker-open-max", "-breaker-models"} {
 		if !strings.Contains(out.String(), "  "+name+" ") && !strings.Contains(out.String(), "  "+name+"\n") {
 			t.Errorf("-h does not document %s", name)
 		}

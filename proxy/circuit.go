@@ -1,0 +1,361 @@
+package proxy
+
+import (
+	"container/list"
+	"hash/maphash"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// A breaker keeps calls away from an upstream while it fails, and finds
+// out within about a second that it serves again: a breaker must never
+// make ssegate worse than no proxy for longer than that.
+//
+// Each upstream has circuits of two scopes, because failures say
+// different things:
+//
+//   - The host circuit counts connect failures. A dial that fails says
+//     the host is down for every model, so it opens for all of them.
+//   - A model circuit counts the 5xx answers and the transport failures
+//     (reset, timeout) of calls for one model, the request's top-level
+//     "model": one model's outage opens that model's circuit only, and
+//     the other models on the same upstream keep being served.
+//
+// A 4xx, 429 included, is an answer: the upstream is alive, and the call
+// counts as a success for both circuits. Failures of this process (its
+// connection pool or file descriptors ran out) count for neither.
+//
+// A circuit opens after BreakerFailures consecutive failures. While it is
+// open, calls skip it (pick tries the next upstream); after BreakerOpen,
+// BreakerProbes calls go through as probes. A failed probe doubles the
+// wait before the next ones, up to BreakerOpenMax, counted from when the
+// failed probe was sent; BreakerProbes successes in a row close the
+// circuit. A probe that does not come back does not hold the circuit: the
+// next wait ends and new probes go. So once the upstream serves again,
+// the circuit closes at the first call after at most BreakerOpenMax.
+//
+// The memory bound: a closed circuit without failures is not kept at all
+// (calls for a healthy model cost a map lookup), so a model circuit takes
+// memory only while it counts failures or is open, and an upstream keeps
+// at most BreakerModels of them, the least recently used one reclaimed
+// first. A reclaimed circuit starts again closed: its model gets calls
+// through again (the retry budget still bounds them), never fewer
+// answers. Model names come from clients, so a name longer than
+// maxModelKey bytes is kept as its prefix and a hash of the whole.
+//
+// gobreaker is not used: its open state lasts a fixed Timeout (no backoff
+// between failed probes), its half-open state refuses every other call
+// until the admitted ones report, so a probe whose answer is slow (a
+// non-streaming completion answers when done) holds a recovered upstream
+// shut, and a breaker per model would need its own bookkeeping of which
+// ones may be dropped anyway.
+type breaker struct {
+	name    string // the upstream, for logs and metrics
+	cfg     *RetryConfig
+	changed func(circuitChange) // called outside mu
+
+	mu     sync.Mutex // guards everything below
+	epoch  uint64     // counts openings, to tell a probe of this opening from a stale one
+	host   circuit
+	models map[string]*list.Element // model key → element of lru holding a *modelCircuit
+	lru    list.List                // most recently used first
+	stats  breakerStats
+}
+
+// breakerStats are a breaker's counters, for metrics.
+type breakerStats struct {
+	HostOpened, ModelsOpened, ModelsEvicted uint64
+}
+
+// circuitChange is a circuit that opened or closed.
+type circuitChange struct {
+	upstream, model string // model is "" for the host circuit
+	host            bool
+	opened          bool          // opened, or else closed
+	failures        int           // when opened: the consecutive failures that opened it
+	wait            time.Duration // when opened: until the first probe
+	openFor         time.Duration // when closed: how long it was open
+}
+
+// circuitState is a circuit's state, as metrics show it.
+type circuitState int
+
+const (
+	circuitClosed circuitState = iota
+	circuitOpen
+	circuitHalfOpen // open, with a probe out
+)
+
+func (s circuitState) String() string {
+	switch s {
+	case circuitOpen:
+		return "open"
+	case circuitHalfOpen:
+		return "half-open"
+	}
+	return "closed"
+}
+
+// outcome is what a call says of one circuit's target.
+type outcome int
+
+const (
+	ignored   outcome = iota // says nothing (a failure of this process)
+	succeeded                // the upstream answered
+	failed
+)
+
+// circuit is one circuit's state. Its zero value is closed with no
+// failures.
+type circuit struct {
+	open      bool
+	failures  int           // consecutive failures while closed
+	successes int           // consecutive successes while open
+	epoch     uint64        // while open: which opening this is
+	wait      time.Duration // while open: the wait from a failed probe to the next
+	next      time.Time     // while open: when the next probes may go
+	probes    int           // while open: probes let through since next last passed
+	out       int           // while open: probes not yet reported
+	since     time.Time     // while open: when it opened
+}
+
+func (c *circuit) state() circuitState {
+	switch {
+	case !c.open:
+		return circuitClosed
+	case c.out > 0:
+		return circuitHalfOpen
+	}
+	return circuitOpen
+}
+
+// admits reports whether a call may go through at now.
+func (c *circuit) admits(now time.Time, probes int) bool {
+	return !c.open || !now.Before(c.next) || c.probes < probes
+}
+
+// admit lets a call through that admits allowed; it returns the opening
+// the call probes, or 0 when the circuit is closed.
+func (c *circuit) admit(now time.Time) (probe uint64) {
+	if !c.open {
+		return 0
+	}
+	if !now.Before(c.next) {
+		// A new round of probes; a probe still out from the last one
+		// does not hold it.
+		c.next, c.probes = now.Add(c.wait), 0
+	}
+	c.probes++
+	c.out++
+	return c.epoch
+}
+
+// settle records the outcome of a call sent at sent; probe is what admit
+// returned for it. It reports whether the circuit opened or closed.
+func (c *circuit) settle(o outcome, probe uint64, sent, now time.Time, b *breaker) (opened, closed bool) {
+	cfg := b.cfg
+	isProbe := c.open && probe != 0 && probe == c.epoch
+	if isProbe {
+		c.out--
+	}
+	switch {
+	case o == ignored:
+		if isProbe && c.probes > 0 {
+			c.probes-- // it said nothing: another probe may go in its place
+		}
+	case !c.open && o == succeeded:
+		c.failures = 0
+	case !c.open:
+		c.failures++
+		if c.failures >= cfg.BreakerFailures {
+			b.epoch++
+			*c = circuit{open: true, failures: c.failures, epoch: b.epoch, wait: cfg.BreakerOpen,
+				next: now.Add(cfg.BreakerOpen), probes: cfg.BreakerProbes, since: now}
+			return true, false
+		}
+	case o == succeeded:
+		// A probe, or a call sent before the circuit opened: either way
+		// the upstream answered after the failures.
+		c.successes++
+		if c.successes >= cfg.BreakerProbes {
+			return false, true
+		}
+		c.probes = 0 // the next probe goes at once
+	case isProbe:
+		c.successes = 0
+		c.wait = min(2*c.wait, cfg.BreakerOpenMax)
+		c.next, c.probes = sent.Add(c.wait), cfg.BreakerProbes
+	}
+	// A failure of a call that was not a probe says nothing new of an
+	// open circuit.
+	return false, false
+}
+
+// modelCircuit is a model's circuit, as the breaker's lru holds it.
+type modelCircuit struct {
+	model string
+	circuit
+}
+
+func newBreaker(name string, cfg *RetryConfig, changed func(circuitChange)) *breaker {
+	if changed == nil {
+		changed = func(circuitChange) {}
+	}
+	return &breaker{name: name, cfg: cfg, changed: changed, models: make(map[string]*list.Element)}
+}
+
+// allow reports whether a call for model may go to the upstream now; if
+// it may, done reports the call's error (nil for an answer below 500) to
+// the circuits.
+func (b *breaker) allow(model string) (done func(error), ok bool) {
+	now := time.Now()
+	probes := b.cfg.BreakerProbes
+	b.mu.Lock()
+	el := b.models[model]
+	var mc *modelCircuit
+	if el != nil {
+		mc = el.Value.(*modelCircuit)
+	}
+	if !b.host.admits(now, probes) || (mc != nil && !mc.admits(now, probes)) {
+		b.mu.Unlock()
+		return nil, false
+	}
+	hostProbe := b.host.admit(now)
+	var modelProbe uint64
+	if mc != nil {
+		modelProbe = mc.admit(now)
+		b.lru.MoveToFront(el)
+	}
+	b.mu.Unlock()
+	return func(err error) { b.settle(model, hostProbe, modelProbe, now, err) }, true
+}
+
+// settle records what a call said of the host and of model.
+func (b *breaker) settle(model string, hostProbe, modelProbe uint64, sent time.Time, err error) {
+	host, mo := succeeded, succeeded
+	switch {
+	case err == nil:
+	case localFailure(err):
+		host, mo = ignored, ignored
+	case isDial(err):
+		host, mo = failed, ignored // nothing reached the upstream: a host failure only
+	default:
+		mo = failed // it connected, so the host is up; the call failed
+	}
+	now := time.Now()
+	var changes [2]circuitChange
+	n := 0
+	b.mu.Lock()
+	if opened, closed := b.host.settle(host, hostProbe, sent, now, b); opened || closed {
+		changes[n] = b.change(&b.host, "", opened, now)
+		if opened {
+			b.stats.HostOpened++
+		} else {
+			b.host = circuit{}
+		}
+		n++
+	}
+	el := b.models[model]
+	if el == nil && mo == failed {
+		el = b.add(model)
+	}
+	if el != nil {
+		mc := el.Value.(*modelCircuit)
+		opened, closed := mc.settle(mo, modelProbe, sent, now, b)
+		if opened || closed {
+			changes[n] = b.change(&mc.circuit, model, opened, now)
+			n++
+		}
+		if opened {
+			b.stats.ModelsOpened++
+		}
+		if closed || (!mc.open && mc.failures == 0) {
+			b.lru.Remove(el)
+			delete(b.models, model)
+		}
+	}
+	b.mu.Unlock()
+	for _, c := range changes[:n] {
+		b.changed(c)
+	}
+}
+
+// change describes c's opening or closing; b.mu is held.
+func (b *breaker) change(c *circuit, model string, opened bool, now time.Time) circuitChange {
+	ch := circuitChange{upstream: b.name, model: model, host: c == &b.host, opened: opened}
+	if opened {
+		ch.failures, ch.wait = c.failures, c.wait
+	} else {
+		ch.openFor = now.Sub(c.since)
+	}
+	return ch
+}
+
+// add keeps a new closed circuit for model, reclaiming the least recently
+// used one when the bound is reached; b.mu is held.
+func (b *breaker) add(model string) *list.Element {
+	for len(b.models) >= b.cfg.BreakerModels {
+		old := b.lru.Back()
+		b.lru.Remove(old)
+		delete(b.models, old.Value.(*modelCircuit).model)
+		b.stats.ModelsEvicted++
+	}
+	el := b.lru.PushFront(&modelCircuit{model: model})
+	b.models[model] = el
+	return el
+}
+
+// hostState is the host circuit's state.
+func (b *breaker) hostState() circuitState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.host.state()
+}
+
+// modelState is model's circuit's state.
+func (b *breaker) modelState(model string) circuitState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if el := b.models[model]; el != nil {
+		return el.Value.(*modelCircuit).state()
+	}
+	return circuitClosed
+}
+
+// counts returns how many model circuits are kept and how many of them
+// are open, with the breaker's counters.
+func (b *breaker) counts() (kept, open int, s breakerStats) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, el := range b.models {
+		if el.Value.(*modelCircuit).open {
+			open++
+		}
+	}
+	return len(b.models), open, b.stats
+}
+
+// maxModelKey bounds the bytes a model name takes as a circuit's key.
+const maxModelKey = 128
+
+var modelSeed = maphash.MakeSeed()
+
+// requestModel returns the circuit key of a request body's top-level
+// "model": the name itself, or for a name longer than maxModelKey its
+// prefix and a hash of the whole, so that a hostile name cannot make a
+// kept circuit large. A body without one has the key "".
+func requestModel(body []byte) string {
+	return modelKey(gjson.GetBytes(body, "model").String())
+}
+
+func modelKey(model string) string {
+	if len(model) <= maxModelKey {
+		return model
+	}
+	h := strconv.FormatUint(maphash.String(modelSeed, model), 16)
+	return strings.Clone(model[:maxModelKey-len(h)-1]) + "#" + h
+}
