@@ -100,7 +100,7 @@ func (g *gen) finish() {
 // read. It releases req.
 func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := up.client.Do(req, resp)
+	err := up.do(req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

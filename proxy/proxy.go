@@ -56,7 +56,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
 		live: make(map[*gen]struct{}), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
 	for _, raw := range cfg.Upstreams {
-		up, err := newUpstream(raw, &cfg, p.breakerChanged)
+		up, err := newUpstream(raw, &cfg, p.breakerChanged, p.upstreamTimedOut)
 		if err != nil {
 			return nil, err
 		}
@@ -70,6 +70,13 @@ func New(cfg Config) (*Proxy, error) {
 // breakerChanged logs an upstream circuit's state change.
 func (p *Proxy) breakerChanged(name string, from, to gobreaker.State) {
 	p.log.Warn("upstream circuit", "upstream", name, "from", from.String(), "to", to.String())
+}
+
+// upstreamTimedOut logs and counts an upstream connection cut by one of
+// the time budgets. The decision and state logs say which key it was.
+func (p *Proxy) upstreamTimedOut(name string, b timeBudget, bound time.Duration) {
+	p.m.timeouts.WithLabelValues(b.String()).Inc()
+	p.log.Warn("upstream timeout", "upstream", name, "budget", b.flag(), "bound", bound.String())
 }
 
 // Server returns a fasthttp server configured for streaming through p:
