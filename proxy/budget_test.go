@@ -3,11 +3,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,4 +289,71 @@ func TestStreamSilenceAborted(t *testing.T) {
 		t.Fatalf("an aborted stream was stored")
 	}
 	wantTimeoutLogged(t, e, &log, "idle", "-upstream-idle-timeout")
+}
+
+// TestTimeBudgetsTLS: over TLS the budgets hold to the HTTP answer, not
+// to TLS records. A TLS 1.3 server may send its session ticket after the
+// client's Finished, so that it arrives after the request went out and
+// before any answer: it must neither pass for the answer's first byte
+// (which would put a stream's head, or a non-streaming answer, under the
+// silence bound) nor go unbounded.
+func TestTimeBudgetsTLS(t *testing.T) {
+	const (
+		head    = 200 * time.Millisecond
+		idle    = 800 * time.Millisecond
+		attempt = 1600 * time.Millisecond
+	)
+	done := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		wait := 1100 * time.Millisecond // a non-streaming answer, past head and idle, before attempt
+		if r.Header.Get("X-Silent") != "" {
+			wait = time.Hour
+		}
+		select {
+		case <-time.After(wait):
+		case <-done:
+			return
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	// Asking for a client certificate makes Go's server send its ticket
+	// after the client's Finished, as OpenSSL-based servers do; a client
+	// sends for tickets only with a session cache.
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	t.Cleanup(func() { close(done); srv.Close() })
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	cases := []struct {
+		name     string
+		r        req
+		status   int
+		min, max time.Duration
+	}{
+		{"late non-streaming answer", req{body: plainBody}, 200, 1100 * time.Millisecond, attempt - 100*time.Millisecond},
+		{"silent stream", req{header: map[string]string{"X-Silent": "1"}}, 504, head, idle - 100*time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// A session cache of its own: a full handshake, with its ticket.
+			tc := &tls.Config{RootCAs: roots, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+			pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle, UpstreamTLS: tc,
+				Retry: RetryConfig{Attempts: 1, AttemptTimeout: attempt}}
+			e := newEnvUpstream(t, srv.URL, nil, pc, cache.Config{})
+			e.client.Timeout = 10 * time.Second
+			start := time.Now()
+			got := e.fetch(c.r)
+			took := time.Since(start)
+			if got.status != c.status || took < c.min || took > c.max {
+				t.Fatalf("got %d %q after %v; want %d after %v to %v", got.status, got.raw, took, c.status, c.min, c.max)
+			}
+			if c.status == 200 && string(got.raw) != `{"ok":true}` {
+				t.Fatalf("body %q; want the upstream's answer", got.raw)
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -59,13 +60,19 @@ type Config struct {
 	// a silent connection, and far below the minutes a hung upstream
 	// would otherwise hold a client.
 	UpstreamIdleTimeout time.Duration
+	// UpstreamTLS configures TLS to https upstreams (nil: the system's
+	// roots); ServerName defaults to the upstream URL's host.
+	UpstreamTLS *tls.Config
 	// UpstreamConnectTimeout bounds dialing the upstream (default 10s).
 	UpstreamConnectTimeout time.Duration
-	// UpstreamMaxConns bounds connections to each upstream (default
-	// MaxStreams: every upstream call in progress can have one).
+	// UpstreamMaxConns bounds connections to each upstream, for streaming
+	// requests and for the others each: they have pools of their own
+	// (upstream). The default is MaxStreams: every upstream call in
+	// progress can have one, and MaxStreams bounds the calls of both.
 	UpstreamMaxConns int
-	// SlowClientTimeout drops a client whose connection accepts no bytes
-	// for this long (default 30s); the client can resume.
+	// SlowClientTimeout drops a client whose connection takes no piece
+	// (writePiece, 64 KiB) of its answer for this long (default 30s); the
+	// client can resume. A big answer read steadily is never "slow".
 	SlowClientTimeout time.Duration
 	// MaxStreams bounds concurrent upstream calls (default 10000); more get 503.
 	MaxStreams int

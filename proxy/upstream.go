@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -95,6 +97,16 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 		}
 	}
 	connect := cfg.UpstreamConnectTimeout
+	var tlsCfg *tls.Config // one for both clients, so that they share a session cache if it has one
+	if u.Scheme == "https" {
+		tlsCfg = &tls.Config{}
+		if cfg.UpstreamTLS != nil {
+			tlsCfg = cfg.UpstreamTLS.Clone()
+		}
+		if tlsCfg.ServerName == "" {
+			tlsCfg.ServerName = u.Hostname()
+		}
+	}
 	client := func(head time.Duration, b timeBudget) *fasthttp.HostClient {
 		return &fasthttp.HostClient{
 			Addr:               addr,
@@ -113,9 +125,9 @@ func newUpstream(raw string, cfg *Config, onState func(name string, from, to gob
 			// the proxy's decision (retry.go).
 			RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 			Dial: func(addr string) (net.Conn, error) {
-				c, err := net.DialTimeout("tcp", addr, connect)
+				c, err := dial(addr, connect, tlsCfg)
 				if err != nil {
-					return nil, &dialError{err}
+					return nil, err
 				}
 				ic := &idleConn{Conn: c, idle: cfg.UpstreamIdleTimeout, head: head, whole: b == budgetAttempt, headBudget: b}
 				if timedOut != nil {
@@ -158,6 +170,32 @@ func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response) error {
 // a top-level "stream": true, as the OpenAI and Anthropic APIs take it.
 func wantsStream(body []byte) bool { return gjson.GetBytes(body, "stream").Bool() }
 
+// dial connects to addr within connect, TLS handshake included when
+// tlsCfg is set. It does the handshake itself, under the connection's
+// budgets rather than over them, so that idleConn sees the HTTP exchange
+// alone: a TLS record that is not the answer (a session ticket sent after
+// the client's Finished, a key update) neither passes for the answer's
+// first byte nor writes a request. A failed handshake, like a refused
+// connection, sent nothing of a request.
+func dial(addr string, connect time.Duration, tlsCfg *tls.Config) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), connect)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	if tlsCfg == nil {
+		return c, nil
+	}
+	tc := tls.Client(c, tlsCfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, &dialError{fmt.Errorf("tls: %w", err)}
+	}
+	return tc, nil
+}
+
 // pick returns the first upstream from index start on (wrapping) whose
 // circuit lets a call through, with the function that reports the call's
 // health to that circuit.
@@ -185,7 +223,9 @@ func (e *dialError) Unwrap() error { return e.err }
 
 // idleConn holds an upstream connection to the proxy's time budgets,
 // which fasthttp's own timeouts cannot express: they are absolute
-// deadlines, set once before the head and kept over the whole body.
+// deadlines, set once before the head and kept over the whole body. It
+// sits above TLS (dial), so what it writes is requests and what it reads
+// is answers.
 //
 // From the first byte of each request written, one deadline, head later,
 // bounds writing the request and waiting for the answer's first byte: a
@@ -207,7 +247,8 @@ type idleConn struct {
 	timedOut   func(b timeBudget, bound time.Duration)
 	laddr      *connAddr
 	// beforeRead, while a generation reads an answer from the connection,
-	// runs before each read from the socket: the generation then writes
+	// runs before each read from the connection (for an https upstream,
+	// from its TLS session): the generation then writes
 	// its client what it journaled since the last read, all together,
 	// before it may wait for the upstream.
 	beforeRead func()
@@ -223,6 +264,11 @@ type connAddr struct {
 
 func (c *idleConn) LocalAddr() net.Addr { return c.laddr }
 
+// Handshake tells fasthttp that the connection needs no TLS of its own
+// (it wraps only connections without this method): dial did the
+// handshake for an https upstream, and an http one needs none.
+func (c *idleConn) Handshake() error { return nil }
+
 // connOf returns the connection an answer is read from, if it is one of
 // the upstream client's own.
 func connOf(resp *fasthttp.Response) *idleConn {
@@ -234,9 +280,9 @@ func connOf(resp *fasthttp.Response) *idleConn {
 
 func (c *idleConn) Write(p []byte) (int, error) {
 	if !c.sending {
-		// The first write of a request (or of a TLS handshake): an
-		// upstream that stops taking it is as silent as one that does
-		// not answer, so the same deadline bounds both.
+		// The first write of a request: an upstream that stops taking it
+		// is as silent as one that does not answer, so the same deadline
+		// bounds both.
 		c.sending, c.awaiting = true, true
 		c.deadline = time.Now().Add(c.head)
 		if err := c.Conn.SetWriteDeadline(c.deadline); err != nil {
@@ -276,7 +322,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	// is moved only once it is a sixteenth of idle stale, which keeps it
 	// within 7%; the others are exact.
 	move := !want.Equal(c.set)
-	if !exact && !c.set.IsZero() && c.set.Before(want) {
+	if !exact && c.bound == b && !c.set.IsZero() && c.set.Before(want) {
 		move = want.Sub(c.set) > c.idle/16
 	}
 	if move {
