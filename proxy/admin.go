@@ -90,7 +90,7 @@ func (p *Proxy) upstreamReachable() bool {
 		if up.breaker.hostState() == circuitOpen {
 			continue
 		}
-		c, err := net.DialTimeout("tcp", up.client.Addr, time.Second)
+		c, err := net.DialTimeout("tcp", up.addr, time.Second)
 		if err == nil {
 			c.Close()
 			ok = true

@@ -7,6 +7,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ssegate/ssegate/sse"
 )
@@ -15,30 +16,7 @@ import (
 // (a chunk frame and one writev that never waits) at zero allocations;
 // the race detector's instrumentation allocates, hence the build tag.
 func TestOfferAllocs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			io.Copy(io.Discard, c) //nolint:errcheck // drains until the test closes
-			c.Close()
-		}
-	}()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rc, err := conn.(syscall.Conn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &Proxy{m: newMetrics(&Proxy{})}
-	c := &client{p: p, conn: conn, rc: rc}
-	c.wfn = c.writeFD
+	c := drainedClient(t)
 	ev := sse.AppendEvent(nil, sse.ID{Gen: 1, Seq: 1}, "", `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`)
 	if got := testing.AllocsPerRun(1000, func() {
 		if _, err := c.offer(false, ev); err != nil {
@@ -50,4 +28,50 @@ func TestOfferAllocs(t *testing.T) {
 	}); got != 0 {
 		t.Errorf("offer: got %v allocs per event; want 0", got)
 	}
+}
+
+// TestWriteAllocs holds a blocking write of a chunk larger than
+// writePiece, which goes out in pieces with a deadline each, at zero
+// allocations.
+func TestWriteAllocs(t *testing.T) {
+	c := drainedClient(t)
+	c.p.cfg.SlowClientTimeout = 10 * time.Second
+	big := make([]byte, 5*writePiece+123)
+	if got := testing.AllocsPerRun(100, func() {
+		if err := c.write(big); err != nil {
+			t.Fatal(err)
+		}
+	}); got != 0 {
+		t.Errorf("write of %d bytes: got %v allocs; want 0", len(big), got)
+	}
+}
+
+// drainedClient is a client on a loopback connection whose other end
+// reads everything.
+func drainedClient(t *testing.T) *client {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(io.Discard, c) //nolint:errcheck // drains until the test closes
+			c.Close()
+		}
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	rc, err := conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{m: newMetrics(&Proxy{})}
+	c := &client{p: p, conn: conn, rc: rc}
+	c.wfn = c.writeFD
+	return c
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -42,16 +43,36 @@ type Config struct {
 	MaxStreamBytes int
 	// MaxStreamDuration bounds one generation (default 30m); past it the stream is aborted.
 	MaxStreamDuration time.Duration
-	// UpstreamIdleTimeout bounds a silence of the upstream, including the
-	// wait for the response head (default 5m: longer than a model's think time).
+	// HeadTimeout bounds the wait for the response head of a request that
+	// asks for a stream (top-level "stream": true), from the request's
+	// first byte sent (default 30s: providers send a stream's head before
+	// the model has produced anything). A non-streaming request waits up
+	// to Retry.AttemptTimeout instead. Past it the client gets 504
+	// upstream_timeout.
+	HeadTimeout time.Duration
+	// UpstreamIdleTimeout bounds a silence of the upstream once its answer
+	// began: between the head and the first event, and between events
+	// (default 2m). It does not cover the wait for the head. Providers
+	// keep long generations busy (Anthropic's ping events, the Responses
+	// API's progress events), so what it must outlast is a reasoning
+	// model's pause between a chat completion's role chunk and its
+	// content; 2m is twice the 60 s after which common load balancers cut
+	// a silent connection, and far below the minutes a hung upstream
+	// would otherwise hold a client.
 	UpstreamIdleTimeout time.Duration
+	// UpstreamTLS configures TLS to https upstreams (nil: the system's
+	// roots); ServerName defaults to the upstream URL's host.
+	UpstreamTLS *tls.Config
 	// UpstreamConnectTimeout bounds dialing the upstream (default 10s).
 	UpstreamConnectTimeout time.Duration
-	// UpstreamMaxConns bounds connections to each upstream (default
-	// MaxStreams: every upstream call in progress can have one).
+	// UpstreamMaxConns bounds connections to each upstream, for streaming
+	// requests and for the others each: they have pools of their own
+	// (upstream). The default is MaxStreams: every upstream call in
+	// progress can have one, and MaxStreams bounds the calls of both.
 	UpstreamMaxConns int
-	// SlowClientTimeout drops a client whose connection accepts no bytes
-	// for this long (default 30s); the client can resume.
+	// SlowClientTimeout drops a client whose connection takes no piece
+	// (writePiece, 64 KiB) of its answer for this long (default 30s); the
+	// client can resume. A big answer read steadily is never "slow".
 	SlowClientTimeout time.Duration
 	// MaxStreams bounds concurrent upstream calls (default 10000); more get 503.
 	MaxStreams int
@@ -94,7 +115,8 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.Heartbeat, 15*time.Second)
 	def(&c.MaxStreamDuration, 30*time.Minute)
-	def(&c.UpstreamIdleTimeout, 5*time.Minute)
+	def(&c.HeadTimeout, 30*time.Second)
+	def(&c.UpstreamIdleTimeout, 2*time.Minute)
 	def(&c.UpstreamConnectTimeout, 10*time.Second)
 	def(&c.SlowClientTimeout, 30*time.Second)
 	def(&c.ReadTimeout, 60*time.Second)

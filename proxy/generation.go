@@ -74,7 +74,7 @@ func (g *gen) cancel(cause string) {
 // closes the body stream once its read returned (drop).
 func interrupt(resp *fasthttp.Response) {
 	if c := connOf(resp); c != nil {
-		c.cut.Store(true)
+		c.interrupted.Store(true)
 		c.Conn.Close() //nolint:errcheck // interrupting a read
 		return
 	}
@@ -97,7 +97,7 @@ func (g *gen) drop() {
 	g.resp = nil
 	g.mu.Unlock()
 	if resp != nil {
-		if c := connOf(resp); c != nil && c.cut.Load() {
+		if c := connOf(resp); c != nil && c.interrupted.Load() {
 			// Closed under a body that may have been read whole: fasthttp
 			// would pool it again.
 			resp.SetConnectionClose()
@@ -126,7 +126,7 @@ func (g *gen) finish() {
 // read. It releases req.
 func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := up.client.Do(req, resp)
+	err := up.do(req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

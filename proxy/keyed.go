@@ -94,7 +94,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		<-f.Done()
 		state, reason, body := f.Outcome()
 		if body == nil && state != cache.StateCommitted {
-			p.writeError(ctx, errUpstream("the upstream answer could not be read ("+reason+")"))
+			p.writeError(ctx, unreadError(reason))
 			return
 		}
 		writeHead(ctx, h, replayed)
@@ -130,7 +130,9 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 func headlessError(reason string) *apiError {
 	switch reason {
 	case "upstream_timeout":
-		return errUpstreamTimeout("the upstream took the request and did not answer in time; its outcome is unknown")
+		return errUpstreamTimeout("the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other); its outcome is unknown")
+	case "upstream_idle_timeout":
+		return errUpstreamTimeout("the upstream answered a head and then nothing within -upstream-idle-timeout; its outcome is unknown")
 	case "upstream_unavailable":
 		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "upstream_unavailable",
 			message: "every upstream has a circuit open for this model or its host after repeated failures", retryAfter: 1}
@@ -140,6 +142,15 @@ func headlessError(reason string) *apiError {
 		return errCapacity("a bound was hit (" + reason + ")")
 	}
 	return errUpstream("the upstream failed before answering (" + reason + ")")
+}
+
+// unreadError is the answer to a request whose upstream answer, not an
+// event stream, had a head but could not be read to its end.
+func unreadError(reason string) *apiError {
+	if reason == "upstream_idle_timeout" {
+		return errUpstreamTimeout("the upstream's answer stopped before its end, silent past -upstream-idle-timeout or -attempt-timeout; its outcome is unknown")
+	}
+	return errUpstream("the upstream answer could not be read (" + reason + ")")
 }
 
 // replay answers from a committed result, from the event after seq.

@@ -34,6 +34,7 @@ type metrics struct {
 	originHandoffs prometheus.Counter
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
+	timeouts       *prometheus.CounterVec
 }
 
 // firstEventBuckets span a loopback relay's microseconds to a reasoning
@@ -69,6 +70,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.slowDropped = c("slow_clients_dropped_total", "Clients dropped because their connection accepted nothing for -slow-client-timeout.")
 	m.originHandoffs = c("clients_behind_total", "Clients of a generation that fell behind its events and were handed from the generation's own writes to a writer of their own.")
 	m.clientsGone = c("clients_gone_total", "Streamed answers whose client went away before the end.")
+	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
@@ -119,6 +121,9 @@ func newMetrics(p *Proxy) *metrics {
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, b := range []timeBudget{budgetHead, budgetAttempt, budgetIdle} {
+		m.timeouts.WithLabelValues(b.String())
+	}
 	for _, d := range []string{"miss", "hit", "join", "resume", "conflict", "in_flight", "gone", "invalid", "refused", "relay", "unprotected"} {
 		m.requests.WithLabelValues(d)
 	}

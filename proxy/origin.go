@@ -158,7 +158,7 @@ func (o *origin) answerRest() {
 	if h, ok := f.Head(); !ok {
 		refused = headlessError(reason)
 	} else if body == nil && state != cache.StateCommitted {
-		refused = errUpstream("the upstream answer could not be read (" + reason + ")")
+		refused = unreadError(reason)
 	} else {
 		setHead(&resp.Header, h, false)
 		resp.SetBody(body)

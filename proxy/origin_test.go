@@ -136,7 +136,7 @@ func TestAnswerConn(t *testing.T) {
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	up, err := newUpstream(url, &cfg, nil)
+	up, err := newUpstream(url, &cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestAnswerConn(t *testing.T) {
 	req.SetBodyString(chatBody)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := up.client.Do(req, resp); err != nil {
+	if err := up.do(req, resp); err != nil {
 		t.Fatal(err)
 	}
 	c := connOf(resp)

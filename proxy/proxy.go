@@ -55,7 +55,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
 		live: make(map[*gen]struct{}), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
 	for _, raw := range cfg.Upstreams {
-		up, err := newUpstream(raw, &cfg, p.circuitChanged)
+		up, err := newUpstream(raw, &cfg, p.circuitChanged, p.upstreamTimedOut)
 		if err != nil {
 			return nil, err
 		}
@@ -84,6 +84,13 @@ func (p *Proxy) circuitChanged(c circuitChange) {
 	}
 	p.log.Info("upstream circuit", append(attrs, "from", circuitOpen.String(), "to", circuitClosed.String(),
 		"open_ms", c.openFor.Milliseconds())...)
+}
+
+// upstreamTimedOut logs and counts an upstream connection cut by one of
+// the time budgets. The decision and state logs say which key it was.
+func (p *Proxy) upstreamTimedOut(name string, b timeBudget, bound time.Duration) {
+	p.m.timeouts.WithLabelValues(b.String()).Inc()
+	p.log.Warn("upstream timeout", "upstream", name, "budget", b.flag(), "bound", bound.String())
 }
 
 // Server returns a fasthttp server configured for streaming through p:

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -30,7 +31,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever
-// arrives so a slow upstream's bytes are not held back.
+// arrives so a slow upstream's bytes are not held back. It reports false
+// when the client went away or the body was cut short (a reset, a
+// timeout): then the client's answer must end without its last chunk, so
+// that it is not taken for a whole one.
 func copyBody(c *client, r io.Reader) bool {
 	buf := make([]byte, 16<<10)
 	for {
@@ -39,7 +43,7 @@ func copyBody(c *client, r io.Reader) bool {
 			return false
 		}
 		if err != nil {
-			return true
+			return errors.Is(err, io.EOF)
 		}
 	}
 }

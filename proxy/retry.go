@@ -26,8 +26,11 @@ type RetryConfig struct {
 	// RetryAfterMax is the longest Retry-After honoured (default 10s); an
 	// upstream asking for longer gets its answer relayed instead.
 	RetryAfterMax time.Duration
-	// AttemptTimeout bounds the wait for one attempt's response head
-	// (default 5m: a non-streaming completion answers only when done).
+	// AttemptTimeout bounds one attempt's whole answer to a request that
+	// does not ask for a stream, from the request's first byte sent
+	// (default 10m, as the official OpenAI and Anthropic SDKs: a
+	// non-streaming completion answers only when done). A streaming
+	// request's head is bounded by Config.HeadTimeout instead.
 	AttemptTimeout time.Duration
 	// BudgetRatio is the share of recent requests that retries may add
 	// (default 0.1); BudgetMin retries per 10 s are always allowed (default 10).
@@ -66,7 +69,7 @@ func (c *RetryConfig) setDefaults() {
 	def(&c.MaxBackoff, 5*time.Second)
 	def(&c.MaxElapsed, 30*time.Second)
 	def(&c.RetryAfterMax, 10*time.Second)
-	def(&c.AttemptTimeout, 5*time.Minute)
+	def(&c.AttemptTimeout, 10*time.Minute)
 	if c.BudgetRatio <= 0 {
 		c.BudgetRatio = 0.1
 	}

@@ -96,7 +96,7 @@ func then(k int64, first func(int64, http.ResponseWriter, *http.Request)) func(i
 }
 
 func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
-	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}}
+	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}, HeadTimeout: 300 * time.Millisecond}
 	if tune != nil {
 		tune(&pc)
 	}

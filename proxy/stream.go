@@ -30,11 +30,13 @@ type client struct {
 	pre       []byte          // what the client sent after its request, read at take-over
 	keepAlive bool            // serve the connection's next request after a complete answer
 
-	buf     []byte               // the answer head until it is written, then chunk headers
-	arr     [2 + maxParts][]byte // backing of vec
-	vec     net.Buffers          // the frames to write; after an offer, what it left unwritten
-	stalled bool                 // the last write timed out
-	set     time.Time            // the write deadline last set
+	buf      []byte               // the answer head until it is written, then chunk headers
+	arr      [2 + maxParts][]byte // backing of vec
+	vec      net.Buffers          // the frames to write; after an offer, what it left unwritten
+	pieceArr [2 + maxParts][]byte // backing of piece
+	piece    net.Buffers          // the next at most writePiece bytes of vec, for flush
+	stalled  bool                 // the last write timed out
+	set      time.Time            // the write deadline last set
 
 	// The non-blocking write's arguments and results, kept here so that
 	// its callback (wfn, made once) allocates nothing per write.
@@ -74,8 +76,9 @@ var (
 	lastChunk = []byte("0\r\n\r\n")
 )
 
-// write sends p as one chunk, waiting at most SlowClientTimeout for the
-// connection to take it, after whatever an earlier offer left unwritten.
+// write sends p as one chunk, after whatever an earlier offer left
+// unwritten, waiting at most SlowClientTimeout for the connection to take
+// each writePiece bytes of it.
 func (c *client) write(p []byte) error { return c.send(p, false) }
 
 // end writes the end of the body: the answer is complete.
@@ -89,27 +92,68 @@ func (c *client) send(p []byte, last bool) error {
 	return c.flush()
 }
 
-// flush writes c.vec, waiting at most SlowClientTimeout.
+// writePiece bounds what one blocking write to a client may carry. Each
+// piece has a deadline of its own, SlowClientTimeout ahead: a client is
+// slow when it takes no piece for that long, never because an answer is
+// big and the client reads it steadily at less than size/SlowClientTimeout.
+const writePiece = 64 << 10
+
+// flush writes c.vec, in pieces of at most writePiece bytes, waiting at
+// most SlowClientTimeout for each.
 func (c *client) flush() error {
 	if len(c.vec) == 0 {
-		return nil
+		return nil // c.buf may hold the head, for the first chunk
 	}
 	slow := c.p.cfg.SlowClientTimeout
-	// As for reads (idleConn): move the deadline only when it is stale.
-	if d := time.Now().Add(slow); d.Sub(c.set) > slow/16 {
-		if err := c.conn.SetWriteDeadline(d); err != nil {
+	for len(c.vec) > 0 {
+		// As for reads (idleConn): move the deadline only when it is stale.
+		if d := time.Now().Add(slow); d.Sub(c.set) > slow/16 {
+			if err := c.conn.SetWriteDeadline(d); err != nil {
+				c.reset()
+				return err
+			}
+			c.set = d
+		}
+		var err error
+		if c.nextPiece() {
+			_, err = c.vec.WriteTo(c.conn) // all of it fits one piece
+		} else {
+			var n int64
+			n, err = c.piece.WriteTo(c.conn)
+			consume(&c.vec, int(n))
+		}
+		if err != nil {
+			c.reset()
+			var ne net.Error
+			c.stalled = errors.As(err, &ne) && ne.Timeout()
 			return err
 		}
-		c.set = d
 	}
-	_, err := c.vec.WriteTo(c.conn)
 	c.reset()
-	if err != nil {
-		var ne net.Error
-		c.stalled = errors.As(err, &ne) && ne.Timeout()
-		return err
-	}
 	return nil
+}
+
+// nextPiece puts the first writePiece bytes of c.vec into c.piece, or
+// reports that c.vec holds no more than that.
+func (c *client) nextPiece() (all bool) {
+	n := 0
+	for _, b := range c.vec {
+		n += len(b)
+	}
+	if n <= writePiece {
+		return true
+	}
+	c.piece, n = c.pieceArr[:0], 0
+	for _, b := range c.vec {
+		if len(b) > writePiece-n {
+			b = b[:writePiece-n]
+		}
+		c.piece = append(c.piece, b)
+		if n += len(b); n == writePiece {
+			break
+		}
+	}
+	return false
 }
 
 // offer writes p as one chunk (last: and the end of the body) as far as
@@ -143,8 +187,8 @@ func (c *client) offer(last bool, parts ...[]byte) (done bool, err error) {
 // lie in journal blocks that would otherwise stay reachable after the
 // journal dropped them.
 func (c *client) reset() {
-	c.arr = [len(c.arr)][]byte{}
-	c.buf, c.vec = c.buf[:0], c.arr[:0]
+	c.arr, c.pieceArr = [len(c.arr)][]byte{}, [len(c.pieceArr)][]byte{}
+	c.buf, c.vec, c.piece = c.buf[:0], c.arr[:0], c.pieceArr[:0]
 }
 
 // consume drops the first n bytes of v.
@@ -219,7 +263,7 @@ func (c *client) answerHead(h cache.Head) {
 }
 
 // answerWhole writes resp, a whole answer with its body, waiting at most
-// SlowClientTimeout.
+// SlowClientTimeout for each writePiece bytes of it.
 func (c *client) answerWhole(resp *fasthttp.Response) error {
 	if !c.keepAlive {
 		resp.SetConnectionClose()

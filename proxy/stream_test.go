@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
@@ -430,4 +432,96 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	read()
 	read()
 	e.wantCalls(52)
+}
+
+// throttled reads at most rate bytes per second on average.
+type throttled struct {
+	r     io.Reader
+	rate  float64
+	start time.Time
+	n     int
+}
+
+func (t *throttled) Read(p []byte) (int, error) {
+	if t.start.IsZero() {
+		t.start = time.Now()
+	}
+	if len(p) > 8<<10 {
+		p = p[:8<<10]
+	}
+	n, err := t.r.Read(p)
+	t.n += n
+	if ahead := time.Duration(float64(t.n)/t.rate*float64(time.Second)) - time.Since(t.start); ahead > 0 {
+		time.Sleep(ahead)
+	}
+	return n, err
+}
+
+// TestSlowReaderGetsWholeReplay: "slow" means no progress for
+// -slow-client-timeout, never "a big result". A client that reads a
+// 10 MB replay steadily, at a pace that takes several times the bound,
+// gets it whole in a correct chunked framing; one that stops reading is
+// still dropped after about the bound.
+func TestSlowReaderGetsWholeReplay(t *testing.T) {
+	const slow = 500 * time.Millisecond
+	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+		pc.SlowClientTimeout = slow
+	})
+	key := newKey("big")
+	hdr := map[string]string{"X-Mock-Chunk-Bytes": "8000"} // ~10 MB in all
+	first := e.fetch(req{key: key, header: hdr})
+	if first.lastData() != "[DONE]" || len(first.raw) < 9<<20 {
+		t.Fatalf("first: %d bytes, last %q; want about 10 MB ending [DONE]", len(first.raw), first.lastData())
+	}
+	e.waitState(key, "", cache.StateCommitted)
+	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
+	dial := func() net.Conn {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.(*net.TCPConn).SetReadBuffer(16 << 10) // before any byte: no window to fill
+		if _, err := io.WriteString(conn, request); err != nil {
+			t.Fatal(err)
+		}
+		return conn
+	}
+
+	t.Run("steady reader", func(t *testing.T) {
+		conn := dial()
+		defer conn.Close()
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		const rate = 3 << 20 // bytes/s: about 3.3 s for the whole, over six bounds
+		start := time.Now()
+		resp, err := http.ReadResponse(bufio.NewReader(&throttled{r: conn, rate: rate}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(resp.Body) // the chunked reader checks the framing
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("after %d bytes in %v: %v; want the whole replay", len(raw), took, err)
+		}
+		if resp.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(eventBytes(raw), eventBytes(first.raw)) {
+			t.Fatalf("got %d bytes (replayed %q); want the %d bytes of the original", len(raw), resp.Header.Get("Idempotent-Replayed"), len(first.raw))
+		}
+		if took < 2*slow {
+			t.Fatalf("read in %v; the reader must take longer than -slow-client-timeout (%v) for this to test anything", took, slow)
+		}
+		if n := testutil.ToFloat64(e.proxy.m.slowDropped); n != 0 {
+			t.Fatalf("slow clients dropped: got %v; want 0", n)
+		}
+	})
+
+	t.Run("stopped reader", func(t *testing.T) {
+		before := testutil.ToFloat64(e.proxy.m.slowDropped)
+		conn := dial()
+		defer conn.Close()
+		start := time.Now()
+		waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) > before })
+		if took := time.Since(start); took < slow*7/8 || took > 4*slow {
+			t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
+		}
+	})
+	e.wantCalls(1)
 }

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,21 +15,70 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
-// upstream is one LLM API endpoint, the client that reaches it, and the
+// upstream is one LLM API endpoint, the clients that reach it, and the
 // circuit breaker that keeps calls away from it, or from one of its
 // models, while they fail (circuit.go).
+//
+// A streaming request and a non-streaming one may wait very differently
+// long for their answer to begin: a stream's head comes within seconds,
+// a non-streaming answer only once the whole completion is done. The
+// bound lives in the connection (idleConn), fixed when it is dialed, so
+// each kind of request has a client, and a pool, of its own. fasthttp
+// has no per-request hook between taking a pooled connection and writing
+// the request to it; its per-request timeout (Request.SetTimeout) is an
+// absolute deadline over the whole streamed body, and it also shortens
+// the wait for a pooled connection and turns running out of them into
+// ErrTimeout, which would pass a local shortage for a silent upstream.
 type upstream struct {
 	name    string // the base URL, for logs
 	base    *url.URL
-	prefix  string // path prefix from the base URL, without a trailing slash
-	client  *fasthttp.HostClient
+	prefix  string               // path prefix from the base URL, without a trailing slash
+	addr    string               // host:port
+	stream  *fasthttp.HostClient // for requests that ask for a stream: the head within HeadTimeout
+	whole   *fasthttp.HostClient // for the others: the whole answer within Retry.AttemptTimeout
 	breaker *breaker
 }
 
-func newUpstream(raw string, cfg *Config, changed func(circuitChange)) (*upstream, error) {
+// budget names the time bound that cut an upstream connection.
+type timeBudget int
+
+const (
+	budgetHead    timeBudget = iota // a streaming answer's first byte (HeadTimeout)
+	budgetAttempt                   // a non-streaming answer (Retry.AttemptTimeout)
+	budgetIdle                      // a silence once the answer began (UpstreamIdleTimeout)
+)
+
+// String is the budget's metric label.
+func (b timeBudget) String() string {
+	switch b {
+	case budgetHead:
+		return "head"
+	case budgetAttempt:
+		return "attempt"
+	}
+	return "idle"
+}
+
+// flag names the setting of the budget, for logs.
+func (b timeBudget) flag() string {
+	switch b {
+	case budgetHead:
+		return "-head-timeout"
+	case budgetAttempt:
+		return "-attempt-timeout"
+	}
+	return "-upstream-idle-timeout"
+}
+
+// onTimeout is told of every upstream connection a budget cut: which
+// upstream, which budget, and the bound it held.
+type onTimeout func(upstream string, b timeBudget, bound time.Duration)
+
+func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut onTimeout) (*upstream, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", raw, err)
@@ -46,35 +97,91 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange)) (*upstrea
 			addr += ":80"
 		}
 	}
-	idle, connect, head := cfg.UpstreamIdleTimeout, cfg.UpstreamConnectTimeout, cfg.Retry.AttemptTimeout
-	hc := &fasthttp.HostClient{
-		Addr:               addr,
-		IsTLS:              u.Scheme == "https",
-		StreamResponseBody: true,
-		MaxConns:           cfg.UpstreamMaxConns,
-		// A call waits for a pooled connection rather than failing at once;
-		// MaxStreams already bounds how many calls there are.
-		MaxConnWaitTimeout:            connect,
-		MaxIdleConnDuration:           5 * time.Second,
-		ReadBufferSize:                4 << 10, // per upstream connection, so per stream
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
-		// The client never retries on its own: whether a retry is safe is
-		// the proxy's decision (retry.go).
-		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-		Dial: func(addr string) (net.Conn, error) {
-			c, err := net.DialTimeout("tcp", addr, connect)
-			if err != nil {
-				return nil, &dialError{err}
-			}
-			ic := &idleConn{Conn: c, idle: idle, head: head}
-			ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
-			return ic, nil
-		},
+	connect := cfg.UpstreamConnectTimeout
+	var tlsCfg *tls.Config // one for both clients, so that they share a session cache if it has one
+	if u.Scheme == "https" {
+		tlsCfg = &tls.Config{}
+		if cfg.UpstreamTLS != nil {
+			tlsCfg = cfg.UpstreamTLS.Clone()
+		}
+		if tlsCfg.ServerName == "" {
+			tlsCfg.ServerName = u.Hostname()
+		}
 	}
-	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), client: hc,
+	client := func(head time.Duration, b timeBudget) *fasthttp.HostClient {
+		return &fasthttp.HostClient{
+			Addr:               addr,
+			IsTLS:              u.Scheme == "https",
+			StreamResponseBody: true,
+			MaxConns:           cfg.UpstreamMaxConns,
+			// A call waits for a pooled connection rather than failing at once;
+			// MaxStreams already bounds how many calls there are.
+			MaxConnWaitTimeout:            connect,
+			MaxIdleConnDuration:           5 * time.Second,
+			ReadBufferSize:                4 << 10, // per upstream connection, so per stream
+			NoDefaultUserAgentHeader:      true,
+			DisableHeaderNamesNormalizing: true,
+			DisablePathNormalizing:        true,
+			// The client never retries on its own: whether a retry is safe is
+			// the proxy's decision (retry.go).
+			RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+			Dial: func(addr string) (net.Conn, error) {
+				c, err := dial(addr, connect, tlsCfg)
+				if err != nil {
+					return nil, err
+				}
+				ic := &idleConn{Conn: c, idle: cfg.UpstreamIdleTimeout, head: head, whole: b == budgetAttempt, headBudget: b}
+				if timedOut != nil {
+					ic.timedOut = func(b timeBudget, bound time.Duration) { timedOut(raw, b, bound) }
+				}
+				ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
+				return ic, nil
+			},
+		}
+	}
+	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
+		stream: client(cfg.HeadTimeout, budgetHead), whole: client(cfg.Retry.AttemptTimeout, budgetAttempt),
 		breaker: newBreaker(raw, &cfg.Retry, changed)}, nil
+}
+
+// do sends req on the client for its kind (streaming or not) and returns
+// when the answer's head is read, or the call failed.
+func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response) error {
+	hc := u.whole
+	if wantsStream(req.Body()) {
+		hc = u.stream
+	}
+	return hc.Do(req, resp)
+}
+
+// wantsStream reports whether a request body asks for a streamed answer:
+// a top-level "stream": true, as the OpenAI and Anthropic APIs take it.
+func wantsStream(body []byte) bool { return gjson.GetBytes(body, "stream").Bool() }
+
+// dial connects to addr within connect, TLS handshake included when
+// tlsCfg is set. It does the handshake itself, under the connection's
+// budgets rather than over them, so that idleConn sees the HTTP exchange
+// alone: a TLS record that is not the answer (a session ticket sent after
+// the client's Finished, a key update) neither passes for the answer's
+// first byte nor writes a request. A failed handshake, like a refused
+// connection, sent nothing of a request.
+func dial(addr string, connect time.Duration, tlsCfg *tls.Config) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), connect)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	if tlsCfg == nil {
+		return c, nil
+	}
+	tc := tls.Client(c, tlsCfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, &dialError{fmt.Errorf("tls: %w", err)}
+	}
+	return tc, nil
 }
 
 // pick returns the first upstream from index start on (wrapping) whose
@@ -102,19 +209,35 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "connect: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// idleConn turns fasthttp's absolute read deadline into an idle timeout:
-// every Read may wait at most idle, so a long healthy stream lives while a
-// silent upstream is cut. After each request is written, the first byte of
-// the answer must come within head (the per-attempt timeout).
+// idleConn holds an upstream connection to the proxy's time budgets,
+// which fasthttp's own timeouts cannot express: they are absolute
+// deadlines, set once before the head and kept over the whole body. It
+// sits above TLS (dial), so what it writes is requests and what it reads
+// is answers.
+//
+// From the first byte of each request written, one deadline, head later,
+// bounds writing the request and waiting for the answer's first byte: a
+// streaming answer's head (budgetHead), or for a non-streaming request
+// the whole answer (whole, budgetAttempt). Once the answer began, every
+// Read may wait at most idle besides, so a long healthy stream lives
+// while one that went silent is cut.
 type idleConn struct {
 	net.Conn
-	idle, head   time.Duration
-	headDeadline time.Time // set by Write, cleared by the first answer byte
-	set          time.Time // the read deadline last set
-	laddr        *connAddr
-	cut          atomic.Bool // closed by interrupt: never to be pooled again
+	idle, head  time.Duration
+	headBudget  timeBudget // what head bounds: budgetHead, or budgetAttempt when whole
+	whole       bool       // the deadline bounds the whole answer, not only its first byte
+	deadline    time.Time
+	sending     bool       // a request is being written: set by Write, cleared by Read
+	awaiting    bool       // no byte of the answer yet: set by Write, cleared by the first
+	set         time.Time  // the read deadline last set
+	bound       timeBudget // the budget of the read deadline last set
+	cut         bool       // a budget cut the connection; it is reported once
+	timedOut    func(b timeBudget, bound time.Duration)
+	laddr       *connAddr
+	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	// beforeRead, while a generation reads an answer from the connection,
-	// runs before each read from the socket: the generation then writes
+	// runs before each read from the connection (for an https upstream,
+	// from its TLS session): the generation then writes
 	// its client what it journaled since the last read, all together,
 	// before it may wait for the upstream.
 	beforeRead func()
@@ -130,6 +253,11 @@ type connAddr struct {
 
 func (c *idleConn) LocalAddr() net.Addr { return c.laddr }
 
+// Handshake tells fasthttp that the connection needs no TLS of its own
+// (it wraps only connections without this method): dial did the
+// handshake for an https upstream, and an http one needs none.
+func (c *idleConn) Handshake() error { return nil }
+
 // connOf returns the connection an answer is read from, if it is one of
 // the upstream client's own.
 func connOf(resp *fasthttp.Response) *idleConn {
@@ -140,12 +268,26 @@ func connOf(resp *fasthttp.Response) *idleConn {
 }
 
 func (c *idleConn) Write(p []byte) (int, error) {
-	c.headDeadline = time.Now().Add(c.head)
-	return c.Conn.Write(p)
+	if !c.sending {
+		// The first write of a request: an upstream that stops taking it
+		// is as silent as one that does not answer, so the same deadline
+		// bounds both.
+		c.sending, c.awaiting = true, true
+		c.deadline = time.Now().Add(c.head)
+		if err := c.Conn.SetWriteDeadline(c.deadline); err != nil {
+			return 0, err
+		}
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		c.report(err, c.headBudget)
+	}
+	return n, err
 }
 
 // SetReadDeadline and SetDeadline are fasthttp's own calls; the next Read
-// sets the idle deadline again.
+// sets the proxy's deadline again, and the next request's first Write its
+// write deadline.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
 	c.set = time.Time{}
 	return c.Conn.SetReadDeadline(t)
@@ -160,30 +302,45 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if c.beforeRead != nil {
 		c.beforeRead()
 	}
-	d := time.Now().Add(c.idle)
-	switch {
-	case !c.headDeadline.IsZero():
-		// Awaiting an answer: the deadline must be exact.
-		if c.headDeadline.Before(d) {
-			d = c.headDeadline
-		}
-	case !c.set.IsZero() && d.Sub(c.set) <= c.idle/16:
-		// Moving the deadline costs a timer update per read; moving it
-		// only when it is a sixteenth of idle stale keeps the bound
-		// within 7%.
-		d = time.Time{}
+	c.sending = false
+	want, b, exact := time.Now().Add(c.idle), budgetIdle, false
+	if c.awaiting || (c.whole && c.deadline.Before(want)) {
+		want, b, exact = c.deadline, c.headBudget, true
 	}
-	if !d.IsZero() {
-		if err := c.Conn.SetReadDeadline(d); err != nil {
+	// Moving the deadline costs a timer update per read. The idle bound
+	// is moved only once it is a sixteenth of idle stale, which keeps it
+	// within 7%; the others are exact.
+	move := !want.Equal(c.set)
+	if !exact && c.bound == b && !c.set.IsZero() && c.set.Before(want) {
+		move = want.Sub(c.set) > c.idle/16
+	}
+	if move {
+		if err := c.Conn.SetReadDeadline(want); err != nil {
 			return 0, err
 		}
-		c.set = d
+		c.set, c.bound = want, b
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.headDeadline = time.Time{}
+		c.awaiting = false
+	}
+	if err != nil {
+		c.report(err, c.bound)
 	}
 	return n, err
+}
+
+// report tells timedOut, once, that budget b cut the connection.
+func (c *idleConn) report(err error, b timeBudget) {
+	if c.cut || c.timedOut == nil || !isTimeout(err) {
+		return
+	}
+	c.cut = true
+	bound := c.head
+	if b == budgetIdle {
+		bound = c.idle
+	}
+	c.timedOut(b, bound)
 }
 
 // hopHeaders are meaningful for one connection only and never relayed.

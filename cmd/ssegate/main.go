@@ -60,6 +60,7 @@ type options struct {
 	pprof         bool
 	maxDuration   time.Duration
 	idleTimeout   time.Duration
+	headTimeout   time.Duration
 	slowClient    time.Duration
 	shutdown      time.Duration
 	missingBody   string
@@ -97,11 +98,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
 	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
-	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream (0: as many as -max-streams)")
+	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")
 	fs.DurationVar(&o.maxDuration, "max-stream-duration", 30*time.Minute, "longest upstream stream (aborted after)")
-	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 5*time.Minute, "longest upstream silence, including the wait for its first byte")
-	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client whose connection accepts nothing for this long is dropped (it can resume)")
+	fs.DurationVar(&o.headTimeout, "head-timeout", 30*time.Second, "longest wait for the response head of a request that asks for a stream (\"stream\": true), from sending it; 504 upstream_timeout after")
+	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 2*time.Minute, "longest upstream silence once its answer began, not the wait for the head (504 before the first event, the stream aborted after it). Anthropic's pings and the Responses API's progress events keep long generations busy; 2m outlasts a reasoning model's pause between a chat completion's role chunk and its content, at twice the 60 s after which common load balancers cut a silent connection")
+	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client that takes no 64 KiB piece of its answer for this long is dropped (it can resume); a big answer read steadily is never slow")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long open streams may run before they are aborted")
 	r := &o.retry
 	fs.IntVar(&r.Attempts, "retry-attempts", 3, "upstream calls per request at most, the first included (1 disables retries)")
@@ -109,7 +111,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.DurationVar(&r.MaxBackoff, "retry-max-backoff", 5*time.Second, "largest backoff ceiling")
 	fs.DurationVar(&r.MaxElapsed, "retry-max-elapsed", 30*time.Second, "no retry starts later than this after the first call")
 	fs.DurationVar(&r.RetryAfterMax, "retry-after-max", 10*time.Second, "longest upstream Retry-After honoured; a longer one is relayed to the client instead")
-	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", 5*time.Minute, "longest wait for one attempt's response head (a non-streaming completion answers only when done)")
+	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", 10*time.Minute, "longest wait for one attempt's whole answer to a request that does not ask for a stream, from sending it (a non-streaming completion answers only when done; the official SDKs wait 10m too); 504 upstream_timeout after")
 	fs.Float64Var(&r.BudgetRatio, "retry-budget", 0.1, "retries may add at most this share of recent (10 s) requests")
 	fs.IntVar(&r.BudgetMin, "retry-budget-min", 10, "retries per 10 s always allowed, whatever the budget")
 	fs.IntVar(&r.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit: an upstream's for connect failures, or its circuit for one model for that model's 5xx and transport failures (a 4xx or 429 never counts)")
@@ -243,7 +245,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Upstreams: upstreams, Retry: o.retry, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
-		UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
+		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "",
 		RelayWhenStoreDown: o.redis.down == "relay",

@@ -62,6 +62,26 @@ func TestGCSettings(t *testing.T) {
 	}
 }
 
+// TestTimeBudgetDefaults: no silent upstream holds a client for minutes
+// by default: a stream's head within 30s, a silence within 2m; only a
+// non-streaming answer, which comes when done, may take 10m.
+func TestTimeBudgetDefaults(t *testing.T) {
+	o, err := parseFlags([]string{"-upstream", "mock"}, env(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.headTimeout != 30*time.Second || o.idleTimeout != 2*time.Minute || o.retry.AttemptTimeout != 10*time.Minute {
+		t.Errorf("got -head-timeout %v, -upstream-idle-timeout %v, -attempt-timeout %v; want 30s, 2m, 10m", o.headTimeout, o.idleTimeout, o.retry.AttemptTimeout)
+	}
+	o, err = parseFlags([]string{"-upstream", "mock"}, env(map[string]string{"SSEGATE_HEAD_TIMEOUT": "5s"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.headTimeout != 5*time.Second {
+		t.Errorf("-head-timeout: got %v; want SSEGATE_HEAD_TIMEOUT's 5s", o.headTimeout)
+	}
+}
+
 // TestBadValues: a bad value stops start-up with one line naming the flag.
 func TestBadValues(t *testing.T) {
 	cases := []struct {
@@ -99,7 +119,7 @@ func TestHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("got %v; want flag.ErrHelp", err)
 	}
-	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout", "-breaker-open-max", "-breaker-models"} {
+	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout", "-breaker-open-max", "-breaker-models", "-head-timeout"} {
 		if !strings.Contains(out.String(), "  "+name+" ") && !strings.Contains(out.String(), "  "+name+"\n") {
 			t.Errorf("-h does not document %s", name)
 		}

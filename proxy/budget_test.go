@@ -1,0 +1,359 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/ssegate/ssegate/cache"
+)
+
+// rawUpstream is an upstream on loopback that is only a TCP listener:
+// each connection is handed to a script, which may read the request or
+// not, answer or not, and stall for as long as it likes (until the test
+// ends).
+type rawUpstream struct {
+	url   string
+	calls atomic.Int64
+	done  chan struct{} // closed when the test ends: stalled scripts return
+}
+
+func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{url: "http://" + ln.Addr().String(), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.calls.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				script(u, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		close(u.done)
+		ln.Close()
+		wg.Wait()
+	})
+	return u
+}
+
+// stall waits until the test ends.
+func (u *rawUpstream) stall() { <-u.done }
+
+// readRequest reads one request, body and all.
+func readRequest(c net.Conn) {
+	r, err := http.ReadRequest(bufio.NewReader(c))
+	if err == nil {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck // only its end matters
+	}
+}
+
+// chunkEvent is one chat completion chunk event.
+func chunkEvent(i int) string {
+	return fmt.Sprintf("data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+}
+
+const streamHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+
+// syncBuffer is a log destination that tests read while the proxy writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// budgetEnv puts ssegate with the given budgets and one attempt per
+// request in front of u, logging into log.
+func budgetEnv(t *testing.T, u *rawUpstream, head, idle, attempt time.Duration, log *syncBuffer) *env {
+	pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle,
+		Retry:  RetryConfig{Attempts: 1, AttemptTimeout: attempt},
+		Logger: slog.New(slog.NewTextHandler(log, nil))}
+	e := newEnvUpstream(t, u.url, nil, pc, cache.Config{})
+	e.client.Timeout = 10 * time.Second // a budget that does not hold fails the test, not hangs it
+	return e
+}
+
+// wantTimeoutLogged checks the metric and the log line of a budget that
+// cut an upstream connection (budget ""), or that none did.
+func wantTimeoutLogged(t *testing.T, e *env, log *syncBuffer, budget, flag string) {
+	t.Helper()
+	for _, b := range []string{"head", "attempt", "idle"} {
+		want := 0.0
+		if b == budget {
+			want = 1
+		}
+		if got := testutil.ToFloat64(e.proxy.m.timeouts.WithLabelValues(b)); got != want {
+			t.Errorf("ssegate_upstream_timeouts_total{budget=%q}: got %v; want %v", b, got, want)
+		}
+	}
+	logged := strings.Contains(log.String(), `msg="upstream timeout"`)
+	switch {
+	case budget == "" && logged:
+		t.Errorf("an upstream timeout was logged; want none:\n%s", log)
+	case budget != "" && (!logged || !strings.Contains(log.String(), "budget="+flag)):
+		t.Errorf("no upstream timeout logged with budget=%s:\n%s", flag, log)
+	}
+}
+
+const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
+
+// TestTimeBudgets: no silent upstream holds a client past its budget, and
+// no budget cuts what another one governs. A streaming request's head
+// must come within -head-timeout (even when the upstream does not take
+// the request at all); a non-streaming answer within -attempt-timeout,
+// however long past the head and idle bounds it comes; an answer that
+// began, within -upstream-idle-timeout of silence. Each cut is a 504
+// upstream_timeout (or, once a body was relayed, a connection closed
+// before the end), a log line and a count by budget.
+func TestTimeBudgets(t *testing.T) {
+	const (
+		head    = 200 * time.Millisecond
+		idle    = 800 * time.Millisecond
+		attempt = 1600 * time.Millisecond
+	)
+	silent := func(u *rawUpstream, c net.Conn) { readRequest(c); u.stall() }
+	// Reads nothing, with a receive buffer too small for the request.
+	deaf := func(u *rawUpstream, c net.Conn) { c.(*net.TCPConn).SetReadBuffer(4096); u.stall() }
+	headThenSilence := func(u *rawUpstream, c net.Conn) {
+		readRequest(c)
+		io.WriteString(c, streamHead)
+		u.stall()
+	}
+	late := func(u *rawUpstream, c net.Conn) {
+		readRequest(c)
+		select {
+		case <-time.After(1100 * time.Millisecond): // past head and idle, before attempt
+		case <-u.done:
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}")
+		u.stall()
+	}
+	partial := func(u *rawUpstream, c net.Conn) {
+		readRequest(c)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"choices\":")
+		u.stall()
+	}
+	big := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("a", 12<<20) + `"}]}`
+	cases := []struct {
+		name     string
+		script   func(*rawUpstream, net.Conn)
+		body     string
+		keyed    bool
+		status   int
+		errType  string
+		readErr  bool // the body ends without its end
+		min, max time.Duration
+		budget   string
+		flag     string
+	}{
+		{"stream, silent upstream", silent, chatBody, false, 504, "upstream_timeout", false, head, idle - 100*time.Millisecond, "head", "-head-timeout"},
+		{"stream, silent upstream, keyed", silent, chatBody, true, 504, "upstream_timeout", false, head, idle - 100*time.Millisecond, "head", "-head-timeout"},
+		{"stream, upstream takes no bytes", deaf, big, false, 504, "upstream_timeout", false, head, idle - 100*time.Millisecond, "head", "-head-timeout"},
+		{"stream, head then silence", headThenSilence, chatBody, true, 504, "upstream_timeout", false, idle * 15 / 16, attempt - 100*time.Millisecond, "idle", "-upstream-idle-timeout"},
+		{"not streaming, silent upstream", silent, plainBody, false, 504, "upstream_timeout", false, attempt, 3 * attempt, "attempt", "-attempt-timeout"},
+		{"not streaming, silent upstream, keyed", silent, plainBody, true, 504, "upstream_timeout", false, attempt, 3 * attempt, "attempt", "-attempt-timeout"},
+		{"not streaming, late answer", late, plainBody, true, 200, "", false, 1100 * time.Millisecond, attempt - 100*time.Millisecond, "", ""},
+		{"not streaming, body stalls", partial, plainBody, false, 200, "", true, idle * 15 / 16, attempt - 100*time.Millisecond, "idle", "-upstream-idle-timeout"},
+		{"not streaming, body stalls, keyed", partial, plainBody, true, 504, "upstream_timeout", false, idle * 15 / 16, attempt - 100*time.Millisecond, "idle", "-upstream-idle-timeout"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			u := newRawUpstream(t, c.script)
+			var log syncBuffer
+			e := budgetEnv(t, u, head, idle, attempt, &log)
+			key := ""
+			if c.keyed {
+				key = newKey("budget")
+			}
+			start := time.Now()
+			got := e.fetch(req{key: key, body: c.body})
+			took := time.Since(start)
+			if got.status != c.status || got.errType != c.errType || (got.readErr != nil) != c.readErr {
+				t.Fatalf("got %d %q, read error %v (%.200q); want %d %q, read error %v", got.status, got.errType, got.readErr, got.raw, c.status, c.errType, c.readErr)
+			}
+			if took < c.min || took > c.max {
+				t.Fatalf("answered after %v; want between %v and %v", took, c.min, c.max)
+			}
+			if c.status == 200 && !c.readErr && string(got.raw) != `{"ok":true}` {
+				t.Fatalf("body %q; want the upstream's whole answer", got.raw)
+			}
+			wantCount(t, "upstream calls", u.calls.Load(), 1)
+			wantTimeoutLogged(t, e, &log, c.budget, c.flag)
+			if c.keyed {
+				want := cache.StateCommitUnknown
+				switch {
+				case c.status == 200:
+					want = cache.StateCommitted
+				case c.budget == "idle" && c.body == plainBody:
+					want = cache.StateFailedRetryable // the head came: a failed read
+				}
+				e.waitState(key, "", want)
+			}
+		})
+	}
+}
+
+// TestStreamSilenceAborted: a stream whose head came after longer than
+// -upstream-idle-timeout (the idle bound starts with the answer; the
+// head has its own) and that then falls silent after two events is
+// aborted about one idle bound after its last byte: stream_aborted with
+// code upstream_idle_timeout, nothing stored, a log line and a count.
+func TestStreamSilenceAborted(t *testing.T) {
+	const (
+		head    = 2 * time.Second
+		idle    = 300 * time.Millisecond
+		attempt = 5 * time.Second
+	)
+	u := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+		readRequest(c)
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-u.done:
+			return
+		}
+		io.WriteString(c, streamHead+chunkEvent(0)+chunkEvent(1))
+		u.stall()
+	})
+	var log syncBuffer
+	e := budgetEnv(t, u, head, idle, attempt, &log)
+	key := newKey("silence")
+	start := time.Now()
+	resp := e.do(req{key: key})
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d; want 200 (the head came within -head-timeout)", resp.StatusCode)
+	}
+	var raw bytes.Buffer
+	var lastEvent time.Time
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		raw.WriteString(line)
+		if strings.HasPrefix(line, "data: {\"object\"") {
+			lastEvent = time.Now()
+		}
+		if err != nil {
+			break
+		}
+	}
+	end := time.Now()
+	got := parseResult(resp, raw.Bytes(), nil)
+	if len(got.events) != 3 || !got.aborted || !strings.Contains(got.lastData(), `"code":"upstream_idle_timeout"`) {
+		t.Fatalf("got %d events, aborted %v, last %q; want 2 events and stream_aborted upstream_idle_timeout", len(got.events), got.aborted, got.lastData())
+	}
+	if silence := end.Sub(lastEvent); silence < idle*15/16 || silence > 3*idle {
+		t.Fatalf("aborted %v after the last event; want about -upstream-idle-timeout (%v)", silence, idle)
+	}
+	if took := end.Sub(start); took > attempt/2 {
+		t.Fatalf("the stream took %v; want it cut well before -attempt-timeout (%v)", took, attempt)
+	}
+	ki := e.waitState(key, "", cache.StateFailedRetryable)
+	if ki.BodyStored {
+		t.Fatalf("an aborted stream was stored")
+	}
+	wantTimeoutLogged(t, e, &log, "idle", "-upstream-idle-timeout")
+}
+
+// TestTimeBudgetsTLS: over TLS the budgets hold to the HTTP answer, not
+// to TLS records. A TLS 1.3 server may send its session ticket after the
+// client's Finished, so that it arrives after the request went out and
+// before any answer: it must neither pass for the answer's first byte
+// (which would put a stream's head, or a non-streaming answer, under the
+// silence bound) nor go unbounded.
+func TestTimeBudgetsTLS(t *testing.T) {
+	const (
+		head    = 200 * time.Millisecond
+		idle    = 800 * time.Millisecond
+		attempt = 1600 * time.Millisecond
+	)
+	done := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		wait := 1100 * time.Millisecond // a non-streaming answer, past head and idle, before attempt
+		if r.Header.Get("X-Silent") != "" {
+			wait = time.Hour
+		}
+		select {
+		case <-time.After(wait):
+		case <-done:
+			return
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	// Asking for a client certificate makes Go's server send its ticket
+	// after the client's Finished, as OpenSSL-based servers do; a client
+	// sends for tickets only with a session cache.
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	t.Cleanup(func() { close(done); srv.Close() })
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	cases := []struct {
+		name     string
+		r        req
+		status   int
+		min, max time.Duration
+	}{
+		{"late non-streaming answer", req{body: plainBody}, 200, 1100 * time.Millisecond, attempt - 100*time.Millisecond},
+		{"silent stream", req{header: map[string]string{"X-Silent": "1"}}, 504, head, idle - 100*time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// A session cache of its own: a full handshake, with its ticket.
+			tc := &tls.Config{RootCAs: roots, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+			pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle, UpstreamTLS: tc,
+				Retry: RetryConfig{Attempts: 1, AttemptTimeout: attempt}}
+			e := newEnvUpstream(t, srv.URL, nil, pc, cache.Config{})
+			e.client.Timeout = 10 * time.Second
+			start := time.Now()
+			got := e.fetch(c.r)
+			took := time.Since(start)
+			if got.status != c.status || took < c.min || took > c.max {
+				t.Fatalf("got %d %q after %v; want %d after %v to %v", got.status, got.raw, took, c.status, c.min, c.max)
+			}
+			if c.status == 200 && string(got.raw) != `{"ok":true}` {
+				t.Fatalf("body %q; want the upstream's answer", got.raw)
+			}
+		})
+	}
+}
