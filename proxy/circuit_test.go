@@ -370,6 +370,7 @@ func TestCircuitHungProbe(t *testing.T) {
 		pc.Retry.BreakerFailures = 2
 		pc.Retry.Attempts = 1
 		pc.Retry.AttemptTimeout = 5 * time.Second
+		pc.HeadTimeout = 5 * time.Second
 	})
 	for range 2 {
 		if got := e.fetch(req{key: newKey("open")}); got.status != 503 {
