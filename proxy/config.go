@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 )
 
@@ -85,6 +86,14 @@ type Config struct {
 	// Webhooks) or X-GitHub-Delivery, so a redelivered webhook is answered
 	// from the store instead of running twice.
 	KeyHeaders []string
+	// RetryAmbiguous names the upstreams (as in Upstreams, or "*" for all)
+	// known to deduplicate on Idempotency-Key, such as another ssegate: a
+	// keyed request whose call to one of them failed ambiguously (the
+	// request went out, and no answer or no valid stream came) is tried
+	// again. For any other upstream it is not: the chat endpoints of the
+	// real providers do not deduplicate, so a repeat may be a second paid
+	// generation.
+	RetryAmbiguous []string
 	// RelayWhenStoreDown relays keyed requests unprotected (no
 	// deduplication, nothing recorded) while the store is unreachable,
 	// instead of failing them with 503 store_unavailable.
@@ -128,6 +137,11 @@ func (c *Config) setDefaults() error {
 	defInt(&c.UpstreamMaxConns, c.MaxStreams)
 	if len(c.Upstreams) == 0 {
 		return fmt.Errorf("no upstream")
+	}
+	for _, u := range c.RetryAmbiguous {
+		if u != "*" && !slices.Contains(c.Upstreams, u) {
+			return fmt.Errorf("retry-ambiguous: %q is not one of the upstreams", u)
+		}
 	}
 	c.Retry.setDefaults()
 	if c.Logger == nil {

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -157,6 +159,7 @@ type attempt struct {
 	verdict    verdict
 	reason     string     // snake_case cause, for logs and the flight
 	head       cache.Head // set when the upstream answered
+	answered   bool       // ambiguous after a 2xx head: an answer, not a stream
 	body       []byte     // an error answer's body, to relay if it is the last
 	retryAfter time.Duration
 }
@@ -208,7 +211,9 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			return
 		}
 		g.drop()
-		retry := a.verdict == safe || (a.verdict == ambiguous && keyed)
+		// An ambiguous failure is repeated only for an upstream known to
+		// deduplicate on the key (-retry-ambiguous), so only with one.
+		retry := a.verdict == safe || (a.verdict == ambiguous && keyed && up.retryAmbiguous)
 		wait := jitter.next()
 		why := ""
 		switch {
@@ -260,6 +265,8 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		switch {
 		case isDial(err):
 			a = attempt{verdict: safe, reason: "connect_error"}
+		case isStale(err):
+			a = attempt{verdict: safe, reason: "stale_connection"}
 		case isTimeout(err):
 			a.reason = "upstream_timeout"
 		}
@@ -294,7 +301,9 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 	if reason == "error_event" {
 		a.verdict = safe // the upstream said it failed, before any event
 	} else {
-		a.verdict = ambiguous
+		// A head and no valid first event: the upstream took the request
+		// and may be generating.
+		a.verdict, a.answered = ambiguous, true
 	}
 	a.head = cache.Head{}
 	return a, false
@@ -310,7 +319,11 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 	f.SetHead(head)
 	switch {
 	case err != nil:
+		// A chunked body without its last chunk, or one shorter than its
+		// Content-Length, fails here (io.ErrUnexpectedEOF).
 		f.Fail(cache.StateFailedRetryable, readFailure(err), nil)
+	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
+		f.Fail(cache.StateFailedRetryable, "unframed_body", nil)
 	case head.Status >= 200 && head.Status < 300:
 		f.SetUsage(bodyUsage(body))
 		g.skipped(f.Commit(body))
@@ -322,6 +335,26 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 	g.logEnd(head.Status)
 }
 
+// wholeBody reports whether a 2xx body read without error is known to be
+// whole. A chunked body or one with a Content-Length is, since its
+// framing was checked as it was read. A body that ends where the
+// connection closes could have been cut anywhere: it counts as whole only
+// when it parses as the JSON its Content-Type says it is.
+func wholeBody(resp *fasthttp.Response, head cache.Head, body []byte) bool {
+	if resp.Header.ContentLength() != -2 { // -2: until the connection closes
+		return true
+	}
+	return isJSON(head.ContentType) && json.Valid(body)
+}
+
+// isJSON reports whether a content type is JSON (application/json, or a
+// +json type).
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(ct)), ";")
+	mt = strings.TrimSpace(mt)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
 // end ends the flight after the last attempt a (and the one before it,
 // prev) brought no answer worth recording as a result.
 func (g *gen) end(attempts int, a, prev attempt) {
@@ -331,6 +364,8 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	}
 	state := cache.StateFailedRetryable
 	switch {
+	case a.verdict == ambiguous && a.answered:
+		// An answer that was not a stream: a failure, known as such.
 	case a.verdict == ambiguous:
 		state = cache.StateCommitUnknown
 		g.p.m.commitUnknowns.Inc()

@@ -86,8 +86,8 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
-		_, reason, _ := f.Outcome()
-		p.writeError(ctx, headlessError(reason))
+		state, reason, _ := f.Outcome()
+		p.writeError(ctx, headlessError(state, reason))
 		return
 	}
 	if !h.Stream {
@@ -126,13 +126,13 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 }
 
 // headlessError is the answer to a request whose upstream work ended
-// without an answer head to relay.
-func headlessError(reason string) *apiError {
+// without an answer head to relay: in state, for reason.
+func headlessError(state cache.State, reason string) *apiError {
 	switch reason {
 	case "upstream_timeout":
-		return errUpstreamTimeout("the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other); its outcome is unknown")
+		return errUpstreamTimeout("the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other); its outcome is unknown, and it was not sent again")
 	case "upstream_idle_timeout":
-		return errUpstreamTimeout("the upstream answered a head and then nothing within -upstream-idle-timeout; its outcome is unknown")
+		return errUpstreamTimeout("the upstream answered a head and then nothing within -upstream-idle-timeout; its outcome is unknown, and it was not sent again")
 	case "upstream_unavailable":
 		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "upstream_unavailable",
 			message: "every upstream has a circuit open for this model or its host after repeated failures", retryAfter: 1}
@@ -140,6 +140,14 @@ func headlessError(reason string) *apiError {
 		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "shutting_down", message: "the proxy is shutting down", retryAfter: 1}
 	case "max_streams", "store_full":
 		return errCapacity("a bound was hit (" + reason + ")")
+	case "connect_error", "stale_connection", "error_event":
+		return errUpstream("the upstream failed before answering (" + reason + ")")
+	}
+	switch state {
+	case cache.StateCommitUnknown:
+		return errUpstream("the upstream connection failed after the request was sent (" + reason + "); its outcome is unknown, and it was not sent again: a repeat could be a second paid generation")
+	case cache.StateFailedRetryable:
+		return errUpstream("the upstream answered, but not with a valid event stream (" + reason + "); its outcome is unknown, and it was not sent again")
 	}
 	return errUpstream("the upstream failed before answering (" + reason + ")")
 }

@@ -143,6 +143,11 @@ func (o *origin) startLocked() {
 func (o *origin) answerRest() {
 	p, g, f, c := o.p, o.g, o.f, o.c
 	if resp := o.raw; resp != nil {
+		// A body that ends where the upstream closed the connection is
+		// relayed the same way: re-framed, a cut in it would pass for
+		// its end. Framed ones are re-framed, and a cut in them ends the
+		// client's answer without its last chunk (copyBody).
+		c.identity = resp.Header.ContentLength() == -2
 		c.answerHead(copyHead(resp))
 		ok := copyBody(c, resp.BodyStream()) && c.end() == nil
 		resp.CloseBodyStream() //nolint:errcheck // done with the body
@@ -156,7 +161,7 @@ func (o *origin) answerRest() {
 	var refused *apiError
 	state, reason, body := f.Outcome()
 	if h, ok := f.Head(); !ok {
-		refused = headlessError(reason)
+		refused = headlessError(state, reason)
 	} else if body == nil && state != cache.StateCommitted {
 		refused = unreadError(reason)
 	} else {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,9 +141,9 @@ func TestRetries(t *testing.T) {
 		{"503 then success", then(1, status(503)), true, 2, 200, false, cache.StateCommitted, 2, 0},
 		{"always 503", status(503), true, 3, 503, false, cache.StateFailedRetryable, 3, 0},
 		{"400 is terminal", status(400), true, 1, 400, false, cache.StateFailedTerminal, 1, 0},
-		{"hang after reading, keyed: retried", hang, true, 3, 504, false, cache.StateCommitUnknown, 3, 0},
+		{"hang after reading, keyed: not retried", hang, true, 1, 504, false, cache.StateCommitUnknown, 1, 0},
 		{"hang after reading, no key: not retried", hang, false, 1, 504, false, "", 0, 0},
-		{"reset before the first event: retried", then(1, reset(0)), true, 2, 200, false, cache.StateCommitted, 2, 0},
+		{"reset after the head, before the first event: not retried", then(1, reset(0)), true, 1, 502, false, cache.StateFailedRetryable, 1, 0},
 		{"reset after the first event: aborted", reset(2), true, 1, 200, true, cache.StateFailedRetryable, 1, 0},
 		{"503 then success, no key", then(1, status(503)), false, 2, 200, false, "", 0, 0},
 	}
@@ -282,4 +283,109 @@ func TestBreakerFailover(t *testing.T) {
 	if got := e.proxy.ups[0].breaker.modelState("gpt-4o-mini"); got != circuitClosed {
 		t.Fatalf("primary circuit: got %v; want closed", got)
 	}
+}
+
+// hangUp reads the request and closes the connection without a byte of
+// answer: the upstream may have started the generation.
+func hangUp(_ int64, w http.ResponseWriter, _ *http.Request) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	conn.Close()
+}
+
+// garbage answers 200 text/event-stream with a body that holds no event.
+func garbage(_ int64, w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "<html>upstream proxy error page</html>")
+}
+
+// TestAmbiguousNotRetried: a request that reached the upstream is not
+// sent again unless the upstream said it did not run it, key or not,
+// because the providers' chat endpoints do not deduplicate on the key and
+// a repeat may be a second paid generation. The client learns that the
+// outcome is unknown. -retry-ambiguous, for an upstream that does
+// deduplicate, repeats it.
+func TestAmbiguousNotRetried(t *testing.T) {
+	hang := func(_ int64, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	cases := []struct {
+		name    string
+		script  func(int64, http.ResponseWriter, *http.Request)
+		dedupe  bool // the upstream is named by -retry-ambiguous
+		calls   int64
+		status  int
+		errType string
+		state   cache.State
+	}{
+		{"read the request and hung up", hangUp, false, 1, 502, "upstream_error", cache.StateCommitUnknown},
+		{"no answer in time", hang, false, 1, 504, "upstream_timeout", cache.StateCommitUnknown},
+		{"200 that is not an event stream", garbage, false, 1, 502, "upstream_error", cache.StateFailedRetryable},
+		{"reset after the head", reset(0), false, 1, 502, "upstream_error", cache.StateFailedRetryable},
+		{"read and hung up, -retry-ambiguous", then(2, hangUp), true, 3, 200, "", cache.StateCommitted},
+		{"no answer in time, -retry-ambiguous", hang, true, 3, 504, "upstream_timeout", cache.StateCommitUnknown},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs := newFaultServer(t, c.script)
+			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				if c.dedupe {
+					pc.RetryAmbiguous = []string{fs.url}
+				}
+			})
+			key := newKey("ambiguous")
+			got := e.fetch(req{key: key})
+			wantCount(t, "upstream calls", fs.calls.Load(), c.calls)
+			if got.status != c.status || got.errType != c.errType {
+				t.Fatalf("client: got %d %q (%s); want %d %q", got.status, got.errType, got.raw, c.status, c.errType)
+			}
+			if c.status != 200 && !strings.Contains(string(got.raw), "outcome is unknown") {
+				t.Fatalf("client: got %s; want a message that says the outcome is unknown", got.raw)
+			}
+			e.waitState(key, "", c.state)
+			// Without a key, never repeated, whatever the upstream.
+			if c.dedupe {
+				fs.calls.Store(0)
+				fs.set(c.script)
+				e.fetch(req{})
+				if n := fs.calls.Load(); n != 1 && c.status != 200 {
+					t.Fatalf("unkeyed: got %d upstream calls; want 1", n)
+				}
+			}
+		})
+	}
+}
+
+// TestStalePooledConnection: an upstream that closes a kept-alive
+// connection while it sits in the pool does not cost the next request its
+// answer: its first write finds the close before sending a byte, and the
+// request goes out on a new connection; one upstream call per request.
+func TestStalePooledConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		calls.Add(1)
+		okStream(w)
+	}), IdleTimeout: 50 * time.Millisecond} // closes a kept-alive connection after 50 ms idle
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := "http://" + ln.Addr().String()
+	e := retryEnv(t, []string{url}, nil)
+	for i := range 3 {
+		got := e.fetch(req{key: newKey("stale")})
+		if !clean(got) {
+			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
+		}
+		time.Sleep(200 * time.Millisecond) // the upstream closes the pooled connection meanwhile
+	}
+	wantCount(t, "upstream calls", calls.Load(), 3)
 }

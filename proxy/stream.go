@@ -29,6 +29,10 @@ type client struct {
 	rc        syscall.RawConn // for writes that never wait; nil when conn has none
 	pre       []byte          // what the client sent after its request, read at take-over
 	keepAlive bool            // serve the connection's next request after a complete answer
+	// identity: the body is not chunked but ends where the connection
+	// closes (the answer relays such a body as it came, so that a cut
+	// stays a cut).
+	identity bool
 
 	buf      []byte               // the answer head until it is written, then chunk headers
 	arr      [2 + maxParts][]byte // backing of vec
@@ -54,6 +58,16 @@ func (c *client) frame(last bool, parts ...[]byte) {
 		n += len(p)
 	}
 	switch {
+	case c.identity:
+		if len(c.buf) > 0 {
+			c.vec = append(c.vec, c.buf) // the head
+		}
+		for _, p := range parts {
+			if len(p) > 0 {
+				c.vec = append(c.vec, p)
+			}
+		}
+		c.p.m.clientBytes.Add(float64(n))
 	case n > 0:
 		c.buf = appendChunkHeader(c.buf, n)
 		tail := crlf
@@ -255,7 +269,12 @@ func (c *client) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
 	setHead(&rh.Header, h, false)
-	rh.Header.SetContentLength(-1)
+	if c.identity {
+		c.keepAlive = false
+		rh.Header.SetContentLength(-2) // until the connection closes
+	} else {
+		rh.Header.SetContentLength(-1)
+	}
 	if !c.keepAlive {
 		rh.Header.SetConnectionClose()
 	}

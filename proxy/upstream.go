@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -41,6 +42,9 @@ type upstream struct {
 	stream  *fasthttp.HostClient // for requests that ask for a stream: the head within HeadTimeout
 	whole   *fasthttp.HostClient // for the others: the whole answer within Retry.AttemptTimeout
 	breaker *breaker
+	// retryAmbiguous: the upstream deduplicates on Idempotency-Key
+	// (Config.RetryAmbiguous), so an ambiguous failure may be repeated.
+	retryAmbiguous bool
 }
 
 // budget names the time bound that cut an upstream connection.
@@ -141,7 +145,8 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 	}
 	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
 		stream: client(cfg.HeadTimeout, budgetHead), whole: client(cfg.Retry.AttemptTimeout, budgetAttempt),
-		breaker: newBreaker(raw, &cfg.Retry, changed)}, nil
+		breaker:        newBreaker(raw, &cfg.Retry, changed),
+		retryAmbiguous: slices.Contains(cfg.RetryAmbiguous, raw) || slices.Contains(cfg.RetryAmbiguous, "*")}, nil
 }
 
 // do sends req on the client for its kind (streaming or not) and returns
@@ -200,8 +205,19 @@ func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done
 // localFailure reports a failure of this process, not of the upstream:
 // its own connection pool or file descriptors ran out.
 func localFailure(err error) bool {
-	return errors.Is(err, fasthttp.ErrNoFreeConns) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+	return errors.Is(err, fasthttp.ErrNoFreeConns) || isStale(err) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
+
+// errStale is what a request's first write on a pooled connection
+// returns, without writing, when the upstream closed that connection
+// while it was idle: nothing of the request reached the upstream, so it
+// may be sent again on another. It is the only failure on a reused
+// connection that proves the request unread; any other (a reset, a close
+// after the request was written) may have come after the upstream read
+// it, and is ambiguous.
+var errStale = errors.New("the upstream closed the pooled connection while it was idle")
+
+func isStale(err error) bool { return errors.Is(err, errStale) }
 
 // dialError marks a failure to connect: nothing reached the upstream.
 type dialError struct{ err error }
@@ -235,6 +251,7 @@ type idleConn struct {
 	timedOut    func(b timeBudget, bound time.Duration)
 	laddr       *connAddr
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
+	reused      bool        // a request was written before: the next one's first write checks peerClosed
 	// beforeRead, while a generation reads an answer from the connection,
 	// runs before each read from the connection (for an https upstream,
 	// from its TLS session): the generation then writes
@@ -269,9 +286,22 @@ func connOf(resp *fasthttp.Response) *idleConn {
 
 func (c *idleConn) Write(p []byte) (int, error) {
 	if !c.sending {
-		// The first write of a request: an upstream that stops taking it
-		// is as silent as one that does not answer, so the same deadline
-		// bounds both.
+		// The first write of a request. On a connection that served one
+		// before, the upstream may have closed it while it sat in the
+		// pool; fasthttp would write the request into it and read a
+		// reset or an EOF, which cannot be told from an upstream that
+		// read the request and then failed. Looked at now, before a byte
+		// is written, the close proves the request unread.
+		if c.reused {
+			closed := peerClosed(c.Conn)
+			c.set = time.Time{} // peerClosed cleared it: the next Read sets it
+			if closed {
+				return 0, errStale
+			}
+		}
+		c.reused = true
+		// An upstream that stops taking the request is as silent as one
+		// that does not answer, so the same deadline bounds both.
 		c.sending, c.awaiting = true, true
 		c.deadline = time.Now().Add(c.head)
 		if err := c.Conn.SetWriteDeadline(c.deadline); err != nil {

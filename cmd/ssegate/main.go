@@ -41,6 +41,7 @@ type options struct {
 	listen        string
 	adminListen   string
 	keyHeaders    listFlag
+	retryAmbig    listFlag
 	upstreams     listFlag
 	retry         proxy.RetryConfig
 	inflight      string
@@ -83,6 +84,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
+	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
 	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
@@ -247,7 +249,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
 		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
-		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "",
+		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
 		RelayWhenStoreDown: o.redis.down == "relay",
 	})
 	if err != nil {
