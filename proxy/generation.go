@@ -17,10 +17,10 @@ import (
 // from any goroutine and interrupts a blocked read by closing the body
 // stream (fasthttp's supported way) or a backoff by closing stop.
 type gen struct {
-	p         *Proxy
-	f         *cache.Flight
-	o         *origin // the client whose request started it
-	wantUsage bool
+	p      *Proxy
+	f      *cache.Flight
+	o      *origin    // the client whose request started it
+	expect sse.Expect // what the request asks of its stream (n, include_usage)
 	// relayRaw, for a request without a key: a final answer that is not an
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
@@ -34,8 +34,8 @@ type gen struct {
 	start    time.Time
 }
 
-func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
-	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{}), start: time.Now()}
+func (p *Proxy) newGen(f *cache.Flight, expect sse.Expect) *gen {
+	g := &gen{p: p, f: f, expect: expect, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f}
 	p.gens.Add(1)
 	p.liveMu.Lock()
@@ -335,7 +335,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
 	defer deadline.Stop()
-	det := sse.NewDetector(g.wantUsage)
+	det := sse.NewDetector(g.expect)
 	var readErr, appendErr error
 	// The client the generation writes gets what was journaled whenever
 	// the generation is about to read the upstream's socket: the events of

@@ -9,7 +9,7 @@ import "testing"
 func TestZeroAllocs(t *testing.T) {
 	buf := make([]byte, 0, 4096)
 	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}
-	d := NewDetector(true)
+	d := NewDetector(Expect{Usage: true})
 	tests := []struct {
 		name string
 		fn   func()

@@ -36,7 +36,7 @@ func fuzzSeeds(f *testing.F) {
 func FuzzRead(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte) {
-		d := NewDetector(true)
+		d := NewDetector(Expect{Usage: true})
 		var evs []Event
 		for ev, err := range Read(strings.NewReader(string(in)), 512) {
 			if err != nil {
