@@ -352,7 +352,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		}
 		det.Observe(ev)
 		if !started {
-			if ok, why := det.Clean(); !ok && why == "error_event" {
+			if ok, why := det.Clean(false); !ok && why == "error_event" {
 				return why, false // an upstream error before any event: a failed call
 			}
 			f.SetHead(head)
@@ -379,7 +379,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		reason = readFailure(readErr)
 	default:
 		var ok bool
-		if ok, reason = det.Clean(); ok {
+		if ok, reason = det.Clean(false); ok {
 			if !started {
 				f.SetHead(head)
 			}

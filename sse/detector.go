@@ -209,20 +209,29 @@ func (d *Detector) Terminal() bool {
 // Call it only after the read loop ended without a read error; a read error
 // is an abort whatever Clean says.
 //
+// intact says the body ended with its HTTP framing whole: the chunked
+// terminator arrived, or Content-Length bytes were read. (A body delimited
+// by closing the connection cannot say it was whole, so it is not intact.)
+// It matters only for an OpenAI chat stream without data: [DONE], which is
+// clean when intact and otherwise complete (every choice 0..N-1 finished,
+// the usage chunk arrived when asked for); several OpenAI-compatible
+// servers end their streams so. The other dialects need their terminal
+// events whatever intact says.
+//
 // When the stream is not clean, reason is a short snake_case cause for logs
 // and metrics: "error_event", "unknown_dialect", "no_terminal_event",
 // "unexpected_choice" (a choice index outside 0..N-1), "no_choices",
 // "missing_choice" (an index in 0..N-1 that never appeared),
 // "missing_finish_reason", "missing_usage", "response_failed",
 // "response_incomplete", "sequence_gap" or "missing_stop_reason".
-func (d *Detector) Clean() (ok bool, reason string) {
+func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 	if d.errSeen {
 		return false, "error_event"
 	}
 	switch d.dialect {
 	case DialectOpenAIChat:
 		switch {
-		case !d.done:
+		case !d.done && !intact:
 			return false, "no_terminal_event"
 		case d.unexpected:
 			return false, "unexpected_choice"

@@ -139,7 +139,7 @@ func TestDetector(t *testing.T) {
 			if got := d.Terminal(); got != tt.terminal {
 				t.Errorf("Terminal: got %v; want %v", got, tt.terminal)
 			}
-			ok, reason := d.Clean()
+			ok, reason := d.Clean(false)
 			if ok != tt.ok || reason != tt.reason {
 				t.Errorf("Clean: got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
 			}
@@ -175,21 +175,21 @@ func TestDetectorReset(t *testing.T) {
 	for _, ev := range readAll(t, fixture(t, "anthropic-messages-text"), 0) {
 		d.Observe(ev)
 	}
-	if ok, reason := d.Clean(); !ok {
+	if ok, reason := d.Clean(false); !ok {
 		t.Errorf("after Reset: got not clean (%s); want clean", reason)
 	}
 	d.Reset(Expect{Usage: true})
 	for _, ev := range readAll(t, fixture(t, "openai-chat-text"), 0) {
 		d.Observe(ev)
 	}
-	if ok, reason := d.Clean(); ok || reason != "missing_usage" {
+	if ok, reason := d.Clean(false); ok || reason != "missing_usage" {
 		t.Errorf("after Reset(Usage): got %v, %q; want false, missing_usage", ok, reason)
 	}
 	d.Reset(Expect{N: 2})
 	for _, ev := range readAll(t, fixture(t, "openai-chat-text"), 0) {
 		d.Observe(ev)
 	}
-	if ok, reason := d.Clean(); ok || reason != "missing_choice" {
+	if ok, reason := d.Clean(false); ok || reason != "missing_choice" {
 		t.Errorf("after Reset(N: 2): got %v, %q; want false, missing_choice", ok, reason)
 	}
 }
@@ -292,9 +292,67 @@ func TestDetectorChoices(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ok, reason := judge(t, tt.body, tt.expect).Clean()
+			ok, reason := judge(t, tt.body, tt.expect).Clean(false)
 			if ok != tt.ok || reason != tt.reason {
 				t.Errorf("Clean: got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
+			}
+		})
+	}
+}
+
+// TestDetectorIntact: a chat stream without [DONE] is clean when its body
+// ended intact and it is otherwise complete; cut, it is not. The other
+// dialects still need their terminal events.
+func TestDetectorIntact(t *testing.T) {
+	chat := fixture(t, "openai-chat-text")
+	usage := fixture(t, "openai-chat-usage")
+	resp := fixture(t, "openai-responses-completed")
+	anth := fixture(t, "anthropic-messages-text")
+	groq := fixture(t, "groq-chat-error-midstream")
+	const done = "data: [DONE]\n\n"
+	noDone := func(body string) string {
+		t.Helper()
+		if !strings.HasSuffix(body, done) {
+			t.Fatalf("fixture: got no trailing [DONE]; want one")
+		}
+		return strings.TrimSuffix(body, done)
+	}
+	noUsage := func(body string) string {
+		return drop(body, func(b string) bool { return strings.Contains(b, `"choices":[],"usage":{`) })
+	}
+	usageTwo := Expect{N: 2, Usage: true}
+	tests := []struct {
+		name   string
+		body   string
+		expect Expect
+		intact bool
+		ok     bool
+		reason string
+	}{
+		{"chat without [DONE], intact", noDone(chat), Expect{}, true, true, ""},
+		{"chat without [DONE], cut", noDone(chat), Expect{}, false, false, "no_terminal_event"},
+		{"chat usage without [DONE], intact", noDone(usage), Expect{Usage: true}, true, true, ""},
+		{"chat usage without [DONE], cut", noDone(usage), Expect{Usage: true}, false, false, "no_terminal_event"},
+		{"chat usage without [DONE] or usage, intact", noUsage(noDone(usage)), Expect{Usage: true}, true, false, "missing_usage"},
+		{"chat without [DONE] or finish_reason, intact", replace(t, noDone(chat), `"finish_reason":"stop"`, `"finish_reason":null`, 1), Expect{}, true, false, "missing_finish_reason"},
+		{"chat without [DONE], n=2, intact", noDone(chat), Expect{N: 2}, true, false, "missing_choice"},
+		{"two choices without [DONE], intact", finishAll(2), usageTwo, true, false, "missing_usage"},
+		{"two choices and usage without [DONE], intact", finishAll(2) + `data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}` + "\n\n", usageTwo, true, true, ""},
+		{"chat without [DONE], error object, intact", insertBefore(noDone(chat), 1, `data: {"error":{"message":"boom"}}`+"\n\n"), Expect{}, true, false, "error_event"},
+		{"groq error midstream, intact", groq, Expect{}, true, false, "error_event"},
+		{"chat with [DONE], intact", chat, Expect{}, true, true, ""},
+		{"chat without object field or [DONE], intact", strings.ReplaceAll(noDone(chat), `"object":"chat.completion.chunk",`, ""), Expect{}, true, false, "unknown_dialect"},
+		{"responses without completed, intact", drop(resp, func(b string) bool { return strings.Contains(b, "response.completed") }), Expect{}, true, false, "no_terminal_event"},
+		{"responses completed, intact", resp, Expect{}, true, true, ""},
+		{"anthropic without message_stop, intact", drop(anth, func(b string) bool { return strings.Contains(b, "message_stop") }), Expect{}, true, false, "no_terminal_event"},
+		{"anthropic, intact", anth, Expect{}, true, true, ""},
+		{"empty, intact", "", Expect{}, true, false, "unknown_dialect"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ok, reason := judge(t, tt.body, tt.expect).Clean(tt.intact)
+			if ok != tt.ok || reason != tt.reason {
+				t.Errorf("Clean(%v): got %v, %q; want %v, %q", tt.intact, ok, reason, tt.ok, tt.reason)
 			}
 		})
 	}

@@ -49,7 +49,8 @@ func FuzzRead(f *testing.F) {
 			d.Observe(ev)
 		}
 		d.Terminal()
-		d.Clean()
+		d.Clean(false)
+		d.Clean(true)
 		d.Usage()
 		var wire []byte
 		for i, ev := range evs {
