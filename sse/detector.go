@@ -23,10 +23,11 @@ type Expect struct {
 // every relayed event, so it makes one pass over each event's data and does
 // not allocate in the common case.
 type Detector struct {
-	dialect Dialect
-	n       int  // Expect.N, within 1..MaxChoices
-	usage   bool // Expect.Usage
-	errSeen bool // an error event or error object, at any point
+	dialect  Dialect
+	n        int  // Expect.N, within 1..MaxChoices
+	usage    bool // Expect.Usage
+	errSeen  bool // an error event or error object
+	terminal bool // the terminal event was observed; later events are ignored
 
 	// OpenAI chat/completions.
 	done           bool                    // data: [DONE]
@@ -58,8 +59,19 @@ func (d *Detector) Reset(e Expect) {
 	*d = Detector{n: min(max(e.N, 1), MaxChoices), usage: e.Usage}
 }
 
-// Observe feeds d the next event of the stream.
+// Observe feeds d the next event of the stream. Once Terminal is true it
+// ignores further events: nothing after the terminal event is part of the
+// stream, so a caller that reads the body on to its end (to reuse the
+// connection) may go on calling Observe without changing the verdict.
 func (d *Detector) Observe(ev Event) {
+	if d.terminal {
+		return
+	}
+	d.observe(ev)
+	d.terminal = d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
+}
+
+func (d *Detector) observe(ev Event) {
 	if ev.Type == "error" {
 		d.errSeen = true
 	}
@@ -198,12 +210,19 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 // recognisable event arrives.
 func (d *Detector) Dialect() Dialect { return d.dialect }
 
-// Terminal reports whether the stream's terminal event has been seen
-// (data: [DONE], response.completed/failed/incomplete, message_stop), or an
-// error. It says nothing about cleanliness: use Clean at the end of the body.
-func (d *Detector) Terminal() bool {
-	return d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
-}
+// Terminal reports whether the event that ends the stream has been
+// observed: data: [DONE] in a chat stream, response.completed,
+// response.failed or response.incomplete, message_stop, or an error (an
+// event named error, or data whose top-level "error" is not null or whose
+// "type" is "error"). It turns true right after Observe of that event and
+// stays true until Reset, so the proxy relays and records that event and
+// none after it.
+//
+// It says nothing about cleanliness: use Clean at the end of the body. A
+// chat stream without [DONE] has no terminal event: its choices finishing
+// does not make Terminal true, because the usage chunk may still follow;
+// its end is the end of the body (Clean's intact).
+func (d *Detector) Terminal() bool { return d.terminal }
 
 // Clean reports, at the end of the body, whether the stream ended cleanly.
 // Call it only after the read loop ended without a read error; a read error

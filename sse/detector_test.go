@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,7 +89,7 @@ func TestDetector(t *testing.T) {
 		// Chat rules.
 		{"chat [DONE] after error object", insertBefore(chat, 1, `data: {"error":{"message":"boom","type":"server_error"}}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
 		{"chat [DONE] after event error", insertBefore(chat, 1, "event: error\ndata: {\"message\":\"boom\"}\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
-		{"chat error after [DONE]", chat + `data: {"error":{"message":"late"}}` + "\n\n", Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat error after [DONE] is past the end", chat + `data: {"error":{"message":"late"}}` + "\n\n", Expect{}, DialectOpenAIChat, true, true, ""},
 		{"chat null error is no error", replace(t, chat, `"system_fingerprint":null,`, `"system_fingerprint":null,"error":null,`, -1), Expect{}, DialectOpenAIChat, true, true, ""},
 		{"chat usage requested but missing", chat, wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
 		{"chat usage requested, usage null", replace(t, usage, `"choices":[],"usage":{`, `"choices":[],"usage":null,"x":{`, 1), wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
@@ -115,7 +116,7 @@ func TestDetector(t *testing.T) {
 		{"responses incomplete", strings.ReplaceAll(resp, "response.completed", "response.incomplete"), Expect{}, DialectOpenAIResponses, true, false, "response_incomplete"},
 		{"responses error event", insertBefore(replace(t, resp, `"sequence_number":14}`, `"sequence_number":15}`, 1), 1, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":14}\n\n"), Expect{}, DialectOpenAIResponses, true, false, "error_event"},
 		{"responses [DONE] after completed tolerated", resp + done, Expect{}, DialectOpenAIResponses, true, true, ""},
-		{"responses error after completed", resp + "event: error\ndata: {\"type\":\"error\",\"sequence_number\":15}\n\n", Expect{}, DialectOpenAIResponses, true, false, "error_event"},
+		{"responses error after completed is past the end", resp + "event: error\ndata: {\"type\":\"error\",\"sequence_number\":15}\n\n", Expect{}, DialectOpenAIResponses, true, true, ""},
 
 		// Anthropic rules.
 		{"anthropic error then message_stop", insertBefore(anth, 1, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"), Expect{}, DialectAnthropic, true, false, "error_event"},
@@ -353,6 +354,75 @@ func TestDetectorIntact(t *testing.T) {
 			ok, reason := judge(t, tt.body, tt.expect).Clean(tt.intact)
 			if ok != tt.ok || reason != tt.reason {
 				t.Errorf("Clean(%v): got %v, %q; want %v, %q", tt.intact, ok, reason, tt.ok, tt.reason)
+			}
+		})
+	}
+}
+
+// TestDetectorTerminal: Terminal turns true right after the event that ends
+// the stream, never before, and nothing observed after it changes the
+// verdict, so the proxy can record up to that event and stop.
+func TestDetectorTerminal(t *testing.T) {
+	chat := fixture(t, "openai-chat-text")
+	usage := fixture(t, "openai-chat-usage")
+	resp := fixture(t, "openai-responses-completed")
+	anth := fixture(t, "anthropic-messages-text")
+	groq := fixture(t, "groq-chat-error-midstream")
+	const done = "data: [DONE]\n\n"
+	last := func(body string) string { bs := blocks(body); return bs[len(bs)-1] }
+	tests := []struct {
+		name   string
+		body   string
+		expect Expect
+		at     string // the raw event after which Terminal must be true; "" for never
+		ok     bool   // Clean(true) of the whole body
+		reason string
+	}{
+		{"chat text", chat, Expect{}, done, true, ""},
+		{"chat usage: [DONE], not the finish or usage chunk", usage, Expect{Usage: true}, done, true, ""},
+		{"chat usage without [DONE]: never", strings.TrimSuffix(usage, done), Expect{Usage: true}, "", true, ""},
+		{"responses", resp, Expect{}, last(resp), true, ""},
+		{"anthropic", anth, Expect{}, last(anth), true, ""},
+		{"groq: the error event", groq, Expect{}, last(groq), false, "error_event"},
+		{"chat: error object", insertBefore(chat, 3, "data: {\"error\":{\"message\":\"boom\"}}\n\n"), Expect{}, "data: {\"error\":{\"message\":\"boom\"}}\n\n", false, "error_event"},
+
+		// After the terminal event: not part of the stream.
+		{"chat, then an error", chat + "data: {\"error\":{\"message\":\"late\"}}\n\n", Expect{}, done, true, ""},
+		{"chat, then event: error", chat + "event: error\ndata: {\"message\":\"late\"}\n\n", Expect{}, done, true, ""},
+		{"chat, then another choice", chat + choiceChunk(1, "null"), Expect{}, done, true, ""},
+		{"responses, then failed", resp + "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":15}\n\n", Expect{}, last(resp), true, ""},
+		{"responses, then a sequence gap", resp + "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":99}\n\n", Expect{}, last(resp), true, ""},
+		{"anthropic, then an error", anth + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n", Expect{}, last(anth), true, ""},
+		{"groq, then [DONE]", groq + done, Expect{}, last(groq), false, "error_event"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := blocks(tt.body)
+			want := -1
+			if tt.at != "" {
+				want = slices.Index(bs, tt.at)
+				if want < 0 {
+					t.Fatalf("got no event %q in the body; want it", tt.at)
+				}
+			}
+			d := NewDetector(tt.expect)
+			got := -1
+			for i, b := range bs {
+				for _, ev := range readAll(t, b, 0) {
+					d.Observe(ev)
+				}
+				if d.Terminal() && got < 0 {
+					got = i
+				}
+				if got >= 0 && !d.Terminal() {
+					t.Fatalf("Terminal: got false after event %d; want it to stay true from event %d", i, got)
+				}
+			}
+			if got != want {
+				t.Errorf("Terminal: first true after event %d of %d; want %d", got, len(bs), want)
+			}
+			if ok, reason := d.Clean(true); ok != tt.ok || reason != tt.reason {
+				t.Errorf("Clean(true): got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
 			}
 		})
 	}
