@@ -89,7 +89,7 @@ func (d *Detector) observe(ev Event) {
 	}
 	var f fields
 	f.scan(ev.Data)
-	if f.errorSet || f.typ == "error" {
+	if f.errorSet {
 		d.errSeen = true
 	}
 	if d.dialect == DialectUnknown {

@@ -90,6 +90,8 @@ func TestDetector(t *testing.T) {
 		{"chat [DONE] after error object", insertBefore(chat, 1, `data: {"error":{"message":"boom","type":"server_error"}}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
 		{"chat [DONE] after event error", insertBefore(chat, 1, "event: error\ndata: {\"message\":\"boom\"}\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
 		{"chat error after [DONE] is past the end", chat + `data: {"error":{"message":"late"}}` + "\n\n", Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat error object, then a null duplicate", insertBefore(chat, 1, `data: {"error":{"message":"boom"},"error":null}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat type error, then another type", insertBefore(chat, 1, `data: {"type":"error","type":"x","message":"boom"}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
 		{"chat null error is no error", replace(t, chat, `"system_fingerprint":null,`, `"system_fingerprint":null,"error":null,`, -1), Expect{}, DialectOpenAIChat, true, true, ""},
 		{"chat usage requested but missing", chat, wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
 		{"chat usage requested, usage null", replace(t, usage, `"choices":[],"usage":{`, `"choices":[],"usage":null,"x":{`, 1), wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
