@@ -18,9 +18,15 @@ test:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) test -race -count=1 -timeout 15m ./...
 
+# Every fuzz target of ./sse for $(FUZZTIME) each, one after the other (go
+# fuzzes one target per run). FUZZFLAGS=-parallel=1 keeps it to one core.
+FUZZTIME ?= 30s
+FUZZFLAGS ?=
 fuzz:
-	$(GO) test ./sse -run '^$$' -fuzz FuzzRead -fuzztime 30s
-	$(GO) test ./sse -run '^$$' -fuzz FuzzParseID -fuzztime 30s
+	@set -e; for t in $$($(GO) test ./sse -list '^Fuzz' | grep '^Fuzz'); do \
+		echo "== $$t ($(FUZZTIME))"; \
+		$(GO) test ./sse -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
+	done
 
 # The benchmark suite (bench/): every scenario against direct, httputil,
 # nginx (when installed) and ssegate with and without Idempotency-Key,

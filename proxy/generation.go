@@ -20,10 +20,10 @@ import (
 // blocked read by closing the upstream connection under it, or a backoff
 // by closing stop.
 type gen struct {
-	p         *Proxy
-	f         *cache.Flight
-	o         *origin // the client whose request started it
-	wantUsage bool
+	p      *Proxy
+	f      *cache.Flight
+	o      *origin    // the client whose request started it
+	expect sse.Expect // what the request asks of its stream (n, include_usage)
 	// relayRaw, for a request without a key: a final answer that is not an
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
@@ -37,8 +37,8 @@ type gen struct {
 	start    time.Time
 }
 
-func (p *Proxy) newGen(f *cache.Flight, wantUsage bool) *gen {
-	g := &gen{p: p, f: f, wantUsage: wantUsage, stop: make(chan struct{}), start: time.Now()}
+func (p *Proxy) newGen(f *cache.Flight, expect sse.Expect) *gen {
+	g := &gen{p: p, f: f, expect: expect, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f}
 	p.gens.Add(1)
 	p.liveMu.Lock()
@@ -397,7 +397,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
 	defer deadline.Stop()
-	det := sse.NewDetector(g.wantUsage)
+	det := sse.NewDetector(g.expect)
 	var readErr, appendErr error
 	// The client the generation writes gets what was journaled whenever
 	// the generation is about to read the upstream's socket: the events of
@@ -414,7 +414,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		}
 		det.Observe(ev)
 		if !started {
-			if ok, why := det.Clean(); !ok && why == "error_event" {
+			if ok, why := det.Clean(false); !ok && why == "error_event" {
 				return why, false // an upstream error before any event: a failed call
 			}
 			f.SetHead(head)
@@ -441,7 +441,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		reason = readFailure(readErr)
 	default:
 		var ok bool
-		if ok, reason = det.Clean(); ok {
+		if ok, reason = det.Clean(false); ok {
 			if !started {
 				f.SetHead(head)
 			}

@@ -9,7 +9,8 @@ import "testing"
 func TestZeroAllocs(t *testing.T) {
 	buf := make([]byte, 0, 4096)
 	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}
-	d := NewDetector(true)
+	d := NewDetector(Expect{Usage: true})
+	req := []byte(`{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"n":2,"stream_options":{"include_usage":true}}`)
 	tests := []struct {
 		name string
 		fn   func()
@@ -20,6 +21,7 @@ func TestZeroAllocs(t *testing.T) {
 		{"ID.Append", func() { buf = ID{1764403200123, 42}.Append(buf[:0]) }},
 		{"ParseID", func() { _, _ = ParseID("1764403200123-42") }},
 		{"Detector.Observe", func() { d.Observe(chunk) }},
+		{"ParseRequest without model", func() { _ = ParseRequest(req) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,9 +2,18 @@ package sse
 
 import "github.com/tidwall/gjson"
 
-// maxWideChoices bounds the choice indexes outside 0..63 a Detector tracks,
-// so that a hostile upstream cannot grow its memory without limit.
-const maxWideChoices = 1024
+// Expect is what the request leads a Detector to require of an OpenAI chat
+// stream (the Responses and Anthropic dialects ignore it). The zero value
+// expects one choice and no usage chunk.
+type Expect struct {
+	// N is the number of choices, indexes 0..N-1, that must each appear and
+	// finish (the request's "n"). Below 1 it means 1; above MaxChoices it
+	// means MaxChoices.
+	N int
+	// Usage says the request asked for stream_options.include_usage, so
+	// the stream must carry a usage chunk.
+	Usage bool
+}
 
 // Detector follows one stream and decides whether it ended cleanly, by the
 // rules of the dialect it detects from the events (DESIGN.md, Streams).
@@ -14,15 +23,16 @@ const maxWideChoices = 1024
 // every relayed event, so it makes one pass over each event's data and does
 // not allocate in the common case.
 type Detector struct {
-	dialect   Dialect
-	wantUsage bool
-	errSeen   bool // an error event or error object, at any point
+	dialect  Dialect
+	n        int  // Expect.N, within 1..MaxChoices
+	usage    bool // Expect.Usage
+	errSeen  bool // an error event or error object
+	terminal bool // the terminal event was observed; later events are ignored
 
 	// OpenAI chat/completions.
-	done           bool           // data: [DONE]
-	seen, finished uint64         // bit i: choice index i appeared / had a finish_reason
-	wide           map[int64]bool // choice indexes outside 0..63 → finished
-	tooManyChoices bool           // wide hit maxWideChoices
+	done           bool                    // data: [DONE]
+	seen, finished [MaxChoices / 64]uint64 // bit i: choice index i appeared / had a finish_reason
+	unexpected     bool                    // a choice index outside 0..n-1
 
 	// OpenAI Responses.
 	completed, failed, incomplete bool
@@ -36,24 +46,32 @@ type Detector struct {
 	input, output int64
 }
 
-// NewDetector returns a Detector for one stream; wantUsage says whether the
-// request asked for a usage chunk (see WantsUsage), which an OpenAI chat
-// stream must then carry to be clean.
-func NewDetector(wantUsage bool) *Detector {
+// NewDetector returns a Detector for one stream whose request expects e
+// (see Request.Expect).
+func NewDetector(e Expect) *Detector {
 	d := &Detector{}
-	d.Reset(wantUsage)
+	d.Reset(e)
 	return d
 }
 
-// Reset makes d ready for a new stream, keeping its allocated memory.
-func (d *Detector) Reset(wantUsage bool) {
-	wide := d.wide
-	clear(wide)
-	*d = Detector{wantUsage: wantUsage, wide: wide}
+// Reset makes d ready for a new stream whose request expects e.
+func (d *Detector) Reset(e Expect) {
+	*d = Detector{n: min(max(e.N, 1), MaxChoices), usage: e.Usage}
 }
 
-// Observe feeds d the next event of the stream.
+// Observe feeds d the next event of the stream. Once Terminal is true it
+// ignores further events: nothing after the terminal event is part of the
+// stream, so a caller that reads the body on to its end (to reuse the
+// connection) may go on calling Observe without changing the verdict.
 func (d *Detector) Observe(ev Event) {
+	if d.terminal {
+		return
+	}
+	d.observe(ev)
+	d.terminal = d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
+}
+
+func (d *Detector) observe(ev Event) {
 	if ev.Type == "error" {
 		d.errSeen = true
 	}
@@ -71,7 +89,7 @@ func (d *Detector) Observe(ev Event) {
 	}
 	var f fields
 	f.scan(ev.Data)
-	if f.errorSet || f.typ == "error" {
+	if f.errorSet {
 		d.errSeen = true
 	}
 	if d.dialect == DialectUnknown {
@@ -126,25 +144,18 @@ func (d *Detector) observeChat(f *fields) {
 // markChoice records that choice idx appeared, and whether this chunk
 // finished it. Finishing is sticky: a later chunk for the same choice with a
 // null finish_reason (Azure sends content-filter annotations after the end)
-// does not reopen it.
+// does not reopen it. An index outside 0..n-1 is a choice the request did
+// not ask for, which makes the stream unclean.
 func (d *Detector) markChoice(idx int64, fin bool) {
-	if idx >= 0 && idx < 64 {
-		bit := uint64(1) << idx
-		d.seen |= bit
-		if fin {
-			d.finished |= bit
-		}
+	if idx < 0 || idx >= int64(d.n) {
+		d.unexpected = true
 		return
 	}
-	if d.wide == nil {
-		d.wide = make(map[int64]bool)
+	w, bit := idx/64, uint64(1)<<(idx%64)
+	d.seen[w] |= bit
+	if fin {
+		d.finished[w] |= bit
 	}
-	prev, ok := d.wide[idx]
-	if !ok && len(d.wide) >= maxWideChoices {
-		d.tooManyChoices = true
-		return
-	}
-	d.wide[idx] = prev || fin
 }
 
 func (d *Detector) observeResponses(name string, f *fields) {
@@ -199,37 +210,57 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 // recognisable event arrives.
 func (d *Detector) Dialect() Dialect { return d.dialect }
 
-// Terminal reports whether the stream's terminal event has been seen
-// (data: [DONE], response.completed/failed/incomplete, message_stop), or an
-// error. It says nothing about cleanliness: use Clean at the end of the body.
-func (d *Detector) Terminal() bool {
-	return d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
-}
+// Terminal reports whether the event that ends the stream has been
+// observed: data: [DONE] in a chat stream, response.completed,
+// response.failed or response.incomplete, message_stop, or an error (an
+// event named error, or data whose top-level "error" is not null or whose
+// "type" is "error"). It turns true right after Observe of that event and
+// stays true until Reset, so the proxy relays and records that event and
+// none after it.
+//
+// It says nothing about cleanliness: use Clean at the end of the body. A
+// chat stream without [DONE] has no terminal event: its choices finishing
+// does not make Terminal true, because the usage chunk may still follow;
+// its end is the end of the body (Clean's intact).
+func (d *Detector) Terminal() bool { return d.terminal }
 
 // Clean reports, at the end of the body, whether the stream ended cleanly.
 // Call it only after the read loop ended without a read error; a read error
-// is an abort whatever Clean says. When the stream is not clean, reason is a
-// short snake_case cause for logs and metrics: "error_event",
-// "unknown_dialect", "no_terminal_event", "no_choices",
-// "missing_finish_reason", "too_many_choices", "missing_usage",
-// "response_failed", "response_incomplete", "sequence_gap" or
-// "missing_stop_reason".
-func (d *Detector) Clean() (ok bool, reason string) {
+// is an abort whatever Clean says.
+//
+// intact says the body ended with its HTTP framing whole: the chunked
+// terminator arrived, or Content-Length bytes were read. (A body delimited
+// by closing the connection cannot say it was whole, so it is not intact.)
+// It matters only for an OpenAI chat stream without data: [DONE], which is
+// clean when intact and otherwise complete (every choice 0..N-1 finished,
+// the usage chunk arrived when asked for); several OpenAI-compatible
+// servers end their streams so. The other dialects need their terminal
+// events whatever intact says.
+//
+// When the stream is not clean, reason is a short snake_case cause for logs
+// and metrics: "error_event", "unknown_dialect", "no_terminal_event",
+// "unexpected_choice" (a choice index outside 0..N-1), "no_choices",
+// "missing_choice" (an index in 0..N-1 that never appeared),
+// "missing_finish_reason", "missing_usage", "response_failed",
+// "response_incomplete", "sequence_gap" or "missing_stop_reason".
+func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 	if d.errSeen {
 		return false, "error_event"
 	}
 	switch d.dialect {
 	case DialectOpenAIChat:
 		switch {
-		case !d.done:
+		case !d.done && !intact:
 			return false, "no_terminal_event"
-		case d.tooManyChoices:
-			return false, "too_many_choices"
-		case d.seen == 0 && len(d.wide) == 0:
+		case d.unexpected:
+			return false, "unexpected_choice"
+		case d.seen == [len(d.seen)]uint64{}:
 			return false, "no_choices"
-		case !d.allFinished():
+		case d.seen != d.want():
+			return false, "missing_choice"
+		case d.finished != d.seen:
 			return false, "missing_finish_reason"
-		case d.wantUsage && !d.usageSeen:
+		case d.usage && !d.usageSeen:
 			return false, "missing_usage"
 		}
 		return true, ""
@@ -257,16 +288,17 @@ func (d *Detector) Clean() (ok bool, reason string) {
 	return false, "unknown_dialect"
 }
 
-func (d *Detector) allFinished() bool {
-	if d.seen != d.finished {
-		return false
-	}
-	for _, fin := range d.wide {
-		if !fin {
-			return false
+// want returns the choice bits 0..n-1.
+func (d *Detector) want() (w [MaxChoices / 64]uint64) {
+	for i := range w {
+		switch k := d.n - 64*i; {
+		case k >= 64:
+			w[i] = ^uint64(0)
+		case k > 0:
+			w[i] = uint64(1)<<k - 1
 		}
 	}
-	return true
+	return w
 }
 
 // Usage returns the token counts the upstream reported: chat usage

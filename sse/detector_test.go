@@ -1,14 +1,16 @@
 package sse
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
 
 // judge runs body through Read and a Detector, as the proxy does.
-func judge(tb testing.TB, body string, wantUsage bool) *Detector {
+func judge(tb testing.TB, body string, e Expect) *Detector {
 	tb.Helper()
-	d := NewDetector(wantUsage)
+	d := NewDetector(e)
 	for _, ev := range readAll(tb, body, 0) {
 		d.Observe(ev)
 	}
@@ -55,88 +57,92 @@ func TestDetector(t *testing.T) {
 		return strings.Replace(strings.Replace(chatChunk, "%d", string(rune('0'+idx)), 1), "%s", fin, 1)
 	}
 	const done = "data: [DONE]\n\n"
+	wantUsage, two := Expect{Usage: true}, Expect{N: 2}
 
 	tests := []struct {
-		name      string
-		body      string
-		wantUsage bool
-		dialect   Dialect
-		terminal  bool
-		ok        bool
-		reason    string
+		name     string
+		body     string
+		expect   Expect
+		dialect  Dialect
+		terminal bool
+		ok       bool
+		reason   string
 	}{
 		// The recorded streams.
-		{"chat text", chat, false, DialectOpenAIChat, true, true, ""},
-		{"chat usage", usage, true, DialectOpenAIChat, true, true, ""},
-		{"responses completed", resp, false, DialectOpenAIResponses, true, true, ""},
-		{"anthropic text", anth, false, DialectAnthropic, true, true, ""},
-		{"groq error midstream", groq, false, DialectOpenAIChat, true, false, "error_event"},
-		{"groq error midstream, usage wanted", groq, true, DialectOpenAIChat, true, false, "error_event"},
+		{"chat text", chat, Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat usage", usage, wantUsage, DialectOpenAIChat, true, true, ""},
+		{"responses completed", resp, Expect{}, DialectOpenAIResponses, true, true, ""},
+		{"anthropic text", anth, Expect{}, DialectAnthropic, true, true, ""},
+		{"groq error midstream", groq, Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"groq error midstream, usage wanted", groq, wantUsage, DialectOpenAIChat, true, false, "error_event"},
 
 		// Truncated: the last event dropped, or cut before its blank line
 		// (go-sse discards it silently, so the Detector must notice).
-		{"chat truncated before [DONE]", strings.TrimSuffix(chat, done), false, DialectOpenAIChat, false, false, "no_terminal_event"},
-		{"chat [DONE] without blank line", strings.TrimSuffix(chat, "\n"), false, DialectOpenAIChat, false, false, "no_terminal_event"},
-		{"chat usage truncated before usage", drop(usage, func(b string) bool { return !strings.Contains(b, `"usage":null`) }), true, DialectOpenAIChat, false, false, "no_terminal_event"},
-		{"responses truncated before completed", drop(resp, func(b string) bool { return strings.Contains(b, "response.completed") }), false, DialectOpenAIResponses, false, false, "no_terminal_event"},
-		{"responses completed cut short", resp[:len(resp)-30], false, DialectOpenAIResponses, false, false, "no_terminal_event"},
-		{"anthropic truncated before message_stop", drop(anth, func(b string) bool { return strings.Contains(b, "message_stop") }), false, DialectAnthropic, false, false, "no_terminal_event"},
-		{"anthropic message_stop without blank line", strings.TrimSuffix(anth, "\n"), false, DialectAnthropic, false, false, "no_terminal_event"},
+		{"chat truncated before [DONE]", strings.TrimSuffix(chat, done), Expect{}, DialectOpenAIChat, false, false, "no_terminal_event"},
+		{"chat [DONE] without blank line", strings.TrimSuffix(chat, "\n"), Expect{}, DialectOpenAIChat, false, false, "no_terminal_event"},
+		{"chat usage truncated before usage", drop(usage, func(b string) bool { return !strings.Contains(b, `"usage":null`) }), wantUsage, DialectOpenAIChat, false, false, "no_terminal_event"},
+		{"responses truncated before completed", drop(resp, func(b string) bool { return strings.Contains(b, "response.completed") }), Expect{}, DialectOpenAIResponses, false, false, "no_terminal_event"},
+		{"responses completed cut short", resp[:len(resp)-30], Expect{}, DialectOpenAIResponses, false, false, "no_terminal_event"},
+		{"anthropic truncated before message_stop", drop(anth, func(b string) bool { return strings.Contains(b, "message_stop") }), Expect{}, DialectAnthropic, false, false, "no_terminal_event"},
+		{"anthropic message_stop without blank line", strings.TrimSuffix(anth, "\n"), Expect{}, DialectAnthropic, false, false, "no_terminal_event"},
 
 		// Chat rules.
-		{"chat [DONE] after error object", insertBefore(chat, 1, `data: {"error":{"message":"boom","type":"server_error"}}`+"\n\n"), false, DialectOpenAIChat, true, false, "error_event"},
-		{"chat [DONE] after event error", insertBefore(chat, 1, "event: error\ndata: {\"message\":\"boom\"}\n\n"), false, DialectOpenAIChat, true, false, "error_event"},
-		{"chat error after [DONE]", chat + `data: {"error":{"message":"late"}}` + "\n\n", false, DialectOpenAIChat, true, false, "error_event"},
-		{"chat null error is no error", replace(t, chat, `"system_fingerprint":null,`, `"system_fingerprint":null,"error":null,`, -1), false, DialectOpenAIChat, true, true, ""},
-		{"chat usage requested but missing", chat, true, DialectOpenAIChat, true, false, "missing_usage"},
-		{"chat usage requested, usage null", replace(t, usage, `"choices":[],"usage":{`, `"choices":[],"usage":null,"x":{`, 1), true, DialectOpenAIChat, true, false, "missing_usage"},
-		{"chat missing finish_reason", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":null`, 1), false, DialectOpenAIChat, true, false, "missing_finish_reason"},
-		{"chat empty finish_reason", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":""`, 1), false, DialectOpenAIChat, true, false, "missing_finish_reason"},
-		{"chat length is clean", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":"length"`, 1), false, DialectOpenAIChat, true, true, ""},
-		{"chat content_filter is clean", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":"content_filter"`, 1), false, DialectOpenAIChat, true, true, ""},
-		{"chat without object field", strings.ReplaceAll(chat, `"object":"chat.completion.chunk",`, ""), false, DialectOpenAIChat, true, true, ""},
-		{"chat without object field, unfinished", strings.ReplaceAll(replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":null`, 1), `"object":"chat.completion.chunk",`, ""), false, DialectOpenAIChat, true, false, "missing_finish_reason"},
-		{"chat only [DONE]", done, false, DialectOpenAIChat, true, false, "no_choices"},
-		{"two choices, one finished", chunk(0, "null") + chunk(1, "null") + chunk(0, `"stop"`) + done, false, DialectOpenAIChat, true, false, "missing_finish_reason"},
-		{"two choices, both finished", chunk(0, "null") + chunk(1, "null") + chunk(1, `"tool_calls"`) + chunk(0, `"stop"`) + done, false, DialectOpenAIChat, true, true, ""},
-		{"finish is sticky", chunk(0, "null") + chunk(0, `"stop"`) + chunk(0, "null") + done, false, DialectOpenAIChat, true, true, ""},
-		{"wide choice index unfinished", chunk(0, `"stop"`) + `data: {"object":"chat.completion.chunk","choices":[{"index":100,"finish_reason":null}]}` + "\n\n" + done, false, DialectOpenAIChat, true, false, "missing_finish_reason"},
-		{"wide choice index finished", chunk(0, `"stop"`) + `data: {"object":"chat.completion.chunk","choices":[{"index":100,"finish_reason":"stop"}]}` + "\n\n" + done, false, DialectOpenAIChat, true, true, ""},
-		{"legacy completions", `data: {"object":"text_completion","choices":[{"text":"hi","index":0,"finish_reason":null}]}` + "\n\n" + `data: {"object":"text_completion","choices":[{"text":"","index":0,"finish_reason":"length"}]}` + "\n\n" + done, false, DialectOpenAIChat, true, true, ""},
+		{"chat [DONE] after error object", insertBefore(chat, 1, `data: {"error":{"message":"boom","type":"server_error"}}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat [DONE] after event error", insertBefore(chat, 1, "event: error\ndata: {\"message\":\"boom\"}\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat error after [DONE] is past the end", chat + `data: {"error":{"message":"late"}}` + "\n\n", Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat error object, then a null duplicate", insertBefore(chat, 1, `data: {"error":{"message":"boom"},"error":null}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat type error, then another type", insertBefore(chat, 1, `data: {"type":"error","type":"x","message":"boom"}`+"\n\n"), Expect{}, DialectOpenAIChat, true, false, "error_event"},
+		{"chat null error is no error", replace(t, chat, `"system_fingerprint":null,`, `"system_fingerprint":null,"error":null,`, -1), Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat usage requested but missing", chat, wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
+		{"chat usage requested, usage null", replace(t, usage, `"choices":[],"usage":{`, `"choices":[],"usage":null,"x":{`, 1), wantUsage, DialectOpenAIChat, true, false, "missing_usage"},
+		{"chat missing finish_reason", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":null`, 1), Expect{}, DialectOpenAIChat, true, false, "missing_finish_reason"},
+		{"chat empty finish_reason", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":""`, 1), Expect{}, DialectOpenAIChat, true, false, "missing_finish_reason"},
+		{"chat length is clean", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":"length"`, 1), Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat content_filter is clean", replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":"content_filter"`, 1), Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat without object field", strings.ReplaceAll(chat, `"object":"chat.completion.chunk",`, ""), Expect{}, DialectOpenAIChat, true, true, ""},
+		{"chat without object field, unfinished", strings.ReplaceAll(replace(t, chat, `"finish_reason":"stop"`, `"finish_reason":null`, 1), `"object":"chat.completion.chunk",`, ""), Expect{}, DialectOpenAIChat, true, false, "missing_finish_reason"},
+		{"chat only [DONE]", done, Expect{}, DialectOpenAIChat, true, false, "no_choices"},
+		{"two choices, one finished", chunk(0, "null") + chunk(1, "null") + chunk(0, `"stop"`) + done, two, DialectOpenAIChat, true, false, "missing_finish_reason"},
+		{"two choices, both finished", chunk(0, "null") + chunk(1, "null") + chunk(1, `"tool_calls"`) + chunk(0, `"stop"`) + done, two, DialectOpenAIChat, true, true, ""},
+		{"two choices, one not asked for", chunk(0, "null") + chunk(1, "null") + chunk(1, `"tool_calls"`) + chunk(0, `"stop"`) + done, Expect{}, DialectOpenAIChat, true, false, "unexpected_choice"},
+		{"finish is sticky", chunk(0, "null") + chunk(0, `"stop"`) + chunk(0, "null") + done, Expect{}, DialectOpenAIChat, true, true, ""},
+		{"wide choice index not asked for", chunk(0, `"stop"`) + `data: {"object":"chat.completion.chunk","choices":[{"index":100,"finish_reason":"stop"}]}` + "\n\n" + done, Expect{}, DialectOpenAIChat, true, false, "unexpected_choice"},
+		{"wide choice index, others missing", chunk(0, `"stop"`) + `data: {"object":"chat.completion.chunk","choices":[{"index":100,"finish_reason":"stop"}]}` + "\n\n" + done, Expect{N: 101}, DialectOpenAIChat, true, false, "missing_choice"},
+		{"legacy completions", `data: {"object":"text_completion","choices":[{"text":"hi","index":0,"finish_reason":null}]}` + "\n\n" + `data: {"object":"text_completion","choices":[{"text":"","index":0,"finish_reason":"length"}]}` + "\n\n" + done, Expect{}, DialectOpenAIChat, true, true, ""},
 
 		// Responses rules.
-		{"responses sequence gap", drop(resp, func(b string) bool { return strings.Contains(b, `"sequence_number":5}`) }), false, DialectOpenAIResponses, true, false, "sequence_gap"},
-		{"responses sequence repeated", insertBefore(resp, 1, blocks(resp)[3]), false, DialectOpenAIResponses, true, false, "sequence_gap"},
-		{"responses failed", strings.ReplaceAll(resp, "response.completed", "response.failed"), false, DialectOpenAIResponses, true, false, "response_failed"},
-		{"responses failed, data type only", replace(t, resp, `"type":"response.completed"`, `"type":"response.failed"`, 1), false, DialectOpenAIResponses, true, false, "response_failed"},
-		{"responses incomplete", strings.ReplaceAll(resp, "response.completed", "response.incomplete"), false, DialectOpenAIResponses, true, false, "response_incomplete"},
-		{"responses error event", insertBefore(replace(t, resp, `"sequence_number":14}`, `"sequence_number":15}`, 1), 1, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":14}\n\n"), false, DialectOpenAIResponses, true, false, "error_event"},
-		{"responses [DONE] after completed tolerated", resp + done, false, DialectOpenAIResponses, true, true, ""},
-		{"responses error after completed", resp + "event: error\ndata: {\"type\":\"error\",\"sequence_number\":15}\n\n", false, DialectOpenAIResponses, true, false, "error_event"},
+		{"responses sequence gap", drop(resp, func(b string) bool { return strings.Contains(b, `"sequence_number":5}`) }), Expect{}, DialectOpenAIResponses, true, false, "sequence_gap"},
+		{"responses sequence repeated", insertBefore(resp, 1, blocks(resp)[3]), Expect{}, DialectOpenAIResponses, true, false, "sequence_gap"},
+		{"responses failed", strings.ReplaceAll(resp, "response.completed", "response.failed"), Expect{}, DialectOpenAIResponses, true, false, "response_failed"},
+		{"responses failed, data type only", replace(t, resp, `"type":"response.completed"`, `"type":"response.failed"`, 1), Expect{}, DialectOpenAIResponses, true, false, "response_failed"},
+		{"responses incomplete", strings.ReplaceAll(resp, "response.completed", "response.incomplete"), Expect{}, DialectOpenAIResponses, true, false, "response_incomplete"},
+		{"responses error event", insertBefore(replace(t, resp, `"sequence_number":14}`, `"sequence_number":15}`, 1), 1, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":14}\n\n"), Expect{}, DialectOpenAIResponses, true, false, "error_event"},
+		{"responses [DONE] after completed tolerated", resp + done, Expect{}, DialectOpenAIResponses, true, true, ""},
+		{"responses error after completed is past the end", resp + "event: error\ndata: {\"type\":\"error\",\"sequence_number\":15}\n\n", Expect{}, DialectOpenAIResponses, true, true, ""},
 
 		// Anthropic rules.
-		{"anthropic error then message_stop", insertBefore(anth, 1, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"), false, DialectAnthropic, true, false, "error_event"},
-		{"anthropic error data type only", insertBefore(anth, 1, "data: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n"), false, DialectAnthropic, true, false, "error_event"},
-		{"anthropic missing stop_reason", replace(t, anth, `"stop_reason":"end_turn"`, `"stop_reason":null`, 1), false, DialectAnthropic, true, false, "missing_stop_reason"},
-		{"anthropic no message_delta", drop(anth, func(b string) bool { return strings.Contains(b, "message_delta") }), false, DialectAnthropic, true, false, "missing_stop_reason"},
-		{"anthropic unknown events and pings tolerated", insertBefore(anth, 2, "event: ping\ndata: {\"type\":\"ping\"}\n\nevent: future_thing\ndata: {\"type\":\"future_thing\"}\n\n"), false, DialectAnthropic, true, true, ""},
-		{"anthropic usage wanted is ignored", anth, true, DialectAnthropic, true, true, ""},
+		{"anthropic error then message_stop", insertBefore(anth, 1, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"), Expect{}, DialectAnthropic, true, false, "error_event"},
+		{"anthropic error data type only", insertBefore(anth, 1, "data: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n"), Expect{}, DialectAnthropic, true, false, "error_event"},
+		{"anthropic missing stop_reason", replace(t, anth, `"stop_reason":"end_turn"`, `"stop_reason":null`, 1), Expect{}, DialectAnthropic, true, false, "missing_stop_reason"},
+		{"anthropic no message_delta", drop(anth, func(b string) bool { return strings.Contains(b, "message_delta") }), Expect{}, DialectAnthropic, true, false, "missing_stop_reason"},
+		{"anthropic unknown events and pings tolerated", insertBefore(anth, 2, "event: ping\ndata: {\"type\":\"ping\"}\n\nevent: future_thing\ndata: {\"type\":\"future_thing\"}\n\n"), Expect{}, DialectAnthropic, true, true, ""},
+		{"anthropic usage wanted is ignored", anth, wantUsage, DialectAnthropic, true, true, ""},
 
 		// No dialect.
-		{"empty", "", false, DialectUnknown, false, false, "unknown_dialect"},
-		{"plain text", "data: hello\n\n", false, DialectUnknown, false, false, "unknown_dialect"},
-		{"error before anything", "event: error\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\n", false, DialectUnknown, true, false, "error_event"},
+		{"empty", "", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
+		{"plain text", "data: hello\n\n", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
+		{"error before anything", "event: error\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\n", Expect{}, DialectUnknown, true, false, "error_event"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := judge(t, tt.body, tt.wantUsage)
+			d := judge(t, tt.body, tt.expect)
 			if got := d.Dialect(); got != tt.dialect {
 				t.Errorf("Dialect: got %v; want %v", got, tt.dialect)
 			}
 			if got := d.Terminal(); got != tt.terminal {
 				t.Errorf("Terminal: got %v; want %v", got, tt.terminal)
 			}
-			ok, reason := d.Clean()
+			ok, reason := d.Clean(false)
 			if ok != tt.ok || reason != tt.reason {
 				t.Errorf("Clean: got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
 			}
@@ -158,7 +164,7 @@ func TestDetectorUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, out, ok := judge(t, fixture(t, tt.name), tt.wantUsageFlag).Usage()
+			in, out, ok := judge(t, fixture(t, tt.name), Expect{Usage: tt.wantUsageFlag}).Usage()
 			if in != tt.in || out != tt.out || ok != tt.ok {
 				t.Errorf("got %d, %d, %v; want %d, %d, %v", in, out, ok, tt.in, tt.out, tt.ok)
 			}
@@ -167,39 +173,29 @@ func TestDetectorUsage(t *testing.T) {
 }
 
 func TestDetectorReset(t *testing.T) {
-	d := judge(t, fixture(t, "groq-chat-error-midstream"), false)
-	d.Observe(Event{Data: `{"object":"chat.completion.chunk","choices":[{"index":200,"finish_reason":null}]}`})
-	d.Reset(false)
+	d := judge(t, fixture(t, "groq-chat-error-midstream"), Expect{N: 3})
+	d.Reset(Expect{})
 	for _, ev := range readAll(t, fixture(t, "anthropic-messages-text"), 0) {
 		d.Observe(ev)
 	}
-	if ok, reason := d.Clean(); !ok {
+	if ok, reason := d.Clean(false); !ok {
 		t.Errorf("after Reset: got not clean (%s); want clean", reason)
 	}
-	d.Reset(true)
+	d.Reset(Expect{Usage: true})
 	for _, ev := range readAll(t, fixture(t, "openai-chat-text"), 0) {
 		d.Observe(ev)
 	}
-	if ok, reason := d.Clean(); ok || reason != "missing_usage" {
-		t.Errorf("after Reset(true): got %v, %q; want false, missing_usage", ok, reason)
+	if ok, reason := d.Clean(false); ok || reason != "missing_usage" {
+		t.Errorf("after Reset(Usage): got %v, %q; want false, missing_usage", ok, reason)
+	}
+	d.Reset(Expect{N: 2})
+	for _, ev := range readAll(t, fixture(t, "openai-chat-text"), 0) {
+		d.Observe(ev)
+	}
+	if ok, reason := d.Clean(false); ok || reason != "missing_choice" {
+		t.Errorf("after Reset(N: 2): got %v, %q; want false, missing_choice", ok, reason)
 	}
 }
-
-func TestDetectorWideChoicesBounded(t *testing.T) {
-	d := NewDetector(false)
-	for i := range 5000 {
-		d.Observe(Event{Data: `{"object":"chat.completion.chunk","choices":[{"index":` + itoa(1000+i) + `,"finish_reason":"stop"}]}`})
-	}
-	d.Observe(Event{Data: "[DONE]"})
-	if len(d.wide) > maxWideChoices {
-		t.Errorf("got %d tracked indexes; want at most %d", len(d.wide), maxWideChoices)
-	}
-	if ok, reason := d.Clean(); ok || reason != "too_many_choices" {
-		t.Errorf("got %v, %q; want false, too_many_choices", ok, reason)
-	}
-}
-
-func itoa(n int) string { return ID{Seq: uint64(n)}.String()[2:] }
 
 func TestDialectString(t *testing.T) {
 	tests := []struct {
@@ -222,7 +218,7 @@ func TestDialectString(t *testing.T) {
 func BenchmarkDetectorObserve(b *testing.B) {
 	chunk := Event{Data: `{"id":"chatcmpl-B74aE2TDl9ZbKx2fXoVatoMDnErNm","object":"chat.completion.chunk","created":1741025614,"model":"gpt-3.5-turbo-0125","choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}]}`}
 	b.Run("chat", func(b *testing.B) {
-		d := NewDetector(true)
+		d := NewDetector(Expect{Usage: true})
 		b.SetBytes(int64(len(chunk.Data)))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -232,13 +228,203 @@ func BenchmarkDetectorObserve(b *testing.B) {
 	for _, name := range []string{"openai-responses-completed", "anthropic-messages-text"} {
 		evs := readAll(b, fixture(b, name), 0)
 		b.Run(name, func(b *testing.B) {
-			d := NewDetector(false)
+			d := NewDetector(Expect{})
 			b.ReportAllocs()
 			for b.Loop() {
-				d.Reset(false)
+				d.Reset(Expect{})
 				for _, ev := range evs {
 					d.Observe(ev)
 				}
+			}
+		})
+	}
+}
+
+// choiceChunk is a chat chunk carrying one choice; fin is its raw
+// finish_reason.
+func choiceChunk(idx int, fin string) string {
+	return `data: {"object":"chat.completion.chunk","choices":[{"index":` + strconv.Itoa(idx) + `,"delta":{"content":"x"},"finish_reason":` + fin + `}]}` + "\n\n"
+}
+
+// finishAll is a chat body in which choices 0..n-1 each appear and finish.
+func finishAll(n int) string {
+	var sb strings.Builder
+	for i := range n {
+		sb.WriteString(choiceChunk(i, "null"))
+	}
+	for i := n - 1; i >= 0; i-- {
+		sb.WriteString(choiceChunk(i, `"stop"`))
+	}
+	return sb.String()
+}
+
+// TestDetectorChoices: a chat stream is clean only when every choice
+// 0..n-1 of the request appeared and finished, and no other one did.
+func TestDetectorChoices(t *testing.T) {
+	chat := fixture(t, "openai-chat-text")
+	usage := fixture(t, "openai-chat-usage")
+	const done = "data: [DONE]\n\n"
+	tests := []struct {
+		name   string
+		body   string
+		expect Expect
+		ok     bool
+		reason string
+	}{
+		{"recorded, n=1", chat, Expect{N: 1}, true, ""},
+		{"recorded, n absent", chat, Expect{}, true, ""},
+		{"recorded, n=2: choice 1 never came", chat, Expect{N: 2}, false, "missing_choice"},
+		{"recorded usage, n=2", usage, Expect{N: 2, Usage: true}, false, "missing_choice"},
+		{"n=2, only choice 1", choiceChunk(1, "null") + choiceChunk(1, `"stop"`) + done, Expect{N: 2}, false, "missing_choice"},
+		{"n=2, both", finishAll(2) + done, Expect{N: 2}, true, ""},
+		{"n=2, choice 1 unfinished", choiceChunk(0, `"stop"`) + choiceChunk(1, "null") + done, Expect{N: 2}, false, "missing_finish_reason"},
+		{"n=2, both in one chunk", `data: {"object":"chat.completion.chunk","choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}` + "\n\n" + done, Expect{N: 2}, true, ""},
+		{"n=1, choice 1 too", finishAll(2) + done, Expect{N: 1}, false, "unexpected_choice"},
+		{"n=3, choice 5", finishAll(3) + choiceChunk(5, `"stop"`) + done, Expect{N: 3}, false, "unexpected_choice"},
+		{"negative index", finishAll(1) + choiceChunk(-1, `"stop"`) + done, Expect{}, false, "unexpected_choice"},
+		{"huge index", finishAll(1) + choiceChunk(1<<40, `"stop"`) + done, Expect{}, false, "unexpected_choice"},
+		{"n=0 means 1", finishAll(1) + done, Expect{N: 0}, true, ""},
+		{"n=-3 means 1", finishAll(2) + done, Expect{N: -3}, false, "unexpected_choice"},
+		{"n=64, all", finishAll(64) + done, Expect{N: 64}, true, ""},
+		{"n=65, 64 missing", finishAll(64) + done, Expect{N: 65}, false, "missing_choice"},
+		{"n=128, all", finishAll(128) + done, Expect{N: 128}, true, ""},
+		{"n=128, 127 missing", finishAll(127) + done, Expect{N: 128}, false, "missing_choice"},
+		{"n=1000 means 128", finishAll(128) + done, Expect{N: 1000}, true, ""},
+		{"n=1000, choice 128", finishAll(129) + done, Expect{N: 1000}, false, "unexpected_choice"},
+		{"usage chunk is no choice", choiceChunk(0, `"stop"`) + `data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}` + "\n\n" + done, Expect{N: 2, Usage: true}, false, "missing_choice"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ok, reason := judge(t, tt.body, tt.expect).Clean(false)
+			if ok != tt.ok || reason != tt.reason {
+				t.Errorf("Clean: got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
+			}
+		})
+	}
+}
+
+// TestDetectorIntact: a chat stream without [DONE] is clean when its body
+// ended intact and it is otherwise complete; cut, it is not. The other
+// dialects still need their terminal events.
+func TestDetectorIntact(t *testing.T) {
+	chat := fixture(t, "openai-chat-text")
+	usage := fixture(t, "openai-chat-usage")
+	resp := fixture(t, "openai-responses-completed")
+	anth := fixture(t, "anthropic-messages-text")
+	groq := fixture(t, "groq-chat-error-midstream")
+	const done = "data: [DONE]\n\n"
+	noDone := func(body string) string {
+		t.Helper()
+		if !strings.HasSuffix(body, done) {
+			t.Fatalf("fixture: got no trailing [DONE]; want one")
+		}
+		return strings.TrimSuffix(body, done)
+	}
+	noUsage := func(body string) string {
+		return drop(body, func(b string) bool { return strings.Contains(b, `"choices":[],"usage":{`) })
+	}
+	usageTwo := Expect{N: 2, Usage: true}
+	tests := []struct {
+		name   string
+		body   string
+		expect Expect
+		intact bool
+		ok     bool
+		reason string
+	}{
+		{"chat without [DONE], intact", noDone(chat), Expect{}, true, true, ""},
+		{"chat without [DONE], cut", noDone(chat), Expect{}, false, false, "no_terminal_event"},
+		{"chat usage without [DONE], intact", noDone(usage), Expect{Usage: true}, true, true, ""},
+		{"chat usage without [DONE], cut", noDone(usage), Expect{Usage: true}, false, false, "no_terminal_event"},
+		{"chat usage without [DONE] or usage, intact", noUsage(noDone(usage)), Expect{Usage: true}, true, false, "missing_usage"},
+		{"chat without [DONE] or finish_reason, intact", replace(t, noDone(chat), `"finish_reason":"stop"`, `"finish_reason":null`, 1), Expect{}, true, false, "missing_finish_reason"},
+		{"chat without [DONE], n=2, intact", noDone(chat), Expect{N: 2}, true, false, "missing_choice"},
+		{"two choices without [DONE], intact", finishAll(2), usageTwo, true, false, "missing_usage"},
+		{"two choices and usage without [DONE], intact", finishAll(2) + `data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}` + "\n\n", usageTwo, true, true, ""},
+		{"chat without [DONE], error object, intact", insertBefore(noDone(chat), 1, `data: {"error":{"message":"boom"}}`+"\n\n"), Expect{}, true, false, "error_event"},
+		{"groq error midstream, intact", groq, Expect{}, true, false, "error_event"},
+		{"chat with [DONE], intact", chat, Expect{}, true, true, ""},
+		{"chat without object field or [DONE], intact", strings.ReplaceAll(noDone(chat), `"object":"chat.completion.chunk",`, ""), Expect{}, true, false, "unknown_dialect"},
+		{"responses without completed, intact", drop(resp, func(b string) bool { return strings.Contains(b, "response.completed") }), Expect{}, true, false, "no_terminal_event"},
+		{"responses completed, intact", resp, Expect{}, true, true, ""},
+		{"anthropic without message_stop, intact", drop(anth, func(b string) bool { return strings.Contains(b, "message_stop") }), Expect{}, true, false, "no_terminal_event"},
+		{"anthropic, intact", anth, Expect{}, true, true, ""},
+		{"empty, intact", "", Expect{}, true, false, "unknown_dialect"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ok, reason := judge(t, tt.body, tt.expect).Clean(tt.intact)
+			if ok != tt.ok || reason != tt.reason {
+				t.Errorf("Clean(%v): got %v, %q; want %v, %q", tt.intact, ok, reason, tt.ok, tt.reason)
+			}
+		})
+	}
+}
+
+// TestDetectorTerminal: Terminal turns true right after the event that ends
+// the stream, never before, and nothing observed after it changes the
+// verdict, so the proxy can record up to that event and stop.
+func TestDetectorTerminal(t *testing.T) {
+	chat := fixture(t, "openai-chat-text")
+	usage := fixture(t, "openai-chat-usage")
+	resp := fixture(t, "openai-responses-completed")
+	anth := fixture(t, "anthropic-messages-text")
+	groq := fixture(t, "groq-chat-error-midstream")
+	const done = "data: [DONE]\n\n"
+	last := func(body string) string { bs := blocks(body); return bs[len(bs)-1] }
+	tests := []struct {
+		name   string
+		body   string
+		expect Expect
+		at     string // the raw event after which Terminal must be true; "" for never
+		ok     bool   // Clean(true) of the whole body
+		reason string
+	}{
+		{"chat text", chat, Expect{}, done, true, ""},
+		{"chat usage: [DONE], not the finish or usage chunk", usage, Expect{Usage: true}, done, true, ""},
+		{"chat usage without [DONE]: never", strings.TrimSuffix(usage, done), Expect{Usage: true}, "", true, ""},
+		{"responses", resp, Expect{}, last(resp), true, ""},
+		{"anthropic", anth, Expect{}, last(anth), true, ""},
+		{"groq: the error event", groq, Expect{}, last(groq), false, "error_event"},
+		{"chat: error object", insertBefore(chat, 3, "data: {\"error\":{\"message\":\"boom\"}}\n\n"), Expect{}, "data: {\"error\":{\"message\":\"boom\"}}\n\n", false, "error_event"},
+
+		// After the terminal event: not part of the stream.
+		{"chat, then an error", chat + "data: {\"error\":{\"message\":\"late\"}}\n\n", Expect{}, done, true, ""},
+		{"chat, then event: error", chat + "event: error\ndata: {\"message\":\"late\"}\n\n", Expect{}, done, true, ""},
+		{"chat, then another choice", chat + choiceChunk(1, "null"), Expect{}, done, true, ""},
+		{"responses, then failed", resp + "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":15}\n\n", Expect{}, last(resp), true, ""},
+		{"responses, then a sequence gap", resp + "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":99}\n\n", Expect{}, last(resp), true, ""},
+		{"anthropic, then an error", anth + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n", Expect{}, last(anth), true, ""},
+		{"groq, then [DONE]", groq + done, Expect{}, last(groq), false, "error_event"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := blocks(tt.body)
+			want := -1
+			if tt.at != "" {
+				want = slices.Index(bs, tt.at)
+				if want < 0 {
+					t.Fatalf("got no event %q in the body; want it", tt.at)
+				}
+			}
+			d := NewDetector(tt.expect)
+			got := -1
+			for i, b := range bs {
+				for _, ev := range readAll(t, b, 0) {
+					d.Observe(ev)
+				}
+				if d.Terminal() && got < 0 {
+					got = i
+				}
+				if got >= 0 && !d.Terminal() {
+					t.Fatalf("Terminal: got false after event %d; want it to stay true from event %d", i, got)
+				}
+			}
+			if got != want {
+				t.Errorf("Terminal: first true after event %d of %d; want %d", got, len(bs), want)
+			}
+			if ok, reason := d.Clean(true); ok != tt.ok || reason != tt.reason {
+				t.Errorf("Clean(true): got %v, %q; want %v, %q", ok, reason, tt.ok, tt.reason)
 			}
 		})
 	}

@@ -7,7 +7,7 @@ package sse
 type fields struct {
 	typ      string // "type", when a string
 	object   string // "object", when a string
-	errorSet bool   // "error" is present and not null
+	errorSet bool   // an "error" member is not null, or a "type" is "error" (any duplicate counts)
 	choices  string // chat: "choices"
 	usage    string // chat, Anthropic message_delta: "usage"
 	seq      string // Responses: "sequence_number"
@@ -23,10 +23,11 @@ func (f *fields) scan(data string) {
 		switch k {
 		case "type":
 			f.typ, _ = jsonString(v)
+			f.errorSet = f.errorSet || f.typ == "error"
 		case "object":
 			f.object, _ = jsonString(v)
 		case "error":
-			f.errorSet = v != "null"
+			f.errorSet = f.errorSet || v != "null"
 		case "choices":
 			f.choices = v
 		case "usage":

@@ -1,30 +1,171 @@
 package sse
 
-import "testing"
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
 
-func TestWantsUsage(t *testing.T) {
+	"github.com/tidwall/gjson"
+)
+
+func TestParseRequest(t *testing.T) {
+	def := Request{N: 1}
 	tests := []struct {
-		body  string
-		usage bool
+		body string
+		want Request
 	}{
-		{`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}`, true},
-		{`{"stream":true,"stream_options":{"include_usage":false}}`, false},
-		{`{"stream":true}`, false},
-		{`{"stream":false,"stream_options":{"include_usage":true}}`, true},
-		{`{"stream":"true","stream_options":{"include_usage":"true"}}`, false},
-		{`{"stream_options":null}`, false},
-		{`{"stream":true,"stream_options":{"include_usage":true}`, false}, // malformed
-		{`{"stream_options":{"include\u005fusage":true}}`, true},          // an escaped letter in the name
-		{`{"messages":[{"content":"caf\u00e9 include_usage"}]}`, false},
-		{`not json`, false},
-		{``, false},
-		{`[{"stream_options":{"include_usage":true}}]`, false},
-		{`{"messages":[{"stream_options":{"include_usage":true}}]}`, false},
+		{`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}`, Request{Model: "gpt-4o", Stream: true, N: 1, IncludeUsage: true}},
+		{`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"n":3,"stream":true}`, Request{Model: "gpt-4o", Stream: true, N: 3}},
+		{` {"stream" : true , "n" : 2 } ` + "\n", Request{Stream: true, N: 2}},
+		{`{"stream":true,"stream_options":{"include_usage":false}}`, Request{Stream: true, N: 1}},
+		{`{"stream":false,"stream_options":{"include_usage":true}}`, Request{N: 1, IncludeUsage: true}},
+		{`{}`, def},
+
+		// Only top-level members count.
+		{`{"messages":[{"role":"user","content":"x","stream":true,"n":5,"model":"m"}],"stream_options":{"x":{"include_usage":true}}}`, def},
+		{`{"messages":[{"content":"{\"stream\":true}"}]}`, def},
+		{`{"metadata":{"stream":true},"model":"a"}`, Request{Model: "a", N: 1}},
+		{`{"messages":[{"content":"\\\"stream\":true"}],"stream":false}`, def},
+
+		// The last duplicate counts, as with encoding/json and Python.
+		{`{"stream":true,"stream":false}`, def},
+		{`{"stream":true,"stream":null}`, def},
+		{`{"stream":false,"stream":true}`, Request{Stream: true, N: 1}},
+		{`{"n":4,"n":"x"}`, def},
+		{`{"stream_options":{"include_usage":true,"include_usage":false}}`, def},
+		{`{"stream_options":{"include_usage":true},"stream_options":null}`, def},
+		{`{"model":"a","model":"b"}`, Request{Model: "b", N: 1}},
+
+		// Escaped keys are decoded; keys match case-sensitively.
+		{`{"str\u0065am":true,"\u006e":2,"stream_options":{"include\u005fusage":true}}`, Request{Stream: true, N: 2, IncludeUsage: true}},
+		{`{"Stream":true,"N":2,"MODEL":"x"}`, def},
+		{`{"stream\u0000":true}`, def},
+
+		// Values of the wrong kind.
+		{`{"stream":"true","n":"2","model":7,"stream_options":{"include_usage":"true"}}`, def},
+		{`{"stream":1}`, def},
+		{`{"stream_options":null}`, def},
+		{`{"stream_options":[{"include_usage":true}]}`, def},
+		{`{"model":null}`, def},
+		{`{"model":"caf\u00e9 \"x\""}`, Request{Model: `café "x"`, N: 1}},
+		{`{"model":"café"}`, Request{Model: "café", N: 1}},
+		{"{\"model\":\"a\xffb\"}", Request{Model: "a\uFFFDb", N: 1}},
+
+		// n: an integer, at least 1, at most MaxChoices.
+		{`{"n":1}`, def},
+		{`{"n":128}`, Request{N: 128}},
+		{`{"n":129}`, Request{N: 128}},
+		{`{"n":100000000000}`, Request{N: 128}},
+		{`{"n":0}`, def},
+		{`{"n":-2}`, def},
+		{`{"n":-0}`, def},
+		{`{"n":2.0}`, def},
+		{`{"n":2e0}`, def},
+		{`{"n":99999999999999999999}`, def},
+		{`{"n":null}`, def},
+
+		// Malformed at the top level, or in a value read: the defaults.
+		{`{"stream":true,"stream_options":{"include_usage":true}`, def},
+		{`{"stream":true}}`, def},
+		{`{"stream":true} {}`, def},
+		{`{"stream":true,}`, def},
+		{`{"stream":tru}`, def},
+		{`{"stream":true "n":2}`, def},
+		{`{"stream" true}`, def},
+		{`{stream:true}`, def},
+		{`{"stream":true,"n":02}`, def},
+		{`{"stream":true,"n":}`, def},
+		{`{"stream":true,"x":[1,2}`, def},
+		{`{"stream":true,"x":"abc}`, def},
+		{`{"stream":true,"stream_options":{"include_usage":true,}}`, def},
+		{"{\"stream\":true,\"model\":\"a\x01\"}", def},
+		{`{"stream":true,"model":"a\q"}`, def},
+		{"\xef\xbb\xbf{\"stream\":true}", def},
+		{`[{"stream":true}]`, def},
+		{`"stream"`, def},
+		{`null`, def},
+		{`not json`, def},
+		{``, def},
 	}
 	for _, tt := range tests {
 		t.Run(tt.body, func(t *testing.T) {
-			if got := WantsUsage([]byte(tt.body)); got != tt.usage {
-				t.Errorf("WantsUsage: got %v; want %v", got, tt.usage)
+			if got := ParseRequest([]byte(tt.body)); got != tt.want {
+				t.Errorf("got %+v; want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseRequestNil(t *testing.T) {
+	if got := ParseRequest(nil); got != (Request{N: 1}) {
+		t.Errorf("got %+v; want %+v", got, Request{N: 1})
+	}
+}
+
+// TestParseRequestCopiesModel: the proxy's request buffer is reused after
+// the handler, so Model must not point into it.
+func TestParseRequestCopiesModel(t *testing.T) {
+	body := []byte(`{"model":"gpt-4o","stream":true}`)
+	r := ParseRequest(body)
+	for i := range body {
+		body[i] = 'x'
+	}
+	if r.Model != "gpt-4o" {
+		t.Errorf("Model after the body changed: got %q; want %q", r.Model, "gpt-4o")
+	}
+}
+
+func TestRequestExpect(t *testing.T) {
+	got := Request{Model: "m", Stream: true, N: 3, IncludeUsage: true}.Expect()
+	if want := (Expect{N: 3, Usage: true}); got != want {
+		t.Errorf("got %+v; want %+v", got, want)
+	}
+}
+
+// bigRequest is a chat request of about size bytes: a conversation with a
+// base64 image, the top-level fields after it (as clients serialise them).
+func bigRequest(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"messages":[{"role":"system","content":"You are helpful.\nBe brief."},{"role":"user","content":[{"type":"text","text":"What is in this image? \"quoted\" \\ backslash"},{"type":"image_url","image_url":{"url":"data:image/png;base64,`)
+	for b.Len() < size {
+		b.WriteString("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg")
+	}
+	b.WriteString(`"}}]}],"model":"gpt-4o","n":1,"stream":true,"stream_options":{"include_usage":true}}`)
+	return b.Bytes()
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	for _, size := range []struct {
+		name  string
+		bytes int
+	}{{"1KiB", 1 << 10}, {"1MiB", 1 << 20}, {"8MiB", 8 << 20}} {
+		body, name := bigRequest(size.bytes), size.name
+		b.Run("ParseRequest/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if r := ParseRequest(body); !r.Stream || !r.IncludeUsage {
+					b.Fatalf("got %+v", r)
+				}
+			}
+		})
+		// For comparison: what a validating parse costs.
+		b.Run("gjson.Valid/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if !gjson.ValidBytes(body) {
+					b.Fatal("invalid")
+				}
+			}
+		})
+		b.Run("encoding-json/"+name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var m map[string]json.RawMessage
+				if err := json.Unmarshal(body, &m); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
