@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/tidwall/gjson"
 )
 
 // A breaker keeps calls away from an upstream while it fails, and finds
@@ -344,14 +342,10 @@ const maxModelKey = 128
 
 var modelSeed = maphash.MakeSeed()
 
-// requestModel returns the circuit key of a request body's top-level
-// "model": the name itself, or for a name longer than maxModelKey its
-// prefix and a hash of the whole, so that a hostile name cannot make a
-// kept circuit large. A body without one has the key "".
-func requestModel(body []byte) string {
-	return modelKey(gjson.GetBytes(body, "model").String())
-}
-
+// modelKey returns the circuit key of a request's top-level "model": the
+// name itself, or for a name longer than maxModelKey its prefix and a hash
+// of the whole, so that a hostile name cannot make a kept circuit large.
+// A body without one has the key "".
 func modelKey(model string) string {
 	if len(model) <= maxModelKey {
 		return model

@@ -20,10 +20,10 @@ import (
 // blocked read by closing the upstream connection under it, or a backoff
 // by closing stop.
 type gen struct {
-	p      *Proxy
-	f      *cache.Flight
-	o      *origin    // the client whose request started it
-	expect sse.Expect // what the request asks of its stream (n, include_usage)
+	p   *Proxy
+	f   *cache.Flight
+	o   *origin     // the client whose request started it
+	req sse.Request // what the proxy reads of the request body (stream, n, include_usage, model)
 	// relayRaw, for a request without a key: a final answer that is not an
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
@@ -37,8 +37,8 @@ type gen struct {
 	start    time.Time
 }
 
-func (p *Proxy) newGen(f *cache.Flight, expect sse.Expect) *gen {
-	g := &gen{p: p, f: f, expect: expect, stop: make(chan struct{}), start: time.Now()}
+func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {
+	g := &gen{p: p, f: f, req: req, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f}
 	p.gens.Add(1)
 	p.liveMu.Lock()
@@ -128,7 +128,7 @@ func (g *gen) finish() {
 // read. It releases req.
 func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := up.do(req, resp)
+	err := up.do(req, resp, g.req.Stream)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
@@ -182,7 +182,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	start := g.start
 	p.budget.request(start)
 	jitter := newFullJitter(rc.BaseBackoff, rc.MaxBackoff)
-	model := requestModel(tmpl.Body()) // whose circuits the calls go through
+	model := modelKey(g.req.Model) // whose circuits the calls go through
 	next := 0
 	var last attempt
 	for n := 1; ; n++ {
@@ -397,7 +397,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
 	defer deadline.Stop()
-	det := sse.NewDetector(g.expect)
+	det := sse.NewDetector(g.req.Expect())
 	var readErr, appendErr error
 	// The client the generation writes gets what was journaled whenever
 	// the generation is about to read the upstream's socket: the events of
@@ -407,10 +407,21 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		c.beforeRead = g.o.push
 		defer func() { c.beforeRead = nil }()
 	}
+	// Events after the terminal one are no part of the answer: the flight
+	// ends with the terminal event, and what follows is only read (at
+	// most maxDrain bytes of it) so that the connection can be reused.
+	concluded := false
+	drained := 0
 	for ev, err := range sse.Read(resp.BodyStream(), g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
+		}
+		if concluded {
+			if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
+				break
+			}
+			continue
 		}
 		det.Observe(ev)
 		if !started {
@@ -426,7 +437,34 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 			appendErr = err
 			break
 		}
+		if det.Terminal() {
+			reason, started = g.conclude(det, head, nil, nil, false)
+			concluded = true
+		}
 	}
+	if concluded {
+		return reason, started
+	}
+	// The body ended with its framing intact: its last chunk, or all of
+	// its Content-Length (fasthttp fails a read short of either with
+	// io.ErrUnexpectedEOF); a body that ends where the connection closed
+	// (-2) has no framing to vouch for its end.
+	intact := readErr == nil && resp.Header.ContentLength() != -2
+	return g.conclude(det, head, readErr, appendErr, intact)
+}
+
+// maxDrain bounds what is read of an upstream body after its terminal
+// event, for the connection's reuse; past it the connection is closed.
+const maxDrain = 64 << 10
+
+// conclude ends the flight once the stream's end is known: committed when
+// det finds it clean, failed otherwise. Before any event was journaled
+// (started false on entry, known from the flight), a failure that is not
+// the generation's own cut is returned with started false, so that the
+// caller may decide on a retry.
+func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (reason string, started bool) {
+	f, m := g.f, g.p.m
+	_, started = f.Head()
 	cause := g.cutShort()
 	switch {
 	case cause != "":
@@ -441,7 +479,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		reason = readFailure(readErr)
 	default:
 		var ok bool
-		if ok, reason = det.Clean(false); ok {
+		if ok, reason = det.Clean(intact); ok {
 			if !started {
 				f.SetHead(head)
 			}

@@ -63,7 +63,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
-		g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()).Expect())
+		g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
 		go g.run(newTemplate(ctx))
 		p.serveOrigin(ctx, g)
 	}

@@ -147,7 +147,7 @@ func TestAnswerConn(t *testing.T) {
 	req.SetBodyString(chatBody)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := up.do(req, resp); err != nil {
+	if err := up.do(req, resp, true); err != nil {
 		t.Fatal(err)
 	}
 	c := connOf(resp)

@@ -23,7 +23,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	}
 	p.m.requests.WithLabelValues("relay").Inc()
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
-	g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()).Expect())
+	g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
 	g.relayRaw = true
 	g.o.onGone = func() { g.cancel("client_gone") }
 	go g.run(newTemplate(ctx))

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -149,19 +148,16 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 		retryAmbiguous: slices.Contains(cfg.RetryAmbiguous, raw) || slices.Contains(cfg.RetryAmbiguous, "*")}, nil
 }
 
-// do sends req on the client for its kind (streaming or not) and returns
-// when the answer's head is read, or the call failed.
-func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response) error {
+// do sends req on the client for its kind (stream: the request asks for
+// a streamed answer) and returns when the answer's head is read, or the
+// call failed.
+func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response, stream bool) error {
 	hc := u.whole
-	if wantsStream(req.Body()) {
+	if stream {
 		hc = u.stream
 	}
 	return hc.Do(req, resp)
 }
-
-// wantsStream reports whether a request body asks for a streamed answer:
-// a top-level "stream": true, as the OpenAI and Anthropic APIs take it.
-func wantsStream(body []byte) bool { return gjson.GetBytes(body, "stream").Bool() }
 
 // dial connects to addr within connect, TLS handshake included when
 // tlsCfg is set. It does the handshake itself, under the connection's
@@ -190,7 +186,7 @@ func dial(addr string, connect time.Duration, tlsCfg *tls.Config) (net.Conn, err
 }
 
 // pick returns the first upstream from index start on (wrapping) whose
-// circuits (its host's and model's, a key from requestModel) let a call
+// circuits (its host's and model's, a key from modelKey) let a call
 // through, with the function that reports the call's health to them.
 func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done func(error), ok bool) {
 	for i := range ups {
