@@ -90,7 +90,8 @@ func seeds(t *testing.T) (int64, int) {
 // slow first token, a whole chat stream without [DONE] (with each
 // finish_reason), one that asked for usage and lacks it, a 200 whose body
 // is not an event stream, and non-streaming bodies cut short of their
-// Content-Length or last chunk. Every call is kept with the client request
+// Content-Length or last chunk, or closed inside their JSON with no length
+// (complete by HTTP's framing; relayed so without a key, never stored). Every call is kept with the client request
 // it was made for (the proxy forwards the client's X-Faults-Request header
 // on every attempt).
 //

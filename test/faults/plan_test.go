@@ -57,12 +57,13 @@ const (
 	fGarbage200                     // 200 with an HTML body to a streaming request
 	fCutBody                        // a non-streaming 200 whose body is shorter than its Content-Length
 	fCutChunked                     // a non-streaming 200, chunked, closed before its last chunk
+	fCutClose                       // a non-streaming 200 without length or chunks, closed inside its JSON
 )
 
 var faultNames = [...]string{
 	"none", "slow-first-token", "429+retry-after", "429", "500", "503", "error-event-first",
 	"reset-before-head", "hang", "reset-after", "cut", "stall", "error-event-mid", "malformed-event",
-	"bad-chunk", "no-done", "no-done-no-usage", "garbage-200", "cut-body", "cut-chunked-body",
+	"bad-chunk", "no-done", "no-done-no-usage", "garbage-200", "cut-body", "cut-chunked-body", "cut-body-close",
 }
 
 // class is what a call cost, as the upstream knows it.
@@ -118,7 +119,7 @@ var finishReasons = []string{"stop", "length", "tool_calls", "content_filter", "
 // faultsFor lists the faults that apply to a spec's requests.
 func faultsFor(d dialect, usage bool) []faultKind {
 	if d == chatBody {
-		return []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fResetHead, fHang, fCutBody, fCutChunked}
+		return []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fResetHead, fHang, fCutBody, fCutChunked, fCutClose}
 	}
 	ks := []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fErrorFirst, fResetHead, fHang,
 		fResetAfter, fCut, fStall, fErrorMid, fMalformed, fBadChunk, fGarbage200}

@@ -300,6 +300,13 @@ func (u *upstream) handle(ctx *fasthttp.RequestCtx) {
 			half := ref.body[:len(ref.body)/2]
 			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(half), half)
 		})
+	case fCutClose:
+		// The body's end is the connection's: by HTTP's framing the
+		// answer is complete, and only its JSON shows it is cut.
+		u.setSent(c, nil, ref.body[:len(ref.body)/2])
+		u.hijack(ctx, func(conn net.Conn) {
+			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n%s", ref.body[:len(ref.body)/2])
+		})
 	default:
 		panic("unhandled fault " + f.String())
 	}
