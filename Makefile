@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/ssegate
 ADDR ?= 127.0.0.1:8080
 
-.PHONY: build run test vet fmt bench fuzz clean
+.PHONY: build run test vet fmt bench soak fuzz clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/ssegate
@@ -34,6 +34,21 @@ fuzz:
 # BENCHFLAGS=-quick for a smoke run, or e.g. BENCHFLAGS='-scenarios a,b'.
 bench:
 	$(GO) run ./bench $(BENCHFLAGS)
+
+# The soak (not in CI, not in make test): SOAK_STREAMS paced streams open
+# at once for SOAK_DURATION against the built binary and its embedded mock
+# (-upstream mock), keyed and not, with resumes; it reports lost and
+# reordered events (must be 0), errors, and ssegate's goroutines and RSS
+# during and after the load, and fails unless they come back. It raises
+# RLIMIT_NOFILE to about 3 descriptors a stream (client, upstream call, and
+# the embedded mock's end); where the hard limit is lower, run it as root
+# or raise it first (ulimit -Hn). A short check: make soak SOAK_STREAMS=1000
+# SOAK_DURATION=60s. More flags (-soak-events, -soak-pace, -soak-keyed,
+# -soak-resume, -soak-settle) through SOAKFLAGS.
+SOAK_STREAMS ?= 10000
+SOAK_DURATION ?= 10m
+soak:
+	$(GO) run ./bench -soak -soak-streams $(SOAK_STREAMS) -soak-duration $(SOAK_DURATION) $(SOAKFLAGS)
 
 clean:
 	rm -rf bin

@@ -27,7 +27,14 @@ type clientConn struct {
 	br      *bufio.Reader
 	scratch []byte
 	p       sseParser
+	// leaveAfter, when positive, makes the client leave a stream once it
+	// has this many events: roundTrip ends with errLeft and closes the
+	// connection, as a client that lost it would (the soak's resumes).
+	leaveAfter int
 }
+
+// errLeft ends a roundTrip that left its stream after leaveAfter events.
+var errLeft = errors.New("left the stream")
 
 // newClientConn returns a connection to addr; it dials on first use.
 func newClientConn(addr string) *clientConn {
@@ -208,6 +215,9 @@ func (c *clientConn) readResponse(res *streamResult, t0 time.Time, onFirst func(
 			n, err := c.br.Read(c.scratch)
 			if n > 0 {
 				body(c.scratch[:n])
+				if c.left() {
+					return false, errLeft
+				}
 			}
 			if err == io.EOF {
 				return false, nil
@@ -258,6 +268,10 @@ func (c *clientConn) readChunked(body func([]byte)) error {
 	}
 }
 
+// left reports whether the client has had the events it wanted of this
+// stream (leaveAfter).
+func (c *clientConn) left() bool { return c.leaveAfter > 0 && c.p.events >= c.leaveAfter }
+
 // readN hands the next n body bytes to body, in pieces.
 func (c *clientConn) readN(n int64, body func([]byte)) error {
 	for n > 0 {
@@ -266,6 +280,9 @@ func (c *clientConn) readN(n int64, body func([]byte)) error {
 		if got > 0 {
 			body(c.scratch[:got])
 			n -= int64(got)
+			if c.left() {
+				return errLeft
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("read body: %w", unexpected(err))

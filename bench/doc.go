@@ -5,6 +5,8 @@
 //	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
+//	go run ./bench -soak [-soak-streams 10000] [-soak-duration 10m]
+//	make soak                       # the soak (soak.go): lost and reordered events, goroutines and memory over time
 //
 // # Peers
 //

@@ -37,6 +37,7 @@ type options struct {
 	ssegateArg string
 	ssegateEnv string
 	peers      map[kind]bool // the peers to measure; direct always is
+	soak       soakOptions
 }
 
 // parseFlags parses the command line into options; quick mode changes the
@@ -63,8 +64,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
 	peers := fs.String("peers", "httputil,fasthttp,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx, ssegate")
+	o.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.soak.on {
+		return o, o.soak.check()
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -249,7 +254,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
-	if err := run(opt, os.Stdout, os.Stderr); err != nil {
+	if opt.soak.on {
+		err = runSoak(&opt.soak, opt.ssegateBin, strings.Fields(opt.ssegateArg), strings.Fields(opt.ssegateEnv), os.Stdout, os.Stderr)
+	} else {
+		err = run(opt, os.Stdout, os.Stderr)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
