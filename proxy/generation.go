@@ -290,6 +290,12 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		if g.relayRaw {
 			return a, false
 		}
+		if g.req.Stream && head.Status < 300 {
+			// A stream was asked for, and a 2xx came that is not one (a
+			// proxy's HTML page, say): no valid first event. The upstream
+			// took the request; what became of it is not known.
+			return attempt{verdict: ambiguous, answered: true, reason: "not_an_event_stream"}, false
+		}
 		g.record(resp, head)
 		return a, true
 	}

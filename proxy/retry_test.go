@@ -301,6 +301,13 @@ func garbage(_ int64, w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprint(w, "<html>upstream proxy error page</html>")
 }
 
+// htmlPage answers 200 with an HTML page, as a misconfigured proxy in
+// front of the provider might.
+func htmlPage(_ int64, w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/html")
+	fmt.Fprint(w, "<html><title>Service Unavailable</title></html>")
+}
+
 // TestAmbiguousNotRetried: a request that reached the upstream is not
 // sent again unless the upstream said it did not run it, key or not,
 // because the providers' chat endpoints do not deduplicate on the key and
@@ -326,6 +333,7 @@ func TestAmbiguousNotRetried(t *testing.T) {
 		{"read the request and hung up", hangUp, false, 1, 502, "upstream_error", cache.StateCommitUnknown},
 		{"no answer in time", hang, false, 1, 504, "upstream_timeout", cache.StateCommitUnknown},
 		{"200 that is not an event stream", garbage, false, 1, 502, "upstream_error", cache.StateFailedRetryable},
+		{"200 HTML to a streaming request", htmlPage, false, 1, 502, "upstream_error", cache.StateFailedRetryable},
 		{"reset after the head", reset(0), false, 1, 502, "upstream_error", cache.StateFailedRetryable},
 		{"read and hung up, -retry-ambiguous", then(2, hangUp), true, 3, 200, "", cache.StateCommitted},
 		{"no answer in time, -retry-ambiguous", hang, true, 3, 504, "upstream_timeout", cache.StateCommitUnknown},

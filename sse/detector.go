@@ -23,11 +23,16 @@ type Expect struct {
 // every relayed event, so it makes one pass over each event's data and does
 // not allocate in the common case.
 type Detector struct {
-	dialect  Dialect
-	n        int  // Expect.N, within 1..MaxChoices
-	usage    bool // Expect.Usage
-	errSeen  bool // an error event or error object
-	terminal bool // the terminal event was observed; later events are ignored
+	dialect Dialect
+	n       int  // Expect.N, within 1..MaxChoices
+	usage   bool // Expect.Usage
+	errSeen bool // an error event or error object
+	// malformed: an event whose data is not a whole JSON object (cut
+	// inside it, say). It counts once the dialect is known, since every
+	// dialect's events are JSON; in a stream of no known dialect (not an
+	// LLM's) it means nothing.
+	malformed bool
+	terminal  bool // the terminal event was observed; later events are ignored
 
 	// OpenAI chat/completions.
 	done           bool                    // data: [DONE]
@@ -68,7 +73,8 @@ func (d *Detector) Observe(ev Event) {
 		return
 	}
 	d.observe(ev)
-	d.terminal = d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped
+	d.terminal = d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped ||
+		(d.malformed && d.dialect != DialectUnknown)
 }
 
 func (d *Detector) observe(ev Event) {
@@ -91,6 +97,9 @@ func (d *Detector) observe(ev Event) {
 	f.scan(ev.Data)
 	if f.errorSet {
 		d.errSeen = true
+	}
+	if !f.closed && ev.Data != "" {
+		d.malformed = true
 	}
 	if d.dialect == DialectUnknown {
 		d.dialect = detectDialect(ev.Type, &f)
@@ -238,7 +247,8 @@ func (d *Detector) Terminal() bool { return d.terminal }
 // events whatever intact says.
 //
 // When the stream is not clean, reason is a short snake_case cause for logs
-// and metrics: "error_event", "unknown_dialect", "no_terminal_event",
+// and metrics: "error_event", "malformed_event" (an event whose data is not
+// a whole JSON object), "unknown_dialect", "no_terminal_event",
 // "unexpected_choice" (a choice index outside 0..N-1), "no_choices",
 // "missing_choice" (an index in 0..N-1 that never appeared),
 // "missing_finish_reason", "missing_usage", "response_failed",
@@ -246,6 +256,9 @@ func (d *Detector) Terminal() bool { return d.terminal }
 func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 	if d.errSeen {
 		return false, "error_event"
+	}
+	if d.malformed && d.dialect != DialectUnknown {
+		return false, "malformed_event"
 	}
 	switch d.dialect {
 	case DialectOpenAIChat:

@@ -75,6 +75,14 @@ func TestDetector(t *testing.T) {
 		{"anthropic text", anth, Expect{}, DialectAnthropic, true, true, ""},
 		{"groq error midstream", groq, Expect{}, DialectOpenAIChat, true, false, "error_event"},
 		{"groq error midstream, usage wanted", groq, wantUsage, DialectOpenAIChat, true, false, "error_event"},
+		// An event cut inside its JSON ends the stream, unclean, even when
+		// the rest of it would be whole.
+		{"chat, event cut inside its JSON", chunk(0, "null") + `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tru` + "\n\n" + chunk(0, `"stop"`) + done,
+			Expect{}, DialectOpenAIChat, true, false, "malformed_event"},
+		{"chat, data not JSON", chunk(0, "null") + "data: hello\n\n" + chunk(0, `"stop"`) + done, Expect{}, DialectOpenAIChat, true, false, "malformed_event"},
+		{"anthropic, event cut inside its JSON", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_del\n\n",
+			Expect{}, DialectAnthropic, true, false, "malformed_event"},
+		{"no known dialect: plain text events mean nothing", "data: hello\n\ndata: world\n\n", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
 
 		// Truncated: the last event dropped, or cut before its blank line
 		// (go-sse discards it silently, so the Detector must notice).

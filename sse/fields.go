@@ -14,12 +14,13 @@ type fields struct {
 	response string // Responses lifecycle events: "response"
 	message  string // Anthropic message_start: "message"
 	delta    string // Anthropic message_delta: "delta"
+	closed   bool   // data is one JSON object, closed (members): not cut
 }
 
 // scan fills f from data when data is a JSON object; anything else leaves f
 // empty, and malformed data yields the members before the fault.
 func (f *fields) scan(data string) {
-	members(data, func(k, v string) {
+	f.closed = members(data, func(k, v string) {
 		switch k {
 		case "type":
 			f.typ, _ = jsonString(v)

@@ -16,20 +16,23 @@ import (
 
 // members calls fn with the key and raw value text of each member of the
 // JSON object that s holds, in order, stopping at the first malformed spot.
-func members(s string, fn func(key, val string)) {
+// It reports whether the object was closed, with nothing but white space
+// after it: a check of the object's outline (its members' values are only
+// skipped), which a cut anywhere in it fails.
+func members(s string, fn func(key, val string)) (closed bool) {
 	i := skipSpace(s, 0)
 	if i >= len(s) || s[i] != '{' {
-		return
+		return false
 	}
 	i++
 	for {
 		i = skipSpace(s, i)
 		if i >= len(s) || s[i] != '"' {
-			return
+			return i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
 		}
 		ke := stringEnd(s, i)
 		if ke < 0 {
-			return
+			return false
 		}
 		key := s[i+1 : ke-1]
 		if strings.IndexByte(key, '\\') >= 0 {
@@ -37,17 +40,17 @@ func members(s string, fn func(key, val string)) {
 		}
 		i = skipSpace(s, ke)
 		if i >= len(s) || s[i] != ':' {
-			return
+			return false
 		}
 		i = skipSpace(s, i+1)
 		if i >= len(s) {
-			return
+			return false
 		}
 		ve := valueEnd(s, i)
 		fn(key, s[i:ve])
 		i = skipSpace(s, ve)
 		if i >= len(s) || s[i] != ',' {
-			return
+			return i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
 		}
 		i++
 	}
