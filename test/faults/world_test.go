@@ -79,7 +79,7 @@ func newWorld(t *testing.T, p *plan) *world {
 	// the round makes an outage of every third call on purpose.
 	w.proxy, err = proxy.New(proxy.Config{
 		Upstreams: []string{w.up.url}, Store: w.store, Logger: log,
-		Heartbeat: heartbeat, UpstreamIdleTimeout: upstreamTimeout, SlowClientTimeout: slowClient,
+		Heartbeat: heartbeat, UpstreamIdleTimeout: upstreamTimeout, HeadTimeout: upstreamTimeout, SlowClientTimeout: slowClient,
 		Retry: proxy.RetryConfig{
 			Attempts: 3, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 			RetryAfterMax: 2 * time.Second, AttemptTimeout: upstreamTimeout,
