@@ -30,8 +30,8 @@ type client struct {
 	pre       []byte          // what the client sent after its request, read at take-over
 	keepAlive bool            // serve the connection's next request after a complete answer
 	// identity: the body is not chunked but ends where the connection
-	// closes (the answer relays such a body as it came, so that a cut
-	// stays a cut).
+	// closes: for an HTTP/1.0 client, and for a body the upstream sent
+	// that way (relayed as it came, so that a cut stays a cut).
 	identity bool
 
 	buf      []byte               // the answer head until it is written, then chunk headers
@@ -229,10 +229,17 @@ func appendChunkHeader(dst []byte, n int) []byte {
 // needs must be copied out of ctx: fasthttp reuses ctx once run returns.
 func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client)) {
 	served := ctx.Conn()
-	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && ctx.Request.Header.IsHTTP11()
+	// An HTTP/1.0 client cannot read chunked framing (RFC 9112 §6.1): its
+	// answer is close-delimited, and the connection closes at its end.
+	identity := !ctx.Request.Header.IsHTTP11()
+	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && !identity
 	var buf []byte
 	if head {
-		ctx.Response.Header.SetContentLength(-1) // chunked
+		if identity {
+			ctx.Response.Header.SetContentLength(-2) // until the connection closes
+		} else {
+			ctx.Response.Header.SetContentLength(-1) // chunked
+		}
 		if !keepAlive {
 			ctx.SetConnectionClose()
 		}
@@ -241,7 +248,7 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive}
+		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity}
 		c.wfn = c.writeFD
 		if served != nil {
 			// What fasthttp read past this request (a pipelined next one)
