@@ -97,11 +97,10 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 			p.writeError(ctx, unreadError(reason))
 			return
 		}
-		writeHead(ctx, h, replayed)
-		ctx.SetBody(body)
 		if replayed && state == cache.StateCommitted {
 			p.saved(f.Usage())
 		}
+		p.whole(ctx, h, replayed, body)
 		return
 	}
 	sub, err := f.Subscribe(after)
@@ -175,12 +174,30 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 		ctx.Response.Header.Set("Idempotent-Replayed", "true")
 		return
 	}
-	writeHead(ctx, r.Head, true)
 	if !r.Head.Stream {
-		ctx.SetBody(data)
+		p.whole(ctx, r.Head, true, data)
 		return
 	}
+	writeHead(ctx, r.Head, true)
 	p.stream(ctx, func(c *client) bool { return c.write(data) == nil }, nil)
+}
+
+// whole answers with head h and body on the client's own connection, as a
+// goroutine of its own writes it: in pieces, each within
+// -slow-client-timeout (client.answerWhole), so that a client that stops
+// reading a large stored body is dropped rather than held, and one that
+// reads it steadily gets it whole.
+func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte) {
+	resp := fasthttp.AcquireResponse()
+	setHead(&resp.Header, h, replayed)
+	resp.SetBodyRaw(body) // the stored body is not changed, only written
+	p.takeOver(ctx, false, func(c *client) {
+		go func() {
+			ok := c.answerWhole(resp) == nil
+			fasthttp.ReleaseResponse(resp)
+			c.finish(ok, nil)
+		}()
+	})
 }
 
 // writeHead sets the status and headers of an answer.

@@ -525,3 +525,60 @@ func TestSlowReaderGetsWholeReplay(t *testing.T) {
 	})
 	e.wantCalls(1)
 }
+
+// TestSlowReaderGetsWholeStoredBody: the same for a stored non-streaming
+// body: written in pieces, each with its own -slow-client-timeout, so a
+// steady reader slower than size/bound gets it whole and a reader that
+// stops is dropped (before, fasthttp wrote it with no deadline at all, and
+// a client that stopped reading held its connection forever).
+func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
+	const slow = 500 * time.Millisecond
+	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+		pc.SlowClientTimeout = slow
+	})
+	key := newKey("bigbody")
+	const body = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
+	hdr := map[string]string{"X-Mock-Chunk-Bytes": "8000"}
+	first := e.fetch(req{key: key, body: body, header: hdr})
+	if first.status != 200 || len(first.raw) < 4<<20 {
+		t.Fatalf("first: %d, %d bytes; want 200 and several MB", first.status, len(first.raw))
+	}
+	e.waitState(key, "", cache.StateCommitted)
+	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	dial := func() net.Conn {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+		if _, err := io.WriteString(conn, request); err != nil {
+			t.Fatal(err)
+		}
+		return conn
+	}
+	t.Run("steady reader", func(t *testing.T) {
+		conn := dial()
+		defer conn.Close()
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		rate := float64(len(first.raw)) / 3 // about 3 s for the whole: six bounds
+		resp, err := http.ReadResponse(bufio.NewReader(&throttled{r: conn, rate: rate}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil || !bytes.Equal(raw, first.raw) || resp.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("got %d of %d bytes, err %v, replayed %q; want the whole stored body", len(raw), len(first.raw), err, resp.Header.Get("Idempotent-Replayed"))
+		}
+	})
+	t.Run("stopped reader", func(t *testing.T) {
+		before := testutil.ToFloat64(e.proxy.m.slowDropped)
+		conn := dial()
+		defer conn.Close()
+		start := time.Now()
+		waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) > before })
+		if took := time.Since(start); took < slow*7/8 || took > 4*slow {
+			t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
+		}
+	})
+	e.wantCalls(1)
+}
