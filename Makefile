@@ -18,15 +18,19 @@ test:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-# Every fuzz target of ./sse for $(FUZZTIME) each, one after the other (go
-# fuzzes one target per run). FUZZFLAGS=-parallel=1 keeps it to one core.
+# Every fuzz target (the SSE reader and writer, event ids and Last-Event-ID,
+# the detector, the request fields, idempotency keys) for $(FUZZTIME) each,
+# one after the other (go fuzzes one target per run); their seed corpora in
+# testdata/fuzz run in every make test. FUZZFLAGS=-parallel=1 keeps it to
+# one core.
 FUZZTIME ?= 30s
 FUZZFLAGS ?=
+FUZZPKGS ?= ./sse ./proxy
 fuzz:
-	@set -e; for t in $$($(GO) test ./sse -list '^Fuzz' | grep '^Fuzz'); do \
-		echo "== $$t ($(FUZZTIME))"; \
-		$(GO) test ./sse -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
-	done
+	@set -e; for p in $(FUZZPKGS); do for t in $$($(GO) test $$p -list '^Fuzz' | grep '^Fuzz'); do \
+		echo "== $$p $$t ($(FUZZTIME))"; \
+		$(GO) test $$p -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
+	done; done
 
 # The benchmark suite (bench/): every scenario against direct, httputil,
 # nginx (when installed) and ssegate with and without Idempotency-Key,
