@@ -221,10 +221,8 @@ func TestTimeBudgets(t *testing.T) {
 				switch {
 				case c.status == 200:
 					want = cache.StateCommitted
-				case c.budget == "idle":
-					// The head came, then no answer (or no valid stream):
-					// a failed read, not an unknown commit.
-					want = cache.StateFailedRetryable
+				case c.budget == "idle" && c.body == plainBody:
+					want = cache.StateFailedRetryable // the head came: a failed read
 				}
 				e.waitState(key, "", want)
 			}

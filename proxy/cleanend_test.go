@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ssegate/ssegate/cache"
 )
@@ -69,7 +70,7 @@ func TestCleanEnd(t *testing.T) {
 		{"whole without [DONE], cut", usageBody, sseAnswer(whole, "reset"), false, whole},
 		{"whole without [DONE], close-delimited", usageBody, sseAnswer(whole, "close"), false, whole},
 		{"without [DONE], usage missing", usageBody, sseAnswer(chatChunk(0, "Hi", "stop"), "framed"), false, chatChunk(0, "Hi", "stop")},
-		{"n=2, one choice only", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n", "framed"), false, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n"},
+		{"n=2, one choice only", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n", "framed"), false, chatChunk(0, "Hi", "stop")}, // [DONE] not relayed: TestFalseEndNotRelayed
 		{"n=2, both choices", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+chatChunk(1, "Yo", "stop")+"data: [DONE]\n\n", "framed"), true,
 			chatChunk(0, "Hi", "stop") + chatChunk(1, "Yo", "stop") + "data: [DONE]\n\n"},
 		{"chunks after [DONE] are not part of it", usageBody, sseAnswer(whole+"data: [DONE]\n\n"+chatChunk(0, "extra", "")+"data: {\"error\":{\"message\":\"late\"}}\n\n", "framed"), true,
@@ -123,4 +124,70 @@ func stripIDs(raw []byte, aborted bool) string {
 		out.WriteString("\n")
 	}
 	return out.String()
+}
+
+// TestFalseEndNotRelayed: a terminal event that claims a whole answer when
+// the stream is not ([DONE] with a choice unfinished, or missing; Anthropic
+// message_stop without a stop_reason) is not relayed: a client that stops
+// reading at it would take a half stream for a whole one. The client gets
+// stream_aborted in its place.
+func TestFalseEndNotRelayed(t *testing.T) {
+	cases := []struct{ name, body, events, want string }{
+		{"[DONE] with the finish_reason missing", chatBody, chatChunk(0, "Hi", "") + "data: [DONE]\n\n", chatChunk(0, "Hi", "")},
+		{"[DONE] with a choice of n missing", `{"model":"m","stream":true,"n":2,"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", chatChunk(0, "Hi", "stop")},
+		{"message_stop without stop_reason", chatBody,
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			fs := newFaultServer(t, sseAnswer(c.events, "framed"))
+			e := retryEnv(t, []string{fs.url}, nil)
+			for _, key := range []string{newKey("false-end"), ""} {
+				got := e.fetch(req{key: key, body: c.body})
+				if got.status != 200 || !got.aborted {
+					t.Fatalf("key %q: got %d aborted %v (%q); want 200 and stream_aborted", key, got.status, got.aborted, got.raw)
+				}
+				if evs := stripIDs(got.raw, true); evs != c.want {
+					t.Fatalf("key %q: events before the abort:\n%s\nwant:\n%s", key, evs, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestDrainAfterEndIsBounded: an upstream that keeps its body open after
+// the terminal event, trickling comments, does not hold the generation
+// (nor its -max-streams slot): the client has its whole answer, and the
+// next request is served.
+func TestDrainAfterEndIsBounded(t *testing.T) {
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		for range 100 { // 5 s of comments
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			fmt.Fprint(w, ": ping\n\n")
+			w.(http.Flusher).Flush()
+		}
+	})
+	e := retryEnv(t, []string{fs.url}, func(pc *Config) { pc.MaxStreams = 1 })
+	for i := range 3 {
+		start := time.Now()
+		got := e.fetch(req{key: newKey("drain")})
+		if !clean(got) {
+			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("request %d took %v; want its end at once after [DONE]", i, d)
+		}
+		if !within(time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+			t.Fatalf("request %d: the -max-streams slot still taken a second after its end", i)
+		}
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 3)
 }

@@ -78,12 +78,9 @@ func interrupt(resp *fasthttp.Response) {
 	if c := connOf(resp); c != nil {
 		c.interrupted.Store(true)
 		c.Conn.Close() //nolint:errcheck // interrupting a read
-		return
 	}
-	// Not one of the upstream client's own connections (never so in
-	// practice: see newUpstream's Dial). Closing the stream from another
-	// goroutine is safe; the generation's own never gets here.
-	go resp.CloseBodyStream() //nolint:errcheck // interrupting a read
+	// Every upstream connection is an idleConn (newUpstream's Dial;
+	// TestAnswerConn), so there is no other case to interrupt.
 }
 
 func (g *gen) cutShort() string {
@@ -139,10 +136,16 @@ func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, err
 	cause := g.cause
 	g.mu.Unlock()
 	if cause != "" {
-		resp.CloseBodyStream() //nolint:errcheck // cancelled while waiting
+		g.drop() // cancelled while waiting: nothing of it is read
+		return nil, errCancelled
 	}
 	return resp, nil
 }
+
+// errCancelled is call's answer when the generation was cut short while
+// it waited for the head: the answer is dropped unread, and the attempt
+// is not retried (the cause ends the flight).
+var errCancelled = errors.New("the generation was cut short")
 
 // mark records the key's state and logs the change.
 func (g *gen) mark(state cache.State, attempt, status int) {
@@ -185,12 +188,19 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	model := modelKey(g.req.Model) // whose circuits the calls go through
 	next := 0
 	var last attempt
+	var pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
 	for n := 1; ; n++ {
 		if cause := g.cutShort(); cause != "" {
 			f.Fail(cache.StateFailedRetryable, cause, nil)
 			return
 		}
 		up, idx, done, ok := pick(p.ups, next, model)
+		if ok && pinned != nil && up != pinned {
+			// The pinned upstream's circuit is open. Another upstream
+			// cannot deduplicate against the call that may be running.
+			done(errNotCalled)
+			ok = false
+		}
 		if !ok {
 			g.end(n-1, attempt{reason: "upstream_unavailable"}, last)
 			return
@@ -244,6 +254,11 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			"upstream", up.name, "backoff", max(wait, a.retryAfter).String())
 		last = a
 		next = idx + 1 // fail over to the next upstream
+		if a.verdict == ambiguous {
+			// The upstream may be running the request: only it can tell
+			// the repeat apart (-retry-ambiguous), so it gets it.
+			next, pinned = idx, up
+		}
 		t := time.NewTimer(max(wait, a.retryAfter))
 		select {
 		case <-t.C:
@@ -259,6 +274,10 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 	sent := time.Now()
 	resp, err := g.call(up, up.prepare(tmpl))
 	m := g.p.m
+	if errors.Is(err, errCancelled) {
+		done(nil) // the upstream answered; whether well is not known
+		return attempt{verdict: final, reason: g.cutShort()}, false
+	}
 	if err != nil {
 		done(err)
 		a := attempt{verdict: ambiguous, reason: "upstream_reset"}
@@ -290,10 +309,12 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		if g.relayRaw {
 			return a, false
 		}
-		if g.req.Stream && head.Status < 300 {
-			// A stream was asked for, and a 2xx came that is not one (a
-			// proxy's HTML page, say): no valid first event. The upstream
-			// took the request; what became of it is not known.
+		if g.req.Stream && head.Status < 300 && !isJSON(head.ContentType) {
+			// A stream was asked for, and a 2xx came that is neither one
+			// nor a JSON answer (a proxy's HTML page, say): no valid first
+			// event. The upstream took the request; what became of it is
+			// not known. (A JSON answer, from an upstream that does not
+			// stream, is recorded like any other: framing decides.)
 			return attempt{verdict: ambiguous, answered: true, reason: "not_an_event_stream"}, false
 		}
 		g.record(resp, head)
@@ -308,8 +329,10 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 		a.verdict = safe // the upstream said it failed, before any event
 	} else {
 		// A head and no valid first event: the upstream took the request
-		// and may be generating.
-		a.verdict, a.answered = ambiguous, true
+		// and may be generating. A body that ended without one is an
+		// answer, if not a stream; a reset or a silence is none.
+		a.verdict = ambiguous
+		a.answered = reason != "upstream_read_error" && reason != "upstream_idle_timeout"
 	}
 	a.head = cache.Head{}
 	return a, false
@@ -347,6 +370,9 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 // connection closes could have been cut anywhere: it counts as whole only
 // when it parses as the JSON its Content-Type says it is.
 func wholeBody(resp *fasthttp.Response, head cache.Head, body []byte) bool {
+	if head.Status == fasthttp.StatusNoContent || head.Status == fasthttp.StatusNotModified {
+		return len(body) == 0 // an answer that has no body
+	}
 	if resp.Header.ContentLength() != -2 { // -2: until the connection closes
 		return true
 	}
@@ -418,7 +444,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	// most maxDrain bytes of it) so that the connection can be reused.
 	concluded := false
 	drained := 0
-	for ev, err := range sse.Read(resp.BodyStream(), g.p.cfg.MaxEventBytes) {
+	conn := connOf(resp)
+	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
@@ -438,6 +465,18 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 			started = true
 			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 		}
+		if det.Terminal() {
+			if ok, why := det.Clean(false); !ok && falseEnd(why) {
+				// The terminal event says "whole" and the stream is not
+				// ([DONE] with a choice unfinished, say): a client that
+				// stops reading at it would take a half stream for a
+				// whole one. It is not relayed; stream_aborted is.
+				reason, started = g.conclude(det, head, nil, nil, false)
+				concluded = true
+				conn.drainBy(time.Now().Add(maxDrainTime))
+				continue
+			}
+		}
 		m.events.Inc()
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
 			appendErr = err
@@ -446,6 +485,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 		if det.Terminal() {
 			reason, started = g.conclude(det, head, nil, nil, false)
 			concluded = true
+			conn.drainBy(time.Now().Add(maxDrainTime))
 		}
 	}
 	if concluded {
@@ -459,9 +499,28 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	return g.conclude(det, head, readErr, appendErr, intact)
 }
 
-// maxDrain bounds what is read of an upstream body after its terminal
-// event, for the connection's reuse; past it the connection is closed.
-const maxDrain = 64 << 10
+// falseEnd reports whether a stream the detector found unclean for reason
+// ended with an event that claims a whole answer ([DONE], message_stop,
+// response.completed) or is itself broken: such an event is not relayed.
+// The provider's own failure events (an error, response.failed,
+// response.incomplete) are relayed before the stream_aborted end: they
+// say what went wrong.
+func falseEnd(reason string) bool {
+	switch reason {
+	case "error_event", "response_failed", "response_incomplete":
+		return false
+	}
+	return true
+}
+
+// maxDrain and maxDrainTime bound what is read of an upstream body after
+// its terminal event, for the connection's reuse; past either the
+// connection is closed. A provider ends its body right after its terminal
+// event, so the bounds only stop one that does not.
+const (
+	maxDrain     = 64 << 10
+	maxDrainTime = 100 * time.Millisecond
+)
 
 // conclude ends the flight once the stream's end is known: committed when
 // det finds it clean, failed otherwise. Before any event was journaled

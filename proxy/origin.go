@@ -147,9 +147,9 @@ func (o *origin) answerRest() {
 		// relayed the same way: re-framed, a cut in it would pass for
 		// its end. Framed ones are re-framed, and a cut in them ends the
 		// client's answer without its last chunk (copyBody).
-		c.identity = resp.Header.ContentLength() == -2
+		c.identity = c.identity || resp.Header.ContentLength() == -2 // (an HTTP/1.0 client's is already)
 		c.answerHead(copyHead(resp))
-		ok := copyBody(c, resp.BodyStream()) && c.end() == nil
+		ok := copyBody(c, bodyOf(resp)) && c.end() == nil
 		resp.CloseBodyStream() //nolint:errcheck // done with the body
 		fasthttp.ReleaseResponse(resp)
 		g.finish()

@@ -143,7 +143,7 @@ func TestRetries(t *testing.T) {
 		{"400 is terminal", status(400), true, 1, 400, false, cache.StateFailedTerminal, 1, 0},
 		{"hang after reading, keyed: not retried", hang, true, 1, 504, false, cache.StateCommitUnknown, 1, 0},
 		{"hang after reading, no key: not retried", hang, false, 1, 504, false, "", 0, 0},
-		{"reset after the head, before the first event: not retried", then(1, reset(0)), true, 1, 502, false, cache.StateFailedRetryable, 1, 0},
+		{"reset after the head, before the first event: not retried", then(1, reset(0)), true, 1, 502, false, cache.StateCommitUnknown, 1, 0},
 		{"reset after the first event: aborted", reset(2), true, 1, 200, true, cache.StateFailedRetryable, 1, 0},
 		{"503 then success, no key", then(1, status(503)), false, 2, 200, false, "", 0, 0},
 	}
@@ -334,7 +334,7 @@ func TestAmbiguousNotRetried(t *testing.T) {
 		{"no answer in time", hang, false, 1, 504, "upstream_timeout", cache.StateCommitUnknown},
 		{"200 that is not an event stream", garbage, false, 1, 502, "upstream_error", cache.StateFailedRetryable},
 		{"200 HTML to a streaming request", htmlPage, false, 1, 502, "upstream_error", cache.StateFailedRetryable},
-		{"reset after the head", reset(0), false, 1, 502, "upstream_error", cache.StateFailedRetryable},
+		{"reset after the head", reset(0), false, 1, 502, "upstream_error", cache.StateCommitUnknown},
 		{"read and hung up, -retry-ambiguous", then(2, hangUp), true, 3, 200, "", cache.StateCommitted},
 		{"no answer in time, -retry-ambiguous", hang, true, 3, 504, "upstream_timeout", cache.StateCommitUnknown},
 	}

@@ -325,7 +325,20 @@ func (c *client) finish(ok bool, onGone func()) {
 		}
 	}
 	p.clients.Done()
+	if !ok && c.identity {
+		// A body that ends where the connection closes: a plain close
+		// would pass a cut for its end, a reset does not.
+		if tc, isTCP := c.conn.(*net.TCPConn); isTCP {
+			tc.SetLinger(0) //nolint:errcheck // best effort: the client may be gone
+		}
+	}
 	if ok && c.keepAlive && !p.draining.Load() {
+		// The answer's write deadline must not cut what fasthttp writes
+		// on the connection next.
+		if c.conn.SetWriteDeadline(time.Time{}) != nil {
+			c.conn.Close() //nolint:errcheck // unusable
+			return
+		}
 		var next net.Conn = c.conn
 		if len(c.pre) > 0 {
 			next = &prefixConn{Conn: c.conn, pre: c.pre}

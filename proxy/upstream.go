@@ -127,7 +127,10 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			DisablePathNormalizing:        true,
 			// The client never retries on its own: whether a retry is safe is
 			// the proxy's decision (retry.go).
-			RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+			// Except where nothing was sent: a pooled connection the
+			// upstream closed while idle (errStale) is passed over for
+			// another, at once (up to MaxIdemponentCallAttempts, 5).
+			RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) { return false, isStale(err) },
 			Dial: func(addr string) (net.Conn, error) {
 				c, err := dial(addr, connect, tlsCfg)
 				if err != nil {
@@ -201,7 +204,7 @@ func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done
 // localFailure reports a failure of this process, not of the upstream:
 // its own connection pool or file descriptors ran out.
 func localFailure(err error) bool {
-	return errors.Is(err, fasthttp.ErrNoFreeConns) || isStale(err) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+	return errors.Is(err, fasthttp.ErrNoFreeConns) || isStale(err) || errors.Is(err, errNotCalled) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // errStale is what a request's first write on a pooled connection
@@ -214,6 +217,10 @@ func localFailure(err error) bool {
 var errStale = errors.New("the upstream closed the pooled connection while it was idle")
 
 func isStale(err error) bool { return errors.Is(err, errStale) }
+
+// errNotCalled settles a circuit's admission that was not used: the call
+// was never made.
+var errNotCalled = errors.New("the call was not made")
 
 // dialError marks a failure to connect: nothing reached the upstream.
 type dialError struct{ err error }
@@ -248,6 +255,7 @@ type idleConn struct {
 	laddr       *connAddr
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	reused      bool        // a request was written before: the next one's first write checks peerClosed
+	drainUntil  time.Time   // set by drainBy: what is left of the answer must come by then
 	// beforeRead, while a generation reads an answer from the connection,
 	// runs before each read from the connection (for an https upstream,
 	// from its TLS session): the generation then writes
@@ -296,6 +304,7 @@ func (c *idleConn) Write(p []byte) (int, error) {
 			}
 		}
 		c.reused = true
+		c.drainUntil = time.Time{}
 		// An upstream that stops taking the request is as silent as one
 		// that does not answer, so the same deadline bounds both.
 		c.sending, c.awaiting = true, true
@@ -333,6 +342,9 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if c.awaiting || (c.whole && c.deadline.Before(want)) {
 		want, b, exact = c.deadline, c.headBudget, true
 	}
+	if !c.drainUntil.IsZero() && c.drainUntil.Before(want) {
+		want, exact = c.drainUntil, true
+	}
 	// Moving the deadline costs a timer update per read. The idle bound
 	// is moved only once it is a sixteenth of idle stale, which keeps it
 	// within 7%; the others are exact.
@@ -350,10 +362,21 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.awaiting = false
 	}
-	if err != nil {
+	if err != nil && c.drainUntil.IsZero() { // a drain's end is no budget's
 		c.report(err, c.bound)
 	}
 	return n, err
+}
+
+// drainBy bounds the reading of what is left of the current answer, once
+// it is known to be no part of the answer (after the terminal event): an
+// upstream that keeps the body open, or trickles comments, holds the
+// generation that long at most, and the connection is then closed rather
+// than reused.
+func (c *idleConn) drainBy(t time.Time) {
+	if c != nil {
+		c.drainUntil = t
+	}
 }
 
 // report tells timedOut, once, that budget b cut the connection.
@@ -448,7 +471,7 @@ func isEventStream(ct string) bool {
 
 // readBody reads a non-streamed answer up to limit bytes.
 func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(resp.BodyStream(), int64(limit)+1))
+	body, err := io.ReadAll(io.LimitReader(bodyOf(resp), int64(limit)+1))
 	if err != nil {
 		return nil, err
 	}
@@ -459,6 +482,16 @@ func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
 }
 
 var errBodyTooLarge = errors.New("upstream body exceeds the byte bound")
+
+// bodyOf is the reader of an answer's body. fasthttp streams a body, but
+// gives no stream where there is none to read (the answer to a HEAD, a 204
+// or a 304): then what it holds, nothing, is the body.
+func bodyOf(resp *fasthttp.Response) io.Reader {
+	if r := resp.BodyStream(); r != nil {
+		return r
+	}
+	return bytes.NewReader(resp.Body())
+}
 
 // isTimeout reports whether err is a timeout (the upstream went silent).
 func isTimeout(err error) bool {
