@@ -143,6 +143,8 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+
+	secretKept atomic.Bool // keepSecret runs (redis_secret.go)
 }
 
 // NewRedis connects to Redis and returns the store; Close releases it.
