@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -205,35 +207,63 @@ func fpPrefix(fp string) string {
 	return hex.EncodeToString([]byte(fp[:6]))
 }
 
-// tenant returns the hash that scopes keys to one caller's credential.
-func tenant(ctx *fasthttp.RequestCtx) string {
-	auth := ctx.Request.Header.Peek("Authorization")
-	apiKey := ctx.Request.Header.Peek("x-api-key")
-	if len(auth) == 0 && len(apiKey) == 0 {
-		return "anonymous"
+// scope returns the scope of key for the request's tenant. A request
+// without a credential, under AnonymousKeys deny, gets 401 and ok false.
+func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
+	t, cred := p.tenant(ctx)
+	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
+		p.m.requests.WithLabelValues("denied").Inc()
+		p.writeError(ctx, errCredentialRequired())
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
+		return cache.Scope{}, false
 	}
-	return tenantHash(auth, apiKey)
+	return cache.Scope{Tenant: t, Key: key}, true
 }
 
-func tenantHash(auth, apiKey []byte) string {
-	h := sha256.New()
-	h.Write(auth)
-	h.Write([]byte{0})
-	h.Write(apiKey)
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// fingerprint hashes what makes two requests the same request.
+// fingerprint hashes what makes two requests the same request: method,
+// path, query and body. The key query parameter is left out: it is a
+// credential, part of the tenant.
 func fingerprint(ctx *fasthttp.RequestCtx) string {
 	h := sha256.New()
 	h.Write(ctx.Method())
 	h.Write([]byte{0})
 	h.Write(ctx.URI().PathOriginal())
 	h.Write([]byte{0})
-	h.Write(ctx.URI().QueryString())
+	writeQuery(h, ctx.URI().QueryString())
 	h.Write([]byte{0})
 	h.Write(ctx.Request.Body())
 	return string(h.Sum(nil))
+}
+
+// writeQuery writes the raw query q without its key parameters (however
+// the name is escaped), the other parameters as they came.
+func writeQuery(w io.Writer, q []byte) {
+	first := true
+	for len(q) > 0 {
+		var seg []byte
+		if i := bytes.IndexByte(q, '&'); i >= 0 {
+			seg, q = q[:i], q[i+1:]
+		} else {
+			seg, q = q, nil
+		}
+		name, _, _ := bytes.Cut(seg, []byte("="))
+		if string(name) == credentialParam || bytes.ContainsRune(name, '%') && unescaped(name) == credentialParam {
+			continue
+		}
+		if !first {
+			w.Write([]byte{'&'}) //nolint:errcheck // a hash
+		}
+		w.Write(seg) //nolint:errcheck // a hash
+		first = false
+	}
+}
+
+func unescaped(b []byte) string {
+	s, err := url.QueryUnescape(string(b))
+	if err != nil {
+		return string(b)
+	}
+	return s
 }
 
 // validKey reports whether key is 1–255 visible ASCII characters.
