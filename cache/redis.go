@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -158,6 +159,11 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	}
 	opt, err := rueidis.ParseURL(cfg.URL)
 	if err != nil {
+		// url.Error quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("redis URL: %w", err)
 	}
 	// Client-side caching needs RESP3 tracking and buys nothing here:

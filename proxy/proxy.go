@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -119,23 +120,45 @@ func (p *Proxy) Server() *fasthttp.Server {
 		// workers; let their stacks go soon rather than after 10 s.
 		MaxIdleWorkerDuration: 2 * time.Second,
 		Logger:                fasthttpLogger{p.log},
-		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
-				return
-			}
-			p.writeError(ctx, &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request: " + err.Error()})
-		},
+		// fasthttp's parse errors quote the request buffer, credentials
+		// included; this leaves the quote out. The answer and the log
+		// below carry fixed text anyway.
+		SecureErrorLogMessage: true,
+		ErrorHandler:          p.unreadable,
 	}
 	return p.srv
 }
 
+// unreadable answers a request fasthttp could not read. Neither the answer
+// nor its log line carries the error's text, the method or the path: they
+// come from the request's bytes, which may hold a credential.
+func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
+	var e *apiError
+	var small *fasthttp.ErrSmallBuffer
+	var netErr net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes))
+	case errors.As(err, &small):
+		e = &apiError{status: fasthttp.StatusRequestHeaderFieldsTooLarge, typ: "invalid_request", message: "request headers too large"}
+	case errors.As(err, &netErr) && netErr.Timeout():
+		e = &apiError{status: fasthttp.StatusRequestTimeout, typ: "invalid_request", message: "request not read within its time"}
+	default:
+		e = &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request"}
+	}
+	fillError(&ctx.Response, e)
+	p.log.Info("request refused", "status", e.status, "type", e.typ, "msg", e.message)
+}
+
 // fasthttpLogger sends fasthttp's own messages (connections it could not
-// serve) to the log at debug level: each is also answered or counted.
+// serve) to the log at debug level, each as its format string alone: the
+// arguments may quote a request's bytes, credentials included. Every
+// fasthttp message has a constant format; each is also answered or
+// counted.
 type fasthttpLogger struct{ log *slog.Logger }
 
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...))
+func (l fasthttpLogger) Printf(format string, _ ...any) {
+	l.log.Debug("fasthttp", "format", format)
 }
 
 // Abort cuts every live generation short: it ends uncommitted, and its

@@ -1,8 +1,16 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
@@ -156,5 +164,81 @@ func TestTenantSecret(t *testing.T) {
 	}
 	if _, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte("short")}); err == nil {
 		t.Fatal("a 5-byte secret: accepted; want an error")
+	}
+}
+
+// TestMalformedRequestHidesCredential: a request fasthttp cannot parse is
+// answered 400 with a fixed message; neither the answer nor any log line,
+// at debug level, carries a byte of the request's credential.
+func TestMalformedRequestHidesCredential(t *testing.T) {
+	const secret = "sk-secret-XYZ"
+	var logs syncBuffer
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}))
+	addr := strings.TrimPrefix(e.url, "http://")
+	for _, raw := range []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nno colon here\r\n\r\n",
+		"POST /v1/chat/completions?key=" + secret + " HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: " + secret + "\r\nContent-Length: abc\r\n\r\n",
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"invalid_request"`) {
+			t.Errorf("%q: got %d %s; want 400 invalid_request", raw, resp.StatusCode, body)
+		}
+		var head bytes.Buffer
+		resp.Header.Write(&head) //nolint:errcheck
+		if strings.Contains(string(body)+head.String(), secret) {
+			t.Errorf("%q: the answer carries the credential: %s", raw, body)
+		}
+	}
+	// fasthttp logs the connection's error after the answer went out.
+	time.Sleep(100 * time.Millisecond)
+	if strings.Contains(logs.String(), secret) {
+		t.Fatalf("the log carries the credential:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "malformed request") {
+		t.Fatalf("no refusal logged:\n%s", logs.String())
+	}
+}
+
+// TestNoCredentialInLogs: a whole keyed exchange, miss, hit, resume and
+// lookups, with every kind of credential, logs none of them at debug level.
+func TestNoCredentialInLogs(t *testing.T) {
+	var logs syncBuffer
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		c.TenantHeaders = []string{"x-org"}
+	}))
+	creds := map[string]string{"Authorization": "Bearer cred-1", "x-api-key": "cred-2", "api-key": "cred-3",
+		"x-goog-api-key": "cred-4", "x-org": "cred-5"}
+	key := newKey("nolog")
+	path := "/v1/chat/completions?key=cred-6"
+	first := e.fetch(req{key: key, path: path, header: creds})
+	e.fetch(req{key: key, path: path, header: creds})
+	e.fetch(req{key: key, path: path, header: creds, lastEventID: first.ids[1]})
+	e.fetch(req{key: key, path: path, header: creds, body: `{"other":1}`})
+	e.fetch(req{method: http.MethodGet, path: "/streams/" + key + "?key=cred-6", header: creds})
+	e.fetch(req{method: http.MethodGet, path: "/keys/" + key + "?key=cred-6", header: creds})
+	if !strings.Contains(logs.String(), `"decision":"hit"`) {
+		t.Fatalf("no decision logged:\n%s", logs.String())
+	}
+	for i := 1; i <= 6; i++ {
+		if c := fmt.Sprintf("cred-%d", i); strings.Contains(logs.String(), c) {
+			t.Errorf("the log carries credential %s:\n%s", c, logs.String())
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -302,7 +303,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String(),
+	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", upstreamsForLog(o.upstreams),
 		"gc_percent", gcPercent(), "memory_limit", debug.SetMemoryLimit(-1)) // -1 reads it
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -347,4 +348,19 @@ func (l *listFlag) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// upstreamsForLog lists the upstreams as the log may show them: without
+// passwords or queries.
+func upstreamsForLog(ups []string) string {
+	out := make([]string, len(ups))
+	for i, s := range ups {
+		if u, err := url.Parse(s); err == nil {
+			s = proxy.URLForLog(u)
+		} else {
+			s = "(unparsable)"
+		}
+		out[i] = s
+	}
+	return strings.Join(out, ",")
 }

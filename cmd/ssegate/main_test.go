@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -152,4 +154,50 @@ func TestTenantFlags(t *testing.T) {
 	if o.anonymousKeys != "allow" || o.secret != "" {
 		t.Errorf("defaults: got -anonymous-keys %q, -secret %q; want allow and none", o.anonymousKeys, o.secret)
 	}
+}
+
+// TestStartupLogHidesCredentials: the start-up log names the upstreams
+// without a password or query, and never the secret.
+func TestStartupLogHidesCredentials(t *testing.T) {
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-upstream", "http://user:pw-XYZ@127.0.0.1:1/v1?key=q-XYZ",
+			"-log-level", "debug"}, env(map[string]string{"SSEGATE_SECRET": "secret-XYZ-0123456789"}), &logs, ready)
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("run: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "127.0.0.1:1") {
+		t.Fatalf("the log does not name the upstream:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "XYZ") {
+		t.Fatalf("the log carries a credential:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a log destination the test reads while run writes.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
