@@ -324,12 +324,13 @@ func (p *Proxy) acquire() bool {
 func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.Scope, fp string, attrs ...any) {
-	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
-		return
-	}
+	// Counted whatever the log level: metrics are not the log.
 	p.m.requests.WithLabelValues(decision).Inc()
 	if decision == "hit" || decision == "join" || decision == "resume" {
 		p.m.suppressed.Inc()
+	}
+	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
 	}
 	p.log.Info("decision", append([]any{
 		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,

@@ -215,6 +215,26 @@ func TestMalformedRequestHidesCredential(t *testing.T) {
 	}
 }
 
+// TestMetricsAtWarn: decisions are counted whatever the log level.
+func TestMetricsAtWarn(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}))
+	key := newKey("warn")
+	e.fetch(req{key: key})
+	e.fetch(req{key: key})
+	s := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_requests_total{decision="miss"}`: 1,
+		`ssegate_requests_total{decision="hit"}`:  1,
+		`ssegate_duplicates_suppressed_total`:     1,
+	} {
+		if got := metricValue(t, s, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
+	}
+}
+
 // TestNoCredentialInLogs: a whole keyed exchange, miss, hit, resume and
 // lookups, with every kind of credential, logs none of them at debug level.
 func TestNoCredentialInLogs(t *testing.T) {
