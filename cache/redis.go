@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -143,6 +144,8 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+
+	secretKept atomic.Bool // keepSecret runs (redis_secret.go)
 }
 
 // NewRedis connects to Redis and returns the store; Close releases it.
@@ -156,6 +159,11 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	}
 	opt, err := rueidis.ParseURL(cfg.URL)
 	if err != nil {
+		// url.Error quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("redis URL: %w", err)
 	}
 	// Client-side caching needs RESP3 tracking and buys nothing here:

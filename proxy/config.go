@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -17,6 +20,20 @@ const (
 	// InflightConflict: answer 409 idempotency_in_flight with Retry-After.
 	InflightConflict Inflight = "conflict"
 )
+
+// Anonymous is what a keyed request that carries no credential gets.
+type Anonymous string
+
+const (
+	// AnonymousAllow: the request is decided in the one anonymous tenant
+	// that every request without a credential shares (the default).
+	AnonymousAllow Anonymous = "allow"
+	// AnonymousDeny: 401 credential_required.
+	AnonymousDeny Anonymous = "deny"
+)
+
+// MinSecretBytes is the shortest Config.Secret New accepts.
+const MinSecretBytes = 16
 
 // Config configures a Proxy. Its zero value, with Upstream and Store set,
 // is usable: every zero field takes the default documented beside it.
@@ -98,6 +115,24 @@ type Config struct {
 	// deduplication, nothing recorded) while the store is unreachable,
 	// instead of failing them with 503 store_unavailable.
 	RelayWhenStoreDown bool
+	// TenantHeaders name headers that are part of the tenant besides the
+	// providers' credential headers (Authorization, x-api-key, api-key,
+	// x-goog-api-key) and the key query parameter: e.g. a user or
+	// organization header set by an authenticating layer in front. Names
+	// are matched without regard to case.
+	TenantHeaders []string
+	// AnonymousKeys says what a keyed request with no credential at all
+	// gets: the shared anonymous tenant (allow, the default) or 401
+	// credential_required (deny).
+	AnonymousKeys Anonymous
+	// Secret keys the tenant hash (HMAC-SHA256), so that a tenant in a log
+	// line or a store's key names cannot be brute-forced back to a weak
+	// credential, and any other MAC the proxy makes (Proxy.mac). Replicas
+	// that share a store must share it: otherwise one credential is a
+	// different tenant on each. At least MinSecretBytes when set; nil
+	// draws a random one, which suits a single process with an in-memory
+	// store only (its keys are unreachable after a restart anyway).
+	Secret []byte
 	// AdminSeparate keeps /metrics, /healthz and /readyz off the proxy's
 	// handler (they are served by AdminHandler on another listener).
 	AdminSeparate bool
@@ -143,9 +178,50 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("retry-ambiguous: %q is not one of the upstreams", u)
 		}
 	}
+	if c.AnonymousKeys == "" {
+		c.AnonymousKeys = AnonymousAllow
+	}
+	if c.AnonymousKeys != AnonymousAllow && c.AnonymousKeys != AnonymousDeny {
+		return fmt.Errorf("anonymous-keys: %q is neither allow nor deny", c.AnonymousKeys)
+	}
+	headers, err := tenantHeaders(c.TenantHeaders)
+	if err != nil {
+		return err
+	}
+	c.TenantHeaders = headers
+	switch {
+	case len(c.Secret) == 0:
+		c.Secret = make([]byte, 32)
+		_, _ = rand.Read(c.Secret) // never fails (crypto/rand documents it)
+	case len(c.Secret) < MinSecretBytes:
+		return fmt.Errorf("secret: %d bytes; want at least %d", len(c.Secret), MinSecretBytes)
+	default:
+		c.Secret = bytes.Clone(c.Secret)
+	}
 	c.Retry.setDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// tenantHeaders validates names and returns them lowercased, each once,
+// without the credential headers the tenant always includes.
+func tenantHeaders(names []string) ([]string, error) {
+	var out []string
+	for _, n := range names {
+		if n == "" || strings.IndexFunc(n, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
+			return nil, fmt.Errorf("tenant-header: %q is not a header name", n)
+		}
+		n = strings.ToLower(n)
+		if !slices.Contains(credentialHeaders, n) && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// isTokenChar reports whether r may appear in a header name (RFC 9110 token).
+func isTokenChar(r rune) bool {
+	return r < 0x7f && r > 0x20 && !strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
 }

@@ -33,6 +33,11 @@ func errNotFound(msg string) *apiError {
 	return &apiError{status: fasthttp.StatusNotFound, typ: "stream_not_found", message: msg}
 }
 
+func errCredentialRequired() *apiError {
+	return &apiError{status: fasthttp.StatusUnauthorized, typ: "credential_required",
+		message: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"}
+}
+
 func errInFlight() *apiError {
 	return &apiError{status: fasthttp.StatusConflict, typ: "idempotency_in_flight",
 		message: "a request with this Idempotency-Key is still in flight; retry later", retryAfter: 1}

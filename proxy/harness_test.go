@@ -18,6 +18,7 @@ import (
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
 )
 
 // env is one test's world: a real mock LLM on loopback, a real ssegate
@@ -263,7 +264,7 @@ func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	deadline := time.Now().Add(10 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
-		ki, ok := e.store.Info(cache.Scope{Tenant: tenantOf(auth), Key: key})
+		ki, ok := e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
 		if ok && ki.State == state {
 			return ki
 		}
@@ -274,12 +275,15 @@ func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	return cache.KeyInfo{}
 }
 
-// tenantOf computes the tenant hash as the proxy does for an Authorization header.
-func tenantOf(auth string) string {
-	if auth == "" {
-		return "anonymous"
+// tenantOf computes the tenant as e's proxy does for a request whose only
+// credential is the Authorization header auth.
+func (e *env) tenantOf(auth string) string {
+	var ctx fasthttp.RequestCtx
+	if auth != "" {
+		ctx.Request.Header.Set("Authorization", auth)
 	}
-	return tenantHash([]byte(auth), nil)
+	t, _ := e.proxy.tenant(&ctx)
+	return t
 }
 
 var keySeq atomic.Int64

@@ -16,7 +16,10 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.writeError(ctx, errInvalidKey(err.Error()))
 		return
 	}
-	sc := cache.Scope{Tenant: tenant(ctx), Key: key}
+	sc, ok := p.scope(ctx, key)
+	if !ok {
+		return
+	}
 	fp := fingerprint(ctx)
 	if lei := ctx.Request.Header.Peek("Last-Event-ID"); len(lei) > 0 {
 		p.resume(ctx, sc, fp, string(lei))

@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -117,23 +120,45 @@ func (p *Proxy) Server() *fasthttp.Server {
 		// workers; let their stacks go soon rather than after 10 s.
 		MaxIdleWorkerDuration: 2 * time.Second,
 		Logger:                fasthttpLogger{p.log},
-		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
-			if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-				p.writeError(ctx, errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes)))
-				return
-			}
-			p.writeError(ctx, &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request: " + err.Error()})
-		},
+		// fasthttp's parse errors quote the request buffer, credentials
+		// included; this leaves the quote out. The answer and the log
+		// below carry fixed text anyway.
+		SecureErrorLogMessage: true,
+		ErrorHandler:          p.unreadable,
 	}
 	return p.srv
 }
 
+// unreadable answers a request fasthttp could not read. Neither the answer
+// nor its log line carries the error's text, the method or the path: they
+// come from the request's bytes, which may hold a credential.
+func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
+	var e *apiError
+	var small *fasthttp.ErrSmallBuffer
+	var netErr net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes))
+	case errors.As(err, &small):
+		e = &apiError{status: fasthttp.StatusRequestHeaderFieldsTooLarge, typ: "invalid_request", message: "request headers too large"}
+	case errors.As(err, &netErr) && netErr.Timeout():
+		e = &apiError{status: fasthttp.StatusRequestTimeout, typ: "invalid_request", message: "request not read within its time"}
+	default:
+		e = &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request"}
+	}
+	fillError(&ctx.Response, e)
+	p.log.Info("request refused", "status", e.status, "type", e.typ, "msg", e.message)
+}
+
 // fasthttpLogger sends fasthttp's own messages (connections it could not
-// serve) to the log at debug level: each is also answered or counted.
+// serve) to the log at debug level, each as its format string alone: the
+// arguments may quote a request's bytes, credentials included. Every
+// fasthttp message has a constant format; each is also answered or
+// counted.
 type fasthttpLogger struct{ log *slog.Logger }
 
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...))
+func (l fasthttpLogger) Printf(format string, _ ...any) {
+	l.log.Debug("fasthttp", "format", format)
 }
 
 // Abort cuts every live generation short: it ends uncommitted, and its
@@ -205,35 +230,63 @@ func fpPrefix(fp string) string {
 	return hex.EncodeToString([]byte(fp[:6]))
 }
 
-// tenant returns the hash that scopes keys to one caller's credential.
-func tenant(ctx *fasthttp.RequestCtx) string {
-	auth := ctx.Request.Header.Peek("Authorization")
-	apiKey := ctx.Request.Header.Peek("x-api-key")
-	if len(auth) == 0 && len(apiKey) == 0 {
-		return "anonymous"
+// scope returns the scope of key for the request's tenant. A request
+// without a credential, under AnonymousKeys deny, gets 401 and ok false.
+func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
+	t, cred := p.tenant(ctx)
+	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
+		p.m.requests.WithLabelValues("denied").Inc()
+		p.writeError(ctx, errCredentialRequired())
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
+		return cache.Scope{}, false
 	}
-	return tenantHash(auth, apiKey)
+	return cache.Scope{Tenant: t, Key: key}, true
 }
 
-func tenantHash(auth, apiKey []byte) string {
-	h := sha256.New()
-	h.Write(auth)
-	h.Write([]byte{0})
-	h.Write(apiKey)
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// fingerprint hashes what makes two requests the same request.
+// fingerprint hashes what makes two requests the same request: method,
+// path, query and body. The key query parameter is left out: it is a
+// credential, part of the tenant.
 func fingerprint(ctx *fasthttp.RequestCtx) string {
 	h := sha256.New()
 	h.Write(ctx.Method())
 	h.Write([]byte{0})
 	h.Write(ctx.URI().PathOriginal())
 	h.Write([]byte{0})
-	h.Write(ctx.URI().QueryString())
+	writeQuery(h, ctx.URI().QueryString())
 	h.Write([]byte{0})
 	h.Write(ctx.Request.Body())
 	return string(h.Sum(nil))
+}
+
+// writeQuery writes the raw query q without its key parameters (however
+// the name is escaped), the other parameters as they came.
+func writeQuery(w io.Writer, q []byte) {
+	first := true
+	for len(q) > 0 {
+		var seg []byte
+		if i := bytes.IndexByte(q, '&'); i >= 0 {
+			seg, q = q[:i], q[i+1:]
+		} else {
+			seg, q = q, nil
+		}
+		name, _, _ := bytes.Cut(seg, []byte("="))
+		if string(name) == credentialParam || bytes.ContainsRune(name, '%') && unescaped(name) == credentialParam {
+			continue
+		}
+		if !first {
+			w.Write([]byte{'&'}) //nolint:errcheck // a hash
+		}
+		w.Write(seg) //nolint:errcheck // a hash
+		first = false
+	}
+}
+
+func unescaped(b []byte) string {
+	s, err := url.QueryUnescape(string(b))
+	if err != nil {
+		return string(b)
+	}
+	return s
 }
 
 // validKey reports whether key is 1–255 visible ASCII characters.
@@ -271,12 +324,13 @@ func (p *Proxy) acquire() bool {
 func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.Scope, fp string, attrs ...any) {
-	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
-		return
-	}
+	// Counted whatever the log level: metrics are not the log.
 	p.m.requests.WithLabelValues(decision).Inc()
 	if decision == "hit" || decision == "join" || decision == "resume" {
 		p.m.suppressed.Inc()
+	}
+	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
 	}
 	p.log.Info("decision", append([]any{
 		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,

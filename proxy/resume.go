@@ -40,7 +40,10 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 		p.writeError(ctx, errInvalidKey(err.Error()))
 		return
 	}
-	sc := cache.Scope{Tenant: tenant(ctx), Key: key}
+	sc, ok := p.scope(ctx, key)
+	if !ok {
+		return
+	}
 	var id sse.ID
 	lei := ctx.Request.Header.Peek("Last-Event-ID")
 	if len(lei) > 0 {
@@ -92,7 +95,11 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx, _ string) {
 		p.writeError(ctx, errInvalidKey(err.Error()))
 		return
 	}
-	ki, ok := p.store.Info(cache.Scope{Tenant: tenant(ctx), Key: key})
+	sc, ok := p.scope(ctx, key)
+	if !ok {
+		return
+	}
+	ki, ok := p.store.Info(sc)
 	if !ok {
 		p.writeError(ctx, &apiError{status: fasthttp.StatusNotFound, typ: "key_not_found", message: "no key is known under this name for this credential"})
 		return

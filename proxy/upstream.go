@@ -34,7 +34,7 @@ import (
 // the wait for a pooled connection and turns running out of them into
 // ErrTimeout, which would pass a local shortage for a silent upstream.
 type upstream struct {
-	name    string // the base URL, for logs
+	name    string // the base URL without password or query, for logs and metrics
 	base    *url.URL
 	prefix  string               // path prefix from the base URL, without a trailing slash
 	addr    string               // host:port
@@ -84,13 +84,19 @@ type onTimeout func(upstream string, b timeBudget, bound time.Duration)
 func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut onTimeout) (*upstream, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("upstream %q: %w", raw, err)
+		// url.Error quotes the whole URL, which may hold a password.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("upstream: %w", err)
 	}
+	name := URLForLog(u)
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("upstream %q: scheme must be http or https", raw)
+		return nil, fmt.Errorf("upstream %q: scheme must be http or https", name)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: no host", raw)
+		return nil, fmt.Errorf("upstream %q: no host", name)
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -125,6 +131,8 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			NoDefaultUserAgentHeader:      true,
 			DisableHeaderNamesNormalizing: true,
 			DisablePathNormalizing:        true,
+			// Parse errors would quote the upstream's bytes.
+			SecureErrorLogMessage: true,
 			// The client never retries on its own: whether a retry is safe is
 			// the proxy's decision (retry.go).
 			// Except where nothing was sent: a pooled connection the
@@ -138,16 +146,16 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 				}
 				ic := &idleConn{Conn: c, idle: cfg.UpstreamIdleTimeout, head: head, whole: b == budgetAttempt, headBudget: b}
 				if timedOut != nil {
-					ic.timedOut = func(b timeBudget, bound time.Duration) { timedOut(raw, b, bound) }
+					ic.timedOut = func(b timeBudget, bound time.Duration) { timedOut(name, b, bound) }
 				}
 				ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
 				return ic, nil
 			},
 		}
 	}
-	return &upstream{name: raw, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
+	return &upstream{name: name, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
 		stream: client(cfg.HeadTimeout, budgetHead), whole: client(cfg.Retry.AttemptTimeout, budgetAttempt),
-		breaker:        newBreaker(raw, &cfg.Retry, changed),
+		breaker:        newBreaker(name, &cfg.Retry, changed),
 		retryAmbiguous: slices.Contains(cfg.RetryAmbiguous, raw) || slices.Contains(cfg.RetryAmbiguous, "*")}, nil
 }
 
@@ -503,4 +511,12 @@ func isTimeout(err error) bool {
 func isDial(err error) bool {
 	var de *dialError
 	return errors.As(err, &de) || errors.Is(err, fasthttp.ErrNoFreeConns) // nothing was sent
+}
+
+// URLForLog returns u as logs and metrics may show it: without its
+// password, query and fragment, which may hold credentials.
+func URLForLog(u *url.URL) string {
+	c := *u
+	c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = "", false, "", ""
+	return c.Redacted()
 }

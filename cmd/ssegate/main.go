@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -41,6 +42,9 @@ type options struct {
 	listen        string
 	adminListen   string
 	keyHeaders    listFlag
+	tenantHeaders listFlag
+	anonymousKeys string
+	secret        string
 	retryAmbig    listFlag
 	upstreams     listFlag
 	retry         proxy.RetryConfig
@@ -86,6 +90,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
+	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
+	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
+	fs.StringVar(&o.secret, "secret", "", "the deployment secret that keys the tenant hash (at least 16 bytes; better given as SSEGATE_SECRET than on the command line). Default: with -redis, one kept in Redis and shared by every replica; without, a random one per process")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
 	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -170,6 +177,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if o.redis.down != "reject" && o.redis.down != "relay" {
 		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
 	}
+	if o.anonymousKeys != "allow" && o.anonymousKeys != "deny" {
+		return nil, fmt.Errorf("-anonymous-keys: %q is neither allow nor deny", o.anonymousKeys)
+	}
+	if o.secret != "" && len(o.secret) < proxy.MinSecretBytes {
+		return nil, fmt.Errorf("-secret: %d bytes; want at least %d", len(o.secret), proxy.MinSecretBytes)
+	}
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
 	}
@@ -212,6 +225,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	if o.setGC {
 		debug.SetGCPercent(o.gcPercent)
 	}
@@ -243,6 +258,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	defer closeStore()
+	secret, err := deploymentSecret(sig, o.secret, store, log)
+	if err != nil {
+		return err
+	}
 	p, err := proxy.New(proxy.Config{
 		Upstreams: upstreams, Retry: o.retry, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
@@ -251,6 +270,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
 		RelayWhenStoreDown: o.redis.down == "relay",
+		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
 	})
 	if err != nil {
 		return err
@@ -283,14 +303,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", o.upstreams.String(),
+	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", upstreamsForLog(o.upstreams),
 		"gc_percent", gcPercent(), "memory_limit", debug.SetMemoryLimit(-1)) // -1 reads it
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
 
-	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	select {
 	case err := <-serveErr:
 		return err
@@ -330,4 +348,19 @@ func (l *listFlag) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// upstreamsForLog lists the upstreams as the log may show them: without
+// passwords or queries.
+func upstreamsForLog(ups []string) string {
+	out := make([]string, len(ups))
+	for i, s := range ups {
+		if u, err := url.Parse(s); err == nil {
+			s = proxy.URLForLog(u)
+		} else {
+			s = "(unparsable)"
+		}
+		out[i] = s
+	}
+	return strings.Join(out, ",")
 }

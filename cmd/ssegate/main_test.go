@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -93,6 +95,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock"}, map[string]string{"SSEGATE_MAX_BODY": "x"}, "SSEGATE_MAX_BODY (-max-body)"},
 		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
 		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
+		{[]string{"-upstream", "mock", "-anonymous-keys", "maybe"}, nil, "-anonymous-keys"},
+		{[]string{"-upstream", "mock", "-secret", "short"}, nil, "-secret"},
 		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
 		{[]string{"-upstream", "mock", "-breaker-models", "0"}, nil, "-breaker-models"},
 		{[]string{"-upstream", "mock", "-breaker-open-max", "100ms"}, nil, "-breaker-open-max"},
@@ -119,7 +123,7 @@ func TestHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("got %v; want flag.ErrHelp", err)
 	}
-	for _, name := range []string{"-listen", "-upstream", "-max-body", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout", "-breaker-open-max", "-breaker-models", "-head-timeout"} {
+	for _, name := range []string{"-listen", "-upstream", "-max-body", "-secret", "-tenant-header", "-anonymous-keys", "-retry-budget", "-redis", "-admin-listen", "-key-header", "-shutdown-timeout", "-breaker-open-max", "-breaker-models", "-head-timeout"} {
 		if !strings.Contains(out.String(), "  "+name+" ") && !strings.Contains(out.String(), "  "+name+"\n") {
 			t.Errorf("-h does not document %s", name)
 		}
@@ -127,4 +131,73 @@ func TestHelp(t *testing.T) {
 	if !strings.Contains(out.String(), "(default 33554432)") || !strings.Contains(out.String(), "SSEGATE_") {
 		t.Errorf("-h lacks defaults or the environment note:\n%s", out.String())
 	}
+}
+
+// TestTenantFlags: -tenant-header, -anonymous-keys and -secret, from the
+// command line or SSEGATE_<NAME>.
+func TestTenantFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-upstream", "mock", "-tenant-header", "X-User-Id"}, env(map[string]string{
+		"SSEGATE_TENANT_HEADER":  "X-Org-Id",
+		"SSEGATE_ANONYMOUS_KEYS": "deny",
+		"SSEGATE_SECRET":         "0123456789abcdef0123",
+	}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.tenantHeaders.String() != "X-Org-Id,X-User-Id" || o.anonymousKeys != "deny" || o.secret != "0123456789abcdef0123" {
+		t.Errorf("got -tenant-header %q, -anonymous-keys %q, -secret %q; want X-Org-Id,X-User-Id, deny and SSEGATE_SECRET's", o.tenantHeaders.String(), o.anonymousKeys, o.secret)
+	}
+	o, err = parseFlags([]string{"-upstream", "mock"}, env(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.anonymousKeys != "allow" || o.secret != "" {
+		t.Errorf("defaults: got -anonymous-keys %q, -secret %q; want allow and none", o.anonymousKeys, o.secret)
+	}
+}
+
+// TestStartupLogHidesCredentials: the start-up log names the upstreams
+// without a password or query, and never the secret.
+func TestStartupLogHidesCredentials(t *testing.T) {
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-upstream", "http://user:pw-XYZ@127.0.0.1:1/v1?key=q-XYZ",
+			"-log-level", "debug"}, env(map[string]string{"SSEGATE_SECRET": "secret-XYZ-0123456789"}), &logs, ready)
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("run: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "127.0.0.1:1") {
+		t.Fatalf("the log does not name the upstream:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "XYZ") {
+		t.Fatalf("the log carries a credential:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a log destination the test reads while run writes.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"log/slog"
 	"time"
@@ -45,4 +47,32 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 	}
 	log.Info("keys are shared through redis", "lease", ro.lease.String())
 	return r, r.Close, nil
+}
+
+// deploymentSecret returns the secret of proxy.Config.Secret: -secret when
+// given; else, with Redis, the one its replicas share, waiting for Redis
+// until ctx ends (without it this replica's tenants would differ from the
+// others'); else nil, for which the proxy draws a random one.
+func deploymentSecret(ctx context.Context, flagSecret string, store proxy.Store, log *slog.Logger) ([]byte, error) {
+	if flagSecret != "" {
+		return []byte(flagSecret), nil
+	}
+	r, ok := store.(*cache.Redis)
+	if !ok {
+		return nil, nil
+	}
+	for warned := false; ; warned = true {
+		secret, err := r.Secret(ctx)
+		if err == nil || !errors.Is(err, cache.ErrUnavailable) {
+			return secret, err
+		}
+		if !warned {
+			log.Warn("waiting for redis for the shared secret (set -secret to start without redis)", "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.New("stopped while waiting for redis for the shared secret")
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

@@ -1,0 +1,113 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// TestRedisSecretShared: replicas that ask for the secret at once all get
+// one value, created by one of them; a later ask gets it again; another
+// prefix (another deployment) has its own.
+func TestRedisSecretShared(t *testing.T) {
+	rs := replicas(t, 4)
+	expireSecret(t, rs[0])
+	secrets := make([][]byte, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() {
+			s, err := r.Secret(context.Background())
+			if err != nil {
+				t.Errorf("replica %d: Secret: %v", i, err)
+			}
+			secrets[i] = s
+		})
+	}
+	wg.Wait()
+	for i, s := range secrets {
+		if len(s) < minSecret || !bytes.Equal(s, secrets[0]) {
+			t.Fatalf("replica %d: secret %q; want replica 0's %q, at least %d bytes", i, s, secrets[0], minSecret)
+		}
+	}
+	if s, _ := rs[1].Secret(context.Background()); !bytes.Equal(s, secrets[0]) {
+		t.Fatalf("second ask: got %q; want %q", s, secrets[0])
+	}
+	other := newRedis(t, redistest.Shared(t), redistest.Prefix(t)+"-other", nil)
+	expireSecret(t, other)
+	if s, _ := other.Secret(context.Background()); bytes.Equal(s, secrets[0]) {
+		t.Fatal("another prefix: got the same secret; want its own")
+	}
+}
+
+// TestRedisSecretKept: a store that handed out the secret puts it back
+// when Redis lost it, and logs an error when another value replaced it.
+func TestRedisSecretKept(t *testing.T) {
+	old := secretCheck
+	secretCheck = 20 * time.Millisecond
+	t.Cleanup(func() { secretCheck = old })
+	var logs syncLog
+	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), func(c *RedisConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	expireSecret(t, r)
+	secret, err := r.Secret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	get := func() string {
+		v, _ := r.c.Do(ctx, r.c.B().Get().Key(r.secretKey()).Build()).ToString()
+		return v
+	}
+	if err := r.c.Do(ctx, r.c.B().Del().Key(r.secretKey()).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for get() != string(secret) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after DEL: Redis holds %q; want the secret back", get())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := r.c.Do(ctx, r.c.B().Set().Key(r.secretKey()).Value("another-secret-of-32-bytes-0123456").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(logs.String(), "level=ERROR") {
+		if time.Now().After(deadline) {
+			t.Fatalf("another secret in Redis: no error logged:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// expireSecret lets the secret of r's prefix expire soon after the test
+// (it has no TTL of its own), on the Redis other tests share.
+func expireSecret(t *testing.T, r *Redis) {
+	t.Cleanup(func() {
+		r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.secretKey()).Milliseconds(2000).Build()) //nolint:errcheck
+	})
+}
+
+// syncLog is a log destination the test reads while the store writes.
+type syncLog struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,264 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
+)
+
+// withConfig changes the proxy's config for one test.
+func withConfig(f func(*Config)) envOption {
+	return func(pc *Config, _ *cache.Config, _ *mockllm.Config) { f(pc) }
+}
+
+// TestTenantCredentials: every credential a request carries makes its
+// tenant: a second request with the same key and body and another value
+// of any credential is a miss, never a replay of the first; the same
+// value is a hit; the same value under another name is another tenant.
+// A request without a credential neither sees nor learns of the key.
+func TestTenantCredentials(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.TenantHeaders = []string{"X-Org-Id"} }))
+	path := "/v1/chat/completions"
+	cases := []struct {
+		name string
+		a, b req // a first, then b: another value of the same credential
+	}{
+		{"Authorization", req{auth: "Bearer sk-a"}, req{auth: "Bearer sk-b"}},
+		{"x-api-key", req{header: map[string]string{"x-api-key": "A"}}, req{header: map[string]string{"x-api-key": "B"}}},
+		{"api-key", req{header: map[string]string{"api-key": "A"}}, req{header: map[string]string{"api-key": "B"}}},
+		{"x-goog-api-key", req{header: map[string]string{"x-goog-api-key": "A"}}, req{header: map[string]string{"x-goog-api-key": "B"}}},
+		{"key parameter", req{path: path + "?alt=sse&key=A"}, req{path: path + "?alt=sse&key=B"}},
+		{"-tenant-header", req{auth: "Bearer shared", header: map[string]string{"x-org-id": "org-1"}},
+			req{auth: "Bearer shared", header: map[string]string{"x-org-id": "org-2"}}},
+		{"moved to another header", req{header: map[string]string{"api-key": "A"}}, req{header: map[string]string{"x-goog-api-key": "A"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			key := newKey("cred")
+			calls := e.calls()
+			c.a.key, c.b.key = key, key
+			if r := e.fetch(c.a); r.status != 200 || r.replayed {
+				t.Fatalf("first request: got %d, replayed %v; want 200, not replayed", r.status, r.replayed)
+			}
+			if r := e.fetch(c.b); r.status != 200 || r.replayed {
+				t.Fatalf("other credential: got %d, replayed %v; want 200 from a generation of its own", r.status, r.replayed)
+			}
+			if r := e.fetch(c.a); !r.replayed {
+				t.Fatalf("same credential again: got %d, replayed %v; want a replay", r.status, r.replayed)
+			}
+			if got := e.calls() - calls; got != 2 {
+				t.Fatalf("upstream calls: got %d; want 2", got)
+			}
+			for _, p := range []string{"/keys/", "/streams/"} {
+				if r := e.fetch(req{method: http.MethodGet, path: p + key}); r.status != 404 {
+					t.Fatalf("GET %s without a credential: got %d; want 404", p, r.status)
+				}
+			}
+		})
+	}
+}
+
+// TestFingerprintWithoutCredential: the key query parameter (a
+// credential) is not part of the fingerprint; the rest of the query is.
+func TestFingerprintWithoutCredential(t *testing.T) {
+	fp := func(uri string) string {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod(http.MethodPost)
+		ctx.Request.SetRequestURI(uri)
+		ctx.Request.SetBodyString(chatBody)
+		return fingerprint(&ctx)
+	}
+	base := fp("/v1/x?alt=sse")
+	for _, uri := range []string{"/v1/x?alt=sse&key=A", "/v1/x?key=B&alt=sse", "/v1/x?alt=sse&k%65y=C", "/v1/x?alt=sse&key=A&key=B"} {
+		if fp(uri) != base {
+			t.Errorf("%s: fingerprint differs from /v1/x?alt=sse; want the key parameter left out", uri)
+		}
+	}
+	for _, uri := range []string{"/v1/x?alt=json&key=A", "/v1/x?alt=sse&keys=A", "/v1/x"} {
+		if fp(uri) == base {
+			t.Errorf("%s: fingerprint equals /v1/x?alt=sse's; want another", uri)
+		}
+	}
+}
+
+// TestAnonymousKeys: a keyed request, a resume or a key lookup without a
+// credential is the shared anonymous tenant by default, and 401
+// credential_required under AnonymousDeny; unkeyed requests and requests
+// with a credential are served either way.
+func TestAnonymousKeys(t *testing.T) {
+	t.Run("allow", func(t *testing.T) {
+		e := newEnv(t)
+		key := newKey("anon")
+		e.fetch(req{key: key})
+		if r := e.fetch(req{key: key}); !r.replayed {
+			t.Fatalf("anonymous repeat: got %d, replayed %v; want a replay", r.status, r.replayed)
+		}
+		if r := e.fetch(req{method: http.MethodGet, path: "/keys/" + key}); r.status != 200 {
+			t.Fatalf("GET /keys anonymous: got %d; want 200", r.status)
+		}
+	})
+	t.Run("deny", func(t *testing.T) {
+		e := newEnv(t, withConfig(func(c *Config) { c.AnonymousKeys = AnonymousDeny }))
+		key := newKey("anon")
+		for what, r := range map[string]req{
+			"keyed POST":         {key: key},
+			"resume by POST":     {key: key, lastEventID: "1-1"},
+			"GET /streams/{key}": {method: http.MethodGet, path: "/streams/" + key},
+			"GET /keys/{key}":    {method: http.MethodGet, path: "/keys/" + key},
+		} {
+			got := e.fetch(r)
+			if got.status != 401 || got.errType != "credential_required" || got.header.Get("WWW-Authenticate") == "" {
+				t.Fatalf("%s without a credential: got %d %q; want 401 credential_required with WWW-Authenticate", what, got.status, got.errType)
+			}
+		}
+		e.wantCalls(0)
+		if r := e.fetch(req{}); r.status != 200 {
+			t.Fatalf("unkeyed request: got %d; want 200 (relayed)", r.status)
+		}
+		if r := e.fetch(req{key: key, header: map[string]string{"api-key": "A"}}); r.status != 200 {
+			t.Fatalf("keyed request with api-key: got %d; want 200", r.status)
+		}
+		if r := e.fetch(req{method: http.MethodGet, path: "/keys/" + key, header: map[string]string{"api-key": "A"}}); r.status != 200 {
+			t.Fatalf("GET /keys with the credential: got %d; want 200", r.status)
+		}
+	})
+}
+
+// TestTenantSecret: the tenant is an HMAC keyed by Config.Secret: the
+// same credential is the same tenant under the same secret, another
+// under another secret; a secret shorter than MinSecretBytes is refused.
+func TestTenantSecret(t *testing.T) {
+	tenantUnder := func(secret string) string {
+		p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte(secret)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.Set("Authorization", "Bearer sk-weak")
+		tn, ok := p.tenant(&ctx)
+		if !ok {
+			t.Fatal("Authorization: not taken as a credential")
+		}
+		return tn
+	}
+	s1, s2 := "0123456789abcdef-one", "0123456789abcdef-two"
+	if a, b := tenantUnder(s1), tenantUnder(s1); a != b {
+		t.Fatalf("one secret: tenants %s and %s; want one", a, b)
+	}
+	if a, b := tenantUnder(s1), tenantUnder(s2); a == b {
+		t.Fatalf("two secrets: both tenant %s; want two", a)
+	}
+	if a, b := tenantUnder(""), tenantUnder(""); a == b {
+		t.Fatalf("no secret, two proxies: both tenant %s; want a random secret each", a)
+	}
+	if _, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte("short")}); err == nil {
+		t.Fatal("a 5-byte secret: accepted; want an error")
+	}
+}
+
+// TestMalformedRequestHidesCredential: a request fasthttp cannot parse is
+// answered 400 with a fixed message; neither the answer nor any log line,
+// at debug level, carries a byte of the request's credential.
+func TestMalformedRequestHidesCredential(t *testing.T) {
+	const secret = "sk-secret-XYZ"
+	var logs syncBuffer
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}))
+	addr := strings.TrimPrefix(e.url, "http://")
+	for _, raw := range []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nno colon here\r\n\r\n",
+		"POST /v1/chat/completions?key=" + secret + " HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: " + secret + "\r\nContent-Length: abc\r\n\r\n",
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"invalid_request"`) {
+			t.Errorf("%q: got %d %s; want 400 invalid_request", raw, resp.StatusCode, body)
+		}
+		var head bytes.Buffer
+		resp.Header.Write(&head) //nolint:errcheck
+		if strings.Contains(string(body)+head.String(), secret) {
+			t.Errorf("%q: the answer carries the credential: %s", raw, body)
+		}
+	}
+	// fasthttp logs the connection's error after the answer went out.
+	time.Sleep(100 * time.Millisecond)
+	if strings.Contains(logs.String(), secret) {
+		t.Fatalf("the log carries the credential:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "malformed request") {
+		t.Fatalf("no refusal logged:\n%s", logs.String())
+	}
+}
+
+// TestMetricsAtWarn: decisions are counted whatever the log level.
+func TestMetricsAtWarn(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}))
+	key := newKey("warn")
+	e.fetch(req{key: key})
+	e.fetch(req{key: key})
+	s := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_requests_total{decision="miss"}`: 1,
+		`ssegate_requests_total{decision="hit"}`:  1,
+		`ssegate_duplicates_suppressed_total`:     1,
+	} {
+		if got := metricValue(t, s, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
+	}
+}
+
+// TestNoCredentialInLogs: a whole keyed exchange, miss, hit, resume and
+// lookups, with every kind of credential, logs none of them at debug level.
+func TestNoCredentialInLogs(t *testing.T) {
+	var logs syncBuffer
+	e := newEnv(t, withConfig(func(c *Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		c.TenantHeaders = []string{"x-org"}
+	}))
+	creds := map[string]string{"Authorization": "Bearer cred-1", "x-api-key": "cred-2", "api-key": "cred-3",
+		"x-goog-api-key": "cred-4", "x-org": "cred-5"}
+	key := newKey("nolog")
+	path := "/v1/chat/completions?key=cred-6"
+	first := e.fetch(req{key: key, path: path, header: creds})
+	e.fetch(req{key: key, path: path, header: creds})
+	e.fetch(req{key: key, path: path, header: creds, lastEventID: first.ids[1]})
+	e.fetch(req{key: key, path: path, header: creds, body: `{"other":1}`})
+	e.fetch(req{method: http.MethodGet, path: "/streams/" + key + "?key=cred-6", header: creds})
+	e.fetch(req{method: http.MethodGet, path: "/keys/" + key + "?key=cred-6", header: creds})
+	if !strings.Contains(logs.String(), `"decision":"hit"`) {
+		t.Fatalf("no decision logged:\n%s", logs.String())
+	}
+	for i := 1; i <= 6; i++ {
+		if c := fmt.Sprintf("cred-%d", i); strings.Contains(logs.String(), c) {
+			t.Errorf("the log carries credential %s:\n%s", c, logs.String())
+		}
+	}
+}
