@@ -103,6 +103,11 @@ type Config struct {
 	// Webhooks) or X-GitHub-Delivery, so a redelivered webhook is answered
 	// from the store instead of running twice.
 	KeyHeaders []string
+	// ResumeTokenTTL is how long the signed resume URL that every answer
+	// of a keyed stream carries (Ssegate-Resume-Url) stays good (default
+	// 24h; set it to the store's TTL, past which there is nothing to
+	// resume).
+	ResumeTokenTTL time.Duration
 	// RetryAmbiguous names the upstreams (as in Upstreams, or "*" for all)
 	// known to deduplicate on Idempotency-Key, such as another ssegate: a
 	// keyed request whose call to one of them failed ambiguously (the
@@ -158,6 +163,7 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	def(&c.Heartbeat, 15*time.Second)
+	def(&c.ResumeTokenTTL, 24*time.Hour)
 	def(&c.MaxStreamDuration, 30*time.Minute)
 	def(&c.HeadTimeout, 30*time.Second)
 	def(&c.UpstreamIdleTimeout, 2*time.Minute)

@@ -51,6 +51,11 @@ func errTooLarge(msg string) *apiError {
 	return &apiError{status: fasthttp.StatusRequestEntityTooLarge, typ: "request_too_large", message: msg}
 }
 
+func errInvalidResumeToken() *apiError {
+	return &apiError{status: fasthttp.StatusForbidden, typ: "invalid_resume_token",
+		message: "the resume token is not valid for this stream, or has expired"}
+}
+
 func errConflict() *apiError {
 	return &apiError{status: fasthttp.StatusUnprocessableEntity, typ: "idempotency_conflict",
 		message: "this Idempotency-Key was used with a different request (method, path, query or body)"}

@@ -22,6 +22,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 	fp := fingerprint(ctx)
 	if lei := ctx.Request.Header.Peek("Last-Event-ID"); len(lei) > 0 {
+		p.offerResume(ctx, sc)
 		p.resume(ctx, sc, fp, string(lei))
 		return
 	}
@@ -35,6 +36,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.storeError(ctx, err)
 		return
 	}
+	p.offerResume(ctx, sc) // every answer of the key's stream carries it: miss, join, hit
 	switch b.Decision {
 	case cache.Conflict:
 		p.logDecision(ctx, "conflict", sc, fp)
@@ -193,6 +195,9 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte) {
 	resp := fasthttp.AcquireResponse()
 	setHead(&resp.Header, h, replayed)
+	if u := resumeURL(ctx); u != "" {
+		resp.Header.Set(resumeURLHeader, u)
+	}
 	resp.SetBodyRaw(body) // the stored body is not changed, only written
 	p.takeOver(ctx, false, func(c *client) {
 		go func() {
@@ -203,9 +208,13 @@ func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, bod
 	})
 }
 
-// writeHead sets the status and headers of an answer.
+// writeHead sets the status and headers of an answer, with the signed
+// resume URL of a keyed stream (offerResume).
 func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
 	setHead(&ctx.Response.Header, h, replayed)
+	if u := resumeURL(ctx); u != "" {
+		ctx.Response.Header.Set(resumeURLHeader, u)
+	}
 }
 
 func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
@@ -40,10 +41,20 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 		p.writeError(ctx, errInvalidKey(err.Error()))
 		return
 	}
-	sc, ok := p.scope(ctx, key)
-	if !ok {
+	var sc cache.Scope
+	var ok bool
+	if token := ctx.QueryArgs().Peek("token"); token != nil {
+		// A signed resume URL: the token, not a credential, names the
+		// scope, and a bad one learns nothing of the key.
+		if sc, ok = p.tokenScope(string(token), key, time.Now()); !ok {
+			p.m.requests.WithLabelValues("invalid").Inc()
+			p.writeError(ctx, errInvalidResumeToken())
+			return
+		}
+	} else if sc, ok = p.scope(ctx, key); !ok {
 		return
 	}
+	p.offerResume(ctx, sc)
 	var id sse.ID
 	lei := ctx.Request.Header.Peek("Last-Event-ID")
 	if len(lei) > 0 {

@@ -33,6 +33,9 @@ type client struct {
 	// closes: for an HTTP/1.0 client, and for a body the upstream sent
 	// that way (relayed as it came, so that a cut stays a cut).
 	identity bool
+	// resumeURL, for a keyed stream, goes into a head the client writes
+	// itself (answerHead).
+	resumeURL string
 
 	buf      []byte               // the answer head until it is written, then chunk headers
 	arr      [2 + maxParts][]byte // backing of vec
@@ -245,10 +248,11 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 		}
 		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	}
+	resume := resumeURL(ctx)
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity}
+		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
 		c.wfn = c.writeFD
 		if served != nil {
 			// What fasthttp read past this request (a pipelined next one)
@@ -276,6 +280,9 @@ func (c *client) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
 	setHead(&rh.Header, h, false)
+	if c.resumeURL != "" {
+		rh.Header.Set(resumeURLHeader, c.resumeURL)
+	}
 	if c.identity {
 		c.keepAlive = false
 		rh.Header.SetContentLength(-2) // until the connection closes

@@ -263,7 +263,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	p, err := proxy.New(proxy.Config{
-		Upstreams: upstreams, Retry: o.retry, Store: store, Inflight: proxy.Inflight(o.inflight),
+		Upstreams: upstreams, Retry: o.retry, ResumeTokenTTL: o.ttl, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
 		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,

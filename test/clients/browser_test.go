@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -40,8 +41,8 @@ const pageHTML = `<!doctype html>
 <html><head><meta charset="utf-8"><title>ssegate EventSource</title></head>
 <body><script>
 window.st = {ids: [], data: [], opens: 0, errors: 0, done: false, aborted: "", state: -1};
-const key = new URLSearchParams(location.search).get("key");
-const es = new EventSource("/streams/" + encodeURIComponent(key));
+const q = new URLSearchParams(location.search);
+const es = new EventSource(q.get("src") || "/streams/" + encodeURIComponent(q.get("key")));
 es.onopen = () => { st.opens++; };
 es.onmessage = (e) => {
   st.ids.push(e.lastEventId);
@@ -115,7 +116,15 @@ func slowChatUpstream(t *testing.T, calls *atomic.Int64) *httptest.Server {
 // from GET /streams/{key} through a connection the test cuts mid-stream;
 // the browser's own reconnection (with Last-Event-ID) gets the rest, and
 // the page sees every event exactly once, in order. One upstream call.
+// Twice: the anonymous tenant's stream by its path, and a credentialed
+// tenant's by the signed Ssegate-Resume-Url of its POST (an EventSource
+// cannot send the credential; the URL needs none).
 func TestBrowserEventSourceReconnect(t *testing.T) {
+	t.Run("anonymous", func(t *testing.T) { browserReconnect(t, "") })
+	t.Run("signed resume URL", func(t *testing.T) { browserReconnect(t, "Bearer sk-browser-tenant") })
+}
+
+func browserReconnect(t *testing.T, auth string) {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if isCI() {
 			t.Fatalf("%s: %v; CI must install Debian's chromium (see .ci/run)", chromiumPath, err)
@@ -172,10 +181,12 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 	// the forwarder, so the cut does not touch it), read to its end.
 	key := fmt.Sprintf("browser-%d", time.Now().UnixNano())
 	type postResult struct {
-		events []event
-		err    error
+		events    []event
+		err       error
+		resumeURL string
 	}
 	started := make(chan struct{})
+	resumeURL := make(chan string, 1)
 	postDone := make(chan postResult, 1)
 	go func() {
 		var res postResult
@@ -188,6 +199,9 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			res.err = err
@@ -198,6 +212,8 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 			res.err = fmt.Errorf("POST: got status %d; want 200", resp.StatusCode)
 			return
 		}
+		res.resumeURL = resp.Header.Get("Ssegate-Resume-Url")
+		resumeURL <- res.resumeURL
 		once := false
 		res.events, res.err = readEvents(resp.Body, func(event) {
 			if !once {
@@ -215,6 +231,13 @@ func TestBrowserEventSourceReconnect(t *testing.T) {
 	}
 
 	pageURL := "http://" + fw.addr() + "/page.html?key=" + key
+	if auth != "" {
+		u := <-resumeURL
+		if u == "" {
+			t.Fatal("POST: no Ssegate-Resume-Url")
+		}
+		pageURL += "&src=" + url.QueryEscape(u)
+	}
 	if err := chromedp.Do(bctx, chromedp.Navigate(pageURL)); err != nil {
 		t.Fatalf("navigate to %s: %v", pageURL, err)
 	}

@@ -68,6 +68,18 @@ func TestTenantAcrossReplicas(t *testing.T) {
 			}
 		}
 	}
+	// The signed resume URL A gave opens the stream on B with no
+	// credential (the replicas share the secret); altered, it does not.
+	u := first.header.Get("Ssegate-Resume-Url")
+	if u == "" {
+		t.Fatal("first request on A: no Ssegate-Resume-Url")
+	}
+	if s := send(t, http.MethodGet, b.URL+u, "", nil); s.status != 200 || !bytes.Equal(s.raw, first.raw) {
+		t.Fatalf("A's resume URL on B: got %d; want 200 and A's stream", s.status)
+	}
+	if s := send(t, http.MethodGet, b.URL+u[:len(u)-2]+"xx", "", nil); s.status != 403 {
+		t.Fatalf("A's resume URL altered, on B: got %d; want 403", s.status)
+	}
 	if n := e.mock.Calls(); n != 2 {
 		t.Fatalf("upstream calls: got %d; want 2", n)
 	}
