@@ -1,9 +1,11 @@
 package cache
 
 import (
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 // chatChunk is a typical ~200-byte OpenAI chat/completions stream chunk.
@@ -103,4 +105,49 @@ func BenchmarkReplay(b *testing.B) {
 		n += len(p)
 	}
 	_ = n
+}
+
+// BenchmarkBeginAtBound claims a new key in a ledger at its -max-keys
+// bound, spread over 100 tenants. "full": nothing has expired, and the
+// claim is refused. "expiring": the clock moves so that the oldest
+// failed key has expired at each claim, which takes its place; the new
+// key then fails too, as the old ones did.
+func BenchmarkBeginAtBound(b *testing.B) {
+	const failedTTL = time.Minute
+	for _, n := range []int{10_000, 100_000, 1_000_000} {
+		for _, mode := range []string{"full", "expiring"} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, mode), func(b *testing.B) {
+				clk := newClock()
+				m := newMemory(b, Config{MaxKeys: n, FailedTTL: failedTTL, Now: clk.Now})
+				tenant := func(i int) string { return "t" + strconv.Itoa(i%100) }
+				for i := range n {
+					f := claim(b, m, Scope{Tenant: tenant(i), Key: strconv.Itoa(i)}, "fp")
+					f.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(time.Microsecond)
+				}
+				if mode == "expiring" {
+					// Key 0 expires a microsecond from now, key 1 a
+					// microsecond later, and so on.
+					clk.Advance(failedTTL - time.Duration(n)*time.Microsecond)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					sc := Scope{Tenant: tenant(i), Key: "new-" + strconv.Itoa(i)}
+					if mode == "full" {
+						if _, err := m.Begin(sc, "fp"); err == nil {
+							b.Fatal("Begin at the bound: got no error; want a refusal")
+						}
+						continue
+					}
+					clk.Advance(time.Microsecond)
+					bg, err := m.Begin(sc, "fp")
+					if err != nil {
+						b.Fatalf("Begin with an expired key: got %v; want a miss", err)
+					}
+					bg.Flight.Fail(StateFailedRetryable, "bench", nil)
+				}
+			})
+		}
+	}
 }
