@@ -109,26 +109,27 @@ func BenchmarkReplay(b *testing.B) {
 
 // BenchmarkBeginAtBound claims a new key in a ledger at its -max-keys
 // bound, spread over 100 tenants. "full": nothing has expired, and the
-// claim is refused. "expiring": the clock moves so that the oldest
-// failed key has expired at each claim, which takes its place; the new
-// key then fails too, as the old ones did.
+// claim is refused. "expiring": the keys failed one a microsecond after
+// the other, and at each claim the clock has moved on a microsecond, so
+// that exactly the oldest key has expired; the new key takes its place
+// and fails too, as a steady stream of failing keys at the bound would.
 func BenchmarkBeginAtBound(b *testing.B) {
-	const failedTTL = time.Minute
+	const step = time.Microsecond
 	for _, n := range []int{10_000, 100_000, 1_000_000} {
 		for _, mode := range []string{"full", "expiring"} {
 			b.Run(fmt.Sprintf("keys=%d/%s", n, mode), func(b *testing.B) {
 				clk := newClock()
+				// A key failed at t expires just before the claim n steps later.
+				failedTTL := time.Duration(n)*step - 1
 				m := newMemory(b, Config{MaxKeys: n, FailedTTL: failedTTL, Now: clk.Now})
 				tenant := func(i int) string { return "t" + strconv.Itoa(i%100) }
 				for i := range n {
 					f := claim(b, m, Scope{Tenant: tenant(i), Key: strconv.Itoa(i)}, "fp")
 					f.Fail(StateFailedRetryable, "bench", nil)
-					clk.Advance(time.Microsecond)
+					clk.Advance(step)
 				}
-				if mode == "expiring" {
-					// Key 0 expires a microsecond from now, key 1 a
-					// microsecond later, and so on.
-					clk.Advance(failedTTL - time.Duration(n)*time.Microsecond)
+				if mode == "full" {
+					clk.Advance(-failedTTL) // nothing has expired
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -140,12 +141,12 @@ func BenchmarkBeginAtBound(b *testing.B) {
 						}
 						continue
 					}
-					clk.Advance(time.Microsecond)
 					bg, err := m.Begin(sc, "fp")
 					if err != nil {
 						b.Fatalf("Begin with an expired key: got %v; want a miss", err)
 					}
 					bg.Flight.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(step)
 				}
 			})
 		}
