@@ -169,14 +169,14 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if r.BreakerOpen <= 0 || r.BreakerOpenMax < r.BreakerOpen {
 		return nil, errors.New("-breaker-open must be positive, -breaker-open-max at least -breaker-open")
 	}
-	if o.redis.down != "reject" && o.redis.down != "relay" {
-		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
-	}
 	if o.maxTenantKeys < 0 {
 		return nil, errors.New("-max-keys-per-tenant must be 0 (a tenth of -max-keys) or more")
 	}
 	if o.maxTenantKeys == 0 && o.maxKeys > 0 {
 		o.maxTenantKeys = max(o.maxKeys/10, 1)
+	}
+	if o.redis.down != "reject" && o.redis.down != "relay" {
+		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
 	}
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
