@@ -1,9 +1,11 @@
 package cache
 
 import (
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 // chatChunk is a typical ~200-byte OpenAI chat/completions stream chunk.
@@ -103,4 +105,50 @@ func BenchmarkReplay(b *testing.B) {
 		n += len(p)
 	}
 	_ = n
+}
+
+// BenchmarkBeginAtBound claims a new key in a ledger at its -max-keys
+// bound, spread over 100 tenants. "full": nothing has expired, and the
+// claim is refused. "expiring": the keys failed one a microsecond after
+// the other, and at each claim the clock has moved on a microsecond, so
+// that exactly the oldest key has expired; the new key takes its place
+// and fails too, as a steady stream of failing keys at the bound would.
+func BenchmarkBeginAtBound(b *testing.B) {
+	const step = time.Microsecond
+	for _, n := range []int{10_000, 100_000, 1_000_000} {
+		for _, mode := range []string{"full", "expiring"} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, mode), func(b *testing.B) {
+				clk := newClock()
+				// A key failed at t expires just before the claim n steps later.
+				failedTTL := time.Duration(n)*step - 1
+				m := newMemory(b, Config{MaxKeys: n, FailedTTL: failedTTL, Now: clk.Now})
+				tenant := func(i int) string { return "t" + strconv.Itoa(i%100) }
+				for i := range n {
+					f := claim(b, m, Scope{Tenant: tenant(i), Key: strconv.Itoa(i)}, "fp")
+					f.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(step)
+				}
+				if mode == "full" {
+					clk.Advance(-failedTTL) // nothing has expired
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					sc := Scope{Tenant: tenant(i), Key: "new-" + strconv.Itoa(i)}
+					if mode == "full" {
+						if _, err := m.Begin(sc, "fp"); err == nil {
+							b.Fatal("Begin at the bound: got no error; want a refusal")
+						}
+						continue
+					}
+					bg, err := m.Begin(sc, "fp")
+					if err != nil {
+						b.Fatalf("Begin with an expired key: got %v; want a miss", err)
+					}
+					bg.Flight.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(step)
+				}
+			})
+		}
+	}
 }

@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +36,8 @@ type Config struct {
 	MaxStoreBytes int64
 	// Limits bound the live generations.
 	Limits
-	// MaxKeys bounds the ledger (default 1,000,000 keys).
+	// MaxKeys bounds the ledger (default 1,000,000 keys). Expired keys do
+	// not count. Limits.MaxKeysPerTenant defaults to a tenth of it.
 	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone.
 	MissingBody MissingBody
@@ -55,10 +57,13 @@ func (c *Config) setDefaults() {
 	if c.MaxStoreBytes <= 0 {
 		c.MaxStoreBytes = 512 << 20
 	}
-	c.Limits.setDefaults()
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 1_000_000
 	}
+	if c.MaxKeysPerTenant <= 0 {
+		c.MaxKeysPerTenant = max(c.MaxKeys/10, 1)
+	}
+	c.Limits.setDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -100,7 +105,31 @@ type entry struct {
 	created    time.Time
 	updated    time.Time
 	expires    time.Time // zero while live
+
+	id     string      // its key in Memory.keys
+	tenant *tenantKeys // its tenant's part of the ledger
+	// at is its place in the ledger's expiries and in its tenant's, or
+	// -1 where it is in neither (while live).
+	at [2]int32
 }
+
+// tenantKeys is what the ledger holds of one tenant, to bound its keys.
+type tenantKeys struct {
+	name string
+	n    int      // its keys in the ledger, expired ones not yet deleted included
+	exp  expiries // those of them that ended, by expiry
+}
+
+const (
+	// sweepEvery is how often the sweeper deletes expired keys.
+	sweepEvery = time.Second
+	// sweepBatch bounds the keys the sweeper deletes before it lets
+	// others have the ledger's lock: tens of microseconds of holding it.
+	sweepBatch = 256
+	// boundBatch bounds the expired keys that a new key at a bound
+	// deletes: one makes room, a few more take work off the sweeper.
+	boundBatch = 16
+)
 
 // Memory is the single-process store: a ledger in a map, live flights,
 // and committed bodies in ristretto.
@@ -113,8 +142,13 @@ type Memory struct {
 	// only costs a decode.
 	hot *ristretto.Cache[string, *Result]
 
-	mu      sync.Mutex // guards keys, the entries in it, flights and states
+	// mu guards keys, the entries in it, tenants, exp, flights and
+	// states. It is held for lookups and O(log n) updates only: nothing
+	// that scales with the ledger or with a result is done under it.
+	mu      sync.Mutex
 	keys    map[string]*entry
+	tenants map[string]*tenantKeys
+	exp     expiries        // the ended entries of keys, by expiry
 	flights int64           // live flights
 	states  map[State]int64 // keys per state
 
@@ -136,7 +170,10 @@ type Memory struct {
 // NewMemory returns a Memory store; Close releases it.
 func NewMemory(cfg Config) (*Memory, error) {
 	cfg.setDefaults()
-	m := &Memory{cfg: cfg, keys: make(map[string]*entry), states: make(map[State]int64), stop: make(chan struct{})}
+	m := &Memory{
+		cfg: cfg, keys: make(map[string]*entry), tenants: make(map[string]*tenantKeys),
+		states: make(map[State]int64), stop: make(chan struct{}),
+	}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
 	codec, err := newBlobCodec(cfg.MaxStreamBytes)
@@ -232,14 +269,41 @@ func nextGen(now time.Time, prev uint64) uint64 {
 // (Miss: the caller owns the returned Flight and must end it), or returns
 // the live Flight to join, the Result to replay, or Conflict. It is atomic:
 // among concurrent callers with the same scope exactly one gets Miss.
+// A new key is refused with ErrTenantFull when its tenant holds
+// MaxKeysPerTenant keys, and with ErrStoreFull when the ledger holds
+// MaxKeys or the live journals MaxLiveBytes.
 func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
-	now := m.cfg.Now()
 	id := sc.id()
+	var gone uint64 // a committed generation found without its body
+	for {
+		b, hit, err := m.begin(id, sc, fp, gone)
+		if hit == 0 {
+			return b, err
+		}
+		// A hit reads and decodes its result outside the ledger's lock:
+		// a large one takes milliseconds, and every tenant needs the lock.
+		if r, ok := m.body(id, sc, hit); ok {
+			return Begun{Decision: Hit, Result: r}, nil
+		}
+		m.missing.Add(1)
+		if m.cfg.MissingBody == Refuse {
+			return Begun{Decision: Gone}, nil
+		}
+		gone = hit // decide again: regenerate, unless the key moved on
+	}
+}
+
+// begin is Begin's decision under the lock. For a committed key with the
+// request's fingerprint it returns the generation whose result the caller
+// reads (hit), or, when that is gone (its body was found missing), hands
+// the key out for a new generation.
+func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hit uint64, err error) {
+	now := m.cfg.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.keys[id]
 	if e != nil && !e.state.Live() && now.After(e.expires) {
-		m.deleteLocked(id, e)
+		m.deleteLocked(e)
 		e = nil
 	}
 	regenerated := false
@@ -247,48 +311,59 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 		switch {
 		case e.state.Live():
 			if e.fp != fp {
-				return Begun{Decision: Conflict}, nil
+				return Begun{Decision: Conflict}, 0, nil
 			}
-			return Begun{Decision: Join, Flight: e.flight}, nil
+			return Begun{Decision: Join, Flight: e.flight}, 0, nil
 		case e.state == StateCommitted:
 			if e.fp != fp {
-				return Begun{Decision: Conflict}, nil
+				return Begun{Decision: Conflict}, 0, nil
 			}
-			if r, ok := m.body(id, sc, e.gen); ok {
-				return Begun{Decision: Hit, Result: r}, nil
-			}
-			m.missing.Add(1)
-			if m.cfg.MissingBody == Refuse {
-				return Begun{Decision: Gone}, nil
+			if e.gen != gone {
+				return Begun{}, e.gen, nil
 			}
 			m.regenerated.Add(1)
 			regenerated = true
 		}
 	}
-	if e == nil && len(m.keys) >= m.cfg.MaxKeys {
-		m.sweepLocked(now) // expired keys do not count against the bound
-		if len(m.keys) >= m.cfg.MaxKeys {
-			return Begun{}, fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", len(m.keys), ErrStoreFull)
+	if e == nil {
+		if err := m.roomLocked(sc.Tenant, now); err != nil {
+			return Begun{}, 0, err
 		}
 	}
 	if m.live.Load() >= m.cfg.MaxLiveBytes {
-		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", m.live.Load(), ErrStoreFull)
+		return Begun{}, 0, fmt.Errorf("live journals hold %d bytes: %w", m.live.Load(), ErrStoreFull)
 	}
 	var prev uint64
 	if e != nil {
 		prev = e.gen
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now)
-	if e != nil {
-		m.states[e.state]--
-	}
-	m.keys[id] = &entry{
+	m.putLocked(sc.Tenant, e, &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
-		created: now, updated: now,
-	}
-	m.states[StateIntentReceived]++
+		created: now, updated: now, id: id,
+	})
 	m.flights++
-	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, nil
+	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, 0, nil
+}
+
+// roomLocked makes room for a new key of tenant, or says which bound
+// refuses it. Expired keys do not count against either bound: at one, it
+// deletes those that expired first, a few at a time, so that a new key
+// costs O(log n) whatever the size of the ledger.
+func (m *Memory) roomLocked(tenant string, now time.Time) error {
+	if t := m.tenants[tenant]; t != nil && t.n >= m.cfg.MaxKeysPerTenant {
+		m.expireLocked(&t.exp, now, boundBatch)
+		if t.n >= m.cfg.MaxKeysPerTenant {
+			return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", t.n, ErrTenantFull)
+		}
+	}
+	if len(m.keys) >= m.cfg.MaxKeys {
+		m.expireLocked(&m.exp, now, boundBatch)
+		if len(m.keys) >= m.cfg.MaxKeys {
+			return fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", len(m.keys), ErrStoreFull)
+		}
+	}
+	return nil
 }
 
 // Attach finds what a resume reads: the live Flight or the committed
@@ -340,9 +415,9 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	now := m.cfg.Now()
 	id := sc.id()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	e := m.keys[id]
 	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+		m.mu.Unlock()
 		return KeyInfo{}, false
 	}
 	ki := KeyInfo{
@@ -350,12 +425,14 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 		Events: e.events, Bytes: e.bytes, Reason: e.reason,
 		Created: e.created, Updated: e.updated, Expires: e.expires,
 	}
-	if e.flight != nil {
-		ki.Events = e.flight.Events()
+	f := e.flight
+	m.mu.Unlock()
+	if f != nil {
+		ki.Events = f.Events()
 	}
-	if e.state == StateCommitted {
+	if ki.State == StateCommitted {
 		b, ok := m.bodies.Get(id)
-		ki.BodyStored = ok && b.gen == e.gen && b.sc == sc
+		ki.BodyStored = ok && b.gen == ki.Generation && b.sc == sc
 	}
 	return ki, true
 }
@@ -433,7 +510,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 		e.bytes = res.dataSize()
 		e.bodyStored = stored
 		e.updated = now
-		e.expires = now.Add(m.cfg.TTL)
+		m.expireAtLocked(e, now.Add(m.cfg.TTL))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -450,7 +527,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 		e.reason = reason
 		e.events = f.Events()
 		e.updated = now
-		e.expires = now.Add(m.cfg.FailedTTL)
+		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -474,26 +551,84 @@ func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
 // keys in use rather than every key ever seen.
 func (m *Memory) sweep() {
 	defer m.wg.Done()
-	t := time.NewTicker(30 * time.Second)
+	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-m.stop:
 			return
 		case <-t.C:
-			now := m.cfg.Now()
-			m.mu.Lock()
-			m.sweepLocked(now)
-			m.mu.Unlock()
+			m.sweepExpired()
 		}
 	}
 }
 
-func (m *Memory) sweepLocked(now time.Time) {
-	for id, e := range m.keys {
-		if !e.state.Live() && now.After(e.expires) {
-			m.deleteLocked(id, e)
+// sweepExpired deletes every expired key, sweepBatch at a time, letting
+// others take the lock between batches.
+func (m *Memory) sweepExpired() {
+	for {
+		m.mu.Lock()
+		n := m.expireLocked(&m.exp, m.cfg.Now(), sweepBatch)
+		m.mu.Unlock()
+		if n < sweepBatch {
+			return
 		}
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+		runtime.Gosched()
+	}
+}
+
+// expireLocked deletes up to limit entries of h that have expired by now,
+// those that expired first first, and returns how many it deleted.
+func (m *Memory) expireLocked(h *expiries, now time.Time, limit int) int {
+	n := 0
+	for n < limit && h.len() > 0 && now.After(h.top().expires) {
+		m.deleteLocked(h.top())
+		n++
+	}
+	return n
+}
+
+// putLocked makes e the entry of its key, in place of old (nil for a key
+// the ledger does not hold), and counts it for tenant.
+func (m *Memory) putLocked(tenant string, old, e *entry) {
+	e.at = [2]int32{-1, -1}
+	if old != nil {
+		m.unscheduleLocked(old)
+		m.states[old.state]--
+		e.tenant = old.tenant
+	} else {
+		t := m.tenants[tenant]
+		if t == nil {
+			t = &tenantKeys{name: tenant, exp: expiries{which: 1}}
+			m.tenants[tenant] = t
+		}
+		t.n++
+		e.tenant = t
+	}
+	m.keys[e.id] = e
+	m.states[e.state]++
+}
+
+// expireAtLocked sets when an entry that ended expires.
+func (m *Memory) expireAtLocked(e *entry, t time.Time) {
+	m.unscheduleLocked(e)
+	e.expires = t
+	m.exp.push(e)
+	e.tenant.exp.push(e)
+}
+
+// unscheduleLocked takes e out of the expiries it is in.
+func (m *Memory) unscheduleLocked(e *entry) {
+	if e.at[0] >= 0 {
+		m.exp.remove(e)
+	}
+	if e.at[1] >= 0 {
+		e.tenant.exp.remove(e)
 	}
 }
 
@@ -503,7 +638,13 @@ func (m *Memory) setStateLocked(e *entry, s State) {
 	e.state = s
 }
 
-func (m *Memory) deleteLocked(id string, e *entry) {
+func (m *Memory) deleteLocked(e *entry) {
+	m.unscheduleLocked(e)
 	m.states[e.state]--
-	delete(m.keys, id)
+	delete(m.keys, e.id)
+	t := e.tenant
+	t.n--
+	if t.n == 0 {
+		delete(m.tenants, t.name)
+	}
 }

@@ -298,7 +298,7 @@ func TestBounds(t *testing.T) {
 	})
 
 	t.Run("MaxKeys", func(t *testing.T) {
-		m := newMemory(t, Config{MaxKeys: 3})
+		m := newMemory(t, Config{MaxKeys: 3, Limits: Limits{MaxKeysPerTenant: 10}})
 		claim(t, m, sc("a"), "fp")
 		commitStream(t, m, sc("b"), "fp", 2)
 		f := claim(t, m, sc("c"), "fp")

@@ -313,8 +313,10 @@ func newToken() string {
 // scope exactly one gets Miss, whichever replica they reached. A Miss
 // starts the owner's lease and journal mirror; a Join returns the local
 // flight of that generation, starting a tail when this replica has none.
-// An error wraps ErrUnavailable (Redis unreachable) or ErrStoreFull (this
-// replica's live journals are full).
+// An error wraps ErrUnavailable (Redis unreachable), ErrStoreFull (this
+// replica's live journals are full) or ErrTenantFull (a new key of a
+// tenant that holds MaxKeysPerTenant keys, counted across replicas; see
+// redis_quota.go).
 func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 	if n := r.live.Load(); n >= r.cfg.MaxLiveBytes {
 		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", n, ErrStoreFull)
@@ -324,21 +326,32 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 	if r.cfg.MissingBody == Refuse {
 		refuse = "1"
 	}
+	ask := "1" // a key with no record is counted against its tenant first
 	// A replay can find its result expired between the claim and the GET;
 	// the claim then decides again, which is bounded by the TTL's arrival.
-	for range 3 {
+	for range 4 {
 		tok := newToken()
 		sent := time.Now() // the lease runs from no earlier than this
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
 		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, []string{
-			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse,
+			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask,
 		}))
 		cancel()
 		if err != nil {
 			return Begun{}, r.unavailableErr("claim", err)
 		}
 		switch out[0] {
+		case "new":
+			counted, err := r.countKey(sc, k, false)
+			if err != nil {
+				return Begun{}, err
+			}
+			if !counted {
+				return Begun{}, r.tenantFull()
+			}
+			ask = "0"
+			continue
 		case "conflict":
 			return Begun{Decision: Conflict}, nil
 		case "gone":
@@ -364,6 +377,13 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 			case "join":
 				return Begun{Decision: Join, Flight: r.follow(sc, k, gen, fp)}, nil
 			default:
+				if ask == "1" {
+					// A key the ledger held (failed, lost, or without its
+					// body) starts again: it counts as live.
+					if _, err := r.countKey(sc, k, true); err != nil {
+						r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+					}
+				}
 				if len(out) > 3 && out[3] == "1" {
 					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
 						"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)

@@ -191,6 +191,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
+		o.r.keyEnded(f.Scope, o.k, o.r.cfg.TTL)
 		return true
 	}
 	o.mu.Lock()
@@ -232,9 +233,12 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.flushedBytes.Load(), 10), ""}
 	for range 2 {
 		ctx, cancel := o.r.opCtx()
-		err := finishScript.Exec(ctx, o.r.c, o.k.all, args).Error()
+		out, err := scriptStrings(finishScript.Exec(ctx, o.r.c, o.k.all, args))
 		cancel()
 		if err == nil {
+			if out[0] == "ok" || out[0] == "already" {
+				o.r.keyEnded(f.Scope, o.k, o.r.cfg.FailedTTL)
+			}
 			return
 		}
 		o.r.unavailable.Add(1)

@@ -20,6 +20,9 @@ import "github.com/redis/rueidis"
 //	               ends the generation (field t: done|failed|lost).
 //	res    STRING  the committed result, compressed (see redis_blob.go)
 //
+// Each tenant also has a sorted set of its keys, in its own slot, for
+// the bound on keys per tenant (redis_quota.go holds it and its scripts).
+//
 // Generations come from the server's clock (TIME in ms, or the previous
 // generation + 1 when the clock has not moved past it), so they increase
 // per scope across replicas without a replica's clock taking part.
@@ -32,16 +35,19 @@ const maxSeq = "18446744073709551615"
 //
 // KEYS: st, lease, j, res
 // ARGV: fp, tok, owner, lease ms, live ttl ms, now ms, refuse (1 when a
-// committed key whose body is gone must not regenerate)
+// committed key whose body is gone must not regenerate), ask (1 when a
+// key with no record must be counted against its tenant first)
 //
-// Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"}, or
-// {"miss", gen, regenerated (0|1), reaped (0|1)}.
+// Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
+// {"new"} (with ask: nothing was written), or {"miss", gen, regenerated
+// (0|1), reaped (0|1)}.
 var claimScript = rueidis.NewLuaScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp')
 local phase, gen, fp = s[1], s[2], s[3]
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
 end
+if not phase and ARGV[8] == '1' then return {'new'} end
 local regenerated, reaped = '0', '0'
 if phase == 'done' then
   if redis.call('EXISTS', KEYS[4]) == 1 then return {'replay', gen} end

@@ -61,6 +61,10 @@ var (
 	// ErrStoreFull: the live journals together hold the byte bound, or the
 	// ledger holds its maximum number of keys.
 	ErrStoreFull = errors.New("store is full")
+	// ErrTenantFull: the tenant holds its maximum number of keys
+	// (Limits.MaxKeysPerTenant), so a new key of its is refused; other
+	// tenants' new keys are not. It is not ErrStoreFull.
+	ErrTenantFull = errors.New("too many keys for one tenant")
 	// ErrConflict: the key belongs to a request with another fingerprint.
 	ErrConflict = errors.New("key used with another request")
 	// ErrEnded: the generation has already ended; nothing more may be added.

@@ -74,10 +74,16 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 }
 
-// storeError answers a failure of the store itself.
+// storeError answers a failure of the store itself, or a bound it holds.
 func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
 	p.m.requests.WithLabelValues("refused").Inc()
-	if errors.Is(err, cache.ErrStoreFull) {
+	switch {
+	case errors.Is(err, cache.ErrTenantFull):
+		// Only this credential's new keys are refused: its known keys,
+		// and every other credential's, are decided as usual.
+		p.writeError(ctx, errCapacity(err.Error()+"; this credential's new keys are refused until some of its keys expire"))
+		return
+	case errors.Is(err, cache.ErrStoreFull):
 		p.writeError(ctx, errCapacity(err.Error()))
 		return
 	}

@@ -59,6 +59,7 @@ type options struct {
 	maxStoreBytes int64
 	maxLiveBytes  int64
 	maxKeys       int
+	maxTenantKeys int
 	maxSubs       int
 	maxStreams    int
 	maxConns      int
@@ -105,6 +106,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", 512<<20, "bytes of committed responses held in memory (older ones are evicted)")
 	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
 	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
+	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
 	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
 	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
@@ -173,6 +175,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	}
 	if r.BreakerOpen <= 0 || r.BreakerOpenMax < r.BreakerOpen {
 		return nil, errors.New("-breaker-open must be positive, -breaker-open-max at least -breaker-open")
+	}
+	if o.maxTenantKeys < 0 {
+		return nil, errors.New("-max-keys-per-tenant must be 0 (a tenth of -max-keys) or more")
+	}
+	if o.maxTenantKeys == 0 && o.maxKeys > 0 {
+		o.maxTenantKeys = max(o.maxKeys/10, 1)
 	}
 	if o.redis.down != "reject" && o.redis.down != "relay" {
 		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
@@ -251,7 +259,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	store, closeStore, err := newStore(&o.redis, cache.Config{
 		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxKeys: o.maxKeys,
-		Limits:      cache.Limits{MaxLiveBytes: o.maxLiveBytes, MaxStreamBytes: o.maxStream, MaxSubscribers: o.maxSubs},
+		Limits: cache.Limits{MaxLiveBytes: o.maxLiveBytes, MaxStreamBytes: o.maxStream, MaxSubscribers: o.maxSubs,
+			MaxKeysPerTenant: o.maxTenantKeys},
 		MissingBody: missing,
 	}, log)
 	if err != nil {
