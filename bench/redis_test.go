@@ -22,7 +22,9 @@ func TestRedisScenario(t *testing.T) {
 		}
 		t.Fatal("redis-server is not on PATH, and $CI is set")
 	}
-	rep, stdout, _ := runQuick(t, "-scenarios", "redis", "-redis-load", "16@5ms:20", "-redis-join", "3@10ms:30")
+	// Enough events that each process's CPU is some clock ticks (10 ms) at
+	// least: /proc counts no less, and a smaller run can read as 0.
+	rep, stdout, _ := runQuick(t, "-scenarios", "redis", "-redis-load", "16@5ms:80", "-redis-join", "3@10ms:80")
 	paths := map[string]bool{}
 	for _, m := range rep.Measurements {
 		name := m.Step + " / " + m.Path

@@ -93,8 +93,8 @@ func TestTenantAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
-		if k != "ssg:secret" && !strings.HasPrefix(k, "ssg:{") {
-			t.Fatalf("Redis key %q: want ssg:secret or ssg:{hash of tenant and key}:…", k)
+		if k != "ssg:secret" && !strings.HasPrefix(k, "ssg:{") && !strings.HasPrefix(k, "ssg:tenant:{") {
+			t.Fatalf("Redis key %q: want ssg:secret, ssg:{hash of tenant and key}:… or ssg:tenant:{tenant}", k)
 		}
 	}
 }
