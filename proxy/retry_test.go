@@ -113,16 +113,18 @@ func wantCount(t *testing.T, what string, got, want int64) {
 	}
 }
 
+// hang reads the request and answers nothing (for at most 5 s).
+func hang(_ int64, _ http.ResponseWriter, r *http.Request) {
+	select {
+	case <-r.Context().Done():
+	case <-time.After(5 * time.Second):
+	}
+}
+
 // TestRetries holds each upstream outcome to DESIGN.md's retry rules,
 // counting upstream calls and checking the client's answer and the key's
 // state.
 func TestRetries(t *testing.T) {
-	hang := func(_ int64, w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
 	cases := []struct {
 		name     string
 		script   func(int64, http.ResponseWriter, *http.Request)
@@ -315,12 +317,6 @@ func htmlPage(_ int64, w http.ResponseWriter, _ *http.Request) {
 // outcome is unknown. -retry-ambiguous, for an upstream that does
 // deduplicate, repeats it.
 func TestAmbiguousNotRetried(t *testing.T) {
-	hang := func(_ int64, w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
 	cases := []struct {
 		name    string
 		script  func(int64, http.ResponseWriter, *http.Request)

@@ -474,18 +474,7 @@ func TestSlowReaderGetsWholeReplay(t *testing.T) {
 		t.Fatalf("first: %d bytes, last %q; want about 10 MB ending [DONE]", len(first.raw), first.lastData())
 	}
 	e.waitState(key, "", cache.StateCommitted)
-	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
-	dial := func() net.Conn {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.(*net.TCPConn).SetReadBuffer(16 << 10) // before any byte: no window to fill
-		if _, err := io.WriteString(conn, request); err != nil {
-			t.Fatal(err)
-		}
-		return conn
-	}
+	dial := func() net.Conn { return dialSmall(t, e, key, chatBody) }
 
 	t.Run("steady reader", func(t *testing.T) {
 		conn := dial()
@@ -513,16 +502,7 @@ func TestSlowReaderGetsWholeReplay(t *testing.T) {
 		}
 	})
 
-	t.Run("stopped reader", func(t *testing.T) {
-		before := testutil.ToFloat64(e.proxy.m.slowDropped)
-		conn := dial()
-		defer conn.Close()
-		start := time.Now()
-		waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) > before })
-		if took := time.Since(start); took < slow*7/8 || took > 4*slow {
-			t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
-		}
-	})
+	t.Run("stopped reader", func(t *testing.T) { wantDropped(t, e, dial, slow) })
 	e.wantCalls(1)
 }
 
@@ -544,18 +524,7 @@ func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
 		t.Fatalf("first: %d, %d bytes; want 200 and several MB", first.status, len(first.raw))
 	}
 	e.waitState(key, "", cache.StateCommitted)
-	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
-	dial := func() net.Conn {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.(*net.TCPConn).SetReadBuffer(16 << 10)
-		if _, err := io.WriteString(conn, request); err != nil {
-			t.Fatal(err)
-		}
-		return conn
-	}
+	dial := func() net.Conn { return dialSmall(t, e, key, body) }
 	t.Run("steady reader", func(t *testing.T) {
 		conn := dial()
 		defer conn.Close()
@@ -570,15 +539,36 @@ func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
 			t.Fatalf("got %d of %d bytes, err %v, replayed %q; want the whole stored body", len(raw), len(first.raw), err, resp.Header.Get("Idempotent-Replayed"))
 		}
 	})
-	t.Run("stopped reader", func(t *testing.T) {
-		before := testutil.ToFloat64(e.proxy.m.slowDropped)
-		conn := dial()
-		defer conn.Close()
-		start := time.Now()
-		waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) > before })
-		if took := time.Since(start); took < slow*7/8 || took > 4*slow {
-			t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
-		}
-	})
+	t.Run("stopped reader", func(t *testing.T) { wantDropped(t, e, dial, slow) })
 	e.wantCalls(1)
+}
+
+// dialSmall sends a keyed POST of body on a connection with a small
+// receive buffer (set before any byte, so there is no window to fill).
+func dialSmall(t *testing.T, e *env, key, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	if _, err := io.WriteString(conn, request); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// wantDropped: a client that reads nothing of its answer is dropped after
+// about -slow-client-timeout (slow).
+func wantDropped(t *testing.T, e *env, dial func() net.Conn, slow time.Duration) {
+	t.Helper()
+	before := testutil.ToFloat64(e.proxy.m.slowDropped)
+	conn := dial()
+	defer conn.Close()
+	start := time.Now()
+	waitFor(t, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) > before })
+	if took := time.Since(start); took < slow*7/8 || took > 4*slow {
+		t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
+	}
 }
