@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -51,7 +52,7 @@ func TestRedisSecretKept(t *testing.T) {
 	old := secretCheck
 	secretCheck = 20 * time.Millisecond
 	t.Cleanup(func() { secretCheck = old })
-	var logs syncLog
+	var logs gatetest.LogBuffer
 	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), func(c *RedisConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
@@ -92,22 +93,4 @@ func expireSecret(t *testing.T, r *Redis) {
 	t.Cleanup(func() {
 		r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.secretKey()).Milliseconds(2000).Build()) //nolint:errcheck
 	})
-}
-
-// syncLog is a log destination the test reads while the store writes.
-type syncLog struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 // rawUpstream is an upstream on loopback that is only a TCP listener:
@@ -80,27 +81,9 @@ func chunkEvent(i int) string {
 
 const streamHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 
-// syncBuffer is a log destination that tests read while the proxy writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // budgetEnv puts ssegate with the given budgets and one attempt per
 // request in front of u, logging into log.
-func budgetEnv(t *testing.T, u *rawUpstream, head, idle, attempt time.Duration, log *syncBuffer) *env {
+func budgetEnv(t *testing.T, u *rawUpstream, head, idle, attempt time.Duration, log *gatetest.LogBuffer) *env {
 	pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle,
 		Retry:  RetryConfig{Attempts: 1, AttemptTimeout: attempt},
 		Logger: slog.New(slog.NewTextHandler(log, nil))}
@@ -111,7 +94,7 @@ func budgetEnv(t *testing.T, u *rawUpstream, head, idle, attempt time.Duration, 
 
 // wantTimeoutLogged checks the metric and the log line of a budget that
 // cut an upstream connection (budget ""), or that none did.
-func wantTimeoutLogged(t *testing.T, e *env, log *syncBuffer, budget, flag string) {
+func wantTimeoutLogged(t *testing.T, e *env, log *gatetest.LogBuffer, budget, flag string) {
 	t.Helper()
 	for _, b := range []string{"head", "attempt", "idle"} {
 		want := 0.0
@@ -196,7 +179,7 @@ func TestTimeBudgets(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			u := newRawUpstream(t, c.script)
-			var log syncBuffer
+			var log gatetest.LogBuffer
 			e := budgetEnv(t, u, head, idle, attempt, &log)
 			key := ""
 			if c.keyed {
@@ -251,7 +234,7 @@ func TestStreamSilenceAborted(t *testing.T) {
 		io.WriteString(c, streamHead+chunkEvent(0)+chunkEvent(1))
 		u.stall()
 	})
-	var log syncBuffer
+	var log gatetest.LogBuffer
 	e := budgetEnv(t, u, head, idle, attempt, &log)
 	key := newKey("silence")
 	start := time.Now()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 // modelServer is a real HTTP upstream on loopback that answers each call
@@ -197,7 +198,7 @@ func TestCircuitFailoverPerModel(t *testing.T) {
 		okStream(w)
 	})
 	secondary := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { okStream(w) })
-	logs := &logBuffer{}
+	logs := &gatetest.LogBuffer{}
 	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
 		pc.Retry.BreakerFailures = 3
 		pc.Retry.BreakerOpen = 10 * time.Second // no probe during the test
@@ -224,24 +225,6 @@ func TestCircuitFailoverPerModel(t *testing.T) {
 	if got := logs.String(); strings.Count(got, "upstream circuit") != 1 || !strings.Contains(got, want) {
 		t.Fatalf("circuit log: got\n%s\nwant one line with %s", got, want)
 	}
-}
-
-// logBuffer collects log lines from any goroutine.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf strings.Builder
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestCircuit4xxNeverOpens: storms of 429, 400 and 404 answers from the

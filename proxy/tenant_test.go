@@ -14,6 +14,7 @@ import (
 
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -172,7 +173,7 @@ func TestTenantSecret(t *testing.T) {
 // at debug level, carries a byte of the request's credential.
 func TestMalformedRequestHidesCredential(t *testing.T) {
 	const secret = "sk-secret-XYZ"
-	var logs syncBuffer
+	var logs gatetest.LogBuffer
 	e := newEnv(t, withConfig(func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}))
@@ -238,7 +239,7 @@ func TestMetricsAtWarn(t *testing.T) {
 // TestNoCredentialInLogs: a whole keyed exchange, miss, hit, resume and
 // lookups, with every kind of credential, logs none of them at debug level.
 func TestNoCredentialInLogs(t *testing.T) {
-	var logs syncBuffer
+	var logs gatetest.LogBuffer
 	e := newEnv(t, withConfig(func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		c.TenantHeaders = []string{"x-org"}

@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -159,7 +159,7 @@ func TestTenantFlags(t *testing.T) {
 // TestStartupLogHidesCredentials: the start-up log names the upstreams
 // without a password or query, and never the secret.
 func TestStartupLogHidesCredentials(t *testing.T) {
-	var logs syncBuffer
+	var logs gatetest.LogBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
@@ -182,22 +182,4 @@ func TestStartupLogHidesCredentials(t *testing.T) {
 	if strings.Contains(logs.String(), "XYZ") {
 		t.Fatalf("the log carries a credential:\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a log destination the test reads while run writes.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

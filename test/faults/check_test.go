@@ -3,6 +3,7 @@ package faults_test
 import (
 	"bytes"
 	"fmt"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"sort"
 	"strings"
 	"sync"
@@ -20,7 +21,7 @@ var invariantNames = map[int]string{
 // report collects the violations of a round.
 type report struct {
 	seed int64
-	logs *logBuffer
+	logs *gatetest.LogBuffer
 
 	mu     sync.Mutex // guards found and counts
 	found  map[int][]string
@@ -28,7 +29,7 @@ type report struct {
 	perKey map[string]int
 }
 
-func newReport(seed int64, logs *logBuffer) *report {
+func newReport(seed int64, logs *gatetest.LogBuffer) *report {
 	return &report{seed: seed, logs: logs, found: map[int][]string{}, counts: map[int]int{}, perKey: map[string]int{}}
 }
 
@@ -51,7 +52,7 @@ func (r *report) add(inv int, s *spec, format string, args ...any) {
 	}
 	msg := fmt.Sprintf(format, args...)
 	if s != nil && s.keyed {
-		if lines := r.logs.about(s.name, 10); len(lines) > 0 {
+		if lines := about(r.logs, s.name, 10); len(lines) > 0 {
 			msg += "\n\t\tssegate's log for the key:\n\t\t\t" + strings.Join(lines, "\n\t\t\t")
 		}
 	}

@@ -14,12 +14,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
 )
@@ -48,12 +48,12 @@ type world struct {
 	srv   *fasthttp.Server
 	url   string
 	cl    *clients
-	logs  *logBuffer
+	logs  *gatetest.LogBuffer
 }
 
 func newWorld(t *testing.T, p *plan) *world {
 	t.Helper()
-	w := &world{logs: &logBuffer{}}
+	w := &world{logs: &gatetest.LogBuffer{}}
 	w.mock = mockllm.New(mockllm.Config{HangLimit: hangLimit})
 	mockURL, err := w.mock.Start("127.0.0.1:0")
 	if err != nil {
@@ -255,25 +255,11 @@ func (g goroutines) grown(base goroutines) []string {
 	return out
 }
 
-// logBuffer keeps the proxy's log lines for the failure messages.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // about returns the last max log lines that name key, without the
 // attributes every line of the round shares (date, tenant, fingerprint).
-func (b *logBuffer) about(key string, max int) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func about(b *gatetest.LogBuffer, key string, max int) []string {
 	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
+	for _, l := range strings.Split(b.String(), "\n") {
 		if !strings.Contains(l, " key="+key+" ") && !strings.HasSuffix(l, " key="+key) {
 			continue
 		}
