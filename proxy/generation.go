@@ -465,24 +465,24 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 			started = true
 			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 		}
-		if det.Terminal() {
-			if ok, why := det.Clean(false); !ok && falseEnd(why) {
-				// The terminal event says "whole" and the stream is not
-				// ([DONE] with a choice unfinished, say): a client that
-				// stops reading at it would take a half stream for a
-				// whole one. It is not relayed; stream_aborted is.
-				reason, started = g.conclude(det, head, nil, nil, false)
-				concluded = true
-				conn.drainBy(time.Now().Add(maxDrainTime))
-				continue
+		terminal := det.Terminal()
+		// A terminal event that says "whole" when the stream is not
+		// ([DONE] with a choice unfinished, say) is not relayed: a client
+		// that stops reading at it would take a half stream for a whole
+		// one. stream_aborted ends the stream instead.
+		relay := true
+		if terminal {
+			ok, why := det.Clean(false)
+			relay = ok || !falseEnd(why)
+		}
+		if relay {
+			m.events.Inc()
+			if _, err := f.Append(ev.Type, ev.Data); err != nil {
+				appendErr = err
+				break
 			}
 		}
-		m.events.Inc()
-		if _, err := f.Append(ev.Type, ev.Data); err != nil {
-			appendErr = err
-			break
-		}
-		if det.Terminal() {
+		if terminal {
 			reason, started = g.conclude(det, head, nil, nil, false)
 			concluded = true
 			conn.drainBy(time.Now().Add(maxDrainTime))
