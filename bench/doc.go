@@ -10,7 +10,7 @@
 //
 // # Peers
 //
-// The upstream is the embedded mock LLM (bench/mockllm) in a child process,
+// The upstream is the embedded mock LLM (internal/mockllm) in a child process,
 // streaming OpenAI chat chunks of about 240 bytes; each request sets its
 // length and pace with X-Mock-Tokens and X-Mock-Delay. Every path reaches it:
 //

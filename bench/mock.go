@@ -15,7 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 // The upstream of every path is the embedded mock LLM, run in a child

@@ -18,7 +18,7 @@ import "github.com/redis/rueidis"
 //	               1..n carry the events (field e: the encoded event, id
 //	               included; field h on seq 1: the head), <gen>-maxSeq
 //	               ends the generation (field t: done|failed|lost).
-//	res    STRING  the committed result, compressed (see redis_blob.go)
+//	res    STRING  the committed result, compressed (see blob.go)
 //
 // Each tenant also has a sorted set of its keys, in its own slot, for
 // the bound on keys per tenant (redis_quota.go holds it and its scripts).

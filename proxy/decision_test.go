@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 func slowMock(delay time.Duration, tokens int) envOption {

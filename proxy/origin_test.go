@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/valyala/fasthttp"
 )
 

@@ -113,7 +113,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
 		// A streamed answer takes its connection over; afterwards the proxy
-		// hands it back with ServeConn (stream.go), so keep-alive survives.
+		// hands it back with ServeConn (client.go), so keep-alive survives.
 		KeepHijackedConns: true,
 		// A streamed answer frees its worker at once (the connection is
 		// taken over), so a burst of new streams leaves a burst of idle

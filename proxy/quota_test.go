@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 // TestMaxKeysPerTenant: a credential at -max-keys-per-tenant gets 503

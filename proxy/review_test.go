@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 // TestAnswersWithoutBody: answers fasthttp gives no body stream for (to a

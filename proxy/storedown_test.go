@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/sse"
 )
 

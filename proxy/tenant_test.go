@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/valyala/fasthttp"
 )
 

@@ -20,8 +20,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"

@@ -17,8 +17,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	openaiopt "github.com/openai/openai-go/v3/option"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/proxy"
 )
 

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/valyala/fasthttp"
 )
 

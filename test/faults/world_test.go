@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
 )

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )

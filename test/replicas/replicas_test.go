@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 // send makes one request with the given headers (and no other credential)

@@ -22,12 +22,6 @@ import (
 	"github.com/ssegate/ssegate/sse"
 )
 
-// ErrUnavailable is wrapped by the errors of a store that could not reach
-// its backing service (Redis down, too slow, or refusing). The proxy
-// answers 503 store_unavailable; it is never ErrStoreFull, since waiting
-// for room would not help.
-var ErrUnavailable = errors.New("store unavailable")
-
 // RedisConfig configures a Redis store. Its zero value, with URL set, is
 // usable: every zero field takes the default documented beside it.
 type RedisConfig struct {

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/ssegate/ssegate/bench/mockllm"
+	"github.com/ssegate/ssegate/internal/mockllm"
 )
 
 // Example streams a chat completion from a mock on loopback and prints its
