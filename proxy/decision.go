@@ -12,8 +12,7 @@ import (
 // serveKeyed takes DESIGN.md's decision for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	if err := validKey(key); err != nil {
-		p.m.requests.WithLabelValues("invalid").Inc()
-		p.writeError(ctx, errInvalidKey(err.Error()))
+		p.refuse(ctx, causeInvalidKey, err.Error())
 		return
 	}
 	sc, ok := p.scope(ctx, key)
@@ -40,10 +39,10 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	switch b.Decision {
 	case cache.Conflict:
 		p.logDecision(ctx, "conflict", sc, fp)
-		p.writeError(ctx, errConflict())
+		p.writeError(ctx, causeConflict.err(""))
 	case cache.Gone:
 		p.logDecision(ctx, "gone", sc, fp)
-		p.writeError(ctx, errGone("the committed result of this key is no longer held"))
+		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
 	case cache.Hit:
 		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
 		p.saved(b.Result.Usage)
@@ -51,7 +50,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
 			p.logDecision(ctx, "in_flight", sc, fp, "generation", b.Flight.Gen)
-			p.writeError(ctx, errInFlight())
+			p.writeError(ctx, causeInFlight.err(""))
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
@@ -62,9 +61,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.m.missingBodies.Inc()
 		}
 		if !p.acquire() {
-			p.m.requests.WithLabelValues("refused").Inc()
-			f.Fail(cache.StateFailedRetryable, "max_streams", nil)
-			p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
+			causeMaxStreams.fail(f, 0, nil)
+			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
@@ -76,19 +74,16 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 
 // storeError answers a failure of the store itself, or a bound it holds.
 func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
-	p.m.requests.WithLabelValues("refused").Inc()
 	switch {
 	case errors.Is(err, cache.ErrTenantFull):
 		// Only this credential's new keys are refused: its known keys,
 		// and every other credential's, are decided as usual.
-		p.writeError(ctx, errCapacity(err.Error()+"; this credential's new keys are refused until some of its keys expire"))
-		return
+		p.refuse(ctx, causeTenantFull, "")
 	case errors.Is(err, cache.ErrStoreFull):
-		p.writeError(ctx, errCapacity(err.Error()))
-		return
+		p.refuse(ctx, causeStoreFull, err.Error())
+	default:
+		p.refuse(ctx, causeStoreUnavailable, err.Error())
 	}
-	p.writeError(ctx, &apiError{status: fasthttp.StatusServiceUnavailable, typ: "store_unavailable",
-		message: "the idempotency store failed: " + err.Error(), retryAfter: 1})
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,
@@ -97,15 +92,15 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
-		state, reason, _ := f.Outcome()
-		p.writeError(ctx, headlessError(state, reason))
+		_, reason, _ := f.Outcome()
+		p.writeError(ctx, failedAnswer(reason))
 		return
 	}
 	if !h.Stream {
 		<-f.Done()
 		state, reason, body := f.Outcome()
 		if body == nil && state != cache.StateCommitted {
-			p.writeError(ctx, unreadError(reason))
+			p.writeError(ctx, failedAnswer(reason))
 			return
 		}
 		if replayed && state == cache.StateCommitted {
@@ -117,9 +112,9 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	sub, err := f.Subscribe(after)
 	if err != nil {
 		if errors.Is(err, cache.ErrPosition) {
-			p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream has not sent"))
+			p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
 		} else {
-			p.writeError(ctx, errCapacity("this stream has its maximum number of followers"))
+			p.writeError(ctx, causeMaxFollowers.err(""))
 		}
 		return
 	}
@@ -135,47 +130,11 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	}, nil)
 }
 
-// headlessError is the answer to a request whose upstream work ended
-// without an answer head to relay: in state, for reason.
-func headlessError(state cache.State, reason string) *apiError {
-	switch reason {
-	case "upstream_timeout":
-		return errUpstreamTimeout("the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other); its outcome is unknown, and it was not sent again")
-	case "upstream_idle_timeout":
-		return errUpstreamTimeout("the upstream answered a head and then nothing within -upstream-idle-timeout; its outcome is unknown, and it was not sent again")
-	case "upstream_unavailable":
-		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "upstream_unavailable",
-			message: "every upstream has a circuit open for this model or its host after repeated failures", retryAfter: 1}
-	case "shutdown":
-		return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "shutting_down", message: "the proxy is shutting down", retryAfter: 1}
-	case "max_streams", "store_full":
-		return errCapacity("a bound was hit (" + reason + ")")
-	case "connect_error", "stale_connection", "error_event":
-		return errUpstream("the upstream failed before answering (" + reason + ")")
-	}
-	switch state {
-	case cache.StateCommitUnknown:
-		return errUpstream("the upstream connection failed after the request was sent (" + reason + "); its outcome is unknown, and it was not sent again: a repeat could be a second paid generation")
-	case cache.StateFailedRetryable:
-		return errUpstream("the upstream answered, but not with a valid event stream (" + reason + "); its outcome is unknown, and it was not sent again")
-	}
-	return errUpstream("the upstream failed before answering (" + reason + ")")
-}
-
-// unreadError is the answer to a request whose upstream answer, not an
-// event stream, had a head but could not be read to its end.
-func unreadError(reason string) *apiError {
-	if reason == "upstream_idle_timeout" {
-		return errUpstreamTimeout("the upstream's answer stopped before its end, silent past -upstream-idle-timeout or -attempt-timeout; its outcome is unknown")
-	}
-	return errUpstream("the upstream answer could not be read (" + reason + ")")
-}
-
 // replay answers from a committed result, from the event after seq.
 func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
 	data, err := r.After(after)
 	if err != nil {
-		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream never had"))
+		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))
 		return
 	}
 	if r.Head.Stream && after > 0 && len(data) == 0 {

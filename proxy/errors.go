@@ -10,8 +10,9 @@ import (
 )
 
 // apiError is an error answered to the client as JSON before any byte of
-// a stream went out. Its type is one of DESIGN.md's error types.
+// a stream went out: its cause's row (causes.go) with a message.
 type apiError struct {
+	cause      cause
 	status     int
 	typ        string
 	message    string
@@ -19,59 +20,6 @@ type apiError struct {
 }
 
 func (e *apiError) Error() string { return e.typ + ": " + e.message }
-
-// The error types ssegate answers with. Status codes live here and only here.
-func errInvalidKey(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_idempotency_key", message: msg}
-}
-
-func errInvalidLastEventID(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_last_event_id", message: msg}
-}
-
-func errNotFound(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusNotFound, typ: "stream_not_found", message: msg}
-}
-
-func errCredentialRequired() *apiError {
-	return &apiError{status: fasthttp.StatusUnauthorized, typ: "credential_required",
-		message: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"}
-}
-
-func errInFlight() *apiError {
-	return &apiError{status: fasthttp.StatusConflict, typ: "idempotency_in_flight",
-		message: "a request with this Idempotency-Key is still in flight; retry later", retryAfter: 1}
-}
-
-func errGone(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusGone, typ: "stream_gone", message: msg}
-}
-
-func errTooLarge(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusRequestEntityTooLarge, typ: "request_too_large", message: msg}
-}
-
-func errInvalidResumeToken() *apiError {
-	return &apiError{status: fasthttp.StatusForbidden, typ: "invalid_resume_token",
-		message: "the resume token is not valid for this stream, or has expired"}
-}
-
-func errConflict() *apiError {
-	return &apiError{status: fasthttp.StatusUnprocessableEntity, typ: "idempotency_conflict",
-		message: "this Idempotency-Key was used with a different request (method, path, query or body)"}
-}
-
-func errUpstream(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusBadGateway, typ: "upstream_error", message: msg}
-}
-
-func errUpstreamTimeout(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusGatewayTimeout, typ: "upstream_timeout", message: msg}
-}
-
-func errCapacity(msg string) *apiError {
-	return &apiError{status: fasthttp.StatusServiceUnavailable, typ: "capacity_exceeded", message: msg, retryAfter: 1}
-}
 
 type errorBody struct {
 	Error errorFields `json:"error"`
@@ -83,7 +31,18 @@ type errorFields struct {
 	Message string `json:"message"`
 }
 
-// writeError answers e as JSON and logs it.
+// refuse answers a request refused for c before any decision was taken
+// on it, counts it under the cause's refusal decision, and logs it.
+// detail, when not empty, follows the table's message.
+func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, c cause, detail string, attrs ...any) {
+	if d := causes[c].refusal; d != "" {
+		p.m.requests.WithLabelValues(d).Inc()
+	}
+	p.writeError(ctx, c.err(detail), attrs...)
+}
+
+// writeError answers e as JSON and logs it. A request refused before its
+// decision goes through refuse, which also counts it.
 func (p *Proxy) writeError(ctx *fasthttp.RequestCtx, e *apiError, attrs ...any) {
 	fillError(&ctx.Response, e)
 	p.logRefused(e, string(ctx.Method()), string(ctx.Path()), attrs...)
@@ -107,7 +66,7 @@ func (p *Proxy) logRefused(e *apiError, method, path string, attrs ...any) {
 		level = slog.LevelWarn
 	}
 	p.log.Log(context.Background(), level, "request refused", append([]any{
-		"status", e.status, "type", e.typ, "msg", e.message, "method", method, "path", path,
+		"status", e.status, "type", e.typ, "reason", e.cause.String(), "msg", e.message, "method", method, "path", path,
 	}, attrs...)...)
 }
 

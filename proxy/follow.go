@@ -49,8 +49,7 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 			if ended {
 				state, reason, _ := f.Outcome()
 				if state != cache.StateCommitted {
-					ev := sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason)))
-					return c.write(ev) == nil
+					return c.write(abortFrame(reason)) == nil
 				}
 				return true
 			}

@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +31,7 @@ type gen struct {
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
 	finished bool
-	cause    string        // why the generation was cut short, if it was
+	cause    cause         // why the generation was cut short, if it was
 	stop     chan struct{} // closed by cancel
 	start    time.Time
 }
@@ -46,20 +45,20 @@ func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {
 	p.liveMu.Unlock()
 	select {
 	case <-p.done: // a request that raced Abort
-		g.cancel("shutdown")
+		g.cancel(causeShutdown)
 	default:
 	}
 	return g
 }
 
 // cancel cuts the generation short; the flight then fails with cause.
-func (g *gen) cancel(cause string) {
+func (g *gen) cancel(c cause) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.finished || g.cause != "" {
+	if g.finished || g.cause != causeNone {
 		return
 	}
-	g.cause = cause
+	g.cause = c
 	close(g.stop)
 	if g.resp != nil {
 		interrupt(g.resp)
@@ -83,7 +82,7 @@ func interrupt(resp *fasthttp.Response) {
 	// TestAnswerConn), so there is no other case to interrupt.
 }
 
-func (g *gen) cutShort() string {
+func (g *gen) cutShort() cause {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.cause
@@ -133,9 +132,9 @@ func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, err
 	}
 	g.mu.Lock()
 	g.resp = resp
-	cause := g.cause
+	cut := g.cause
 	g.mu.Unlock()
-	if cause != "" {
+	if cut != causeNone {
 		g.drop() // cancelled while waiting: nothing of it is read
 		return nil, errCancelled
 	}
@@ -157,14 +156,23 @@ func (g *gen) mark(state cache.State, attempt, status int) {
 	}
 }
 
-// attempt is what one call to the upstream came to.
+// attempt is what one call to the upstream came to, when it did not
+// settle the flight.
 type attempt struct {
-	verdict    verdict
-	reason     string     // snake_case cause, for logs and the flight
-	head       cache.Head // set when the upstream answered
-	answered   bool       // ambiguous after a 2xx head: an answer, not a stream
+	cause      cause      // why it brought no answer to record; causeNone for a final answer to hand over as it is
+	head       cache.Head // set when the upstream answered with a head worth relaying
 	body       []byte     // an error answer's body, to relay if it is the last
 	retryAfter time.Duration
+}
+
+// verdict says whether the attempt may be made again (retry.go): by the
+// upstream's status for its own answers, by the cause's row otherwise.
+func (a attempt) verdict() verdict {
+	switch a.cause {
+	case causeNone, causeUpstreamRefused, causeUpstreamFailed:
+		return statusVerdict(a.head.Status)
+	}
+	return causes[a.cause].verdict
 }
 
 // run is the generation's goroutine: call the upstream, retrying where
@@ -180,86 +188,40 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		}
 	}()
 	p, f := g.p, g.f
-	rc := &p.cfg.Retry
-	keyed := f.Gen != 0
-	start := g.start
-	p.budget.request(start)
-	jitter := newFullJitter(rc.BaseBackoff, rc.MaxBackoff)
-	model := modelKey(g.req.Model) // whose circuits the calls go through
-	next := 0
+	p.budget.request(g.start)
+	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	rt := route{model: modelKey(g.req.Model)}
 	var last attempt
-	var pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
 	for n := 1; ; n++ {
-		if cause := g.cutShort(); cause != "" {
-			f.Fail(cache.StateFailedRetryable, cause, nil)
+		if c := g.cutShort(); c != causeNone {
+			c.fail(f, 0, nil)
 			return
 		}
-		up, idx, done, ok := pick(p.ups, next, model)
-		if ok && pinned != nil && up != pinned {
-			// The pinned upstream's circuit is open. Another upstream
-			// cannot deduplicate against the call that may be running.
-			done(errNotCalled)
-			ok = false
-		}
+		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
-			g.end(n-1, attempt{reason: "upstream_unavailable"}, last)
+			g.end(n-1, attempt{cause: causeUpstreamUnavailable}, last)
 			return
 		}
 		g.mark(cache.StateExecutionStarted, n, last.head.Status)
-		a, started := g.try(up, tmpl, done)
-		if started {
+		a, settled := g.try(up, tmpl, done)
+		if settled {
 			p.m.attemptsPerOK.Observe(float64(n))
 			return // the flight has its answer, and ended with it
 		}
-		if a.verdict == final && a.head.Status != 0 && !a.head.Stream && g.relayRaw {
+		if a.cause == causeNone && g.relayRaw {
 			handedOff = true
-			g.mu.Lock()
-			resp := g.resp
-			g.resp = nil
-			g.mu.Unlock()
-			g.o.answerRaw(resp)
+			g.handOff()
 			return
 		}
 		g.drop()
-		// An ambiguous failure is repeated only for an upstream known to
-		// deduplicate on the key (-retry-ambiguous), so only with one.
-		retry := a.verdict == safe || (a.verdict == ambiguous && keyed && up.retryAmbiguous)
-		wait := jitter.next()
-		why := ""
-		switch {
-		case !retry:
-		case n >= rc.Attempts:
-			why = "attempts"
-		case a.retryAfter > rc.RetryAfterMax:
-			why = "retry_after_too_long"
-		case time.Since(start)+max(wait, a.retryAfter) > rc.MaxElapsed:
-			why = "max_elapsed"
-		case !p.budget.retry(time.Now()):
-			why = "budget"
-		}
-		if !retry || why != "" {
-			if why != "" {
-				p.m.noRetry.WithLabelValues(why).Inc()
-				if why == "budget" {
-					p.m.budgetRefused.Inc()
-				}
-				p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-					"reason", a.reason, "why", why, "upstream", up.name)
-			}
+		wait := max(jitter.next(), a.retryAfter)
+		if !g.retry(n, a, up, wait) {
 			g.end(n, a, last)
 			return
 		}
-		p.m.retries.WithLabelValues(a.reason).Inc()
-		p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", a.reason,
-			"upstream", up.name, "backoff", max(wait, a.retryAfter).String())
 		last = a
-		next = idx + 1 // fail over to the next upstream
-		if a.verdict == ambiguous {
-			// The upstream may be running the request: only it can tell
-			// the repeat apart (-retry-ambiguous), so it gets it.
-			next, pinned = idx, up
-		}
-		t := time.NewTimer(max(wait, a.retryAfter))
+		rt.failed(a, up, idx)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-g.stop:
@@ -268,45 +230,129 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	}
 }
 
-// try makes one attempt on up. started reports that the answer went into
-// the flight (and the flight ended with it); otherwise a says what came.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a attempt, started bool) {
+// route is the failover of one generation's attempts over the upstreams,
+// through the circuits of its model.
+type route struct {
+	model  string
+	next   int       // the upstream to try first
+	pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
+}
+
+// pick returns the upstream of the next attempt; ok is false when every
+// one has its circuit open, or the pinned one has.
+func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error), ok bool) {
+	up, idx, done, ok = pick(ups, rt.next, rt.model)
+	if ok && rt.pinned != nil && up != rt.pinned {
+		// The pinned upstream's circuit is open. Another upstream cannot
+		// deduplicate against the call that may be running.
+		done(errNotCalled)
+		return nil, 0, nil, false
+	}
+	return up, idx, done, ok
+}
+
+// failed moves the route on after attempt a on up (ups[idx]) failed and
+// is to be made again: to the next upstream, unless the upstream may be
+// running the request (-retry-ambiguous): only it can tell the repeat
+// apart, so it gets it.
+func (rt *route) failed(a attempt, up *upstream, idx int) {
+	rt.next = idx + 1
+	if a.verdict() == ambiguous {
+		rt.next, rt.pinned = idx, up
+	}
+}
+
+// retry decides whether attempt n, which failed as a says on up, is made
+// again after wait: only when its verdict allows it (an ambiguous failure
+// only for an upstream known to deduplicate on the key, -retry-ambiguous,
+// so only with one), within -retry-attempts, Retry-After's bound,
+// -retry-max-elapsed and the retry budget. It counts and logs the
+// decision.
+func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
+	p, f, rc := g.p, g.f, &g.p.cfg.Retry
+	v := a.verdict()
+	if v != safe && !(v == ambiguous && f.Gen != 0 && up.retryAmbiguous) {
+		return false
+	}
+	why := ""
+	switch {
+	case n >= rc.Attempts:
+		why = "attempts"
+	case a.retryAfter > rc.RetryAfterMax:
+		why = "retry_after_too_long"
+	case time.Since(g.start)+wait > rc.MaxElapsed:
+		why = "max_elapsed"
+	case !p.budget.retry(time.Now()):
+		why = "budget"
+		p.m.budgetRefused.Inc()
+	}
+	reason := a.cause.reason(a.head.Status)
+	if why != "" {
+		p.m.noRetry.WithLabelValues(why).Inc()
+		p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
+			"reason", reason, "why", why, "upstream", up.name)
+		return false
+	}
+	p.m.retries.WithLabelValues(reason).Inc()
+	p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", reason,
+		"upstream", up.name, "backoff", wait.String())
+	return true
+}
+
+// handOff gives the origin the upstream's answer to a request without a
+// key that is not an event stream, to relay as it comes (origin.answerRaw),
+// with the end of the generation.
+func (g *gen) handOff() {
+	g.mu.Lock()
+	resp := g.resp
+	g.resp = nil
+	g.mu.Unlock()
+	g.o.answerRaw(resp)
+}
+
+// try makes one attempt on up. settled reports that the answer went into
+// the flight and the flight ended with it; otherwise a says what came.
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a attempt, settled bool) {
 	sent := time.Now()
 	resp, err := g.call(up, up.prepare(tmpl))
 	m := g.p.m
 	if errors.Is(err, errCancelled) {
 		done(nil) // the upstream answered; whether well is not known
-		return attempt{verdict: final, reason: g.cutShort()}, false
+		return attempt{cause: g.cutShort()}, false
 	}
 	if err != nil {
 		done(err)
-		a := attempt{verdict: ambiguous, reason: "upstream_reset"}
+		a := attempt{cause: causeUpstreamReset}
 		switch {
 		case isDial(err):
-			a = attempt{verdict: safe, reason: "connect_error"}
+			a.cause = causeConnectError
 		case isStale(err):
-			a = attempt{verdict: safe, reason: "stale_connection"}
+			a.cause = causeStaleConnection
 		case isTimeout(err):
-			a.reason = "upstream_timeout"
+			a.cause = causeUpstreamTimeout
 		}
-		m.attempts.WithLabelValues(a.reason).Inc()
+		m.attempts.WithLabelValues(a.cause.String()).Inc()
 		return a, false
 	}
 	head := copyHead(resp)
 	m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
-	a = attempt{verdict: statusVerdict(head.Status), head: head, reason: fmt.Sprintf("upstream_status_%d", head.Status)}
+	a = attempt{head: head}
+	if head.Status >= 400 {
+		a.cause = upstreamStatus(head.Status)
+	}
 	if head.Status >= 500 {
 		done(errUpstreamStatus)
 	} else {
 		done(nil) // alive: 4xx and 429 are answers, not outages
 	}
-	if a.verdict == safe {
+	if a.verdict() == safe {
 		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
 		a.body, _ = readBody(resp, 64<<10)
 		return a, false
 	}
 	if !head.Stream {
 		if g.relayRaw {
+			a.cause = causeNone // relayed as it is, error or not
 			return a, false
 		}
 		if g.req.Stream && head.Status < 300 && !isJSON(head.ContentType) {
@@ -315,27 +361,19 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 			// event. The upstream took the request; what became of it is
 			// not known. (A JSON answer, from an upstream that does not
 			// stream, is recorded like any other: framing decides.)
-			return attempt{verdict: ambiguous, answered: true, reason: "not_an_event_stream"}, false
+			return attempt{cause: causeNotAnEventStream}, false
 		}
 		g.record(resp, head)
 		return a, true
 	}
-	reason, started := g.pump(resp, head, sent)
-	if started {
+	c, settled := g.pump(resp, head, sent)
+	if settled {
 		return a, true
 	}
-	a.reason = reason
-	if reason == "error_event" {
-		a.verdict = safe // the upstream said it failed, before any event
-	} else {
-		// A head and no valid first event: the upstream took the request
-		// and may be generating. A body that ended without one is an
-		// answer, if not a stream; a reset or a silence is none.
-		a.verdict = ambiguous
-		a.answered = reason != "upstream_read_error" && reason != "upstream_idle_timeout"
-	}
-	a.head = cache.Head{}
-	return a, false
+	// No valid first event: an error event (the upstream said it failed:
+	// safe to repeat), or a body that ended or broke without one (the
+	// upstream took the request and may be generating: ambiguous).
+	return attempt{cause: c}, false
 }
 
 var errUpstreamStatus = errors.New("upstream answered 5xx")
@@ -350,16 +388,14 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 	case err != nil:
 		// A chunked body without its last chunk, or one shorter than its
 		// Content-Length, fails here (io.ErrUnexpectedEOF).
-		f.Fail(cache.StateFailedRetryable, readFailure(err), nil)
+		readFailure(err).fail(f, 0, nil)
 	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
-		f.Fail(cache.StateFailedRetryable, "unframed_body", nil)
+		causeUnframedBody.fail(f, 0, nil)
 	case head.Status >= 200 && head.Status < 300:
 		f.SetUsage(bodyUsage(body))
 		g.skipped(f.Commit(body))
-	case head.Status >= 400 && head.Status < 500 && head.Status != fasthttp.StatusTooManyRequests:
-		f.Fail(cache.StateFailedTerminal, fmt.Sprintf("upstream_status_%d", head.Status), body)
 	default:
-		f.Fail(cache.StateFailedRetryable, fmt.Sprintf("upstream_status_%d", head.Status), body)
+		upstreamStatus(head.Status).fail(f, head.Status, body)
 	}
 	g.logEnd(head.Status)
 }
@@ -391,43 +427,35 @@ func isJSON(ct string) bool {
 // prev) brought no answer worth recording as a result.
 func (g *gen) end(attempts int, a, prev attempt) {
 	f := g.f
-	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict != ambiguous {
+	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous {
 		a = prev // relay the upstream's own last answer rather than a connect error
 	}
-	state := cache.StateFailedRetryable
-	switch {
-	case a.verdict == ambiguous && a.answered:
-		// An answer that was not a stream: a failure, known as such.
-	case a.verdict == ambiguous:
-		state = cache.StateCommitUnknown
+	state := causes[a.cause].state
+	if state == cache.StateCommitUnknown {
 		g.p.m.commitUnknowns.Inc()
-	case a.head.Status >= 400 && a.head.Status < 500 && a.head.Status != fasthttp.StatusTooManyRequests:
-		state = cache.StateFailedTerminal
 	}
-	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; Fail records the state
+	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; fail records the state
 	if f.Gen != 0 {
 		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-			"attempt", attempts, "state", state, "upstream_status", a.head.Status, "reason", a.reason)
+			"attempt", attempts, "state", state, "upstream_status", a.head.Status, "reason", a.cause.reason(a.head.Status))
 	}
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
-		f.Fail(state, a.reason, a.body)
-	} else {
-		f.Fail(state, a.reason, nil)
 	}
+	a.cause.fail(f, a.head.Status, a.body)
 	g.logEnd(a.head.Status)
 }
 
 // pump reads the upstream's events into the flight. The head goes to the
 // flight with the first event: until then nothing has reached a client,
-// and a failure returns started=false so the caller may retry. After it,
-// the flight ends here: committed after a clean end, failed otherwise.
-// The body is read to its end, even past the terminal event, so the
-// connection can be reused.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (reason string, started bool) {
+// and a failure returns settled false so the caller may retry. After it,
+// the flight ends here (settled): committed after a clean end, failed
+// otherwise. What follows the terminal event is drained, within bounds,
+// so the connection can be reused.
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c cause, settled bool) {
 	f := g.f
 	m := g.p.m
-	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel("max_stream_duration") })
+	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
 	defer deadline.Stop()
 	det := sse.NewDetector(g.req.Expect())
 	var readErr, appendErr error
@@ -435,16 +463,17 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	// the generation is about to read the upstream's socket: the events of
 	// one read go out together, and before it may wait. Every upstream
 	// connection is an idleConn (newUpstream's Dial; TestAnswerConn).
-	if c := connOf(resp); c != nil {
-		c.beforeRead = g.o.push
-		defer func() { c.beforeRead = nil }()
+	conn := connOf(resp)
+	if conn != nil {
+		conn.beforeRead = g.o.push
+		defer func() { conn.beforeRead = nil }()
 	}
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
 	// most maxDrain bytes of it) so that the connection can be reused.
+	begun := false // the first event was seen, and the head went to the flight
 	concluded := false
 	drained := 0
-	conn := connOf(resp)
 	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
@@ -457,23 +486,23 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 			continue
 		}
 		det.Observe(ev)
-		if !started {
-			if ok, why := det.Clean(false); !ok && why == "error_event" {
-				return why, false // an upstream error before any event: a failed call
+		if !begun {
+			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
+				return causeErrorEvent, false // an upstream error before any event: a failed call
 			}
 			f.SetHead(head)
-			started = true
+			begun = true
 			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 		}
 		terminal := det.Terminal()
 		// A terminal event that says "whole" when the stream is not
 		// ([DONE] with a choice unfinished, say) is not relayed: a client
 		// that stops reading at it would take a half stream for a whole
-		// one. stream_aborted ends the stream instead.
+		// one. stream_aborted ends the stream instead (causeRow.relayEnd).
 		relay := true
 		if terminal {
 			ok, why := det.Clean(false)
-			relay = ok || !falseEnd(why)
+			relay = ok || relayEnd(why)
 		}
 		if relay {
 			m.events.Inc()
@@ -483,13 +512,13 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 			}
 		}
 		if terminal {
-			reason, started = g.conclude(det, head, nil, nil, false)
+			c, settled = g.conclude(det, head, nil, nil, false)
 			concluded = true
 			conn.drainBy(time.Now().Add(maxDrainTime))
 		}
 	}
 	if concluded {
-		return reason, started
+		return c, settled
 	}
 	// The body ended with its framing intact: its last chunk, or all of
 	// its Content-Length (fasthttp fails a read short of either with
@@ -497,20 +526,6 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (re
 	// (-2) has no framing to vouch for its end.
 	intact := readErr == nil && resp.Header.ContentLength() != -2
 	return g.conclude(det, head, readErr, appendErr, intact)
-}
-
-// falseEnd reports whether a stream the detector found unclean for reason
-// ended with an event that claims a whole answer ([DONE], message_stop,
-// response.completed) or is itself broken: such an event is not relayed.
-// The provider's own failure events (an error, response.failed,
-// response.incomplete) are relayed before the stream_aborted end: they
-// say what went wrong.
-func falseEnd(reason string) bool {
-	switch reason {
-	case "error_event", "response_failed", "response_incomplete":
-		return false
-	}
-	return true
 }
 
 // maxDrain and maxDrainTime bound what is read of an upstream body after
@@ -523,29 +538,30 @@ const (
 )
 
 // conclude ends the flight once the stream's end is known: committed when
-// det finds it clean, failed otherwise. Before any event was journaled
-// (started false on entry, known from the flight), a failure that is not
-// the generation's own cut is returned with started false, so that the
-// caller may decide on a retry.
-func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (reason string, started bool) {
+// det finds it clean, failed otherwise, and reports it settled. Before any
+// event was journaled (no head in the flight yet), a failure that is not
+// the generation's own cut is returned unsettled, so that the caller may
+// decide on a retry.
+func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
 	f, m := g.f, g.p.m
-	_, started = f.Head()
-	cause := g.cutShort()
+	_, begun := f.Head()
+	cut := g.cutShort()
 	switch {
-	case cause != "":
-		reason = cause
+	case cut != causeNone:
+		c = cut
 	case errors.Is(appendErr, cache.ErrStreamTooLarge):
-		reason = "max_stream_bytes"
+		c = causeMaxStreamBytes
 	case errors.Is(appendErr, cache.ErrEnded):
-		_, reason, _ = f.Outcome() // the store ended it (e.g. fenced by another replica)
+		_, reason, _ := f.Outcome() // the store ended it (e.g. fenced by another replica)
+		c = causeOf(reason)
 	case appendErr != nil:
-		reason = "store_full"
+		c = causeStoreFull
 	case readErr != nil:
-		reason = readFailure(readErr)
+		c = readFailure(readErr)
 	default:
-		var ok bool
-		if ok, reason = det.Clean(intact); ok {
-			if !started {
+		ok, why := det.Clean(intact)
+		if ok {
+			if !begun {
 				f.SetHead(head)
 			}
 			if in, out, ok := det.Usage(); ok {
@@ -553,31 +569,33 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 			}
 			g.skipped(f.Commit(nil))
 			g.logEnd(head.Status)
-			return "", true
+			return causeNone, true
 		}
+		c = causeOf(why)
 	}
-	if !started && cause == "" {
-		return reason, false
+	if !begun && cut == causeNone {
+		return c, false
 	}
-	if !started {
+	if !begun {
 		f.SetHead(head)
 	}
-	m.aborted.WithLabelValues(reason).Inc()
-	f.Fail(cache.StateFailedRetryable, reason, nil)
+	m.aborted.WithLabelValues(c.String()).Inc()
+	c.fail(f, 0, nil)
 	g.logEnd(head.Status)
-	return reason, true
+	return c, true
 }
 
-func readFailure(err error) string {
+// readFailure is the cause of a failed read of an upstream body.
+func readFailure(err error) cause {
 	switch {
 	case errors.Is(err, sse.ErrEventTooLarge):
-		return "max_event_bytes"
+		return causeMaxEventBytes
 	case errors.Is(err, errBodyTooLarge):
-		return "max_stream_bytes"
+		return causeMaxStreamBytes
 	case isTimeout(err):
-		return "upstream_idle_timeout"
+		return causeUpstreamIdleTimeout
 	default:
-		return "upstream_read_error"
+		return causeUpstreamReadError
 	}
 }
 
@@ -594,27 +612,6 @@ func (g *gen) logEnd(status int) {
 		attrs = append(attrs, "first_event_ms", t.Sub(g.start).Milliseconds())
 	}
 	g.p.log.Info("generation ended", attrs...)
-}
-
-// abortMessages explain each abort cause to the client.
-var abortMessages = map[string]string{
-	"max_stream_bytes":      "the stream exceeded the proxy's per-stream byte bound",
-	"max_event_bytes":       "an upstream event exceeded the proxy's event size bound",
-	"max_stream_duration":   "the stream exceeded the proxy's stream duration bound",
-	"store_full":            "the proxy's live journals are full",
-	"upstream_idle_timeout": "the upstream went silent",
-	"upstream_read_error":   "the upstream connection failed mid-stream",
-	"shutdown":              "the proxy is shutting down",
-	"generation_lost":       "the replica that ran this generation stopped; retry the request",
-	"store_unavailable":     "the store holding this generation became unreachable",
-	"fenced":                "another replica took this generation over",
-}
-
-func abortMessage(reason string) string {
-	if m, ok := abortMessages[reason]; ok {
-		return m
-	}
-	return "the upstream stream did not end cleanly (" + reason + ")"
 }
 
 // skipped counts a completed answer that is not stored.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
-	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
 
@@ -66,7 +65,7 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 		if o.onGone != nil {
 			o.onGone()
 		}
-		p.writeError(ctx, errCapacity("this stream has its maximum number of followers"))
+		p.writeError(ctx, causeMaxFollowers.err(""))
 		return
 	}
 	o.mu.Lock()
@@ -161,9 +160,9 @@ func (o *origin) answerRest() {
 	var refused *apiError
 	state, reason, body := f.Outcome()
 	if h, ok := f.Head(); !ok {
-		refused = headlessError(state, reason)
+		refused = failedAnswer(reason)
 	} else if body == nil && state != cache.StateCommitted {
-		refused = unreadError(reason)
+		refused = failedAnswer(reason)
 	} else {
 		setHead(&resp.Header, h, false)
 		resp.SetBody(body)
@@ -214,7 +213,7 @@ func (o *origin) flushLocked() {
 		spans, ended := o.sub.ReadSpans(at[:0])
 		if ended {
 			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted {
-				spans = append(spans, sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, abortMessage(reason))))
+				spans = append(spans, abortFrame(reason))
 			}
 			if o.offer(true, spans...) {
 				o.over(true)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -133,21 +134,34 @@ func (p *Proxy) Server() *fasthttp.Server {
 // nor its log line carries the error's text, the method or the path: they
 // come from the request's bytes, which may hold a credential.
 func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
-	var e *apiError
+	if brokenConn(err) {
+		// Not a request at all: the connection broke while one was
+		// awaited or read. There is no one to answer.
+		p.log.Debug("connection broke while reading a request")
+		return
+	}
+	c, detail := causeMalformedRequest, ""
 	var small *fasthttp.ErrSmallBuffer
 	var netErr net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		e = errTooLarge(fmt.Sprintf("request body exceeds -max-body (%d bytes)", p.cfg.MaxBodyBytes))
+		c, detail = causeBodyTooLarge, fmt.Sprintf("%d bytes", p.cfg.MaxBodyBytes)
 	case errors.As(err, &small):
-		e = &apiError{status: fasthttp.StatusRequestHeaderFieldsTooLarge, typ: "invalid_request", message: "request headers too large"}
+		c = causeHeadersTooLarge
 	case errors.As(err, &netErr) && netErr.Timeout():
-		e = &apiError{status: fasthttp.StatusRequestTimeout, typ: "invalid_request", message: "request not read within its time"}
-	default:
-		e = &apiError{status: fasthttp.StatusBadRequest, typ: "invalid_request", message: "malformed request"}
+		c = causeRequestTimeout
 	}
+	e := c.err(detail)
+	p.m.requests.WithLabelValues(causes[c].refusal).Inc()
 	fillError(&ctx.Response, e)
-	p.log.Info("request refused", "status", e.status, "type", e.typ, "msg", e.message)
+	p.log.Info("request refused", "status", e.status, "type", e.typ, "reason", c.String(), "msg", e.message)
+}
+
+// brokenConn reports whether err is the connection's end rather than a
+// bad request: reset, closed, or ended mid-request.
+func brokenConn(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // fasthttpLogger sends fasthttp's own messages (connections it could not
@@ -168,7 +182,7 @@ func (p *Proxy) Abort() {
 	p.abortOnce.Do(func() { close(p.done) })
 	p.liveMu.Lock()
 	for g := range p.live {
-		g.cancel("shutdown")
+		g.cancel(causeShutdown)
 	}
 	p.liveMu.Unlock()
 }
@@ -235,8 +249,7 @@ func fpPrefix(fp string) string {
 func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
 	t, cred := p.tenant(ctx)
 	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
-		p.m.requests.WithLabelValues("denied").Inc()
-		p.writeError(ctx, errCredentialRequired())
+		p.refuse(ctx, causeCredentialRequired, "")
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
 		return cache.Scope{}, false
 	}

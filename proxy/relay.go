@@ -18,14 +18,14 @@ import (
 // upstream call.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	if !p.acquire() {
-		p.writeError(ctx, errCapacity(fmt.Sprintf("-max-streams (%d) upstream calls are in progress", p.cfg.MaxStreams)))
+		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
 	p.m.requests.WithLabelValues("relay").Inc()
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
 	g.relayRaw = true
-	g.o.onGone = func() { g.cancel("client_gone") }
+	g.o.onGone = func() { g.cancel(causeClientGone) }
 	go g.run(newTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }

@@ -15,13 +15,12 @@ import (
 func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID string) {
 	id, err := sse.ParseID(lastEventID)
 	if err != nil {
-		p.m.requests.WithLabelValues("invalid").Inc()
-		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID is not an id this proxy issued"))
+		p.refuse(ctx, causeInvalidLastEventID, "it is not an id this proxy issued")
 		return
 	}
 	f, r, err := p.store.Attach(sc, fp, id, true)
 	if err != nil {
-		p.attachError(ctx, err, errGone("no generation of this key holds that Last-Event-ID; start over without it"))
+		p.attachError(ctx, err, causeGone.err("no generation of this key holds that Last-Event-ID"))
 		return
 	}
 	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
@@ -38,7 +37,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	key, err := keyFromPath(ctx, "/streams/")
 	if err != nil {
-		p.writeError(ctx, errInvalidKey(err.Error()))
+		p.refuse(ctx, causeInvalidKey, err.Error())
 		return
 	}
 	var sc cache.Scope
@@ -47,8 +46,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 		// A signed resume URL: the token, not a credential, names the
 		// scope, and a bad one learns nothing of the key.
 		if sc, ok = p.tokenScope(string(token), key, time.Now()); !ok {
-			p.m.requests.WithLabelValues("invalid").Inc()
-			p.writeError(ctx, errInvalidResumeToken())
+			p.refuse(ctx, causeInvalidResumeToken, "")
 			return
 		}
 	} else if sc, ok = p.scope(ctx, key); !ok {
@@ -59,13 +57,13 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	lei := ctx.Request.Header.Peek("Last-Event-ID")
 	if len(lei) > 0 {
 		if id, err = sse.ParseID(string(lei)); err != nil {
-			p.writeError(ctx, errInvalidLastEventID("Last-Event-ID is not an id this proxy issued"))
+			p.refuse(ctx, causeInvalidLastEventID, "it is not an id this proxy issued")
 			return
 		}
 	}
 	f, r, err := p.store.Attach(sc, "", id, len(lei) > 0)
 	if err != nil {
-		p.attachError(ctx, err, errNotFound("no stream is known under this key for this credential"))
+		p.attachError(ctx, err, causeStreamNotFound.err(""))
 		return
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
@@ -83,11 +81,11 @@ func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiEr
 	case errors.Is(err, cache.ErrNotFound):
 		p.writeError(ctx, notFound)
 	case errors.Is(err, cache.ErrGone):
-		p.writeError(ctx, errGone("the generation that Last-Event-ID names aborted or is no longer held; start over without Last-Event-ID"))
+		p.writeError(ctx, causeGone.err("the generation that Last-Event-ID names aborted or is no longer held"))
 	case errors.Is(err, cache.ErrPosition):
-		p.writeError(ctx, errInvalidLastEventID("Last-Event-ID names an event this stream never had"))
+		p.refuse(ctx, causeInvalidLastEventID, "it names an event this stream never had")
 	case errors.Is(err, cache.ErrConflict):
-		p.writeError(ctx, errConflict())
+		p.writeError(ctx, causeConflict.err(""))
 	default:
 		p.storeError(ctx, err)
 	}
@@ -103,7 +101,7 @@ type keyInfo struct {
 func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx, _ string) {
 	key, err := keyFromPath(ctx, "/keys/")
 	if err != nil {
-		p.writeError(ctx, errInvalidKey(err.Error()))
+		p.refuse(ctx, causeInvalidKey, err.Error())
 		return
 	}
 	sc, ok := p.scope(ctx, key)
@@ -112,7 +110,7 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx, _ string) {
 	}
 	ki, ok := p.store.Info(sc)
 	if !ok {
-		p.writeError(ctx, &apiError{status: fasthttp.StatusNotFound, typ: "key_not_found", message: "no key is known under this name for this credential"})
+		p.writeError(ctx, causeKeyNotFound.err(""))
 		return
 	}
 	b, _ := json.Marshal(keyInfo{Key: key, KeyInfo: ki})

@@ -233,6 +233,32 @@ func (d *Detector) Dialect() Dialect { return d.dialect }
 // its end is the end of the body (Clean's intact).
 func (d *Detector) Terminal() bool { return d.terminal }
 
+// The reasons Clean gives for a stream that did not end cleanly, each a
+// short snake_case word for logs, metrics and the stream_aborted code.
+const (
+	ReasonErrorEvent          = "error_event"           // the provider sent an error event
+	ReasonMalformedEvent      = "malformed_event"       // an event's data is not a whole JSON object
+	ReasonUnknownDialect      = "unknown_dialect"       // no event told which API the stream is
+	ReasonNoTerminalEvent     = "no_terminal_event"     // the body ended before the dialect's last event
+	ReasonUnexpectedChoice    = "unexpected_choice"     // a choice index outside 0..N-1
+	ReasonNoChoices           = "no_choices"            // a chat stream without a single choice
+	ReasonMissingChoice       = "missing_choice"        // an index in 0..N-1 that never appeared
+	ReasonMissingFinishReason = "missing_finish_reason" // a choice that never finished
+	ReasonMissingUsage        = "missing_usage"         // include_usage was asked and no usage came
+	ReasonResponseFailed      = "response_failed"       // a Responses stream that ended in response.failed
+	ReasonResponseIncomplete  = "response_incomplete"   // … in response.incomplete
+	ReasonSequenceGap         = "sequence_gap"          // a Responses sequence_number skipped
+	ReasonMissingStopReason   = "missing_stop_reason"   // an Anthropic stream whose message_delta gave no stop_reason
+)
+
+// Reasons lists every reason Clean can give.
+var Reasons = []string{
+	ReasonErrorEvent, ReasonMalformedEvent, ReasonUnknownDialect, ReasonNoTerminalEvent,
+	ReasonUnexpectedChoice, ReasonNoChoices, ReasonMissingChoice, ReasonMissingFinishReason,
+	ReasonMissingUsage, ReasonResponseFailed, ReasonResponseIncomplete, ReasonSequenceGap,
+	ReasonMissingStopReason,
+}
+
 // Clean reports, at the end of the body, whether the stream ended cleanly.
 // Call it only after the read loop ended without a read error; a read error
 // is an abort whatever Clean says.
@@ -246,59 +272,53 @@ func (d *Detector) Terminal() bool { return d.terminal }
 // servers end their streams so. The other dialects need their terminal
 // events whatever intact says.
 //
-// When the stream is not clean, reason is a short snake_case cause for logs
-// and metrics: "error_event", "malformed_event" (an event whose data is not
-// a whole JSON object), "unknown_dialect", "no_terminal_event",
-// "unexpected_choice" (a choice index outside 0..N-1), "no_choices",
-// "missing_choice" (an index in 0..N-1 that never appeared),
-// "missing_finish_reason", "missing_usage", "response_failed",
-// "response_incomplete", "sequence_gap" or "missing_stop_reason".
+// When the stream is not clean, reason is one of Reasons.
 func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 	if d.errSeen {
-		return false, "error_event"
+		return false, ReasonErrorEvent
 	}
 	if d.malformed && d.dialect != DialectUnknown {
-		return false, "malformed_event"
+		return false, ReasonMalformedEvent
 	}
 	switch d.dialect {
 	case DialectOpenAIChat:
 		switch {
 		case !d.done && !intact:
-			return false, "no_terminal_event"
+			return false, ReasonNoTerminalEvent
 		case d.unexpected:
-			return false, "unexpected_choice"
+			return false, ReasonUnexpectedChoice
 		case d.seen == [len(d.seen)]uint64{}:
-			return false, "no_choices"
+			return false, ReasonNoChoices
 		case d.seen != d.want():
-			return false, "missing_choice"
+			return false, ReasonMissingChoice
 		case d.finished != d.seen:
-			return false, "missing_finish_reason"
+			return false, ReasonMissingFinishReason
 		case d.usage && !d.usageSeen:
-			return false, "missing_usage"
+			return false, ReasonMissingUsage
 		}
 		return true, ""
 	case DialectOpenAIResponses:
 		switch {
 		case d.failed:
-			return false, "response_failed"
+			return false, ReasonResponseFailed
 		case d.incomplete:
-			return false, "response_incomplete"
+			return false, ReasonResponseIncomplete
 		case !d.completed:
-			return false, "no_terminal_event"
+			return false, ReasonNoTerminalEvent
 		case d.seqGap:
-			return false, "sequence_gap"
+			return false, ReasonSequenceGap
 		}
 		return true, ""
 	case DialectAnthropic:
 		switch {
 		case !d.stopped:
-			return false, "no_terminal_event"
+			return false, ReasonNoTerminalEvent
 		case !d.stopReason:
-			return false, "missing_stop_reason"
+			return false, ReasonMissingStopReason
 		}
 		return true, ""
 	}
-	return false, "unknown_dialect"
+	return false, ReasonUnknownDialect
 }
 
 // want returns the choice bits 0..n-1.

@@ -1,0 +1,294 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
+)
+
+// A cause is one way a request or a stream ends without a whole answer:
+// a request refused before any upstream work, an attempt that failed, or
+// a stream cut after its first event. Its row in causes says everything
+// the proxy does about it:
+//
+//   - name: the metric label, the log field "reason", the ledger's reason
+//     (GET /keys/{key}), and the code of the stream_aborted event;
+//   - refusal: the ssegate_requests_total decision of a request refused
+//     for it before any decision was taken ("" when it is not counted so:
+//     it ends a request already counted by its decision);
+//   - verdict: whether an attempt that failed so, before the first event,
+//     may be repeated (retry.go); final for causes that are no attempt's;
+//   - state: the key state a generation ends in when the cause ends it
+//     before its first event (an abort after the first event always
+//     leaves failed_retryable, except where the store ends the generation
+//     and says so: generation_lost, fenced, store_unavailable);
+//   - status, typ, retry, msg: the JSON error answered before the first
+//     byte (docs/design.md, Errors); an upstream's own error answer is
+//     relayed as it came, and its row's answer is for one whose body could
+//     not be read;
+//   - abort: the stream_aborted message after the first byte ("" where
+//     the cause cannot come after it);
+//   - relayEnd: the upstream event that told of the cause is the
+//     provider's own failure report (an error event, response.failed,
+//     response.incomplete), relayed before the stream_aborted end; any
+//     other terminal event of an unclean stream ([DONE], message_stop,
+//     response.completed) claims a whole answer and is not relayed.
+//
+// Adding a cause is one constant and one row; TestCauseTable checks that
+// every cause has a row and that names are unique.
+type cause uint8
+
+const (
+	causeNone cause = iota
+
+	// The request, refused before any upstream work.
+	causeInvalidKey
+	causeInvalidLastEventID
+	causeCredentialRequired
+	causeInvalidResumeToken
+	causeStreamNotFound
+	causeKeyNotFound
+	causeInFlight
+	causeGone
+	causeConflict
+	causeBodyTooLarge
+	causeHeadersTooLarge
+	causeRequestTimeout
+	causeMalformedRequest
+
+	// Bounds, and the store.
+	causeMaxStreams
+	causeMaxFollowers
+	causeTenantFull
+	causeStoreFull
+	causeStoreUnavailable
+	causeMaxStreamBytes
+	causeMaxEventBytes
+	causeMaxStreamDuration
+
+	// The proxy and its replicas.
+	causeShutdown
+	causeClientGone
+	causeGenerationLost
+	causeFenced
+
+	// The upstream, before its answer's head.
+	causeUpstreamUnavailable
+	causeConnectError
+	causeStaleConnection
+	causeUpstreamTimeout
+	causeUpstreamReset
+
+	// The upstream's answer.
+	causeUpstreamRefused // a 4xx other than 429: the client's request, refused
+	causeUpstreamFailed  // 429 or 5xx
+	causeNotAnEventStream
+	causeUnframedBody
+	causeUpstreamIdleTimeout
+	causeUpstreamReadError
+
+	// The stream's end, as sse.Detector judges it.
+	causeErrorEvent
+	causeMalformedEvent
+	causeUnknownDialect
+	causeNoTerminalEvent
+	causeUnexpectedChoice
+	causeNoChoices
+	causeMissingChoice
+	causeMissingFinishReason
+	causeMissingUsage
+	causeResponseFailed
+	causeResponseIncomplete
+	causeSequenceGap
+	causeMissingStopReason
+	causeUncleanEnd // a reason of a store or replica this proxy does not know
+
+	numCauses
+)
+
+type causeRow struct {
+	name     string
+	refusal  string
+	verdict  verdict
+	state    cache.State
+	status   int
+	typ      string
+	retry    int // Retry-After seconds, 0 for none
+	msg      string
+	abort    string
+	relayEnd bool
+}
+
+// Shorthands of the table's columns.
+const (
+	s400, s401, s403, s404, s408 = fasthttp.StatusBadRequest, fasthttp.StatusUnauthorized, fasthttp.StatusForbidden, fasthttp.StatusNotFound, fasthttp.StatusRequestTimeout
+	s409, s410, s413, s422, s431 = fasthttp.StatusConflict, fasthttp.StatusGone, fasthttp.StatusRequestEntityTooLarge, fasthttp.StatusUnprocessableEntity, fasthttp.StatusRequestHeaderFieldsTooLarge
+	s502, s503, s504             = fasthttp.StatusBadGateway, fasthttp.StatusServiceUnavailable, fasthttp.StatusGatewayTimeout
+
+	retryable = cache.StateFailedRetryable
+	terminal  = cache.StateFailedTerminal
+	unknown   = cache.StateCommitUnknown
+
+	tUpstream    = "upstream_error"
+	tTimeout     = "upstream_timeout"
+	tCapacity    = "capacity_exceeded"
+	tInvalid     = "invalid_request"
+	notSentAgain = "; its outcome is unknown, and it was not sent again"
+	notAStream   = "the upstream answered, but not with a valid event stream" + notSentAgain
+)
+
+// causes is the table of causes: the only place a status, an error type, a
+// stream_aborted code or a failed key state is chosen.
+var causes = [numCauses]causeRow{
+	causeInvalidKey:         {name: "invalid_idempotency_key", refusal: "invalid", status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
+	causeInvalidLastEventID: {name: "invalid_last_event_id", refusal: "invalid", status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
+	causeCredentialRequired: {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
+	causeInvalidResumeToken: {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
+	causeStreamNotFound:     {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
+	causeKeyNotFound:        {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
+	causeInFlight:           {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
+	causeGone:               {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
+	causeConflict:           {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},
+	causeBodyTooLarge:       {name: "request_too_large", refusal: "invalid", status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
+	causeHeadersTooLarge:    {name: "headers_too_large", refusal: "invalid", status: s431, typ: tInvalid, msg: "request headers too large"},
+	causeRequestTimeout:     {name: "request_timeout", refusal: "invalid", status: s408, typ: tInvalid, msg: "request not read within its time"},
+	causeMalformedRequest:   {name: "malformed_request", refusal: "invalid", status: s400, typ: tInvalid, msg: "malformed request"},
+
+	causeMaxStreams:        {name: "max_streams", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
+	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},
+	causeTenantFull:        {name: "tenant_full", refusal: "refused", status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
+	causeStoreFull:         {name: "store_full", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
+	causeStoreUnavailable:  {name: "store_unavailable", refusal: "refused", state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
+	causeMaxStreamBytes:    {name: "max_stream_bytes", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
+	causeMaxEventBytes:     {name: "max_event_bytes", state: retryable, status: s502, typ: tUpstream, msg: "an upstream event exceeded -max-event-bytes", abort: "an upstream event exceeded the proxy's event size bound"},
+	causeMaxStreamDuration: {name: "max_stream_duration", state: retryable, status: s504, typ: tTimeout, msg: "the upstream call exceeded -max-stream-duration", abort: "the stream exceeded the proxy's stream duration bound"},
+
+	causeShutdown:       {name: "shutdown", state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
+	causeClientGone:     {name: "client_gone", state: retryable, status: s502, typ: tUpstream, msg: "the client went away", abort: "the client went away"},
+	causeGenerationLost: {name: "generation_lost", state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
+	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
+
+	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures"},
+	causeConnectError:        {name: "connect_error", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (connect_error)"},
+	causeStaleConnection:     {name: "stale_connection", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (stale_connection)"},
+	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
+	causeUpstreamReset:       {name: "upstream_reset", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
+
+	causeUpstreamRefused:     {name: "upstream_status", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
+	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
+	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
+	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
+	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
+	causeUpstreamReadError:   {name: "upstream_read_error", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
+
+	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true},
+	causeMalformedEvent:      {name: sse.ReasonMalformedEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "an upstream event was not the whole JSON object its dialect sends"},
+	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows"},
+	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},
+	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for"},
+	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice"},
+	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for"},
+	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished"},
+	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for"},
+	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
+	causeResponseIncomplete:  {name: sse.ReasonResponseIncomplete, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response is incomplete", relayEnd: true},
+	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
+	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason"},
+	causeUncleanEnd:          {name: "unclean_end", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
+}
+
+// byName finds a cause by its name: the ledger and the flights hold names,
+// and a store may report a cause of its own (generation_lost, fenced).
+var byName = func() map[string]cause {
+	m := make(map[string]cause, numCauses)
+	for c := causeNone + 1; c < numCauses; c++ {
+		if c != causeUpstreamFailed { // upstream_status_N: see causeOf
+			m[causes[c].name] = c
+		}
+	}
+	return m
+}()
+
+// causeOf returns the cause a flight or the ledger names reason:
+// upstream_status_N for the upstream's own error answers, and
+// causeUncleanEnd for a name this proxy does not know.
+func causeOf(reason string) cause {
+	if c, ok := byName[reason]; ok {
+		return c
+	}
+	if s, ok := strings.CutPrefix(reason, "upstream_status_"); ok {
+		if n, err := strconv.Atoi(s); err == nil {
+			return upstreamStatus(n)
+		}
+	}
+	return causeUncleanEnd
+}
+
+// upstreamStatus is the cause of an upstream's error answer with status.
+func upstreamStatus(status int) cause {
+	if status >= 400 && status < 500 && status != fasthttp.StatusTooManyRequests {
+		return causeUpstreamRefused
+	}
+	return causeUpstreamFailed
+}
+
+func (c cause) String() string { return causes[c].name }
+
+// reason is the name a flight and the ledger record for c; an upstream's
+// error answer is named with its status.
+func (c cause) reason(status int) string {
+	if c == causeUpstreamRefused || c == causeUpstreamFailed {
+		return "upstream_status_" + strconv.Itoa(status)
+	}
+	return causes[c].name
+}
+
+// err is the answer of c before the first byte: the table's message,
+// followed by detail when the caller knows more of what happened.
+func (c cause) err(detail string) *apiError {
+	r := &causes[c]
+	msg := r.msg
+	if detail != "" {
+		msg += ": " + detail
+	}
+	return &apiError{cause: c, status: r.status, typ: r.typ, message: msg, retryAfter: r.retry}
+}
+
+// abortMessage is the stream_aborted message of c after the first byte.
+func (c cause) abortMessage() string {
+	if m := causes[c].abort; m != "" {
+		return m
+	}
+	return causes[causeUncleanEnd].abort + " (" + causes[c].name + ")"
+}
+
+// relayEnd reports whether the terminal event of a stream found unclean
+// for reason is relayed before the stream_aborted end (causeRow.relayEnd).
+func relayEnd(reason string) bool { return causes[causeOf(reason)].relayEnd }
+
+// failedAnswer is the answer to a client whose flight ended with no
+// answer to relay (state, reason): no head came, or the head of an answer
+// that is not an event stream and whose body could not be read whole.
+func failedAnswer(reason string) *apiError { return causeOf(reason).err("") }
+
+// abortFrame is the event that ends a stream whose flight ended
+// uncommitted for reason.
+func abortFrame(reason string) []byte {
+	return sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, causeOf(reason).abortMessage()))
+}
+
+// fail ends flight f for c, with the upstream's status and body when it is
+// an upstream's error answer. Before the answer started (no head in the
+// flight) the key takes the cause's state; after it, an aborted answer is
+// no result and leaves failed_retryable (docs/design.md, Abort), whatever
+// the cause.
+func (c cause) fail(f *cache.Flight, status int, body []byte) {
+	state := causes[c].state
+	if _, started := f.Head(); started && c != causeUpstreamRefused && c != causeUpstreamFailed {
+		state = cache.StateFailedRetryable
+	}
+	f.Fail(state, c.reason(status), body)
+}

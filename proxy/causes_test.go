@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// TestCauseTable: every cause has a whole row, names are unique (but for
+// the upstream's own status, named with it), every reason the detector
+// gives and every reason the stores give has its own row, and names read
+// back as their cause.
+func TestCauseTable(t *testing.T) {
+	t.Parallel()
+	types := map[string]bool{ // docs/design.md, Errors
+		"invalid_idempotency_key": true, "invalid_last_event_id": true, "credential_required": true,
+		"invalid_resume_token": true, "stream_not_found": true, "key_not_found": true,
+		"idempotency_in_flight": true, "stream_gone": true, "idempotency_conflict": true,
+		"request_too_large": true, "invalid_request": true, "capacity_exceeded": true,
+		"store_unavailable": true, "shutting_down": true, "upstream_unavailable": true,
+		"upstream_error": true, "upstream_timeout": true,
+	}
+	states := map[cache.State]bool{"": true, cache.StateFailedRetryable: true, cache.StateFailedTerminal: true, cache.StateCommitUnknown: true}
+	seen := map[string]cause{}
+	for c := causeNone + 1; c < numCauses; c++ {
+		r := causes[c]
+		if r.name == "" || r.status < 400 || r.msg == "" || !types[r.typ] || !states[r.state] {
+			t.Errorf("cause %d (%q): incomplete row %+v", c, r.name, r)
+		}
+		if r.verdict != final && r.state == "" {
+			t.Errorf("%v: an attempt's cause without the key state it leaves", c)
+		}
+		if prev, dup := seen[r.name]; dup && !(prev == causeUpstreamRefused && c == causeUpstreamFailed) {
+			t.Errorf("%v: name used by cause %d too", c, prev)
+		}
+		seen[r.name] = c
+		if c != causeUpstreamRefused && c != causeUpstreamFailed && causeOf(r.name) != c {
+			t.Errorf("causeOf(%q) = %v; want %v", r.name, causeOf(r.name), c)
+		}
+	}
+	for _, reason := range sse.Reasons {
+		if c := causeOf(reason); c == causeUncleanEnd || causes[c].abort == "" {
+			t.Errorf("detector reason %q: no row with an abort message", reason)
+		}
+	}
+	for _, reason := range []string{"generation_lost", "fenced", "store_unavailable", "shutdown", "max_stream_bytes", "store_full"} {
+		if c := causeOf(reason); c == causeUncleanEnd || causes[c].abort == "" {
+			t.Errorf("store reason %q: no row with an abort message", reason)
+		}
+	}
+	for status, want := range map[int]cause{400: causeUpstreamRefused, 404: causeUpstreamRefused, 429: causeUpstreamFailed, 500: causeUpstreamFailed, 503: causeUpstreamFailed} {
+		c := causeOf(upstreamStatus(status).reason(status))
+		if c != want || causes[c].state != map[cause]cache.State{causeUpstreamRefused: cache.StateFailedTerminal, causeUpstreamFailed: cache.StateFailedRetryable}[want] {
+			t.Errorf("upstream status %d: cause %v; want %v", status, c, want)
+		}
+	}
+	if c := causeOf("a_reason_of_a_newer_replica"); c != causeUncleanEnd {
+		t.Errorf("unknown reason: got %v; want unclean_end", c)
+	}
+	if got := causeOf("a_reason_of_a_newer_replica").abortMessage(); !strings.Contains(got, "did not end cleanly") {
+		t.Errorf("unknown reason's abort message: %q", got)
+	}
+}
+
+// TestCausesChooseEveryStatus: the cause table is the only place an error
+// answer is built: no other file of the package builds an apiError, or
+// names an error type or a stream_aborted code in a string of its own.
+func TestCausesChooseEveryStatus(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := regexp.MustCompile(`apiError\{|typ: "|abortEvent\("`)
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") || name == "causes.go" {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "//") || strings.Contains(line, "func abortEvent(") {
+				continue
+			}
+			if built.MatchString(line) && !(name == "errors.go" && strings.Contains(line, "func (e *apiError)")) {
+				t.Errorf("%s:%d builds an error answer outside causes.go: %s", name, i+1, strings.TrimSpace(line))
+			}
+		}
+	}
+}
