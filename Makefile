@@ -36,6 +36,11 @@ fuzz:
 # nginx (when installed) and ssegate with and without Idempotency-Key,
 # 3 interleaved rounds; tables on stdout, JSON/Markdown/SVG in bench/results/.
 # BENCHFLAGS=-quick for a smoke run, or e.g. BENCHFLAGS='-scenarios a,b'.
+# To show what a change costs, measure a second ssegate binary (built from
+# the commit before it) beside ssegate in the same rounds, with the same
+# flags: make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'
+# adds the paths ssegate@baseline and ssegate@baseline+key and a summary of
+# ssegate against them.
 bench:
 	$(GO) run ./bench $(BENCHFLAGS)
 

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -218,7 +220,14 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("slow[%d] = %+v; want %+v", i, o.slow[i], want[i])
 		}
 	}
-	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "caddy"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"}} {
+	if o.peers[kindBaseline] {
+		t.Error("a baseline peer without -baseline")
+	}
+	if o, err := parseFlags([]string{"-baseline", "/old/ssegate", "-peers", "ssegate"}, io.Discard); err != nil || !o.peers[kindBaseline] || o.baseline != "/old/ssegate" {
+		t.Errorf("-baseline: %v; want the baseline among the peers", err)
+	}
+	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "caddy"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"},
+		{"-baseline", "/old/ssegate", "-peers", "httputil"}, {"-soak", "-baseline", "/old/ssegate"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded; want an error", bad)
 		}
@@ -268,6 +277,30 @@ func TestMarkdown(t *testing.T) {
 	}
 }
 
+func TestBaselineSummary(t *testing.T) {
+	rep := fakeReport()
+	if strings.Contains(rep.markdown(), "@baseline") {
+		t.Error("a report without baseline rows has a baseline summary")
+	}
+	for round := 1; round <= 2; round++ {
+		m := newMeasurement("a", "8 streams", round, pathBaseline, 8)
+		m.EventsPerSec, m.CPUusPerEvent = num(400*float64(round)), 2.5
+		rep.Measurements = append(rep.Measurements, m)
+	}
+	rep.Baseline, rep.BaselineRev = "/old/ssegate", "0123456789abcdef (modified)"
+	md := rep.markdown()
+	for _, want := range []string{
+		"ssegate@baseline is `/old/ssegate` (built from 0123456789ab (modified))",
+		"### ssegate against ssegate@baseline",
+		"| a | 8 streams | ssegate | events/s | 750 | 600 | 1.25× | 2.00 | 2.50 | 0.80× |", // ratios within each round
+		"| ssegate@baseline | 600 | 0.40× |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 func TestSVG(t *testing.T) {
 	svg := fakeReport().svg()
 	if err := xml.Unmarshal([]byte(svg), new(struct{ XMLName xml.Name })); err != nil {
@@ -308,7 +341,7 @@ func TestQuickRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes and runs load")
 	}
-	rep, _, out := runQuick(t, "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20",
+	rep, md, out := runQuick(t, "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20",
 		"-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40")
 	seen := map[string]bool{}
 	peers := map[kind]bool{}
@@ -340,6 +373,9 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("peer %s has no measurement", k)
 		}
 	}
+	if peers[kindBaseline] || rep.Baseline != "" || strings.Contains(md, "@baseline") {
+		t.Error("a run without -baseline has baseline rows")
+	}
 	for _, s := range scenarios {
 		if !seen[s.id] && s.id != "redis" { // TestRedisScenario
 			t.Errorf("scenario %s has no measurement", s.id)
@@ -351,6 +387,135 @@ func TestQuickRun(t *testing.T) {
 	if svg, _ := filepath.Glob(filepath.Join(out, "bench-*.svg")); len(svg) != 1 {
 		t.Errorf("%d SVG files; want 1", len(svg))
 	}
+}
+
+// TestBaselineRun runs a short suite with -baseline (the same ssegate
+// binary behind a wrapper that notes how it was started) and checks that
+// both baseline paths were measured right after their ssegate counterparts
+// in every scenario that measures those, with the same flags and
+// environment, every stream whole, and that their rows are in every table,
+// the summary, the JSON and the SVG.
+func TestBaselineRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes and runs load")
+	}
+	bin := os.Getenv("SSEGATE_BIN")
+	dir := t.TempDir()
+	if bin == "" {
+		bin = filepath.Join(dir, "ssegate")
+		cmd := exec.Command("go", "build", "-o", bin, "../cmd/ssegate")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build ssegate: %v\n%s", err, out)
+		}
+	}
+	started := filepath.Join(dir, "started")
+	wrapper := filepath.Join(dir, "old-ssegate")
+	script := fmt.Sprintf("#!/bin/sh\necho \"$BENCH_MARK $*\" >>'%s'\nexec '%s' \"$@\"\n", started, bin)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rep, md, out := runQuick(t, "-scenarios", "a,b,c,d,e,sweep", "-peers", "ssegate", "-baseline", wrapper, "-ssegate", bin,
+		"-ssegate-args", "-heartbeat 20s", "-ssegate-env", "BENCH_MARK=marked",
+		"-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20", "-sweep", "4", "-fanout-pace", "3ms", "-events", "40")
+	if rep.Baseline != wrapper {
+		t.Errorf("JSON baseline %q; want %q", rep.Baseline, wrapper)
+	}
+	events := map[string]int64{"a": 40, "b": 10, "c": 20, "e": 40, "sweep": 40}
+	order := map[string][]string{} // scenario → paths in the order measured
+	baselines := 0
+	for _, m := range rep.Measurements {
+		name := m.Scenario + " " + m.Path
+		order[m.Scenario] = append(order[m.Scenario], m.Path)
+		if m.Server != kindBaseline {
+			if strings.Contains(m.Path, "@baseline") {
+				t.Errorf("%s: server %q", name, m.Server)
+			}
+			continue
+		}
+		baselines++
+		if m.Error != "" {
+			t.Errorf("%s: %s", name, m.Error)
+			continue
+		}
+		if m.Errors > 0 || m.OK == 0 || m.OK != m.Streams || m.Events != m.Streams*events[m.Scenario] {
+			t.Errorf("%s: %d of %d streams whole, %d events (%d a stream); errors %v", name, m.OK, m.Streams, m.Events, events[m.Scenario], m.ErrorSamples)
+		}
+		if !(m.CPUSec >= 0) {
+			t.Errorf("%s: proxy CPU %v; want a number", name, m.CPUSec)
+		}
+		if m.Scenario == "e" && m.Path == pathBaselineKey.name && m.UpstreamCalls != m.Groups {
+			t.Errorf("%s: %d upstream calls for %d groups; want one a group", name, m.UpstreamCalls, m.Groups)
+		}
+	}
+	want := "direct ssegate ssegate@baseline ssegate+key ssegate@baseline+key"
+	for scn := range events {
+		if got := strings.Join(order[scn], " "); got != want {
+			t.Errorf("scenario %s measured %q; want %q", scn, got, want)
+		}
+	}
+	if got := strings.Join(order["d"], " "); got != "direct ssegate replay" {
+		t.Errorf("scenario d measured %q; want no baseline", got)
+	}
+	// Every baseline measurement started the wrapper once, with ssegate's
+	// flags and environment.
+	b, err := os.ReadFile(started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != baselines || baselines != 2*len(events) {
+		t.Errorf("baseline started %d times for %d measurements; want %d", len(lines), baselines, 2*len(events))
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "marked -listen ") || !strings.Contains(l, " -log-level warn ") || !strings.HasSuffix(l, " -heartbeat 20s") {
+			t.Errorf("baseline started as %q; want ssegate's environment and flags", l)
+		}
+	}
+	for _, sec := range strings.Split(md, "\n### ")[1:] {
+		title, _, _ := strings.Cut(sec, "\n")
+		switch {
+		case strings.HasPrefix(title, "ssegate against ssegate@baseline"):
+			for scn := range events {
+				for _, p := range []string{"ssegate", "ssegate+key"} {
+					if !summaryHas(sec, scn, p) {
+						t.Errorf("summary lacks a measured %s row of %s:\n%s", p, scn, sec)
+					}
+				}
+			}
+		case strings.HasPrefix(title, "(d)"):
+			if strings.Contains(sec, "@baseline") {
+				t.Errorf("table %s has baseline rows", title)
+			}
+		default:
+			for _, p := range []string{"ssegate@baseline", "ssegate@baseline+key"} {
+				if !strings.Contains(sec, " "+p+" | ") {
+					t.Errorf("table %s lacks %s:\n%s", title, p, sec)
+				}
+			}
+		}
+	}
+	if !strings.Contains(md, "### ssegate against ssegate@baseline") {
+		t.Errorf("no baseline summary:\n%s", md)
+	}
+	svg, _ := filepath.Glob(filepath.Join(out, "bench-*.svg"))
+	if len(svg) != 1 {
+		t.Fatalf("%d SVG files; want 1", len(svg))
+	}
+	if b, err := os.ReadFile(svg[0]); err != nil || !bytes.Contains(b, []byte(">ssegate@baseline<")) || !bytes.Contains(b, []byte(">ssegate@baseline+key<")) {
+		t.Errorf("SVG lacks the baseline series (%v)", err)
+	}
+}
+
+// summaryHas reports whether the baseline summary sec has a row of path p
+// in scenario scn with both ratios measured.
+func summaryHas(sec, scn, p string) bool {
+	for _, line := range strings.Split(sec, "\n") {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) == 10 && cells[0] == scn && cells[2] == p && strings.HasSuffix(cells[6], "×") && strings.HasSuffix(cells[9], "×") {
+			return true
+		}
+	}
+	return false
 }
 
 // runQuick runs the suite with -quick and args (and the binary in

@@ -2,9 +2,10 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
+//	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
 //	go run ./bench -soak [-soak-streams 10000] [-soak-duration 10m]
 //	make soak                       # the soak (soak.go): lost and reordered events, goroutines and memory over time
 //
@@ -27,7 +28,10 @@
 //     (a generated configuration in a temporary prefix, in the foreground,
 //     stopped after each measurement);
 //   - ssegate, without Idempotency-Key, and ssegate+key with a unique key
-//     per stream (the recording path), built from ./cmd/ssegate at the start.
+//     per stream (the recording path), built from ./cmd/ssegate at the start
+//     (or -ssegate BIN);
+//   - with -baseline BIN, ssegate@baseline and ssegate@baseline+key: the
+//     same two paths through a second ssegate binary (Baseline below).
 //
 // Each measurement starts a fresh peer process, so that its idle RSS, CPU
 // time and peak RSS (VmHWM) belong to that measurement; the CPU is
@@ -35,6 +39,31 @@
 // (nginx's workers). The paths are interleaved, every path once a round,
 // and the tables show medians over rounds, with ratios to direct computed
 // within each round.
+//
+// # Baseline
+//
+// To show in one run what a change costs, -baseline measures a second
+// ssegate binary, e.g. one built from the commit before the change, beside
+// the one under test:
+//
+//	git worktree add /tmp/old HEAD~1
+//	(cd /tmp/old && CGO_ENABLED=0 go build -trimpath -o /tmp/old-ssegate ./cmd/ssegate)
+//	go run ./bench -baseline /tmp/old-ssegate -scenarios a,b
+//
+// Its paths, ssegate@baseline and ssegate@baseline+key, start the baseline
+// binary with the same flags and environment as ssegate (the suite's,
+// -ssegate-args and -ssegate-env) and make the same requests as ssegate and
+// ssegate+key. They are measured in every round of every scenario that
+// measures those two (a, b, c, e and sweep; d, f and redis have ssegate
+// paths of their own and no baseline), each right after its ssegate
+// counterpart, so that drift of the machine hits the pair alike. Their
+// rows are in those tables, in the JSON (server "baseline"; the report
+// names the binary and, when they were built in a checkout, the VCS
+// revision of both binaries) and in the sweep chart; a summary at the top
+// of the report puts every ssegate row beside its baseline's: the
+// scenario's main metric and proxy CPU per event of both, and the medians
+// of their per-round ratios. It needs ssegate in -peers. Without -baseline
+// the run is as before.
 //
 // # Load
 //

@@ -36,6 +36,7 @@ type options struct {
 	ssegateBin string
 	ssegateArg string
 	ssegateEnv string
+	baseline   string        // a second ssegate binary, measured beside ssegate
 	peers      map[kind]bool // the peers to measure; direct always is
 	soak       soakOptions
 }
@@ -63,12 +64,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
+	fs.StringVar(&o.baseline, "baseline", "", "a second ssegate binary to measure beside ssegate, e.g. one built from the commit before a change: paths ssegate@baseline and ssegate@baseline+key, started with the same flags and environment (-ssegate-args, -ssegate-env), each measured right after its ssegate counterpart in every round of a, b, c, e and sweep; in every table, the JSON, the SVG, and a summary of ssegate against it at the top of the report. Needs ssegate in -peers")
 	peers := fs.String("peers", "httputil,fasthttp,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx, ssegate")
 	o.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if o.soak.on {
+		if o.baseline != "" {
+			return nil, errors.New("-baseline is for the suite, not -soak")
+		}
 		return o, o.soak.check()
 	}
 	if fs.NArg() > 0 {
@@ -119,6 +124,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		default:
 			return nil, fmt.Errorf("-peers: unknown peer %q", p)
 		}
+	}
+	if o.baseline != "" {
+		if !o.peers[kindSsegate] {
+			return nil, errors.New("-baseline is measured beside ssegate: add ssegate to -peers")
+		}
+		o.peers[kindBaseline] = true
 	}
 	known := map[string]bool{}
 	for _, s := range scenarios {
@@ -216,6 +227,7 @@ type env struct {
 	ssegateBin  string
 	ssegateArgs []string
 	ssegateEnv  []string
+	baselineBin string // -baseline, absolute; "" without
 	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
 	nginxSeq    int
@@ -300,6 +312,22 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
+// checkBinary returns the absolute path of bin, an executable file.
+func checkBinary(bin string) (string, error) {
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return "", err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%s is not an executable file", abs)
+	}
+	return abs, nil
+}
+
 // run runs the suite with opt, writes the results and prints the report.
 func run(opt *options, stdout, stderr io.Writer) error {
 	start := time.Now()
@@ -327,6 +355,11 @@ func run(opt *options, stdout, stderr io.Writer) error {
 	r.env = e
 	if e.self, err = os.Executable(); err != nil {
 		return fmt.Errorf("find own binary: %w", err)
+	}
+	if opt.baseline != "" {
+		if e.baselineBin, err = checkBinary(opt.baseline); err != nil {
+			return fmt.Errorf("-baseline: %w", err)
+		}
 	}
 	root := ""
 	if opt.out == "" || opt.ssegateBin == "" {

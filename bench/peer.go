@@ -21,6 +21,7 @@ const (
 	kindFastHTTP kind = "fasthttp" // the minimal fasthttp relay, a child of the bench binary
 	kindNginx    kind = "nginx"    // nginx, proxy_buffering off
 	kindSsegate  kind = "ssegate"  // the ssegate binary built at the start of the run
+	kindBaseline kind = "baseline" // the -baseline ssegate binary, run as ssegate is
 	kindMock     kind = "mock"     // the upstream, a child of the bench binary
 )
 
@@ -55,13 +56,14 @@ func freeAddr() (string, error) {
 var ssegateFlags = []string{"-log-level", "warn", "-shutdown-timeout", "1s",
 	"-max-streams", "100000", "-max-live-bytes", strconv.Itoa(8 << 30)}
 
-// ssegateCmd is the command of an ssegate on addr in front of the mock
-// upstream, with the suite's flags, the user's (-ssegate-args, -ssegate-env)
-// and extra.
-func (e *env) ssegateCmd(addr string, extra ...string) *exec.Cmd {
+// ssegateCmd is the command of the ssegate binary bin on addr in front of
+// the mock upstream, with the suite's flags, the user's (-ssegate-args,
+// -ssegate-env) and extra: the measured ssegate and the -baseline one run
+// with the same command but for the binary.
+func (e *env) ssegateCmd(bin, addr string, extra ...string) *exec.Cmd {
 	args := append([]string{"-listen", addr, "-upstream", e.mockURL}, ssegateFlags...)
 	args = append(args, e.ssegateArgs...)
-	cmd := exec.Command(e.ssegateBin, append(args, extra...)...)
+	cmd := exec.Command(bin, append(args, extra...)...)
 	if len(e.ssegateEnv) > 0 {
 		cmd.Env = append(os.Environ(), e.ssegateEnv...)
 	}
@@ -81,7 +83,12 @@ func (e *env) start(k kind) (*server, error) {
 	dir := ""
 	switch k {
 	case kindSsegate:
-		cmd = e.ssegateCmd(addr)
+		cmd = e.ssegateCmd(e.ssegateBin, addr)
+	case kindBaseline:
+		if e.baselineBin == "" {
+			return nil, errors.New("no -baseline binary")
+		}
+		cmd = e.ssegateCmd(e.baselineBin, addr)
 	case kindHTTPUtil:
 		cmd = exec.Command(e.self, httputilCommand, addr, e.mockURL)
 	case kindFastHTTP:

@@ -258,7 +258,7 @@ func (e *env) startSsegate(extra ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e.launch(kindSsegate, addr, e.ssegateCmd(addr, extra...))
+	return e.launch(kindSsegate, addr, e.ssegateCmd(e.ssegateBin, addr, extra...))
 }
 
 // startReplicas flushes Redis (when rs is set) and starts n ssegate

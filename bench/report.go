@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/buildinfo"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -25,6 +26,9 @@ type report struct {
 	Command      []string      `json:"command"`
 	SsegateFlags string        `json:"ssegate_flags"`
 	SsegateEnv   string        `json:"ssegate_env,omitempty"`
+	Baseline     string        `json:"baseline,omitempty"`          // -baseline, the binary
+	BaselineRev  string        `json:"baseline_revision,omitempty"` // with -baseline: the VCS revision of each binary, when it says
+	SsegateRev   string        `json:"ssegate_revision,omitempty"`
 	Notes        []string      `json:"notes,omitempty"`
 	Measurements []measurement `json:"measurements"`
 }
@@ -32,7 +36,7 @@ type report struct {
 // report collects the run's measurements and context.
 func (r *runner) report(start time.Time, took time.Duration) *report {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return &report{
+	rep := &report{
 		Date:         start.UTC().Format(time.RFC3339),
 		DurationSec:  took.Seconds(),
 		Cores:        runtime.NumCPU(),
@@ -48,6 +52,33 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		Notes:        r.notes,
 		Measurements: r.ms,
 	}
+	if b := r.env.baselineBin; b != "" {
+		rep.Baseline, rep.BaselineRev, rep.SsegateRev = b, revisionOf(b), revisionOf(r.env.ssegateBin)
+	}
+	return rep
+}
+
+// revisionOf returns the VCS revision the Go binary bin was built from,
+// with " (modified)" when its tree had changes; "" when the binary does
+// not say.
+func revisionOf(bin string) string {
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return ""
+	}
+	rev, modified := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev != "" && modified {
+		rev += " (modified)"
+	}
+	return rev
 }
 
 // writeJSON writes v, indented, to path.
@@ -308,6 +339,9 @@ func (rep *report) markdown() string {
 		env = " and the environment `" + rep.SsegateEnv + "`"
 	}
 	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first; fasthttp is a minimal relay on ssegate's libraries (HostClient with StreamResponseBody, SetBodyStreamWriter, a flush per upstream read), parsing and recording nothing.\n\n", rep.SsegateFlags, env)
+	if rep.Baseline != "" {
+		fmt.Fprintf(&b, "ssegate@baseline is `%s`%s, run with the same flags and environment as ssegate%s.\n\n", rep.Baseline, built(rep.BaselineRev), built(rep.SsegateRev))
+	}
 	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.Join(rep.Command, " "))
 	for _, n := range rep.Notes {
 		fmt.Fprintf(&b, "- Note: %s\n", n)
@@ -315,6 +349,7 @@ func (rep *report) markdown() string {
 	if len(rep.Notes) > 0 {
 		b.WriteString("\n")
 	}
+	rep.baselineSummary(&b)
 	for _, t := range tables {
 		rows := rep.rows(t.scn, t.main)
 		if len(rows) == 0 {
@@ -357,6 +392,78 @@ func (rep *report) markdown() string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// built describes a build revision for the Markdown; "" when unknown.
+func built(rev string) string {
+	if rev == "" {
+		return ""
+	}
+	short, rest, _ := strings.Cut(rev, " ")
+	if len(short) > 12 {
+		short = short[:12]
+	}
+	if rest != "" {
+		short += " " + rest
+	}
+	return " (built from " + short + ")"
+}
+
+// baselineSummary writes, when the run measured a -baseline, one row for
+// each of ssegate's paths in every step where its baseline path ran too:
+// the table's main metric and the proxy CPU per event of both, and the
+// medians of their per-round ratios.
+func (rep *report) baselineSummary(b *strings.Builder) {
+	var lines []string
+	for _, t := range tables {
+		rows := rep.rows(t.scn, t.main)
+		byKey := map[[2]string]*agg{}
+		for _, a := range rows {
+			byKey[[2]string{a.step, a.path}] = a
+		}
+		metric := "events/s"
+		if t.scn == "b" {
+			metric = "TTFE p50 µs"
+		}
+		for _, a := range rows {
+			name, ok := baselineOf[a.path]
+			if !ok || a.server != kindSsegate {
+				continue
+			}
+			base := byKey[[2]string{a.step, name}]
+			if base == nil {
+				continue
+			}
+			lines = append(lines, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
+				t.scn, a.step, a.path, metric,
+				fmtNum(a.med(t.main), 0), fmtNum(base.med(t.main), 0), fmtRatio(pairRatio(a, base, t.main)),
+				fmtNum(a.med(cpuEv), 2), fmtNum(base.med(cpuEv), 2), fmtRatio(pairRatio(a, base, cpuEv))))
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	b.WriteString("### ssegate against ssegate@baseline\n\n" +
+		"Each of ssegate's paths beside the same path through the baseline binary, measured right after it in every round: the median over rounds of the scenario's main metric and of proxy CPU per event, and the median of the per-round ratios ssegate / ssegate@baseline (1.00× is no change; above it ssegate has more events/s, a longer TTFE or more CPU than its baseline). Errors are in the scenarios' tables.\n\n")
+	b.WriteString("| scenario | step | path | metric | ssegate | @baseline | ratio | CPU µs/event | @baseline | CPU ratio |\n")
+	b.WriteString("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString(strings.Join(lines, "\n") + "\n\n")
+}
+
+// pairRatio returns the median, over the rounds that measured both a and
+// base, of f of a's measurement over f of base's.
+func pairRatio(a, base *agg, f func(m *measurement) float64) float64 {
+	byRound := map[int]*measurement{}
+	for _, m := range base.ms {
+		byRound[m.Round] = m
+	}
+	var rs []float64
+	for _, m := range a.ms {
+		if d := byRound[m.Round]; d != nil {
+			rs = append(rs, ratio(f(m), f(d)))
+		}
+	}
+	return median(rs)
 }
 
 func writeHead(b *strings.Builder, cols []column) {

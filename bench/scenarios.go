@@ -23,7 +23,13 @@ var (
 	pathNginx      = path{name: "nginx", kind: kindNginx}
 	pathSsegate    = path{name: "ssegate", kind: kindSsegate}
 	pathSsegateKey = path{name: "ssegate+key", kind: kindSsegate, keyed: true}
+	// With -baseline: the same two paths through the baseline binary.
+	pathBaseline    = path{name: "ssegate@baseline", kind: kindBaseline}
+	pathBaselineKey = path{name: "ssegate@baseline+key", kind: kindBaseline, keyed: true}
 )
+
+// baselineOf names the baseline path of each of ssegate's two paths.
+var baselineOf = map[string]string{pathSsegate.name: pathBaseline.name, pathSsegateKey.name: pathBaselineKey.name}
 
 // reqSpec says what one request asks of the upstream.
 type reqSpec struct {
@@ -98,9 +104,11 @@ func (r *runner) streamJob(p path, conc int, m mode, events int, pace time.Durat
 }
 
 // allPaths returns the six paths, less the peers not asked for and nginx
-// when it is missing.
+// when it is missing; with -baseline, each of ssegate's two paths is
+// followed by its baseline path, so that the two are measured next to
+// each other in every round.
 func (r *runner) allPaths() []path {
-	return r.only(pathDirect, pathHTTPUtil, pathFastHTTP, pathNginx, pathSsegate, pathSsegateKey)
+	return r.only(pathDirect, pathHTTPUtil, pathFastHTTP, pathNginx, pathSsegate, pathBaseline, pathSsegateKey, pathBaselineKey)
 }
 
 // only returns the paths whose peers are measured in this run.
