@@ -18,7 +18,7 @@
 //   - direct: the clients talk to the mock itself (the limit);
 //   - httputil: httputil.ReverseProxy with FlushInterval -1, a child process
 //     of this binary, reading each request body into memory first (without
-//     that it cuts a few percent of streams; shared/PITFALLS.md §7);
+//     that it cuts a few percent of streams: see serveHTTPUtil);
 //   - fasthttp: the smallest relay on ssegate's own libraries (a fasthttp
 //     server and HostClient, the body copied with SetBodyStreamWriter and
 //     a flush per upstream read), a child process of this binary: it

@@ -26,7 +26,8 @@ const httputilCommand = "serve-httputil"
 // that, the server closes the inbound body once the response head is
 // written while the Transport may still be reading it, which kills the
 // upstream connection and cuts a few percent of streams
-// (shared/PITFALLS.md §7): the baseline would be a broken peer.
+// (net/http closes a request body once the response is written, see
+// http.Request.Body): the baseline would be a broken peer.
 func serveHTTPUtil(addr, upstream string) error {
 	u, err := url.Parse(upstream)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 // A committed result is kept in Redis as one compressed blob rather than
 // as the stream of its events: the JSON envelope of LLM chunks repeats
-// itself so much that a blob is tens of times smaller (REDIS.md §1), and
+// itself so much that a blob is tens of times smaller (docs/redis.md, Committed results), and
 // a replay is one GET. The memory store keeps its bodies the same way.
 //
 // Layout: "SG" 3 (version), uvarint length of what follows once

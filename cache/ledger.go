@@ -11,7 +11,7 @@ type Scope struct {
 
 func (s Scope) id() string { return s.Tenant + "\x00" + s.Key }
 
-// State is a key's place in its lifecycle, as DESIGN.md names it.
+// State is a key's place in its lifecycle, as docs/design.md, Key states, names it.
 type State string
 
 // The states of a key.
@@ -46,7 +46,7 @@ type Head struct {
 // Decision is what Begin decided for a request with a key.
 type Decision int
 
-// The decisions of DESIGN.md's table.
+// The decisions of the table in docs/design.md, Request decision.
 const (
 	// Miss: the caller claimed the key and owns the returned Flight.
 	Miss Decision = iota

@@ -244,7 +244,7 @@ func TestMaxKeysPerTenant(t *testing.T) {
 }
 
 // TestLedgerExpiry runs random claims, ends, sweeps and clock moves and
-// holds the ledger to a model of DESIGN.md's rules: a key is known until
+// holds the ledger to a model of the rules in docs/design.md, Commit and the ledger: a key is known until
 // it expires (TTL after a commit, FailedTTL after a failure, never while
 // live), and expired keys count against neither bound. After every step
 // the expiry heaps and counts must agree with the keys.

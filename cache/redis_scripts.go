@@ -9,7 +9,7 @@ import "github.com/redis/rueidis"
 //
 // Keys of a scope (prefix:{h}:…):
 //
-//	st     HASH    phase (live|done|failed|lost), state (DESIGN.md's name),
+//	st     HASH    phase (live|done|failed|lost), state (docs/design.md, Key states),
 //	               gen, tok, fp, owner, created, updated, attempts, status,
 //	               reason, events, bytes, commits
 //	lease  STRING  the owner's token; a failure detector only, renewed
@@ -179,7 +179,7 @@ return {'ok'}
 
 // reapScript is run by a follower whose tail went idle: it reports the
 // generation alive while its owner's lease stands, and otherwise ends it
-// as lost (DESIGN.md's commit_unknown) so that the key is free.
+// as lost (commit_unknown in docs/design.md, Key states) so that the key is free.
 //
 // KEYS: st, lease, j
 // ARGV: gen, st ttl ms, journal ttl ms, now ms

@@ -164,7 +164,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	// results are cached by generation, and st must never be cached.
 	opt.DisableCache = true
 	// A few microseconds of delay lets concurrent appends share a write
-	// (REDIS.md §3: 2.3x the throughput at the same latency).
+	// (docs/redis.md, Client and batching: 2.3x the throughput at the same latency).
 	opt.MaxFlushDelay = 20 * time.Microsecond
 	if opt.Dialer.Timeout == 0 {
 		opt.Dialer.Timeout = cfg.Timeout
@@ -302,7 +302,7 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Begin takes DESIGN.md's decision for one request with a key, atomically
+// Begin takes the decision of docs/design.md, Request decision, for one request with a key, atomically
 // across every replica sharing the Redis: among concurrent callers for one
 // scope exactly one gets Miss, whichever replica they reached. A Miss
 // starts the owner's lease and journal mirror; a Join returns the local

@@ -52,7 +52,7 @@ func sseAnswer(events string, end string) func(int64, http.ResponseWriter, *http
 	}
 }
 
-// TestCleanEnd holds DESIGN.md's clean-end rules for chat streams that
+// TestCleanEnd holds the rules of docs/design.md, Clean end, for chat streams that
 // real providers send: complete without [DONE] when the framing is
 // intact, every choice of n, and nothing after the terminal event.
 func TestCleanEnd(t *testing.T) {

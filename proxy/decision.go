@@ -9,7 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// serveKeyed takes DESIGN.md's decision for a POST with an Idempotency-Key.
+// serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	if err := validKey(key); err != nil {
 		p.refuse(ctx, causeInvalidKey, err.Error())

@@ -19,7 +19,7 @@ func slowMock(delay time.Duration, tokens int) envOption {
 	}
 }
 
-// TestDecisionTable walks every row of DESIGN.md's request decision.
+// TestDecisionTable walks every row of the table in docs/design.md, Request decision.
 func TestDecisionTable(t *testing.T) {
 	e := newEnv(t, slowMock(10*time.Millisecond, 30))
 

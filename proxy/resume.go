@@ -74,7 +74,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	p.replay(ctx, r, id.Seq)
 }
 
-// attachError maps the store's answer to a resume onto DESIGN.md's errors;
+// attachError maps the store's answer to a resume onto the errors of docs/design.md, Errors;
 // notFound is what an unknown key gets.
 func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiError) {
 	switch {

@@ -121,7 +121,7 @@ func hang(_ int64, _ http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// TestRetries holds each upstream outcome to DESIGN.md's retry rules,
+// TestRetries holds each upstream outcome to the rules of docs/design.md, Retries,
 // counting upstream calls and checking the client's answer and the key's
 // state.
 func TestRetries(t *testing.T) {

@@ -16,7 +16,7 @@ type Expect struct {
 }
 
 // Detector follows one stream and decides whether it ended cleanly, by the
-// rules of the dialect it detects from the events (DESIGN.md, Streams).
+// rules of the dialect it detects from the events (docs/design.md, Clean end).
 //
 // Use NewDetector, or Reset for reuse; the zero value is not a supported
 // starting state. A Detector is not safe for concurrent use. Observe runs on

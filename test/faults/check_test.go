@@ -68,7 +68,7 @@ type checker struct {
 }
 
 // allowedErrors are the JSON errors a client may get before any byte of an
-// answer in this round (DESIGN.md's types and statuses): the upstream
+// answer in this round (docs/design.md, Errors): the upstream
 // failed (502), took the request and never answered (504), or, for a
 // resume, the generation the id names ended without a result (410).
 // Relayed upstream errors are checked against what the upstream sent.
