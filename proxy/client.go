@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,6 +50,12 @@ type client struct {
 	wfn  func(fd uintptr) bool
 	wn   int
 	werr error
+
+	// For a connection another server took first: over is closed by
+	// finish when the answer is over; next is then the connection to
+	// serve the client's next request on, or nil.
+	over chan struct{}
+	next *keptConn
 }
 
 // frame puts parts as one chunk (with the answer head before the first)
@@ -234,7 +241,11 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 	// An HTTP/1.0 client cannot read chunked framing (RFC 9112 §6.1): its
 	// answer is close-delimited, and the connection closes at its end.
 	identity := !ctx.Request.Header.IsHTTP11()
-	keepAlive := p.srv != nil && served != nil && !ctx.Request.Header.ConnectionClose() && !identity
+	keepAlive := served != nil && !ctx.Request.Header.ConnectionClose() && !identity
+	// On the proxy's own server a taken-over connection stays open when
+	// the hijack handler returns (KeepHijackedConns); another server's
+	// may close it then, so the handler waits for the connection's end.
+	own := p.serves(served)
 	var buf []byte
 	if head {
 		if identity {
@@ -252,6 +263,9 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
 		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
+		if !own {
+			c.over = make(chan struct{})
+		}
 		c.wfn = c.writeFD
 		if served != nil {
 			// What fasthttp read past this request (a pipelined next one)
@@ -270,7 +284,39 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 			}
 		}
 		run(c)
+		if own {
+			return // finish hands the connection back to the proxy's server
+		}
+		// Another server's connection: kept until the answer is over (it
+		// may be written by another goroutine, the generation for its
+		// origin), then its next requests go to the proxy's own server,
+		// and the connection is kept until it ends.
+		<-c.over
+		if c.next != nil {
+			p.srv.ServeConn(c.next) //nolint:errcheck // it closes the connection, unless a stream takes it over
+			<-c.next.ended
+		}
 	})
+}
+
+// serves reports whether the proxy's own server serves conn: one it
+// accepted (connState), or one the proxy handed back to it.
+func (p *Proxy) serves(conn net.Conn) bool {
+	if _, ok := conn.(*keptConn); ok {
+		return true
+	}
+	_, ok := p.accepted.Load(conn)
+	return ok
+}
+
+// connState follows the connections the proxy's server accepts.
+func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		p.accepted.Store(conn, struct{}{})
+	case fasthttp.StateHijacked, fasthttp.StateClosed:
+		p.accepted.Delete(conn)
+	}
 }
 
 // answerHead puts the head of a chunked answer h into c.buf, to go out
@@ -305,14 +351,13 @@ func (c *client) answerWhole(resp *fasthttp.Response) error {
 	return c.flush()
 }
 
-// stream answers with a chunked body written by fn on a goroutine of its
-// own. fn reports whether the client is still there; onGone runs when not.
+// stream answers with a chunked body written by fn, on the goroutine
+// fasthttp hands the connection to. fn reports whether the client is
+// still there; onGone runs when not.
 func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
 	p.takeOver(ctx, true, func(c *client) {
-		go func() {
-			ok := fn(c) && c.end() == nil
-			c.finish(ok, onGone)
-		}()
+		ok := fn(c) && c.end() == nil
+		c.finish(ok, onGone)
 	})
 }
 
@@ -320,6 +365,9 @@ func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone f
 // goes back to the server for the client's next request (keep-alive);
 // otherwise it closes, and onGone runs.
 func (c *client) finish(ok bool, onGone func()) {
+	if c.over != nil {
+		defer close(c.over)
+	}
 	p := c.p
 	if !ok {
 		if c.stalled {
@@ -334,7 +382,7 @@ func (c *client) finish(ok bool, onGone func()) {
 	if !ok && c.identity {
 		// A body that ends where the connection closes: a plain close
 		// would pass a cut for its end, a reset does not.
-		if tc, isTCP := c.conn.(*net.TCPConn); isTCP {
+		if tc, isTCP := c.conn.(interface{ SetLinger(int) error }); isTCP {
 			tc.SetLinger(0) //nolint:errcheck // best effort: the client may be gone
 		}
 	}
@@ -345,11 +393,13 @@ func (c *client) finish(ok bool, onGone func()) {
 			c.conn.Close() //nolint:errcheck // unusable
 			return
 		}
-		var next net.Conn = c.conn
-		if len(c.pre) > 0 {
-			next = &prefixConn{Conn: c.conn, pre: c.pre}
+		next := &keptConn{Conn: c.conn, pre: c.pre}
+		if c.over == nil {
+			go p.srv.ServeConn(next) //nolint:errcheck // it closes next when done
+			return
 		}
-		go p.srv.ServeConn(next) //nolint:errcheck // it closes next when done
+		next.ended = make(chan struct{})
+		c.next = next
 		return
 	}
 	c.conn.Close() //nolint:errcheck // the server keeps hijacked connections open
@@ -377,13 +427,19 @@ func readAhead(hijacked net.Conn) (pre []byte, ok bool) {
 	return pre, hijacked.SetReadDeadline(time.Time{}) == nil
 }
 
-// prefixConn reads pre before the connection itself.
-type prefixConn struct {
+// keptConn is a connection the proxy serves again after a streamed
+// answer took it over: what the client sent past that answer's request
+// (pre) is read first. ended, for a connection another server accepted,
+// is closed when the connection closes: that server's hijack handler
+// waits for it (takeOver).
+type keptConn struct {
 	net.Conn
-	pre []byte
+	pre   []byte
+	ended chan struct{}
+	once  sync.Once
 }
 
-func (c *prefixConn) Read(p []byte) (int, error) {
+func (c *keptConn) Read(p []byte) (int, error) {
 	if len(c.pre) > 0 {
 		n := copy(p, c.pre)
 		c.pre = c.pre[n:]
@@ -392,13 +448,39 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// unwrap returns the connection under a prefixConn whose prefix is read.
+func (c *keptConn) Close() error {
+	err := c.Conn.Close()
+	if c.ended != nil {
+		c.once.Do(func() { close(c.ended) })
+	}
+	return err
+}
+
+// SyscallConn and SetLinger reach the socket under the wrapper, for the
+// client's writes that never wait and for a reset.
+func (c *keptConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
+}
+
+func (c *keptConn) SetLinger(sec int) error {
+	if l, ok := c.Conn.(interface{ SetLinger(int) error }); ok {
+		return l.SetLinger(sec)
+	}
+	return errors.ErrUnsupported
+}
+
+// unwrap returns the connection under the keptConns whose prefix is read
+// and which nobody waits on, so that wrappers do not pile up over a
+// connection's many answers.
 func unwrap(c net.Conn) net.Conn {
 	for {
-		pc, ok := c.(*prefixConn)
-		if !ok || len(pc.pre) > 0 {
+		kc, ok := c.(*keptConn)
+		if !ok || len(kc.pre) > 0 || kc.ended != nil {
 			return c
 		}
-		c = pc.Conn
+		c = kc.Conn
 	}
 }

@@ -165,11 +165,9 @@ func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, bod
 	}
 	resp.SetBodyRaw(body) // the stored body is not changed, only written
 	p.takeOver(ctx, false, func(c *client) {
-		go func() {
-			ok := c.answerWhole(resp) == nil
-			fasthttp.ReleaseResponse(resp)
-			c.finish(ok, nil)
-		}()
+		ok := c.answerWhole(resp) == nil
+		fasthttp.ReleaseResponse(resp)
+		c.finish(ok, nil)
 	})
 }
 

@@ -44,7 +44,11 @@ type Proxy struct {
 	live   map[*gen]struct{}
 
 	metricsHandler fasthttp.RequestHandler
-	srv            *fasthttp.Server // set by Server
+	// srv serves the connections the proxy hands back after a streamed
+	// answer (keep-alive), whatever server took them first, and is the
+	// server Server returns.
+	srv      *fasthttp.Server
+	accepted sync.Map // net.Conn → struct{}: the connections srv accepted and still serves (connState)
 
 	readyMu sync.Mutex // guards readyAt and readyOK
 	readyAt time.Time
@@ -67,6 +71,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.m = newMetrics(p)
 	p.metricsHandler = p.m.handler()
+	p.srv = p.newServer()
 	return p, nil
 }
 
@@ -97,11 +102,15 @@ func (p *Proxy) upstreamTimedOut(name string, b timeBudget, bound time.Duration)
 	p.log.Warn("upstream timeout", "upstream", name, "budget", b.flag(), "bound", bound.String())
 }
 
-// Server returns a fasthttp server configured for streaming through p:
+// Server returns the fasthttp server configured for streaming through p:
 // request bounds, timeouts that do not cut long streams, and JSON errors
-// for requests it cannot read.
-func (p *Proxy) Server() *fasthttp.Server {
-	p.srv = &fasthttp.Server{
+// for requests it cannot read. Handler works under any fasthttp server
+// (keep-alive included), but only this one applies those bounds to every
+// request, and its ConnState must stay the proxy's.
+func (p *Proxy) Server() *fasthttp.Server { return p.srv }
+
+func (p *Proxy) newServer() *fasthttp.Server {
+	return &fasthttp.Server{
 		Handler:            p.Handler,
 		Name:               "ssegate",
 		MaxRequestBodySize: p.cfg.MaxBodyBytes,
@@ -126,8 +135,8 @@ func (p *Proxy) Server() *fasthttp.Server {
 		// below carry fixed text anyway.
 		SecureErrorLogMessage: true,
 		ErrorHandler:          p.unreadable,
+		ConnState:             p.connState,
 	}
-	return p.srv
 }
 
 // unreadable answers a request fasthttp could not read. Neither the answer
@@ -173,6 +182,43 @@ type fasthttpLogger struct{ log *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, _ ...any) {
 	l.log.Debug("fasthttp", "format", format)
+}
+
+// abortGrace is how long Shutdown waits for aborted streams to close,
+// after the drain's own time.
+const abortGrace = 5 * time.Second
+
+// Shutdown drains p, within ctx: /readyz answers 503 (Drain), the server
+// stops accepting and ends idle connections, and open streams run to
+// their end. When ctx ends first, every live generation is cut short
+// (Abort: its clients get stream_aborted, its key is left
+// failed_retryable) and Shutdown waits up to abortGrace more for their
+// connections to close. It returns nil after a whole drain, ctx's error
+// when streams were aborted.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.Drain()
+	err := p.srv.ShutdownWithContext(ctx) // stops accepting; ends idle connections
+	if err == nil {
+		err = p.Wait(ctx) // streamed answers own their connections
+	}
+	if err == nil {
+		return nil
+	}
+	p.log.Warn("drain time is up: aborting open streams", "err", err.Error(), "live_generations", p.liveCount())
+	p.Abort()
+	final, cancel := context.WithTimeout(context.Background(), abortGrace)
+	defer cancel()
+	_ = p.srv.ShutdownWithContext(final)
+	if werr := p.Wait(final); werr != nil {
+		p.log.Warn("streams still open at exit", "err", werr.Error())
+	}
+	return err
+}
+
+func (p *Proxy) liveCount() int {
+	p.liveMu.Lock()
+	defer p.liveMu.Unlock()
+	return len(p.live)
 }
 
 // Abort cuts every live generation short: it ends uncommitted, and its

@@ -288,9 +288,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return fmt.Errorf("-listen: %w", err)
 	}
-	srv := p.Server()
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- p.Server().Serve(ln) }()
 	if o.adminListen != "" {
 		aln, err := net.Listen("tcp", o.adminListen)
 		if err != nil {
@@ -324,23 +323,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	case <-sig.Done():
 	}
 	log.Info("draining", "timeout", o.shutdown.String())
-	p.Drain()
 	drain, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
-	err = srv.ShutdownWithContext(drain) // stops accepting; ends idle connections
-	if err == nil {
-		err = p.Wait(drain) // streams own their connections
-	}
-	if err != nil {
-		log.Warn("drain time is up: aborting open streams", "err", err.Error())
-		p.Abort()
-		final, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel2()
-		_ = srv.ShutdownWithContext(final)
-		if err := p.Wait(final); err != nil {
-			log.Warn("streams still open at exit", "err", err.Error())
-		}
-	}
+	p.Shutdown(drain) //nolint:errcheck // it logs what it had to abort
 	log.Info("stopped")
 	return nil
 }
