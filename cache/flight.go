@@ -112,6 +112,16 @@ func (f *Flight) Head() (h Head, ok bool) {
 	return f.head, f.hasHead
 }
 
+// HeadEnded returns the head (hasHead: the upstream answered) and whether
+// the flight ended, from one look: since SetHead does nothing once the
+// flight ended, a flight that set its head and then ended never reads as
+// one that ended without it. Outcome is valid once ended is.
+func (f *Flight) HeadEnded() (h Head, hasHead, ended bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.head, f.hasHead, f.ended
+}
+
 // SetHead records the upstream's answer head and wakes those waiting for it.
 func (f *Flight) SetHead(h Head) {
 	f.mu.Lock()

@@ -28,12 +28,13 @@ const journalTTL = 60 * time.Second
 // serve it: the flusher mirrors the journal to Redis and runs the commit;
 // the renewer keeps the lease. Both stop at shutdown.
 //
-// Fencing: Redis refuses appends and the commit once st names another
+// Fencing: Redis refuses appends and the commit once k.st names another
 // (tok, gen); the owner then fails its flight with generation_lost, so its
 // clients get stream_aborted rather than an answer that was not kept. It
 // also fails it when it cannot reach Redis for a whole lease, since by then
 // a follower may have reaped it.
 type owner struct {
+	// Set by newOwner, never written again.
 	r   *Redis
 	f   *Flight
 	k   rkeys
@@ -43,11 +44,17 @@ type owner struct {
 	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
 	// is when (as time since t0) the last successful renewal, or the
 	// claim, was sent. The lease cannot end before lastRenew + Lease.
+	// t0 is set by newOwner; lastRenew is stored by the renewer.
 	t0        time.Time
 	lastRenew atomic.Int64
-	// flushedBytes is the journal's size in Redis, for the failure record.
+	// flushedBytes is the journal's size in Redis, for the failure record;
+	// stored by the flusher, read by fail.
 	flushedBytes atomic.Int64
 
+	// Made by newOwner. kick is sent by whoever journals or marks (poke)
+	// and commitC by the generation's commit, both received by the
+	// flusher; stop is closed and ctx cancelled by shutdown, from commit,
+	// fail or the store's Close.
 	kick     chan struct{} // capacity 1: the journal or the mark changed
 	commitC  chan *commitReq
 	stop     chan struct{} // closed by shutdown
@@ -55,12 +62,55 @@ type owner struct {
 	ctx      context.Context // cancelled by shutdown: ends calls in flight
 	cancel   context.CancelFunc
 
-	mu      sync.Mutex // guards the fields below
-	ending  bool       // a commit, failure or fence has begun; only the first proceeds
-	fenced  bool       // Redis refused this owner, or could not be reached for a lease
-	failed  bool       // fail has run
+	mu    sync.Mutex // protects state, mk and markVer
+	state ownerState // moved as ownerState says
+	// Written by the generation (mark, through Flight.Mark), read by the
+	// flusher (markNow).
 	mk      markFields
 	markVer int // bumped by mark; the flusher sends the mark when it moved
+}
+
+// ownerState is how far an owner is from the end of its generation. Every
+// move is made under owner.mu:
+//
+//	from        to          on                                       by
+//	live        committing  Flight.Commit                            the generation (commit)
+//	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewer (fence)
+//	                        could not be reached for a lease
+//	committing  fenced      the commit was not taken: refused,       the generation (commit)
+//	                        Redis unreachable, the store closed
+//	live        failed      Flight.Fail; the failure is recorded     the one failing the flight (fail)
+//	committing  failed      Flight.Fail; the failure is recorded     the one failing the flight (fail)
+//	fenced      failed      Flight.Fail; nothing is recorded         the one failing the flight (fail): the
+//	                                                                 fencer, or the generation meanwhile
+//
+// Only the first of commit and fence moves out of live: once the owner is
+// committing, fenced or failed, fence does nothing, and commit waits for
+// the flight's end and reports false. A commit Redis took leaves the owner
+// committing for good (the flight ends committed). Failed is final: a
+// second fail does nothing. The proxy never fails a flight while it
+// commits it; committing → failed is what fail would make of it.
+type ownerState uint8
+
+const (
+	ownerLive       ownerState = iota // nothing has begun to end the generation
+	ownerCommitting                   // a commit has begun
+	ownerFenced                       // this owner may no longer write; its flight is failing
+	ownerFailed                       // fail has run
+)
+
+var ownerStates = [...]string{
+	ownerLive:       "live",
+	ownerCommitting: "committing",
+	ownerFenced:     "fenced",
+	ownerFailed:     "failed",
+}
+
+func (s ownerState) String() string {
+	if int(s) < len(ownerStates) {
+		return ownerStates[s]
+	}
+	return "ownerState(" + strconv.Itoa(int(s)) + ")"
 }
 
 type markFields struct {
@@ -152,11 +202,11 @@ func (o *owner) mark(_ *Flight, state State, attempts, lastStatus int) {
 // settle with Redis themselves.
 func (o *owner) fence(reason string) {
 	o.mu.Lock()
-	if o.ending {
+	if o.state != ownerLive {
 		o.mu.Unlock()
 		return
 	}
-	o.ending, o.fenced = true, true
+	o.state = ownerFenced
 	o.mu.Unlock()
 	o.r.fenced.Add(1)
 	o.r.cfg.Logger.Warn("owned generation fenced", "key", o.f.Scope.Key, "tenant", o.f.Scope.Tenant,
@@ -170,12 +220,12 @@ func (o *owner) fence(reason string) {
 // clients never see a clean end of an answer that was not kept.
 func (o *owner) commit(f *Flight, res *Result) bool {
 	o.mu.Lock()
-	if o.ending {
+	if o.state != ownerLive {
 		o.mu.Unlock()
 		<-f.Done() // a fence is failing the flight
 		return false
 	}
-	o.ending = true
+	o.state = ownerCommitting
 	o.mu.Unlock()
 	out := commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
 	if blob, err := o.r.codec.encode(res); err == nil {
@@ -195,7 +245,9 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		return true
 	}
 	o.mu.Lock()
-	o.fenced = true
+	if o.state == ownerCommitting { // not when a fail came meanwhile: failed is final
+		o.state = ownerFenced
+	}
 	o.mu.Unlock()
 	if out.reason == "generation_lost" {
 		o.r.fenced.Add(1)
@@ -211,12 +263,12 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 // be told, the lease lapses and a follower or the next claim reaps it.
 func (o *owner) fail(f *Flight, state State, reason string) {
 	o.mu.Lock()
-	if o.failed {
+	if o.state == ownerFailed {
 		o.mu.Unlock()
 		return
 	}
-	o.failed, o.ending = true, true
-	skip := o.fenced
+	skip := o.state == ownerFenced
+	o.state = ownerFailed
 	o.mu.Unlock()
 	o.shutdown()
 	defer o.r.forget(o.k, f)

@@ -6,8 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"github.com/klauspost/compress/zstd"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -567,4 +571,195 @@ func TestBlobRoundTrip(t *testing.T) {
 func uvarintLen(b []byte) int {
 	_, n := binary.Uvarint(b)
 	return n
+}
+
+// TestRedisOwnerStates: each row of ownerState's table, made the way the
+// row says, leaves the owner in the state the row names (a move on to
+// failed in the same call included), with the row's effect on Redis;
+// commit and fence do nothing once the owner left live; and the rows
+// tested here are the rows of the table.
+func TestRedisOwnerStates(t *testing.T) {
+	type move struct{ from, to ownerState }
+	tested := map[move]bool{}
+	// claim starts a stream owned by rs[0], with its owner in state from.
+	claim := func(t *testing.T, rs []*Redis, key string, from ownerState) (*Flight, *owner, Scope) {
+		t.Helper()
+		sc := Scope{Tenant: "t", Key: key}
+		f := rbegin(t, rs[0], sc, "fp").Flight
+		startStream(t, f)
+		appendN(t, f, 1, 3)
+		o := f.be.(*owner)
+		o.mu.Lock()
+		o.state = from
+		o.mu.Unlock()
+		return f, o, sc
+	}
+	state := func(o *owner) ownerState {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.state
+	}
+	want := func(t *testing.T, o *owner, s ownerState) {
+		t.Helper()
+		if got := state(o); got != s {
+			t.Fatalf("owner state %s; want %s", got, s)
+		}
+	}
+	// recorded reports whether Redis holds the failure fail records.
+	recorded := func(r *Redis, sc Scope) bool {
+		ki, ok := r.Info(sc)
+		return ok && ki.State == StateFailedRetryable && ki.Reason == "test_failure"
+	}
+
+	t.Run("commit taken", func(t *testing.T) {
+		rs := replicas(t, 1)
+		f, o, _ := claim(t, rs, "owner-commit", ownerLive)
+		if !f.Commit(nil) {
+			t.Fatal("Commit: got false; want true")
+		}
+		want(t, o, ownerCommitting)
+		tested[move{ownerLive, ownerCommitting}] = true
+	})
+	t.Run("fenced by a batch or the renewal, then failed", func(t *testing.T) {
+		rs := replicas(t, 2)
+		f, o, sc := claim(t, rs, "owner-fence", ownerLive)
+		expireLease(t, rs[0], sc)
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
+		}
+		if s := waitDone(t, f, 2*testLease); s != StateCommitUnknown {
+			t.Fatalf("stale owner: state %v; want commit_unknown", s)
+		}
+		want(t, o, ownerFailed)
+		if rs[0].Stats().Fenced != 1 {
+			t.Fatalf("fenced: got %d; want 1", rs[0].Stats().Fenced)
+		}
+		tested[move{ownerLive, ownerFenced}] = true
+		tested[move{ownerFenced, ownerFailed}] = true
+	})
+	t.Run("commit refused, then failed", func(t *testing.T) {
+		// The stale replica renews rarely: the commit is the first to
+		// learn of the new owner.
+		addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+		rs := []*Redis{
+			newRedis(t, addr, prefix, func(c *RedisConfig) { c.Lease = time.Minute }),
+			newRedis(t, addr, prefix, nil),
+		}
+		f, o, sc := claim(t, rs, "owner-refused", ownerLive)
+		// The flusher has nothing in flight for Redis to refuse first.
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+			if ki, _ := rs[0].Info(sc); ki.Events == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the journal did not reach Redis")
+			}
+		}
+		expireLease(t, rs[0], sc)
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
+		}
+		if f.Commit(nil) {
+			t.Fatal("stale owner's Commit: got true; want it refused")
+		}
+		if _, reason, _ := f.Outcome(); reason != "generation_lost" {
+			t.Fatalf("stale owner: reason %q; want generation_lost (the commit refused)", reason)
+		}
+		want(t, o, ownerFailed)
+		tested[move{ownerLive, ownerCommitting}] = true
+		tested[move{ownerCommitting, ownerFenced}] = true
+		tested[move{ownerFenced, ownerFailed}] = true
+	})
+	for _, from := range []ownerState{ownerLive, ownerCommitting, ownerFenced} {
+		t.Run("failed from "+from.String(), func(t *testing.T) {
+			rs := replicas(t, 1)
+			f, o, sc := claim(t, rs, "owner-fail-"+from.String(), from)
+			f.Fail(StateFailedRetryable, "test_failure", nil)
+			want(t, o, ownerFailed)
+			if got, w := recorded(rs[0], sc), from != ownerFenced; got != w {
+				t.Fatalf("the failure recorded in Redis: %v; want %v", got, w)
+			}
+			o.fail(f, StateFailedTerminal, "second") // failed is final
+			want(t, o, ownerFailed)
+			tested[move{from, ownerFailed}] = true
+		})
+	}
+	for _, from := range []ownerState{ownerCommitting, ownerFenced, ownerFailed} {
+		t.Run("fence and commit from "+from.String(), func(t *testing.T) {
+			rs := replicas(t, 1)
+			f, o, _ := claim(t, rs, "owner-stay-"+from.String(), from)
+			o.fence("generation_lost")
+			want(t, o, from)
+			select {
+			case <-f.Done():
+				t.Fatal("a fence after the owner left live ended the flight")
+			default:
+			}
+			go f.Fail(StateFailedRetryable, "test_failure", nil)
+			if o.commit(f, &Result{}) {
+				t.Fatal("commit after the owner left live: got true; want false")
+			}
+		})
+	}
+
+	table := ownerTable(t)
+	for m := range table {
+		if !tested[m] {
+			t.Errorf("ownerState's table has %s → %s; no case makes it", m.from, m.to)
+		}
+	}
+	for m := range tested {
+		if !table[m] {
+			t.Errorf("%s → %s is made, but is not in ownerState's table", m.from, m.to)
+		}
+	}
+}
+
+// ownerTable reads the rows (from, to) of ownerState's table from its
+// comment in redis_owner.go.
+func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
+	t.Helper()
+	file, err := parser.ParseFile(token.NewFileSet(), "redis_owner.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]ownerState{}
+	for s := range ownerState(len(ownerStates)) {
+		states[s.String()] = s
+	}
+	rows := map[struct{ from, to ownerState }]bool{}
+	for _, d := range file.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.TYPE || gd.Specs[0].(*ast.TypeSpec).Name.Name != "ownerState" {
+			continue
+		}
+		for line := range strings.Lines(gd.Doc.Text()) {
+			f := strings.Fields(line)
+			if !strings.HasPrefix(line, "\t") || len(f) < 2 {
+				continue
+			}
+			from, ok1 := states[f[0]]
+			to, ok2 := states[f[1]]
+			if ok1 && ok2 {
+				rows[struct{ from, to ownerState }{from, to}] = true
+			}
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatal("no rows found in ownerState's comment")
+	}
+	return rows
+}
+
+// TestRedisOwnerStateString: each state has its name.
+func TestRedisOwnerStateString(t *testing.T) {
+	want := []string{"live", "committing", "fenced", "failed"}
+	for s, name := range want {
+		if got := ownerState(s).String(); got != name {
+			t.Errorf("ownerState(%d).String() = %q; want %q", s, got, name)
+		}
+	}
+	if got := ownerState(len(want)).String(); got != "ownerState(4)" {
+		t.Errorf("an unknown state: %q", got)
+	}
 }

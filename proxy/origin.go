@@ -1,8 +1,8 @@
 package proxy
 
 import (
+	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -10,51 +10,95 @@ import (
 )
 
 // origin is the client whose request started a generation. Its
-// connection is taken over as soon as the upstream call starts, so that
-// the generation's own goroutine can write the answer's head with the
-// first event, and the events it journaled whenever it is about to read
-// the upstream's socket again: no other goroutine wakes between the
-// upstream's event and the client's, and the events of one upstream read
-// go out in one write. These writes never wait. When the connection does not take a
-// write whole (the client is behind), a goroutine of its own takes over
-// with what was left and follows the flight as any joiner does, with the
-// slow-client bound: the generation never waits for a client. An answer
-// that is not an event stream is written whole (answerRest) by the
-// goroutine that took the connection over when it is known by then, or
-// else by one the generation starts when it learns it: nothing waits for
-// the answer, so the head of a stream wakes no other goroutine.
+// connection is taken over before the upstream answers; the generation
+// itself then writes it, before each read of the upstream's socket, with
+// what the flight journaled since, in writes that never wait. A client
+// that falls behind is handed to a goroutine of its own, which follows the
+// flight as a joiner does; an answer that is not a stream is written
+// whole (answerRest). The generation never waits for its client.
 type origin struct {
-	p      *Proxy
-	g      *gen
-	f      *cache.Flight
-	onGone func() // runs when the client goes away (set before the take-over)
+	// Set by newGen, never written again.
+	p *Proxy
+	g *gen
+	f *cache.Flight
+	// Set by the request's handler (relay) before the generation starts,
+	// never written again: runs when the client goes away.
+	onGone func()
 
-	mu           sync.Mutex // guards everything below
-	mode         int
-	c            *client
+	// mu protects the fields below, and the use of c until the mode is
+	// final. It is taken by the take-over (attach), the generation (push,
+	// answerRaw) and the heartbeat timer (beat).
+	mu   sync.Mutex
+	mode originMode // moved as originMode says
+	// Written by the request's handler (serveOrigin), before the take-over.
 	sub          *cache.Sub
 	method, path string // of the request, for the log of a refusal
-	measure      bool   // the first event's added delay is still to be observed
-	idle         bool   // nothing was written since the last heartbeat tick
-	hb           *time.Timer
-	raw          *fasthttp.Response // the upstream's own answer to relay (answerRaw)
+	// Written once, by the take-over (attach).
+	c *client
+	// Written once, by the generation (answerRaw), before it pushes: the
+	// upstream's own answer to relay.
+	raw *fasthttp.Response
+	// Written by whichever goroutine writes the client in mode direct
+	// (startLocked, offer, beat): the take-over, the generation or the
+	// heartbeat timer.
+	measure bool        // the first event's added delay is still to be observed
+	idle    bool        // nothing was written since the last heartbeat tick
+	hb      *time.Timer // the heartbeat, made by startLocked
 }
 
-// testHookAdvance, set by a test, runs in advanceLocked between its look
-// at whether the flight ended and its look at the head.
-var testHookAdvance atomic.Pointer[func(*cache.Flight)]
+// originMode is where the origin's answer is. Every move is made under
+// origin.mu, by the goroutine named:
+//
+//	from      to        on                                        by
+//	waiting   attached  the connection is taken over              the take-over
+//	attached  direct    the flight has the head of a stream       the take-over or the generation
+//	attached  follower  the same, on a connection without         the take-over or the generation
+//	                    writes that never wait
+//	attached  other     the flight ended without a stream, or     the take-over or the generation
+//	                    the upstream's answer is relayed raw
+//	direct    follower  a write is not taken whole                the take-over, the generation or the timer
+//	direct    over      the end is written, or a write failed     the take-over, the generation or the timer
+//
+// The move out of attached is decided from one look at the flight
+// (Flight.HeadEnded), so a flight that sets its head and ends meanwhile
+// never reads as one that ended without a stream. Going direct writes the
+// head and the first events at once, which may move on to follower or
+// over in the same hold of the lock.
+//
+// Follower, other and over are final: push and beat do nothing in them,
+// and nothing in origin is written again. c then belongs to the goroutine
+// the answer went to: the hand-off writer, which got copies of what it
+// needs (handOff), or the one that runs answerRest, run or started by the
+// goroutine that made the mode other once it let go of the lock.
+type originMode uint8
+
+const (
+	originWaiting  originMode = iota // the connection is not taken over yet
+	originAttached                   // taken over; the answer is not known to be a stream yet
+	originDirect                     // a stream, written by the generation
+	originFollower                   // a stream, handed to a goroutine of its own
+	originOther                      // not a stream: answered by answerRest
+	originOver                       // the answer is over
+)
+
+var originModes = [...]string{
+	originWaiting:  "waiting",
+	originAttached: "attached",
+	originDirect:   "direct",
+	originFollower: "follower",
+	originOther:    "other",
+	originOver:     "over",
+}
+
+func (m originMode) String() string {
+	if int(m) < len(originModes) {
+		return originModes[m]
+	}
+	return "originMode(" + strconv.Itoa(int(m)) + ")"
+}
 
 // maxParts bounds the journal spans one write to a client gathers.
 const maxParts = 4
-
-const (
-	originWaiting  = iota // the connection is not taken over yet
-	originAttached        // taken over; the answer is not known to be a stream yet
-	originDirect          // a stream, written by the generation
-	originFollower        // a stream, handed to a goroutine of its own
-	originOther           // not a stream: answered by answerRest
-	originOver            // the answer is over
-)
 
 // serveOrigin answers the request that started g: its connection is
 // taken over now, before the upstream answers.
@@ -71,39 +115,32 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 	o.mu.Lock()
 	o.sub, o.method, o.path = sub, string(ctx.Method()), string(ctx.Path())
 	o.mu.Unlock()
-	p.takeOver(ctx, false, func(c *client) {
-		o.mu.Lock()
-		o.c, o.mode = c, originAttached
-		rest := o.advanceLocked()
-		o.mu.Unlock()
-		if rest {
-			o.answerRest()
-		}
-	})
+	p.takeOver(ctx, false, o.attach)
+}
+
+// attach is the take-over's callback: the origin's answer starts on c as
+// far as the flight is known.
+func (o *origin) attach(c *client) {
+	o.mu.Lock()
+	o.c, o.mode = c, originAttached
+	rest := o.advanceLocked()
+	o.mu.Unlock()
+	if rest {
+		o.answerRest()
+	}
 }
 
 // advanceLocked, once the connection is taken over and until the answer
 // is known, starts a streamed answer as soon as the flight has its head,
 // and reports true, having made the answer originOther, when the answer
 // is known not to be a stream and can be written whole (answerRest).
-// Nothing waits for the answer: the goroutine that took the connection
-// over calls it once, and the generation again whenever it pushes.
+// Nothing waits for the answer: the take-over calls it once, and the
+// generation again whenever it pushes.
 func (o *origin) advanceLocked() bool {
-	ended := false
-	select {
-	case <-o.f.Done():
-		ended = true
-	default:
-	}
-	// Whether the flight ended is taken before its head: a flight that
-	// sets its head and ends in between must not pass for one that ended
-	// without a stream.
-	if hook := testHookAdvance.Load(); hook != nil {
-		(*hook)(o.f)
-	}
+	h, hasHead, ended := o.f.HeadEnded()
 	if o.raw == nil {
-		if h, ok := o.f.Head(); ok && h.Stream {
-			o.startLocked()
+		if hasHead && h.Stream {
+			o.startLocked(h)
 			return false
 		}
 		if !ended {
@@ -115,13 +152,8 @@ func (o *origin) advanceLocked() bool {
 	return true
 }
 
-// startLocked starts writing a streamed answer once the flight has the
-// head of one.
-func (o *origin) startLocked() {
-	h, ok := o.f.Head()
-	if !ok || !h.Stream {
-		return
-	}
+// startLocked starts writing a streamed answer with the head h.
+func (o *origin) startLocked(h cache.Head) {
 	o.c.answerHead(h)
 	o.measure = true
 	if o.c.rc == nil {

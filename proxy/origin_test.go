@@ -3,13 +3,15 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
 
@@ -165,10 +168,9 @@ func TestAnswerConn(t *testing.T) {
 
 // TestShortStreamsAreWhole: one-token streams, with and without a key,
 // from several clients at once, each arrive whole from one upstream call:
-// they end about when the client's connection is taken over. It does not
-// reliably catch the take-over reading "no head yet" before "ended" (it
-// passed three runs against that bug); TestHeadAndEndDuringTakeOver
-// forces that interleaving.
+// they end about when the client's connection is taken over.
+// TestHeadAndEndDuringTakeOver runs the take-over against the head and the
+// end far more often.
 func TestShortStreamsAreWhole(t *testing.T) {
 	e := newEnv(t, slowMock(0, 1))
 	const workers, each = 4, 200
@@ -204,35 +206,408 @@ func TestShortStreamsAreWhole(t *testing.T) {
 	e.wantCalls(workers * each)
 }
 
-// TestHeadAndEndDuringTakeOver: the take-over looks at the flight while
-// the generation sets the head of a short stream and ends it; the client
-// still gets the whole stream, not an empty answer.
+// TestHeadAndEndDuringTakeOver: the take-over runs while the generation
+// sets the head of a short stream, ends it and makes its last push, in
+// every order the scheduler comes up with; the client always gets the
+// whole stream, never an empty answer. The take-over decides from one
+// look at the flight (Flight.HeadEnded), so there is no moment between
+// two looks for the head and the end to come in.
 func TestHeadAndEndDuringTakeOver(t *testing.T) {
-	var calls atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		time.Sleep(100 * time.Millisecond) // the head comes after the take-over
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
-	}))
-	defer up.Close()
-	e := newEnvUpstream(t, up.URL, nil, Config{}, cache.Config{})
-	var once sync.Once
-	hook := func(f *cache.Flight) {
-		once.Do(func() {
-			if _, ok := f.Head(); ok {
-				t.Error("the head came before the take-over; the test shows nothing")
+	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+		pc.SlowClientTimeout = 2 * time.Second
+	})
+	spin := func(n int) {
+		for range n {
+			runtime.Gosched()
+		}
+	}
+	for i := range 300 {
+		r := newOriginRig(t, e.proxy, false)
+		var wg sync.WaitGroup
+		wg.Go(func() { // the generation
+			spin(i % 7)
+			r.f.SetHead(eventStreamHead)
+			r.event(`{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}`)
+			r.event("[DONE]")
+			r.f.Commit(nil)
+			r.end()
+		})
+		wg.Go(func() { // the take-over
+			spin(i % 5)
+			r.o.attach(r.c)
+		})
+		wg.Wait()
+		got := r.read()
+		if got.status != 200 || len(got.events) != 2 || got.lastData() != "[DONE]" {
+			t.Fatalf("run %d: got %d with %d events %q; want the whole stream", i, got.status, len(got.events), got.raw)
+		}
+		if m := r.mode(); m != originOver {
+			t.Fatalf("run %d: mode %s; want %s", i, m, originOver)
+		}
+	}
+}
+
+var eventStreamHead = cache.Head{Status: 200, ContentType: "text/event-stream", Stream: true}
+
+// originRig is an origin on a loopback connection, driven by the test
+// through the entry points of its goroutines: attach (the take-over),
+// push and answerRaw (the generation), beat (the heartbeat timer).
+type originRig struct {
+	t    *testing.T
+	p    *Proxy
+	f    *cache.Flight
+	g    *gen
+	o    *origin
+	c    *client // for attach
+	peer net.Conn
+	done bool // the generation is over, or handed its end over (answerRaw)
+}
+
+// newOriginRig makes an origin in mode waiting, as serveOrigin leaves it
+// before the take-over. small: socket buffers small enough that the client
+// falls behind after a few writes it does not read.
+func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var d net.Dialer
+	if small {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			})
+		}
+	}
+	peer, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if small {
+		conn.(*net.TCPConn).SetWriteBuffer(4096)
+	}
+	rc, err := conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.acquire() {
+		t.Fatal("no stream slot")
+	}
+	f := cache.NewDetached(64 << 20)
+	g := p.newGen(f, sse.Request{Stream: true})
+	o := g.o
+	sub, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.mu.Lock()
+	o.sub, o.method, o.path = sub, "POST", "/v1/chat/completions"
+	o.mu.Unlock()
+	p.clients.Add(1) // as takeOver does; the answer's end (client.finish) is Done
+	c := &client{p: p, conn: conn, rc: rc}
+	c.wfn = c.writeFD
+	r := &originRig{t: t, p: p, f: f, g: g, o: o, c: c, peer: peer}
+	t.Cleanup(func() {
+		// The client goes away and the generation ends, as in run: the
+		// flight's end, the last push, finish.
+		peer.Close()
+		r.f.Fail(cache.StateFailedRetryable, "test_over", nil)
+		r.end()
+		if r.mode() == originWaiting { // no take-over: nothing else ends the client
+			p.clients.Done()
+			conn.Close()
+		}
+	})
+	return r
+}
+
+// end is the end of the generation, as in run: its last push, then finish.
+func (r *originRig) end() {
+	if !r.done {
+		r.done = true
+		r.o.push()
+		r.g.finish()
+	}
+}
+
+func (r *originRig) mode() originMode {
+	r.o.mu.Lock()
+	defer r.o.mu.Unlock()
+	return r.o.mode
+}
+
+func (r *originRig) event(data string) {
+	r.t.Helper()
+	if _, err := r.f.Append("", data); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// read reads the client's whole answer.
+func (r *originRig) read() result {
+	r.t.Helper()
+	r.peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(r.peer), nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	raw, err := io.ReadAll(resp.Body)
+	return parseResult(resp, raw, err)
+}
+
+// fill writes the connection itself until its buffers take no more.
+func (r *originRig) fill() {
+	conn := r.o.c.conn
+	conn.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+	conn.Write(make([]byte, 256<<10)) //nolint:errcheck // a timeout: full
+	conn.SetWriteDeadline(time.Time{})
+}
+
+// originMove is one row of originMode's table: from, to, by.
+type originMove struct {
+	from, to originMode
+	by       string // "take-over", "generation" or "timer"
+}
+
+// TestOriginTransitions: each row of originMode's table, made through the
+// entry point of the goroutine the row names, moves the origin from its
+// mode to the one the row says; the final modes stay put under push and
+// beat; and the rows tested here are the rows of the table.
+func TestOriginTransitions(t *testing.T) {
+	big := strings.Repeat("x", 64<<10)
+	cases := []struct {
+		name  string
+		move  originMove
+		small bool
+		c     func(*client) // changes the client before the take-over
+		run   func(*originRig)
+	}{
+		{name: "taken over", move: originMove{originWaiting, originAttached, "take-over"},
+			run: func(r *originRig) { r.o.attach(r.c) }},
+		{name: "head at the take-over", move: originMove{originAttached, originDirect, "take-over"},
+			run: func(r *originRig) {
+				r.f.SetHead(eventStreamHead)
+				r.event("a")
+				r.o.attach(r.c)
+			}},
+		{name: "head after the take-over", move: originMove{originAttached, originDirect, "generation"},
+			run: func(r *originRig) {
+				r.o.attach(r.c)
+				r.f.SetHead(eventStreamHead)
+				r.event("a")
+				r.o.push()
+			}},
+		{name: "head at the take-over, writes that wait", move: originMove{originAttached, originFollower, "take-over"},
+			c: func(c *client) { c.rc = nil },
+			run: func(r *originRig) {
+				r.f.SetHead(eventStreamHead)
+				r.o.attach(r.c)
+			}},
+		{name: "head after the take-over, writes that wait", move: originMove{originAttached, originFollower, "generation"},
+			c: func(c *client) { c.rc = nil },
+			run: func(r *originRig) {
+				r.o.attach(r.c)
+				r.f.SetHead(eventStreamHead)
+				r.o.push()
+			}},
+		{name: "ended without a head at the take-over", move: originMove{originAttached, originOther, "take-over"},
+			run: func(r *originRig) {
+				r.f.Fail(cache.StateFailedRetryable, "upstream_unavailable", nil)
+				r.o.attach(r.c)
+			}},
+		{name: "ended without a head after the take-over", move: originMove{originAttached, originOther, "generation"},
+			run: func(r *originRig) {
+				r.o.attach(r.c)
+				r.f.Fail(cache.StateFailedRetryable, "upstream_unavailable", nil)
+				r.o.push()
+			}},
+		{name: "raw answer after the take-over", move: originMove{originAttached, originOther, "generation"},
+			run: func(r *originRig) {
+				r.o.attach(r.c)
+				r.answerRaw()
+			}},
+		{name: "raw answer before the take-over", move: originMove{originAttached, originOther, "take-over"},
+			run: func(r *originRig) {
+				r.answerRaw()
+				if m := r.mode(); m != originWaiting {
+					r.t.Fatalf("before the take-over: mode %s; want %s", m, originWaiting)
+				}
+				r.o.attach(r.c)
+			}},
+		{name: "behind, by the generation", move: originMove{originDirect, originFollower, "generation"}, small: true,
+			run: func(r *originRig) {
+				r.direct()
+				for range 256 {
+					r.event(big)
+					if r.o.push(); r.mode() != originDirect {
+						return
+					}
+				}
+			}},
+		{name: "behind, by the first write", move: originMove{originDirect, originFollower, "take-over"}, small: true,
+			run: func(r *originRig) {
+				r.f.SetHead(eventStreamHead)
+				for range 64 {
+					r.event(big)
+				}
+				r.o.attach(r.c)
+			}},
+		{name: "behind, by the heartbeat", move: originMove{originDirect, originFollower, "timer"}, small: true,
+			run: func(r *originRig) {
+				r.direct()
+				r.o.beat() // marks the connection idle
+				for range 50 {
+					r.fill()
+					if r.o.beat(); r.mode() != originDirect {
+						return
+					}
+				}
+			}},
+		{name: "end, by the generation", move: originMove{originDirect, originOver, "generation"},
+			run: func(r *originRig) {
+				r.direct()
+				r.f.Commit(nil)
+				r.o.push()
+			}},
+		{name: "end, by the first write", move: originMove{originDirect, originOver, "take-over"},
+			run: func(r *originRig) {
+				r.f.SetHead(eventStreamHead)
+				r.event("a")
+				r.f.Commit(nil)
+				r.o.attach(r.c)
+			}},
+		{name: "write failed, by the generation", move: originMove{originDirect, originOver, "generation"},
+			run: func(r *originRig) {
+				r.direct()
+				r.o.c.conn.Close()
+				r.event("b")
+				r.o.push()
+			}},
+		{name: "write failed, by the heartbeat", move: originMove{originDirect, originOver, "timer"},
+			run: func(r *originRig) {
+				r.direct()
+				r.o.c.conn.Close()
+				r.o.beat() // marks the connection idle
+				r.o.beat()
+			}},
+	}
+	tested := map[originMove]bool{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				pc.SlowClientTimeout = 2 * time.Second
+			})
+			r := newOriginRig(t, e.proxy, tc.small)
+			if tc.c != nil {
+				tc.c(r.c)
 			}
-			<-f.Done() // the generation sets the head and ends meanwhile
+			tc.run(r)
+			if m := r.mode(); m != tc.move.to {
+				t.Fatalf("mode %s; want %s (from %s, by the %s)", m, tc.move.to, tc.move.from, tc.move.by)
+			}
+			if tc.move.to == originFollower || tc.move.to == originOther || tc.move.to == originOver {
+				r.o.push()
+				r.o.beat()
+				if m := r.mode(); m != tc.move.to {
+					t.Fatalf("final mode %s moved to %s", tc.move.to, m)
+				}
+			}
+			tested[tc.move] = true
 		})
 	}
-	testHookAdvance.Store(&hook)
-	defer testHookAdvance.Store(nil)
-	r := e.fetch(req{key: newKey("head-end")})
-	if r.status != 200 || len(r.events) != 2 || r.lastData() != "[DONE]" {
-		t.Fatalf("got %d with %d events %q; want the whole stream", r.status, len(r.events), r.raw)
+	table := originTable(t)
+	for m := range table {
+		if !tested[m] {
+			t.Errorf("originMode's table has %s → %s by the %s; no case makes it", m.from, m.to, m.by)
+		}
 	}
-	if calls.Load() != 1 {
-		t.Fatalf("%d upstream calls; want 1", calls.Load())
+	for m := range tested {
+		if !table[m] {
+			t.Errorf("%s → %s by the %s is made, but is not in originMode's table", m.from, m.to, m.by)
+		}
+	}
+}
+
+// direct takes the connection over with a stream's head and first event.
+func (r *originRig) direct() {
+	r.t.Helper()
+	r.o.attach(r.c)
+	r.f.SetHead(eventStreamHead)
+	r.event("a")
+	r.o.push()
+	if m := r.mode(); m != originDirect {
+		r.t.Fatalf("mode %s; want %s", m, originDirect)
+	}
+}
+
+// answerRaw hands the origin a whole answer that is not a stream, as the
+// generation does for a request without a key.
+func (r *originRig) answerRaw() {
+	resp := fasthttp.AcquireResponse()
+	resp.Header.SetContentType("application/json")
+	resp.SetBodyString(`{"ok":true}`)
+	r.done = true // answerRest finishes the generation
+	r.o.answerRaw(resp)
+}
+
+// originTable reads the rows of originMode's table from its comment in
+// origin.go: from, to, and each goroutine named in the last column.
+func originTable(t *testing.T) map[originMove]bool {
+	t.Helper()
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "origin.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	modes := map[string]originMode{}
+	for m := range originMode(len(originModes)) {
+		modes[m.String()] = m
+	}
+	rows := map[originMove]bool{}
+	for _, d := range file.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.TYPE || gd.Specs[0].(*ast.TypeSpec).Name.Name != "originMode" {
+			continue
+		}
+		for line := range strings.Lines(gd.Doc.Text()) {
+			f := strings.Fields(line)
+			if !strings.HasPrefix(line, "\t") || len(f) < 2 {
+				continue
+			}
+			from, ok1 := modes[f[0]]
+			to, ok2 := modes[f[1]]
+			if !ok1 || !ok2 {
+				continue // the header, or a row's second line
+			}
+			by := line[strings.LastIndex(line, "  "):]
+			for _, g := range []string{"take-over", "generation", "timer"} {
+				if strings.Contains(by, g) {
+					rows[originMove{from, to, g}] = true
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatal("no rows found in originMode's comment")
+	}
+	return rows
+}
+
+// TestOriginModeString: each mode has its name.
+func TestOriginModeString(t *testing.T) {
+	want := []string{"waiting", "attached", "direct", "follower", "other", "over"}
+	for m, name := range want {
+		if got := originMode(m).String(); got != name {
+			t.Errorf("originMode(%d).String() = %q; want %q", m, got, name)
+		}
+	}
+	if got := originMode(len(want)).String(); got != "originMode(6)" {
+		t.Errorf("an unknown mode: %q", got)
 	}
 }
