@@ -16,9 +16,7 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 // admin listener (Config.AdminSeparate).
 func (p *Proxy) AdminHandler(ctx *fasthttp.RequestCtx) {
 	if !p.serveAdmin(ctx, string(ctx.Path())) {
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"error":{"type":"not_found","message":"the admin listener serves /metrics, /healthz and /readyz"}}`)
+		fillError(&ctx.Response, causeAdminNotFound.err(""))
 	}
 }
 

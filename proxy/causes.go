@@ -51,6 +51,7 @@ const (
 	causeInvalidResumeToken
 	causeStreamNotFound
 	causeKeyNotFound
+	causeAdminNotFound
 	causeInFlight
 	causeGone
 	causeConflict
@@ -149,6 +150,7 @@ var causes = [numCauses]causeRow{
 	causeInvalidResumeToken: {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
 	causeStreamNotFound:     {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
 	causeKeyNotFound:        {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
+	causeAdminNotFound:      {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
 	causeInFlight:           {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
 	causeGone:               {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
 	causeConflict:           {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},

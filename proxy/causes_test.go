@@ -19,7 +19,7 @@ func TestCauseTable(t *testing.T) {
 	t.Parallel()
 	types := map[string]bool{ // docs/design.md, Errors
 		"invalid_idempotency_key": true, "invalid_last_event_id": true, "credential_required": true,
-		"invalid_resume_token": true, "stream_not_found": true, "key_not_found": true,
+		"invalid_resume_token": true, "stream_not_found": true, "key_not_found": true, "not_found": true,
 		"idempotency_in_flight": true, "stream_gone": true, "idempotency_conflict": true,
 		"request_too_large": true, "invalid_request": true, "capacity_exceeded": true,
 		"store_unavailable": true, "shutting_down": true, "upstream_unavailable": true,
@@ -76,7 +76,7 @@ func TestCausesChooseEveryStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	built := regexp.MustCompile(`apiError\{|typ: "|abortEvent\("`)
+	built := regexp.MustCompile(`apiError\{|typ: "|abortEvent\("|"type":`)
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") || name == "causes.go" {
 			continue
