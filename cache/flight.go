@@ -55,6 +55,23 @@ type Flight struct {
 	body     []byte // non-streaming answer, for joiners
 	usage    Usage
 	first    time.Time // when the first event was journaled
+	model    string
+	fallback []Fallback
+}
+
+// SetModel records the model of the attempts to come, and the models
+// given up on before it; the store records them with the next Mark.
+func (f *Flight) SetModel(model string, fallbacks []Fallback) {
+	f.mu.Lock()
+	f.model, f.fallback = model, fallbacks
+	f.mu.Unlock()
+}
+
+// Model returns what SetModel recorded.
+func (f *Flight) Model() (string, []Fallback) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.model, f.fallback
 }
 
 // Usage is the token count an upstream reported for one answer.

@@ -43,6 +43,13 @@ type Head struct {
 	Header []Header
 }
 
+// Fallback is a model a generation gave up on for the next one, and why
+// (the cause of its last attempt's failure).
+type Fallback struct {
+	Model  string `json:"model"`
+	Reason string `json:"reason"`
+}
+
 // Decision is what Begin decided for a request with a key.
 type Decision int
 
@@ -79,15 +86,20 @@ type Begun struct {
 
 // KeyInfo is what the ledger knows of one key, for GET /keys/{key}.
 type KeyInfo struct {
-	State      State     `json:"state"`
-	Generation uint64    `json:"generation"`
-	Attempts   int       `json:"attempts"`
-	LastStatus int       `json:"last_upstream_status,omitempty"`
-	Events     int       `json:"events"`
-	Bytes      int       `json:"bytes"`
-	BodyStored bool      `json:"body_stored"`
-	Reason     string    `json:"reason,omitempty"`
-	Created    time.Time `json:"created"`
-	Updated    time.Time `json:"updated"`
-	Expires    time.Time `json:"expires"`
+	State      State  `json:"state"`
+	Generation uint64 `json:"generation"`
+	Attempts   int    `json:"attempts"`
+	LastStatus int    `json:"last_upstream_status,omitempty"`
+	Events     int    `json:"events"`
+	Bytes      int    `json:"bytes"`
+	BodyStored bool   `json:"body_stored"`
+	Reason     string `json:"reason,omitempty"`
+	// Model is the model of the generation's last attempt: the one that
+	// answered, once committed. Fallbacks are the models given up on
+	// before it (the proxy's -fallback), each with why.
+	Model     string     `json:"model,omitempty"`
+	Fallbacks []Fallback `json:"fallbacks,omitempty"`
+	Created   time.Time  `json:"created"`
+	Updated   time.Time  `json:"updated"`
+	Expires   time.Time  `json:"expires"`
 }

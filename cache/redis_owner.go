@@ -116,6 +116,7 @@ func (s ownerState) String() string {
 type markFields struct {
 	state            State
 	attempts, status int
+	model, fallbacks string // fallbacks as JSON, "" for none
 }
 
 type commitReq struct {
@@ -186,8 +187,15 @@ func (o *owner) reserve(n int) error {
 
 func (o *owner) release(n int) { o.r.release(n) }
 
-func (o *owner) mark(_ *Flight, state State, attempts, lastStatus int) {
+func (o *owner) mark(f *Flight, state State, attempts, lastStatus int) {
+	model, fbs := f.Model()
+	fj := ""
+	if len(fbs) > 0 {
+		b, _ := json.Marshal(fbs)
+		fj = string(b)
+	}
 	o.mu.Lock()
+	o.mk.model, o.mk.fallbacks = model, fj
 	o.mk.state, o.mk.attempts = state, attempts
 	if lastStatus != 0 {
 		o.mk.status = lastStatus
@@ -394,7 +402,7 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 			return ""
 		}
 		args := []string{o.tok, o.gen, pos.prev, string(mk.state), strconv.Itoa(mk.attempts),
-			strconv.Itoa(mk.status), nowMS(o.r.cfg.Now()), "", ""}
+			strconv.Itoa(mk.status), nowMS(o.r.cfg.Now()), "", "", mk.model, mk.fallbacks}
 		if pos.flushed == 0 && len(evs) > 0 {
 			args[7] = headJSON(h)
 		}

@@ -78,7 +78,8 @@ return {'miss', gs, regenerated, reaped}
 // KEYS: st, j
 // ARGV: tok, gen, prev (the id the journal must end with), state,
 // attempts, status, now ms, head (JSON, for the entry of seq 1), bytes
-// (total after this batch), then id, event pairs.
+// (total after this batch), model, fallbacks (JSON; each "" for none),
+// then id, event pairs.
 //
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
@@ -91,7 +92,7 @@ local lastId = ''
 if #last > 0 then lastId = last[1][1] end
 if lastId ~= ARGV[3] then return {'prev', lastId} end
 local n = 0
-for i = 10, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   local id = ARGV[i]
   if id == ARGV[2] .. '-1' and ARGV[8] ~= '' then
     redis.call('XADD', KEYS[2], 'NOMKSTREAM', id, 'e', ARGV[i + 1], 'h', ARGV[8])
@@ -103,6 +104,8 @@ for i = 10, #ARGV, 2 do
 end
 local f = {'state', ARGV[4], 'attempts', ARGV[5], 'updated', ARGV[7], 'bytes', ARGV[9]}
 if ARGV[6] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[6]) end
+if ARGV[10] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[10]) end
+if ARGV[11] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[11]) end
 if n > 0 then
   local seq = string.match(lastId, '-(%d+)$')
   table.insert(f, 'events'); table.insert(f, seq)

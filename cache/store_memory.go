@@ -98,6 +98,8 @@ type entry struct {
 	flight     *Flight
 	attempts   int
 	lastStatus int
+	model      string
+	fallbacks  []Fallback
 	events     int
 	bytes      int
 	bodyStored bool
@@ -422,7 +424,7 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	}
 	ki := KeyInfo{
 		State: e.state, Generation: e.gen, Attempts: e.attempts, LastStatus: e.lastStatus,
-		Events: e.events, Bytes: e.bytes, Reason: e.reason,
+		Events: e.events, Bytes: e.bytes, Reason: e.reason, Model: e.model, Fallbacks: e.fallbacks,
 		Created: e.created, Updated: e.updated, Expires: e.expires,
 	}
 	f := e.flight
@@ -542,6 +544,7 @@ func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
 		if lastStatus != 0 {
 			e.lastStatus = lastStatus
 		}
+		e.model, e.fallbacks = f.Model()
 		e.updated = now
 	}
 	m.mu.Unlock()

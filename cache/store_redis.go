@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -615,8 +616,11 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 	ki := KeyInfo{
 		State: State(m["state"]), Generation: gen, Attempts: num("attempts"),
 		LastStatus: num("status"), Events: num("events"), Bytes: num("bytes"),
-		Reason: m["reason"], Created: at("created"), Updated: at("updated"),
+		Reason: m["reason"], Model: m["model"], Created: at("created"), Updated: at("updated"),
 		BodyStored: m["phase"] == "done" && hasRes == 1,
+	}
+	if fb := m["fallbacks"]; fb != "" {
+		json.Unmarshal([]byte(fb), &ki.Fallbacks) //nolint:errcheck // written by this package; unreadable means none
 	}
 	if m["phase"] != "live" && ttl > 0 {
 		ki.Expires = r.cfg.Now().Add(time.Duration(ttl) * time.Millisecond)

@@ -35,7 +35,10 @@ import (
 //     provider's own failure report (an error event, response.failed,
 //     response.incomplete), relayed before the stream_aborted end; any
 //     other terminal event of an unclean stream ([DONE], message_stop,
-//     response.completed) claims a whole answer and is not relayed.
+//     response.completed) claims a whole answer and is not relayed;
+//   - fallback: when every attempt for a model ended so, the next model of
+//     its -fallback rule is tried: the upstream said the model did not run
+//     the request, or could not be asked.
 //
 // Adding a cause is one constant and one row; TestCauseTable checks that
 // every cause has a row and that names are unique.
@@ -121,6 +124,7 @@ type causeRow struct {
 	msg      string
 	abort    string
 	relayEnd bool
+	fallback bool
 }
 
 // Shorthands of the table's columns.
@@ -173,20 +177,20 @@ var causes = [numCauses]causeRow{
 	causeGenerationLost: {name: "generation_lost", state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
 	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
 
-	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures"},
-	causeConnectError:        {name: "connect_error", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (connect_error)"},
-	causeStaleConnection:     {name: "stale_connection", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (stale_connection)"},
+	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures", fallback: true},
+	causeConnectError:        {name: "connect_error", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (connect_error)", fallback: true},
+	causeStaleConnection:     {name: "stale_connection", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (stale_connection)", fallback: true},
 	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
 	causeUpstreamReset:       {name: "upstream_reset", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
 
 	causeUpstreamRefused:     {name: "upstream_status", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
-	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
+	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true},
 	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
 	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
 	causeUpstreamReadError:   {name: "upstream_read_error", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
 
-	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true},
+	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},
 	causeMalformedEvent:      {name: sse.ReasonMalformedEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "an upstream event was not the whole JSON object its dialect sends"},
 	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows"},
 	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},

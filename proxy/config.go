@@ -116,6 +116,19 @@ type Config struct {
 	// real providers do not deduplicate, so a repeat may be a second paid
 	// generation.
 	RetryAmbiguous []string
+	// Fallbacks maps a model to the models tried after it, in order, when
+	// it cannot answer (-fallback): every attempt for it ended in a
+	// failure the upstream said it did not run (429, 5xx, a connect
+	// error, an error event before any other), its circuits are open, or
+	// the upstream answered 400 with one of FallbackOnCodes. "*" is the
+	// rule of every model without one of its own. The fallback model goes
+	// into the request's top-level "model" field, on the same upstreams
+	// and path, so it never crosses API shapes.
+	Fallbacks map[string][]string
+	// FallbackOnCodes are the error codes of a 400 answer that fall back
+	// to the next model (default context_length_exceeded; Anthropic's
+	// "prompt is too long" counts as it).
+	FallbackOnCodes []string
 	// RelayWhenStoreDown relays keyed requests unprotected (no
 	// deduplication, nothing recorded) while the store is unreachable,
 	// instead of failing them with 503 store_unavailable.
@@ -146,6 +159,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
+	if c.FallbackOnCodes == nil {
+		c.FallbackOnCodes = []string{"context_length_exceeded"}
+	}
 	if c.Inflight == "" {
 		c.Inflight = InflightJoin
 	}

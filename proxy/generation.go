@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -163,6 +164,18 @@ type attempt struct {
 	head       cache.Head // set when the upstream answered with a head worth relaying
 	body       []byte     // an error answer's body, to relay if it is the last
 	retryAfter time.Duration
+	// fallbackCode is the error code of a 400 that -fallback-on-code
+	// names (context_length_exceeded): another model may take it.
+	fallbackCode string
+}
+
+// reason names what the attempt came to, for logs, metrics and the
+// ledger's fallbacks.
+func (a attempt) reason() string {
+	if a.fallbackCode != "" {
+		return a.fallbackCode
+	}
+	return a.cause.reason(a.head.Status)
 }
 
 // verdict says whether the attempt may be made again (retry.go): by the
@@ -177,7 +190,10 @@ func (a attempt) verdict() verdict {
 
 // run is the generation's goroutine: call the upstream, retrying where
 // retry.go says it is safe and only before any event was journaled, then
-// record the answer into the flight until it ends.
+// record the answer into the flight until it ends. When every attempt for
+// the request's model failed in a way that says the model could not
+// answer (causeRow.fallback), the next model of its -fallback rule is
+// tried the same way.
 func (g *gen) run(tmpl *fasthttp.Request) {
 	handedOff := false
 	defer func() {
@@ -189,35 +205,81 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	}()
 	p, f := g.p, g.f
 	p.budget.request(g.start)
+	models := g.models(tmpl.Body())
+	calls := 0 // attempts made, over every model
+	var tried []cache.Fallback
+	var given attempt // the last attempt of the model given up on
+	for i, model := range models {
+		req := tmpl
+		if i > 0 {
+			req = withModel(tmpl, model)
+			defer fasthttp.ReleaseRequest(req)
+		}
+		if model != "" {
+			f.SetModel(model, tried)
+		}
+		a, last, end := g.attempts(req, model, i+1 < len(models), &calls)
+		switch end {
+		case handedOver:
+			handedOff = true
+			return
+		case settled:
+			return
+		}
+		if i+1 < len(models) && g.fallBack(a, model, models[i+1], calls) {
+			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
+			given = a
+			continue
+		}
+		if last.head.Status == 0 {
+			last = given // relay the given-up model's answer rather than a failure to reach the next
+		}
+		g.end(calls, a, last)
+		return
+	}
+}
+
+// How a model's attempts ended.
+type attemptsEnd uint8
+
+const (
+	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
+	settled                       // the flight has its answer (or its cut), and ended with it
+	handedOver                    // the answer went to the origin as it is (handOff)
+)
+
+// attempts makes the attempts for one model, through its circuits, and
+// says how they ended; when they all failed, a and last (the attempt
+// before it) say how. more says that another model may follow, so that a
+// 400 that names a -fallback-on-code is not recorded as the answer.
+func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *int) (a, last attempt, end attemptsEnd) {
+	p, f := g.p, g.f
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
-	rt := route{model: modelKey(g.req.Model)}
-	var last attempt
+	rt := route{model: modelKey(model)}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
 			c.fail(f, 0, nil)
-			return
+			return attempt{cause: c}, last, settled
 		}
 		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
-			g.end(n-1, attempt{cause: causeUpstreamUnavailable}, last)
-			return
+			return attempt{cause: causeUpstreamUnavailable}, last, failedAll
 		}
-		g.mark(cache.StateExecutionStarted, n, last.head.Status)
-		a, settled := g.try(up, tmpl, done)
-		if settled {
-			p.m.attemptsPerOK.Observe(float64(n))
-			return // the flight has its answer, and ended with it
+		*calls++
+		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
+		a, ok := g.try(up, tmpl, done, more)
+		if ok {
+			p.m.attemptsPerOK.Observe(float64(*calls))
+			return a, last, settled
 		}
 		if a.cause == causeNone && g.relayRaw {
-			handedOff = true
 			g.handOff()
-			return
+			return a, last, handedOver
 		}
 		g.drop()
 		wait := max(jitter.next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
-			g.end(n, a, last)
-			return
+			return a, last, failedAll
 		}
 		last = a
 		rt.failed(a, up, idx)
@@ -312,7 +374,7 @@ func (g *gen) handOff() {
 
 // try makes one attempt on up. settled reports that the answer went into
 // the flight and the flight ended with it; otherwise a says what came.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a attempt, settled bool) {
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) (a attempt, settled bool) {
 	sent := time.Now()
 	resp, err := g.call(up, up.prepare(tmpl))
 	m := g.p.m
@@ -340,10 +402,24 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error)) (a att
 	if head.Status >= 400 {
 		a.cause = upstreamStatus(head.Status)
 	}
-	if head.Status >= 500 {
+	switch {
+	case head.Status >= 500:
 		done(errUpstreamStatus)
-	} else {
+	case head.Status == fasthttp.StatusTooManyRequests && more:
+		// A model that has a fallback: its 429s count against its
+		// circuits, so that a rate-limited model is skipped while its
+		// circuit is open rather than tried on every request.
+		done(errUpstreamStatus)
+	default:
 		done(nil) // alive: 4xx and 429 are answers, not outages
+	}
+	if head.Status == fasthttp.StatusBadRequest && more && !head.Stream {
+		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {
+			return attempt{cause: causeUpstreamRefused, head: head, body: body, fallbackCode: code}, false
+		}
+		g.settle(resp, head, body, err)
+		return a, true
 	}
 	if a.verdict() == safe {
 		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
@@ -381,8 +457,14 @@ var errUpstreamStatus = errors.New("upstream answered 5xx")
 // record ends the flight with a non-streaming answer: committed when 2xx,
 // relayed to joiners and not stored otherwise.
 func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
-	f := g.f
 	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+	g.settle(resp, head, body, err)
+}
+
+// settle ends the flight with a non-streaming answer read as body (err
+// from reading it).
+func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err error) {
+	f := g.f
 	f.SetHead(head)
 	switch {
 	case err != nil:

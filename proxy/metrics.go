@@ -20,6 +20,7 @@ type metrics struct {
 	attempts       *prometheus.CounterVec
 	retries        *prometheus.CounterVec
 	noRetry        *prometheus.CounterVec
+	fallbacks      *prometheus.CounterVec
 	budgetRefused  prometheus.Counter
 	aborted        *prometheus.CounterVec
 	cacheSkipped   *prometheus.CounterVec
@@ -60,6 +61,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.attempts = cv("upstream_attempts_total", "Upstream calls by outcome.", "outcome")
 	m.retries = cv("retries_total", "Upstream calls retried, by the failure that caused the retry.", "reason")
 	m.noRetry = cv("retries_refused_total", "Retryable failures not retried, by why: attempts, max_elapsed, retry_after_too_long, budget.", "why")
+	m.fallbacks = cv("fallbacks_total", "Requests that went on to the next model of their -fallback rule, by the failure of the model given up on.", "reason")
 	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
 	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
 	m.cacheSkipped = cv("cache_skipped_total", "Completed answers not stored, by reason: no_key, store_refused.", "reason")

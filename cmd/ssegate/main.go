@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,8 @@ type options struct {
 	anonymousKeys string
 	secret        string
 	retryAmbig    listFlag
+	fallbacks     fallbackFlag
+	fallbackCodes listFlag
 	upstreams     listFlag
 	retry         proxy.RetryConfig
 	inflight      string
@@ -90,6 +93,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
+	fs.Var(&o.fallbacks, "fallback", "FROM=TO[,TO...]: when model FROM cannot answer (429, 5xx, connect errors or an error event before any other, after -retry-attempts; its circuits open; or a 400 naming a -fallback-on-code), the request goes to model TO, then the next, on the same upstreams and path; FROM * is every model without a rule of its own. Repeatable; SSEGATE_FALLBACK takes rules separated by semicolons. Never after the first event, nor after a failure that may have left a generation running")
+	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated. Default context_length_exceeded (Anthropic's \"prompt is too long\" counts as it)")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
 	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
@@ -278,6 +283,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
+		Fallbacks: o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
 		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
 	})
@@ -327,6 +333,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer cancel()
 	p.Shutdown(drain) //nolint:errcheck // it logs what it had to abort
 	log.Info("stopped")
+	return nil
+}
+
+// fallbackFlag holds -fallback's rules: FROM=TO[,TO...], several in one
+// value separated by semicolons (SSEGATE_FALLBACK), or one per flag.
+type fallbackFlag struct{ rules map[string][]string }
+
+func (f *fallbackFlag) String() string {
+	var parts []string
+	for from, to := range f.rules {
+		parts = append(parts, from+"="+strings.Join(to, ","))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ";")
+}
+
+func (f *fallbackFlag) Set(v string) error {
+	for _, rule := range strings.Split(v, ";") {
+		if rule = strings.TrimSpace(rule); rule == "" {
+			continue
+		}
+		from, to, ok := strings.Cut(rule, "=")
+		from = strings.TrimSpace(from)
+		if !ok || from == "" {
+			return fmt.Errorf("%q: want FROM=TO[,TO...]", rule)
+		}
+		var tos listFlag
+		tos.Set(to) //nolint:errcheck // it never fails
+		if len(tos) == 0 {
+			return fmt.Errorf("%q: no model to fall back to", rule)
+		}
+		if f.rules == nil {
+			f.rules = map[string][]string{}
+		}
+		f.rules[from] = tos // a later rule for FROM (the command line after SSEGATE_FALLBACK) wins
+	}
 	return nil
 }
 

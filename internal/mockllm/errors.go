@@ -87,6 +87,18 @@ func writeStatusFault(ctx *fasthttp.RequestCtx, p provider, status int) {
 	writeError(ctx, p, status, msg)
 }
 
+// writeContextFault answers a context-length fault as the provider says a
+// prompt is too long for the model: OpenAI's 400 context_length_exceeded,
+// Anthropic's 400 "prompt is too long".
+func writeContextFault(ctx *fasthttp.RequestCtx, p provider) {
+	if p == anthropic {
+		writeError(ctx, p, fasthttp.StatusBadRequest, "prompt is too long: 210000 tokens > 200000 maximum")
+		return
+	}
+	b := []byte(`{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 210000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`)
+	writeJSON(ctx, fasthttp.StatusBadRequest, b)
+}
+
 // writeRouteError answers a request no endpoint takes (404, 405), in a shape
 // of the mock's own since no provider is known.
 func writeRouteError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {

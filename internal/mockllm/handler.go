@@ -75,8 +75,15 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, p, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	if opts.fault.kind == faultStatus {
+	if mf := s.model(req.Model); opts.fault.kind == faultNone {
+		opts.fault = mf
+	}
+	switch opts.fault.kind {
+	case faultStatus:
 		writeStatusFault(ctx, p, opts.fault.n)
+		return
+	case faultContext:
+		writeContextFault(ctx, p)
 		return
 	}
 	if req.Model != "" {

@@ -31,6 +31,7 @@ const (
 	faultError               // error-after=N
 	faultHang                // hang
 	faultHangAfter           // hang-after=N
+	faultContext             // context-length: 400, the prompt is longer than the model's context
 )
 
 // fault is one parsed X-Mock-Fault: its kind and its number (the status code
@@ -99,12 +100,15 @@ func parseOptions(cfg *Config, h *fasthttp.RequestHeader) (options, error) {
 // parseFault parses an X-Mock-Fault value.
 func parseFault(v string) (fault, error) {
 	v = strings.TrimSpace(v)
-	if v == "hang" {
+	switch v {
+	case "hang":
 		return fault{kind: faultHang}, nil
+	case "context-length":
+		return fault{kind: faultContext}, nil
 	}
 	name, arg, ok := strings.Cut(v, "=")
 	if !ok {
-		return fault{}, errors.New("want status=CODE, reset-after=N, eof-after=N, error-after=N, hang or hang-after=N")
+		return fault{}, errors.New("want status=CODE, reset-after=N, eof-after=N, error-after=N, hang, hang-after=N or context-length")
 	}
 	n, err := strconv.Atoi(arg)
 	if err != nil {

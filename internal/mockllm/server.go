@@ -25,6 +25,21 @@ type Config struct {
 	ChunkBytes int
 	// HangLimit bounds the hang and hang-after faults; 0 means 60s.
 	HangLimit time.Duration
+	// ModelFaults gives a model a fault of its own, in X-Mock-Fault's
+	// syntax (e.g. "status=503"), for every request naming it that does
+	// not carry an X-Mock-Fault. Nil means DefaultModelFaults; SetModelFault
+	// changes it while serving.
+	ModelFaults map[string]string
+}
+
+// DefaultModelFaults are the models that cannot answer, so that a
+// fallback can be shown against the mock alone: one that is down, one
+// that is rate-limited, and one whose context is too small for any
+// prompt.
+var DefaultModelFaults = map[string]string{
+	"mock-down":         "status=503",
+	"mock-rate-limited": "status=429",
+	"mock-small":        "context-length",
 }
 
 // Server is the mock upstream. Use Handler with a fasthttp.Server of your
@@ -33,6 +48,10 @@ type Config struct {
 type Server struct {
 	cfg   Config
 	calls atomic.Int64
+
+	modelMu     sync.Mutex // guards modelFaults and modelCalls
+	modelFaults map[string]fault
+	modelCalls  map[string]int64
 
 	// closing is closed by Close; every stream, stall and delay waits on it.
 	closing chan struct{}
@@ -57,7 +76,51 @@ func New(cfg Config) *Server {
 	if cfg.HangLimit <= 0 {
 		cfg.HangLimit = 60 * time.Second
 	}
-	return &Server{cfg: cfg, closing: make(chan struct{}), conns: make(map[net.Conn]struct{})}
+	s := &Server{cfg: cfg, closing: make(chan struct{}), conns: make(map[net.Conn]struct{}),
+		modelFaults: map[string]fault{}, modelCalls: map[string]int64{}}
+	faults := cfg.ModelFaults
+	if faults == nil {
+		faults = DefaultModelFaults
+	}
+	for model, spec := range faults {
+		if err := s.SetModelFault(model, spec); err != nil {
+			panic("mockllm: ModelFaults: " + err.Error())
+		}
+	}
+	return s
+}
+
+// SetModelFault gives model the fault spec (X-Mock-Fault's syntax), or
+// none when spec is empty, from the next request on.
+func (s *Server) SetModelFault(model, spec string) error {
+	s.modelMu.Lock()
+	defer s.modelMu.Unlock()
+	if spec == "" {
+		delete(s.modelFaults, model)
+		return nil
+	}
+	f, err := parseFault(spec)
+	if err != nil {
+		return fmt.Errorf("%s: %q: %w", model, spec, err)
+	}
+	s.modelFaults[model] = f
+	return nil
+}
+
+// model counts a request for model and returns the model's fault.
+func (s *Server) model(model string) fault {
+	s.modelMu.Lock()
+	defer s.modelMu.Unlock()
+	s.modelCalls[model]++
+	return s.modelFaults[model]
+}
+
+// CallsFor reports how many requests named model (the top-level "model"
+// of the body; "" for none) since the start or ResetCalls.
+func (s *Server) CallsFor(model string) int64 {
+	s.modelMu.Lock()
+	defer s.modelMu.Unlock()
+	return s.modelCalls[model]
 }
 
 // ErrClosed is returned by Start on a Server that was closed.
@@ -200,7 +263,12 @@ func (s *Server) Calls() int64 { return s.calls.Load() }
 func (s *Server) Active() int64 { return s.active.Load() }
 
 // ResetCalls sets the Calls counter to zero.
-func (s *Server) ResetCalls() { s.calls.Store(0) }
+func (s *Server) ResetCalls() {
+	s.calls.Store(0)
+	s.modelMu.Lock()
+	clear(s.modelCalls)
+	s.modelMu.Unlock()
+}
 
 // nopLogger discards fasthttp's log lines.
 type nopLogger struct{}

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// Model fallback (-fallback): when every attempt for the request's model
+// failed in a way that says the model did not run it, gen.run tries the
+// next model of the model's rule, by rewriting the body's top-level
+// "model", on the same upstreams and path. The key, its fingerprint and
+// its flight stay the client's request's.
+
+// models returns the request's model and the models its -fallback rule
+// names after it; only the request's model when it has none, or when the
+// request's body names none at its top level.
+func (g *gen) models(body []byte) []string {
+	m := g.req.Model
+	if v := gjson.GetBytes(body, "model"); m == "" || v.Type != gjson.String || v.Index <= 0 {
+		return []string{m}
+	}
+	to, ok := g.p.cfg.Fallbacks[m]
+	if !ok {
+		to = g.p.cfg.Fallbacks["*"]
+	}
+	out := []string{m}
+	for _, t := range to {
+		if t != m && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// fallBack decides whether the request goes on to model next after the
+// attempts for model failed as a says: only for a failure that says the
+// model did not run the request (causeRow.fallback: a 429 or 5xx, a
+// connect error, an error event before any other, every circuit open) or
+// a 400 with one of -fallback-on-code's codes; never after an ambiguous
+// failure, which may have left a generation running. A fallback after a
+// call is a retry: it is bounded by -retry-max-elapsed and the budget.
+func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
+	p, f := g.p, g.f
+	if !causes[a.cause].fallback && a.fallbackCode == "" {
+		return false
+	}
+	why := ""
+	switch {
+	case time.Since(g.start) > p.cfg.Retry.MaxElapsed:
+		why = "max_elapsed"
+	case calls > 0 && !p.budget.retry(time.Now()):
+		why = "budget"
+		p.m.budgetRefused.Inc()
+	}
+	reason := a.reason()
+	if why != "" {
+		p.m.noRetry.WithLabelValues(why).Inc()
+		p.log.Warn("no fallback", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "model", model,
+			"next", next, "reason", reason, "why", why)
+		return false
+	}
+	p.m.fallbacks.WithLabelValues(reason).Inc()
+	p.log.Info("fallback", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "from", model, "to", next,
+		"reason", reason, "attempts", calls)
+	return true
+}
+
+// withModel returns a copy of tmpl whose JSON body names model at its
+// top-level "model" (models ensures there is one).
+func withModel(tmpl *fasthttp.Request, model string) *fasthttp.Request {
+	r := fasthttp.AcquireRequest()
+	tmpl.CopyTo(r)
+	body := tmpl.Body()
+	v := gjson.GetBytes(body, "model")
+	q, _ := json.Marshal(model)
+	out := make([]byte, 0, len(body)+len(q))
+	out = append(out, body[:v.Index]...)
+	out = append(out, q...)
+	out = append(out, body[v.Index+len(v.Raw):]...)
+	r.SetBody(out)
+	return r
+}
+
+// errorCode is the code of an upstream's JSON error answer: OpenAI's
+// error.code, or else the error's type (Anthropic's error.type).
+func errorCode(body []byte) string {
+	e := gjson.GetBytes(body, "error")
+	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
+		return c.Str
+	}
+	t := e.Get("type").String()
+	if t == "invalid_request_error" && strings.HasPrefix(e.Get("message").String(), "prompt is too long") {
+		return "context_length_exceeded" // Anthropic's words for it
+	}
+	return t
+}

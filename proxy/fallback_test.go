@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
+)
+
+// fallbackEnv is ssegate in front of the mock with -fallback primary=backup
+// (and claude-primary=claude-backup), retries quick, and faults set per
+// model with e.mock.SetModelFault.
+func fallbackEnv(t *testing.T, opts ...envOption) *env {
+	t.Helper()
+	base := func(pc *Config, _ *cache.Config, mc *mockllm.Config) {
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}, "claude-primary": {"claude-backup"}}
+		pc.Retry.BaseBackoff = time.Millisecond
+		pc.Retry.MaxBackoff = 5 * time.Millisecond
+		pc.Retry.RetryAfterMax = 10 * time.Millisecond // the mock's 429 says Retry-After: 1
+		pc.Retry.BreakerFailures = 3
+		pc.Retry.BreakerOpen = time.Second
+		pc.Retry.BreakerOpenMax = time.Second
+		mc.ModelFaults = map[string]string{}
+		mc.Tokens = 8
+	}
+	return newEnv(t, append([]envOption{base}, opts...)...)
+}
+
+func modelBody(model string) string {
+	return `{"model":"` + model + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+}
+
+// answeredBy is the model field of the stream's first chunk.
+func answeredBy(t *testing.T, r result) string {
+	t.Helper()
+	for _, ev := range r.events {
+		if i := strings.Index(ev.Data, `"model":"`); i >= 0 {
+			rest := ev.Data[i+len(`"model":"`):]
+			return rest[:strings.IndexByte(rest, '"')]
+		}
+	}
+	t.Fatalf("no event names a model: %q", r.raw)
+	return ""
+}
+
+func wantWhole(t *testing.T, r result, model string) {
+	t.Helper()
+	if r.status != 200 || r.aborted || r.lastData() != "[DONE]" {
+		t.Fatalf("got %d aborted=%v ending %q; want a whole stream", r.status, r.aborted, r.lastData())
+	}
+	if got := answeredBy(t, r); got != model {
+		t.Fatalf("answered by %q; want %q", got, model)
+	}
+}
+
+func wantModelCalls(t *testing.T, e *env, model string, want int64) {
+	t.Helper()
+	if got := e.mock.CallsFor(model); got != want {
+		t.Fatalf("calls to %s: got %d; want %d", model, got, want)
+	}
+}
+
+// TestFallbackOnRateLimit: a primary that answers 429 every time: the
+// fallback answers each request, the ledger says which model answered and
+// why the primary was given up on, and once the primary's circuit opened
+// (three failures) no request calls it again during the open time.
+func TestFallbackOnRateLimit(t *testing.T) {
+	t.Parallel()
+	e := fallbackEnv(t)
+	e.mock.SetModelFault("primary", "status=429") //nolint:errcheck // a valid spec
+	key := newKey("fallback-429")
+	r := e.fetch(req{key: key, body: modelBody("primary")})
+	wantWhole(t, r, "backup")
+	wantModelCalls(t, e, "primary", 1) // Retry-After 1s is past -retry-after-max: no retry
+	wantModelCalls(t, e, "backup", 1)
+	ki := e.waitState(key, "", cache.StateCommitted)
+	if ki.Model != "backup" || len(ki.Fallbacks) != 1 || ki.Fallbacks[0] != (cache.Fallback{Model: "primary", Reason: "upstream_status_429"}) {
+		t.Fatalf("key info: model %q, fallbacks %+v; want backup after primary's upstream_status_429", ki.Model, ki.Fallbacks)
+	}
+	for range 5 {
+		wantWhole(t, e.fetch(req{body: modelBody("primary")}), "backup")
+	}
+	wantModelCalls(t, e, "primary", 3) // the circuit opened at the third 429
+	wantModelCalls(t, e, "backup", 6)
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	if v := metricValue(t, m, `ssegate_fallbacks_total{reason="upstream_status_429"}`); v != 3 {
+		t.Errorf("fallbacks for 429: got %v; want 3", v)
+	}
+	if v := metricValue(t, m, `ssegate_fallbacks_total{reason="upstream_unavailable"}`); v != 3 {
+		t.Errorf("fallbacks past an open circuit: got %v; want 3", v)
+	}
+}
+
+// TestFallbackWhileDownThenBack: the primary answers 503 for a while,
+// then is healthy again; requests spread over both times are all answered,
+// and the primary answers again within about a second (the circuit's
+// open time) of its recovery.
+func TestFallbackWhileDownThenBack(t *testing.T) {
+	t.Parallel()
+	e := fallbackEnv(t)
+	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
+	const down, step, n = 2 * time.Second, 200 * time.Millisecond, 20
+	start := time.Now()
+	var recovered time.Time
+	var backOn time.Duration = -1
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * step)))
+		if recovered.IsZero() && time.Since(start) >= down {
+			e.mock.SetModelFault("primary", "") //nolint:errcheck // clears it
+			recovered = time.Now()
+		}
+		r := e.fetch(req{key: newKey("down-then-back"), body: modelBody("primary")})
+		if r.status != 200 || r.aborted || r.lastData() != "[DONE]" {
+			t.Fatalf("request %d: got %d aborted=%v; want a whole stream", i, r.status, r.aborted)
+		}
+		by := answeredBy(t, r)
+		if recovered.IsZero() && by != "backup" {
+			t.Fatalf("request %d while the primary is down: answered by %s", i, by)
+		}
+		if !recovered.IsZero() && by == "primary" && backOn < 0 {
+			backOn = time.Since(recovered)
+		}
+	}
+	if backOn < 0 || backOn > 1500*time.Millisecond {
+		t.Fatalf("back on the primary %v after its recovery; want within about a second", backOn)
+	}
+	t.Logf("back on the primary %v after its recovery; primary calls %d, backup %d", backOn, e.mock.CallsFor("primary"), e.mock.CallsFor("backup"))
+}
+
+// TestFallbackOnContextLength: a 400 context_length_exceeded (OpenAI) or
+// "prompt is too long" (Anthropic) falls back after exactly one call,
+// each on its own API shape.
+func TestFallbackOnContextLength(t *testing.T) {
+	t.Parallel()
+	e := fallbackEnv(t)
+	e.mock.SetModelFault("primary", "context-length")        //nolint:errcheck // a valid spec
+	e.mock.SetModelFault("claude-primary", "context-length") //nolint:errcheck // a valid spec
+	wantWhole(t, e.fetch(req{key: newKey("ctx"), body: modelBody("primary")}), "backup")
+	wantModelCalls(t, e, "primary", 1)
+	wantModelCalls(t, e, "backup", 1)
+
+	body := `{"model":"claude-primary","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	r := e.fetch(req{key: newKey("ctx-anthropic"), path: "/v1/messages", body: body})
+	if r.status != 200 || r.aborted || len(r.events) == 0 || r.events[len(r.events)-1].Type != "message_stop" {
+		t.Fatalf("anthropic: got %d aborted=%v; want a whole messages stream", r.status, r.aborted)
+	}
+	if got := answeredBy(t, r); got != "claude-backup" {
+		t.Fatalf("anthropic: answered by %q; want claude-backup", got)
+	}
+	wantModelCalls(t, e, "claude-primary", 1)
+	wantModelCalls(t, e, "claude-backup", 1)
+}
+
+// TestNoFallback: what never falls back. Another 400 (a content filter's)
+// goes back to the client as it came; a stream cut after its first event
+// ends with stream_aborted; an upstream that took the request and did not
+// answer in time gets 504. The backup is never called.
+func TestNoFallback(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, fault string
+		status      int
+		errType     string
+		aborted     bool
+	}{
+		{"content filter", "status=400", 400, "invalid_request_error", false},
+		{"cut after the first event", "reset-after=3", 200, "", true},
+		{"timeout after the request was written", "hang", 504, "upstream_timeout", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := fallbackEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.HeadTimeout = 200 * time.Millisecond })
+			e.mock.SetModelFault("primary", c.fault) //nolint:errcheck // a valid spec
+			key := newKey("no-fallback")
+			r := e.fetch(req{key: key, body: modelBody("primary")})
+			if r.status != c.status || r.aborted != c.aborted || r.errType != c.errType {
+				t.Fatalf("got %d %q aborted=%v (%q); want %d %q aborted=%v", r.status, r.errType, r.aborted, r.raw, c.status, c.errType, c.aborted)
+			}
+			wantModelCalls(t, e, "primary", 1)
+			wantModelCalls(t, e, "backup", 0)
+		})
+	}
+}
+
+// TestFallbackJoinAndReplay: a keyed duplicate sent while the request is
+// falling back joins it (one generation in all: the primary's attempts and
+// one backup call), and a repeat after the commit replays the backup's
+// answer, byte for byte, with no call.
+func TestFallbackJoinAndReplay(t *testing.T) {
+	t.Parallel()
+	e := fallbackEnv(t, func(pc *Config, _ *cache.Config, mc *mockllm.Config) {
+		pc.Retry.BaseBackoff = 50 * time.Millisecond
+		pc.Retry.MaxBackoff = 50 * time.Millisecond
+		mc.Delay = 5 * time.Millisecond
+	})
+	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
+	key := newKey("fallback-join")
+	var wg sync.WaitGroup
+	results := make([]result, 4)
+	for i := range results {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 20 * time.Millisecond) // during the primary's retries
+			results[i] = e.fetch(req{key: key, body: modelBody("primary")})
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		wantWhole(t, r, "backup")
+		if i > 0 && string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
+			t.Fatalf("client %d got another stream than client 0", i)
+		}
+	}
+	wantModelCalls(t, e, "primary", 3) // -retry-attempts
+	wantModelCalls(t, e, "backup", 1)
+	e.waitState(key, "", cache.StateCommitted)
+	r := e.fetch(req{key: key, body: modelBody("primary")})
+	if !r.replayed || string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
+		t.Fatalf("repeat after the commit: replayed=%v; want the backup's answer replayed", r.replayed)
+	}
+	wantModelCalls(t, e, "primary", 3)
+	wantModelCalls(t, e, "backup", 1)
+}
+
+// TestFallbackRules: a model's own rule, "*" for the others, no fallback
+// to the model itself, and none for a request that names no model.
+func TestFallbackRules(t *testing.T) {
+	t.Parallel()
+	p := &Proxy{cfg: Config{Fallbacks: map[string][]string{"a": {"b", "a", "c", "b"}, "*": {"z"}}}}
+	for body, want := range map[string]string{
+		`{"model":"a"}`:        "a b c",
+		`{"model":"q"}`:        "q z",
+		`{"model":"z"}`:        "z",
+		`{"messages":[]}`:      "",
+		`{"model":{"id":"a"}}`: "",
+	} {
+		g := &gen{p: p}
+		g.req = sse.ParseRequest([]byte(body))
+		if got := strings.Join(g.models([]byte(body)), " "); got != want {
+			t.Errorf("%s: models %q; want %q", body, got, want)
+		}
+	}
+	for body, model := range map[string]string{
+		`{"model":"a","stream":true}`:    `{"model":"b","stream":true}`,
+		`{"stream":true, "model" : "a"}`: `{"stream":true, "model" : "b"}`,
+		`{"model":"a","x":"\"model\""}`:  `{"model":"b","x":"\"model\""}`,
+	} {
+		r := fasthttp.AcquireRequest()
+		r.SetBodyString(body)
+		out := withModel(r, "b")
+		if string(out.Body()) != model {
+			t.Errorf("withModel(%s): %s; want %s", body, out.Body(), model)
+		}
+	}
+}
