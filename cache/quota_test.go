@@ -16,59 +16,39 @@ import (
 )
 
 // TestTenantsDoNotStarve: with one tenant at its key bound and the ledger
-// near full, another tenant's hits stay as fast as on an idle ledger
-// (p99 within 2x) while the full tenant keeps trying new keys, or while a
-// third replays a large result; the other tenant's new keys are taken
-// and the full tenant's refused with ErrTenantFull.
+// near full, another tenant's hits are as fast while the full tenant
+// keeps trying new keys, or while a third replays a large result, as
+// while the same load runs on another store (p99 within 2x); the other
+// tenant's new keys are taken and the full tenant's refused with
+// ErrTenantFull.
 //
-// On a ledger that sweeps every key under its lock at the bound, or
-// decodes results under it, the hits wait for milliseconds.
+// The baseline is a load of the same CPU cost that shares nothing with
+// the measured store, rather than no load at all: with a core to spare,
+// the hits' own wake-ups of the runtime make an idle p99 several times a
+// loaded one on a small machine, and a comparison with it would miss
+// what it is meant to catch. What it catches: a ledger whose refusals
+// hold its lock exclusively makes a hit that meets one park, and on two
+// cores the wake-up takes tens of microseconds (a p99 of 80-120µs, 2-4µs
+// against the other store); one that sweeps every key under its lock at
+// the bound, or decodes results under it, makes them wait milliseconds.
+//
+// It measures latency, so it runs alone (not in parallel), with the
+// collector held off while it measures, and needs two cores: the load
+// runs on one while the hits run on the other.
 func TestTenantsDoNotStarve(t *testing.T) {
-	const (
-		maxKeys = 200_000
-		quota   = maxKeys / 10
-		room    = 20 // free keys in the ledger: the other tenants need 12
-		hits    = 2000
-	)
-	m := newMemory(t, Config{MaxKeys: maxKeys, MaxStoreBytes: 16 << 20, Limits: Limits{MaxKeysPerTenant: quota}})
-	full, other, big := "full", "other", "big"
-
-	// The full tenant holds its bound of failed keys (cheap to make, kept
-	// for minutes); nine more tenants fill the ledger to room keys short.
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs GOMAXPROCS >= 2: the load and the hits each take a core")
+	}
+	const hits = 2000
 	start := time.Now()
-	failKey := func(tenant, key string) {
-		b, err := m.Begin(Scope{Tenant: tenant, Key: key}, "fp")
-		if err != nil || b.Decision != Miss {
-			t.Fatalf("Begin(%s, %s): got %v, %v; want a miss", tenant, key, b.Decision, err)
-		}
-		b.Flight.Fail(StateFailedRetryable, "upstream reset", nil)
-	}
-	for i := range quota {
-		failKey(full, strconv.Itoa(i))
-	}
-	for i := range maxKeys - quota - room {
-		failKey("filler-"+strconv.Itoa(i%9), strconv.Itoa(i))
-	}
-	hitSc := Scope{Tenant: other, Key: "hit"}
-	commitStream(t, m, hitSc, "fp", 10)
-	// A result too large for the cache of decoded results (a sixteenth
-	// of MaxStoreBytes): every replay of it decodes 1 MiB.
-	bigSc := Scope{Tenant: big, Key: "big"}
-	f := claim(t, m, bigSc, "fp")
-	f.SetHead(streamHead)
-	ev := strings.Repeat("y", 4<<10)
-	for range 256 {
-		if _, err := f.Append("", ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Commit(nil)
-	t.Logf("ledger of %d keys built in %v", m.Stats().Keys, time.Since(start).Round(time.Millisecond))
+	m, hitSc, bigSc := starveLedger(t)
+	twin, _, _ := starveLedger(t) // the baseline load's store
+	t.Logf("two ledgers of %d keys built in %v", m.Stats().Keys, time.Since(start).Round(time.Millisecond))
 
 	// p99 measures the other tenant's hits, one each 25µs after the last
 	// returned (time.Sleep is too coarse for that), about 60 ms in all:
-	// their share that lands while another holds the ledger's lock is
-	// the share of the time it is held.
+	// their share that lands while the load holds what they need is the
+	// share of the time it holds it.
 	p99 := func() time.Duration {
 		lat := make([]time.Duration, hits)
 		for i := range lat {
@@ -85,12 +65,11 @@ func TestTenantsDoNotStarve(t *testing.T) {
 	}
 
 	loads := []struct {
-		name  string
-		op    func(i int) error
-		pause time.Duration // between ops
+		name string
+		op   func(s *Memory, i int) error
 	}{
-		{"the full tenant's new keys", func(i int) error {
-			b, err := m.Begin(Scope{Tenant: full, Key: "new-" + strconv.Itoa(i)}, "fp")
+		{"the full tenant's new keys", func(s *Memory, i int) error {
+			b, err := s.Begin(Scope{Tenant: "full", Key: "new-" + strconv.Itoa(i)}, "fp")
 			if errors.Is(err, ErrTenantFull) {
 				return nil
 			}
@@ -98,14 +77,38 @@ func TestTenantsDoNotStarve(t *testing.T) {
 				b.Flight.Fail(StateFailedRetryable, "test", nil)
 			}
 			return fmt.Errorf("Begin of a new key of the full tenant: got %v, %v; want ErrTenantFull", b.Decision, err)
-		}, 10 * time.Microsecond},
-		{"replays of a large result", func(int) error {
-			b, err := m.Begin(bigSc, "fp")
+		}},
+		{"replays of a large result", func(s *Memory, _ int) error {
+			b, err := s.Begin(bigSc, "fp")
 			if err != nil || b.Decision != Hit {
 				return fmt.Errorf("Begin of the large result: got %v, %v; want a hit", b.Decision, err)
 			}
 			return nil
-		}, 10 * time.Microsecond},
+		}},
+	}
+	// under runs op on s, 10µs apart, on a goroutine of its own, while
+	// the hits are measured.
+	under := func(s *Memory, op func(*Memory, int) error, from int) (p time.Duration, ops int, err error) {
+		runtime.GC()
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for n := from; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err = cmp.Or(err, op(s, n))
+				ops++
+				spin(10 * time.Microsecond)
+			}
+		})
+		spin(10 * time.Millisecond) // let the load start
+		p = p99()
+		close(stop)
+		wg.Wait()
+		return p, ops, err
 	}
 	// A collection's pauses and assists, which the large replays bring on,
 	// are not what this measures: the collector runs between rounds only.
@@ -114,40 +117,23 @@ func TestTenantsDoNotStarve(t *testing.T) {
 	for _, load := range loads {
 		t.Run(load.name, func(t *testing.T) {
 			// Timing on a shared machine is noisy, and noise only adds:
-			// the least p99 of up to five rounds under load must be
-			// within 2x the least of as many idle ones.
-			idle, busy := time.Duration(1<<62), time.Duration(1<<62)
+			// the least p99 of up to five rounds under the load on this
+			// store must be within 2x the least of as many under it on
+			// the other.
+			base, busy := time.Duration(1<<62), time.Duration(1<<62)
 			var loadErr error
 			// Run the load a little first, so that the heap has room for
 			// what it allocates rather than growing while measured.
 			for n := range 50 {
-				loadErr = cmp.Or(loadErr, load.op(100_000_000+n))
+				loadErr = cmp.Or(loadErr, load.op(m, 100_000_000+n), load.op(twin, 100_000_000+n))
 			}
 			for round := range 5 {
-				runtime.GC()
-				i := p99()
-				stop := make(chan struct{})
-				var wg sync.WaitGroup
-				ops := 0
-				wg.Go(func() {
-					for n := 0; ; n++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						loadErr = cmp.Or(loadErr, load.op(round*1_000_000+n))
-						ops++
-						spin(load.pause)
-					}
-				})
-				time.Sleep(10 * time.Millisecond) // let the load start
-				b := p99()
-				close(stop)
-				wg.Wait()
-				t.Logf("round %d: other tenant's hit p99 %v idle, %v under load (%d load ops)", round, i, b, ops)
-				idle, busy = min(idle, i), min(busy, b)
-				if busy <= 2*idle {
+				b, bops, err1 := under(twin, load.op, round*1_000_000)
+				s, sops, err2 := under(m, load.op, round*1_000_000+500_000)
+				loadErr = cmp.Or(loadErr, err1, err2)
+				t.Logf("round %d: other tenant's hit p99 %v with the load on another store (%d ops), %v with it on this one (%d ops)", round, b, bops, s, sops)
+				base, busy = min(base, b), min(busy, s)
+				if busy <= 2*base {
 					break
 				}
 			}
@@ -155,28 +141,79 @@ func TestTenantsDoNotStarve(t *testing.T) {
 				t.Error(loadErr)
 			}
 			switch {
-			case busy <= 2*idle:
+			case busy <= 2*base:
 			case raceEnabled:
-				t.Logf("other tenant's hit p99 under load: %v, idle %v (not checked under the race detector)", busy, idle)
+				t.Logf("other tenant's hit p99 under load: %v, %v with the load on another store (not checked under the race detector)", busy, base)
 			default:
-				t.Errorf("other tenant's hit p99 under load: got %v; want at most 2x the idle %v", busy, idle)
+				t.Errorf("other tenant's hit p99 under load: got %v; want at most 2x the %v with the load on another store", busy, base)
 			}
 		})
 	}
 
 	for i := range 10 {
-		sc := Scope{Tenant: other, Key: "new-" + strconv.Itoa(i)}
+		sc := Scope{Tenant: "other", Key: "new-" + strconv.Itoa(i)}
 		if b, err := m.Begin(sc, "fp"); err != nil || b.Decision != Miss {
 			t.Errorf("Begin of the other tenant's new key %d: got %v, %v; want a miss", i, b.Decision, err)
 		}
 	}
-	_, err := m.Begin(Scope{Tenant: full, Key: "one-more"}, "fp")
+	_, err := m.Begin(Scope{Tenant: "full", Key: "one-more"}, "fp")
 	if !errors.Is(err, ErrTenantFull) || errors.Is(err, ErrStoreFull) {
 		t.Errorf("Begin of the full tenant's new key: got %v; want ErrTenantFull", err)
 	}
-	if b := begin(t, m, Scope{Tenant: full, Key: "0"}, "fp"); b.Decision != Miss {
+	if b := begin(t, m, Scope{Tenant: "full", Key: "0"}, "fp"); b.Decision != Miss {
 		t.Errorf("Begin of the full tenant's known failed key: got %v; want a miss (it is not a new key)", b.Decision)
 	}
+}
+
+// starveLedger returns TestTenantsDoNotStarve's store: tenant "full" at
+// its bound of failed keys (cheap to make, kept for minutes), nine more
+// tenants' failed keys filling the ledger to 20 keys short of MaxKeys
+// (the other tenants need 12), tenant "other"'s committed key hitSc, and
+// tenant "big"'s result bigSc, too large for the cache of decoded
+// results (a sixteenth of MaxStoreBytes), so that every replay of it
+// decodes 1 MiB. The full tenant's keys are claimed and failed; the
+// others' are put in the ledger as that leaves them, which is four
+// times as fast under the race detector.
+func starveLedger(t *testing.T) (m *Memory, hitSc, bigSc Scope) {
+	const (
+		maxKeys = 200_000
+		quota   = maxKeys / 10
+		room    = 20
+	)
+	m = newMemory(t, Config{MaxKeys: maxKeys, MaxStoreBytes: 16 << 20, Limits: Limits{MaxKeysPerTenant: quota}})
+	failKey := func(tenant, key string) {
+		b, err := m.Begin(Scope{Tenant: tenant, Key: key}, "fp")
+		if err != nil || b.Decision != Miss {
+			t.Fatalf("Begin(%s, %s): got %v, %v; want a miss", tenant, key, b.Decision, err)
+		}
+		b.Flight.Fail(StateFailedRetryable, "upstream reset", nil)
+	}
+	for i := range quota {
+		failKey("full", strconv.Itoa(i))
+	}
+	now := m.cfg.Now()
+	m.mu.Lock()
+	for i := range maxKeys - quota - room {
+		sc := Scope{Tenant: "filler-" + strconv.Itoa(i%9), Key: strconv.Itoa(i)}
+		e := &entry{fp: "fp", gen: nextGen(now, 0), state: StateFailedRetryable, reason: "upstream reset",
+			created: now, updated: now, id: sc.id()}
+		m.putLocked(sc.Tenant, nil, e)
+		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
+	}
+	m.mu.Unlock()
+	hitSc = Scope{Tenant: "other", Key: "hit"}
+	commitStream(t, m, hitSc, "fp", 10)
+	bigSc = Scope{Tenant: "big", Key: "big"}
+	f := claim(t, m, bigSc, "fp")
+	f.SetHead(streamHead)
+	ev := strings.Repeat("y", 4<<10)
+	for range 256 {
+		if _, err := f.Append("", ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Commit(nil)
+	return m, hitSc, bigSc
 }
 
 // spin waits d without sleeping: time.Sleep is too coarse for µs.
