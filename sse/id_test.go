@@ -3,6 +3,8 @@ package sse
 import (
 	"errors"
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -115,4 +117,33 @@ func BenchmarkParseID(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzParseID checks the round trip and compares ParseID with strconv.
+func FuzzParseID(f *testing.F) {
+	for _, s := range []string{"1-1", "0-0", "01-1", "-1", "1-", "+1-2", "18446744073709551615-1", "18446744073709551616-1", " 1-2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := ParseID(s)
+		if err == nil {
+			if got := id.String(); got != s {
+				t.Fatalf("String: got %q; want %q", got, s)
+			}
+		} else if !errors.Is(err, ErrInvalidID) {
+			t.Fatalf("got error %v; want one wrapping ErrInvalidID", err)
+		}
+		want := false
+		if g, q, ok := strings.Cut(s, "-"); ok {
+			want = canonicalUint(g) && canonicalUint(q)
+		}
+		if (err == nil) != want {
+			t.Fatalf("ParseID(%q): got err %v; want ok=%v", s, err, want)
+		}
+	})
+}
+
+func canonicalUint(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && strconv.FormatUint(n, 10) == s
 }

@@ -3,6 +3,7 @@ package sse
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -169,4 +170,59 @@ func BenchmarkParseRequest(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzParseRequest compares ParseRequest with encoding/json on valid JSON,
+// and checks its bounds on anything.
+func FuzzParseRequest(f *testing.F) {
+	f.Fuzz(func(t *testing.T, in []byte) {
+		body := bytes.Clone(in) // cleared below; the fuzzer's own input must stay as it is
+		got := ParseRequest(body)
+		if got.N < 1 || got.N > MaxChoices {
+			t.Fatalf("N: got %d; want 1..%d", got.N, MaxChoices)
+		}
+		if again := ParseRequest(body); again != got {
+			t.Fatalf("twice: got %+v, then %+v; want the same", got, again)
+		}
+		if json.Valid(body) {
+			if want := requestByEncodingJSON(body); got != want {
+				t.Fatalf("got %+v; want %+v (encoding/json)", got, want)
+			}
+		}
+		model := strings.Clone(got.Model)
+		clear(body)
+		if got.Model != model {
+			t.Fatalf("Model: got %q after the body was cleared; want %q (a copy)", got.Model, model)
+		}
+	})
+}
+
+// requestByEncodingJSON is ParseRequest's reference: encoding/json decodes
+// the top level into a map, because a map matches keys exactly and keeps
+// the last duplicate, as the upstreams do; a struct would match keys
+// case-insensitively and let a later null leave an earlier value.
+func requestByEncodingJSON(body []byte) Request {
+	r := Request{N: 1}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return r
+	}
+	var stream bool
+	if json.Unmarshal(top["stream"], &stream) == nil {
+		r.Stream = stream
+	}
+	var n int
+	if json.Unmarshal(top["n"], &n) == nil {
+		r.N = min(max(n, 1), MaxChoices)
+	}
+	var opts map[string]json.RawMessage
+	var usage bool
+	if json.Unmarshal(top["stream_options"], &opts) == nil && json.Unmarshal(opts["include_usage"], &usage) == nil {
+		r.IncludeUsage = usage
+	}
+	var model string
+	if json.Unmarshal(top["model"], &model) == nil {
+		r.Model = model
+	}
+	return r
 }

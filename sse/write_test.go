@@ -150,3 +150,24 @@ func BenchmarkAppendEvent(b *testing.B) {
 		buf = AppendEvent(buf[:0], id, "", data)
 	}
 }
+
+// FuzzAppendEvent checks that any type and data survive the wire: data with
+// its line breaks normalised to "\n", type with line breaks made spaces.
+func FuzzAppendEvent(f *testing.F) {
+	f.Add("", "a")
+	f.Add("t", "a\r\nb\rc\n")
+	f.Add(" x", "\n\n")
+	f.Add("a\nb", "data: x\n\nid: 1")
+	f.Fuzz(func(t *testing.T, typ, data string) {
+		wire := AppendEvent(nil, ID{1, 2}, typ, data)
+		evs := readBack(t, wire)
+		if len(evs) != 1 {
+			t.Fatalf("got %d events from %q; want 1", len(evs), wire)
+		}
+		wantType := strings.NewReplacer("\r", " ", "\n", " ").Replace(typ)
+		wantData := strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(data)
+		if evs[0].Type != wantType || evs[0].Data != wantData || evs[0].LastEventID != "1-2" {
+			t.Fatalf("got %+v; want type %q data %q id 1-2", evs[0], wantType, wantData)
+		}
+	})
+}
