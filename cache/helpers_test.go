@@ -253,6 +253,25 @@ func waitDone(tb testing.TB, f *Flight, within time.Duration) State {
 	return state
 }
 
+// eventually calls cond every 10 ms until it returns nil, and fails the
+// test with its last error if it has not within d. It is for what a test
+// against a real Redis waits for (a server back, a lease renewed, an
+// expiry in Redis), which no synctest bubble can stand in for.
+func eventually(tb testing.TB, d time.Duration, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func commits(tb testing.TB, r *Redis, sc Scope) int64 {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Hget().Key(r.keys(sc).st).Field("commits").Build()).AsInt64()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -59,14 +60,10 @@ func TestRedisFencing(t *testing.T) {
 		}
 		// The stale owner learns of it from its next batch or renewal,
 		// without committing anything.
-		deadline := time.Now().Add(2 * testLease)
-		for i := 6; time.Now().Before(deadline); i++ {
-			if _, err := a.Append("", "x"); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, ErrEnded) {
+			t.Fatalf("stale owner's Append: got %v; want none or ErrEnded", err)
 		}
-		if state := waitDone(t, a, testLease); state != StateCommitUnknown {
+		if state := waitDone(t, a, 2*testLease); state != StateCommitUnknown {
 			t.Fatalf("stale owner: state %v; want commit_unknown", state)
 		}
 		if _, ended := follow(sub, time.Second); !ended {
@@ -82,7 +79,15 @@ func TestRedisFencing(t *testing.T) {
 		a := rbegin(t, rs[0], sc, "fp").Flight
 		startStream(t, a)
 		expireLease(t, rs[0], sc)
-		time.Sleep(testLease / 2) // the renewal sets the lease again: nobody took over
+		// The renewal sets the lease again: nobody took over.
+		lease := rs[0].keys(sc).lease
+		eventually(t, testLease, func() error {
+			n, err := rs[0].c.Do(context.Background(), rs[0].c.B().Exists().Key(lease).Build()).AsInt64()
+			if err != nil || n != 1 {
+				return fmt.Errorf("lease of the paused owner: not set again within a lease (%d, %v)", n, err)
+			}
+			return nil
+		})
 		appendN(t, a, 1, 3)
 		if !a.Commit(nil) {
 			t.Fatal("Commit: got false; want true (no other replica claimed the key)")

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -69,22 +70,21 @@ func TestRedisSecretKept(t *testing.T) {
 	if err := r.c.Do(ctx, r.c.B().Del().Key(r.secretKey()).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for get() != string(secret) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after DEL: Redis holds %q; want the secret back", get())
+	eventually(t, 5*time.Second, func() error {
+		if v := get(); v != string(secret) {
+			return fmt.Errorf("after DEL: Redis holds %q; want the secret back", v)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := r.c.Do(ctx, r.c.B().Set().Key(r.secretKey()).Value("another-secret-of-32-bytes-0123456").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	for !strings.Contains(logs.String(), "level=ERROR") {
-		if time.Now().After(deadline) {
-			t.Fatalf("another secret in Redis: no error logged:\n%s", logs.String())
+	eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(logs.String(), "level=ERROR") {
+			return fmt.Errorf("another secret in Redis: no error logged:\n%s", logs.String())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // expireSecret lets the secret of r's prefix expire soon after the test

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ssegate/ssegate/sse"
@@ -460,11 +461,15 @@ func TestStoreAccounting(t *testing.T) {
 	}
 }
 
+// TestTTL: a committed key is kept for TTL after its commit and a failed
+// one for FailedTTL after its failure, then forgotten. Each case runs in a
+// synctest bubble on the store's own clock (time.Now), so that an hour
+// passes at once, and the body store's TTL, which ristretto keeps on the
+// real clock, runs with the ledger's.
 func TestTTL(t *testing.T) {
+	t.Parallel()
 	sc := Scope{Tenant: "t", Key: "k"}
 	const ttl, failedTTL = time.Hour, time.Minute
-	// ristretto's own TTL runs on the real clock: an hour does not pass in
-	// this test, so only the ledger's injected clock moves.
 	tests := []struct {
 		name    string
 		end     func(t *testing.T, m *Memory) *Flight
@@ -481,46 +486,103 @@ func TestTTL(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newClock()
-			m := newMemory(t, Config{TTL: ttl, FailedTTL: failedTTL, Now: clk.Now})
-			f := tt.end(t, m)
-			ki, _ := m.Info(sc)
-			wantTTL := ttl
-			if ki.State != StateCommitted {
-				wantTTL = failedTTL
-			}
-			if want := clk.Now().Add(wantTTL); !ki.Expires.Equal(want) {
-				t.Errorf("Info Expires: got %v; want %v", ki.Expires, want)
-			}
-			clk.Advance(tt.advance)
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				m := newMemory(t, Config{TTL: ttl, FailedTTL: failedTTL})
+				f := tt.end(t, m)
+				ended := time.Now() // the bubble's clock has not moved since the end
+				ki, _ := m.Info(sc)
+				wantTTL := ttl
+				if ki.State != StateCommitted {
+					wantTTL = failedTTL
+				}
+				if want := ended.Add(wantTTL); !ki.Expires.Equal(want) {
+					t.Errorf("Info Expires: got %v; want %v", ki.Expires, want)
+				}
+				time.Sleep(tt.advance)
 
-			_, ok := m.Info(sc)
-			if ok != tt.kept {
-				t.Errorf("Info found: got %v; want %v", ok, tt.kept)
-			}
-			_, _, err := m.Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 1}, true)
-			switch {
-			case !tt.kept && !errors.Is(err, ErrNotFound):
-				t.Errorf("Attach: got %v; want ErrNotFound", err)
-			case tt.kept && ki.State == StateCommitted && err != nil:
-				t.Errorf("Attach: got %v; want the result", err)
-			case tt.kept && ki.State != StateCommitted && !errors.Is(err, ErrGone):
-				t.Errorf("Attach: got %v; want ErrGone", err)
-			}
-			b := begin(t, m, sc, "fp")
-			if b.Decision != tt.want {
-				t.Fatalf("Begin: got %v; want %v", b.Decision, tt.want)
-			}
-			if b.Decision == Miss {
-				if b.Regenerated || b.Flight.Gen <= f.Gen {
-					t.Errorf("Begin: got regenerated %v gen %d; want false, gen > %d", b.Regenerated, b.Flight.Gen, f.Gen)
+				_, ok := m.Info(sc)
+				if ok != tt.kept {
+					t.Errorf("Info found: got %v; want %v", ok, tt.kept)
 				}
-				if ki, _ := m.Info(sc); ki.State != StateIntentReceived || ki.Events != 0 {
-					t.Errorf("Info of the new generation: got %s with %d events; want %s with 0", ki.State, ki.Events, StateIntentReceived)
+				_, _, err := m.Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 1}, true)
+				switch {
+				case !tt.kept && !errors.Is(err, ErrNotFound):
+					t.Errorf("Attach: got %v; want ErrNotFound", err)
+				case tt.kept && ki.State == StateCommitted && err != nil:
+					t.Errorf("Attach: got %v; want the result", err)
+				case tt.kept && ki.State != StateCommitted && !errors.Is(err, ErrGone):
+					t.Errorf("Attach: got %v; want ErrGone", err)
 				}
-			}
+				b := begin(t, m, sc, "fp")
+				if b.Decision != tt.want {
+					t.Fatalf("Begin: got %v; want %v", b.Decision, tt.want)
+				}
+				if b.Decision == Miss {
+					if b.Regenerated || b.Flight.Gen <= f.Gen {
+						t.Errorf("Begin: got regenerated %v gen %d; want false, gen > %d", b.Regenerated, b.Flight.Gen, f.Gen)
+					}
+					if ki, _ := m.Info(sc); ki.State != StateIntentReceived || ki.Events != 0 {
+						t.Errorf("Info of the new generation: got %s with %d events; want %s with 0", ki.State, ki.Events, StateIntentReceived)
+					}
+				}
+			})
 		})
 	}
+}
+
+// TestSweep: the sweeper deletes a key within sweepEvery of its expiry,
+// with no request for it: a failed key FailedTTL after its failure, a
+// committed one TTL after its commit, whose body the body store lets go
+// too; a live key stays however long it runs. It runs in a synctest
+// bubble on the store's own clock, so that a day passes at once and the
+// sweeper's ticker and ristretto's run as they would.
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const ttl, failedTTL = time.Hour, time.Minute
+		m := newMemory(t, Config{TTL: ttl, FailedTTL: failedTTL})
+		start := time.Now()
+		commitStream(t, m, Scope{Tenant: "t", Key: "done"}, "fp", 3)
+		claim(t, m, Scope{Tenant: "t", Key: "failed"}, "fp").Fail(StateFailedRetryable, "upstream reset", nil)
+		live := claim(t, m, Scope{Tenant: "u", Key: "live"}, "fp")
+		at := func(d time.Duration, keys int64, states map[State]int64) {
+			t.Helper()
+			time.Sleep(time.Until(start.Add(d)))
+			synctest.Wait() // the sweeper has swept what it found
+			checkLedger(t, m)
+			st := m.Stats()
+			if st.Keys != keys {
+				t.Errorf("after %v: got %d keys; want %d", d, st.Keys, keys)
+			}
+			for s, n := range states {
+				if st.ByState[s] != n {
+					t.Errorf("after %v: got %d keys %s; want %d", d, st.ByState[s], s, n)
+				}
+			}
+		}
+		at(failedTTL, 3, map[State]int64{StateFailedRetryable: 1})
+		at(failedTTL+sweepEvery+time.Millisecond, 2, map[State]int64{StateFailedRetryable: 0, StateCommitted: 1})
+		at(ttl, 2, map[State]int64{StateCommitted: 1})
+		if st := m.Stats(); st.StoreEntries != 1 {
+			t.Errorf("at TTL: the body store holds %d bodies; want the committed one", st.StoreEntries)
+		}
+		at(ttl+sweepEvery+time.Millisecond, 1, map[State]int64{StateCommitted: 0, StateIntentReceived: 1})
+		// ristretto drops what expired in buckets of a few seconds.
+		at(ttl+10*time.Second, 1, nil)
+		if st := m.Stats(); st.StoreEntries != 0 || st.Evicted != 1 {
+			t.Errorf("past TTL: the body store holds %d bodies, evicted %d; want 0, 1", st.StoreEntries, st.Evicted)
+		}
+		at(24*time.Hour, 1, map[State]int64{StateIntentReceived: 1})
+		live.Fail(StateFailedRetryable, "upstream reset", nil)
+		at(24*time.Hour+failedTTL+sweepEvery+time.Millisecond, 0, nil)
+		m.mu.RLock()
+		n := len(m.tenants)
+		m.mu.RUnlock()
+		if n != 0 {
+			t.Errorf("tenants: got %d; want none once their keys are gone", n)
+		}
+	})
 }
 
 func committedKey(t *testing.T, m *Memory) *Flight {
@@ -752,7 +814,7 @@ func TestTenantsDoNotStarve(t *testing.T) {
 	// the hits are measured.
 	under := func(s *Memory, op func(*Memory, int) error, from int) (p time.Duration, ops int, err error) {
 		runtime.GC()
-		stop := make(chan struct{})
+		stop, started := make(chan struct{}), make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for n := from; ; n++ {
@@ -762,11 +824,13 @@ func TestTenantsDoNotStarve(t *testing.T) {
 				default:
 				}
 				err = cmp.Or(err, op(s, n))
-				ops++
+				if ops++; ops == 10 {
+					close(started)
+				}
 				spin(10 * time.Microsecond)
 			}
 		})
-		spin(10 * time.Millisecond) // let the load start
+		<-started // the load runs
 		p = p99()
 		close(stop)
 		wg.Wait()

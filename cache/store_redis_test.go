@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -181,20 +182,16 @@ func TestRedisUnavailable(t *testing.T) {
 		} else {
 			srv.Restart()
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		eventually(t, 10*time.Second, func() error {
 			b, err := r.Begin(sc, "fp")
-			if err == nil {
-				if b.Flight != nil && b.Decision == Miss {
-					b.Flight.Fail(StateFailedRetryable, "test", nil)
-				}
-				break
+			if err != nil {
+				return fmt.Errorf("%s: Begin after Redis came back: %w", how, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: Begin after Redis came back: %v", how, err)
+			if b.Flight != nil && b.Decision == Miss {
+				b.Flight.Fail(StateFailedRetryable, "test", nil)
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 }
 
@@ -208,11 +205,10 @@ func TestRedisStartsWithoutRedis(t *testing.T) {
 		t.Fatal("Ping with Redis down: got nil; want an error")
 	}
 	srv.Restart()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Ping(context.Background()) != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("Ping: Redis never became reachable")
+	eventually(t, 10*time.Second, func() error {
+		if err := r.Ping(context.Background()); err != nil {
+			return fmt.Errorf("Ping: Redis never became reachable: %w", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -609,7 +609,7 @@ func TestCloseEndsStreams(t *testing.T) {
 		}
 		got <- result{err: err}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitActive(t, s, 3, 5*time.Second) // both streams and the hang have started
 	began := time.Now()
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
@@ -652,13 +652,20 @@ func TestClientDisconnect(t *testing.T) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
-			deadline := time.Now().Add(2 * time.Second)
-			for s.active.Load() != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("stream still open 2s after its client left")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitActive(t, s, 0, 2*time.Second) // its client left
 		})
+	}
+}
+
+// waitActive polls until s writes n streams (and stalls), and fails the
+// test if it does not within d.
+func waitActive(t *testing.T, s *Server, n int64, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for s.Active() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("streams being written: got %d after %v; want %d", s.Active(), d, n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
