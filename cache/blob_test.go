@@ -10,6 +10,7 @@ import (
 )
 
 func TestBlobRoundTrip(t *testing.T) {
+	t.Parallel()
 	c, err := newBlobCodec(1 << 20)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 )
 
 func TestDetached(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	tests := []struct {
 		name string

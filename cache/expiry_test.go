@@ -14,6 +14,7 @@ import (
 // live), and expired keys count against neither bound. After every step
 // the expiry heaps and counts must agree with the keys.
 func TestLedgerExpiry(t *testing.T) {
+	t.Parallel()
 	const (
 		ttl, failedTTL = 2 * time.Minute, 30 * time.Second
 		maxKeys, quota = 12, 5

@@ -185,6 +185,7 @@ func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
 }
 
 func TestSubscribe(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	f.SetHead(streamHead)
@@ -251,6 +252,7 @@ func TestSubscribe(t *testing.T) {
 }
 
 func TestNonStreaming(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"id":"chatcmpl-1","choices":[{"message":{"content":"hi"}}]}`)
 	m := newMemory(t, Config{})
 

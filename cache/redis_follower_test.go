@@ -14,6 +14,7 @@ import (
 // positions while the owner appends, some while their replica's tail is
 // still catching up; each gets exactly the events after its position.
 func TestRedisTailNoGap(t *testing.T) {
+	t.Parallel()
 	rs := replicas(t, 2)
 	sc := Scope{Tenant: "t", Key: "tail"}
 	owner := rbegin(t, rs[0], sc, "fp").Flight
@@ -75,7 +76,8 @@ func TestRedisTailNoGap(t *testing.T) {
 // TestRedisReap: an owner that dies mid-stream leaves its followers
 // waiting only until its lease lapses; they end with generation_lost, the
 // key is commit_unknown and free, and a resume into the dead generation
-// is gone.
+// is gone. It is not parallel: it times the follower's end against the
+// lease with 200 ms of slack, which other tests' load could use up.
 func TestRedisReap(t *testing.T) {
 	rs := replicas(t, 2)
 	sc := Scope{Tenant: "t", Key: "reap"}

@@ -13,6 +13,7 @@ import (
 // replica claimed can neither append nor commit; its flight fails, so its
 // own clients get stream_aborted, and the new owner's result stands.
 func TestRedisFencing(t *testing.T) {
+	t.Parallel()
 	t.Run("commit", func(t *testing.T) {
 		rs := replicas(t, 2)
 		sc := Scope{Tenant: "t", Key: "fence-commit"}

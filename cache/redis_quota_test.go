@@ -15,7 +15,9 @@ import (
 // TestRedisMaxKeysPerTenant: a tenant's keys are counted across replicas;
 // at its bound its new keys get ErrTenantFull on either replica, while
 // its known keys are decided as usual and other tenants' new keys are
-// claimed; a failed key counts until FailedTTL, a reaped one too.
+// claimed; a failed key counts until FailedTTL, a reaped one too. It is
+// not parallel: its checks that a key still counts must land within the
+// 700 ms FailedTTL of the key's end, which other tests' load could delay.
 func TestRedisMaxKeysPerTenant(t *testing.T) {
 	const failedTTL = 700 * time.Millisecond
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)

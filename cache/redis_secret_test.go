@@ -18,6 +18,7 @@ import (
 // one value, created by one of them; a later ask gets it again; another
 // prefix (another deployment) has its own.
 func TestRedisSecretShared(t *testing.T) {
+	t.Parallel()
 	rs := replicas(t, 4)
 	expireSecret(t, rs[0])
 	secrets := make([][]byte, len(rs))
@@ -49,6 +50,8 @@ func TestRedisSecretShared(t *testing.T) {
 
 // TestRedisSecretKept: a store that handed out the secret puts it back
 // when Redis lost it, and logs an error when another value replaced it.
+// It is not parallel: it sets the package's secretCheck, which every
+// store's Secret reads.
 func TestRedisSecretKept(t *testing.T) {
 	old := secretCheck
 	secretCheck = 20 * time.Millisecond

@@ -7,6 +7,7 @@ import (
 )
 
 func TestResultAfter(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	_, all := commitStream(t, m, Scope{Tenant: "t", Key: "k"}, "fp", 4)
 	b := begin(t, m, Scope{Tenant: "t", Key: "k"}, "fp")

@@ -20,6 +20,7 @@ import (
 )
 
 func TestBeginClaimIsAtomic(t *testing.T) {
+	t.Parallel()
 	const callers = 64
 	m := newMemory(t, Config{})
 	scopes := []Scope{
@@ -84,6 +85,7 @@ func TestBeginClaimIsAtomic(t *testing.T) {
 }
 
 func TestBeginDecision(t *testing.T) {
+	t.Parallel()
 	sc := Scope{Tenant: "tenant", Key: "key"}
 	type state struct {
 		f    *Flight // the key's last generation, if any
@@ -180,6 +182,7 @@ func TestBeginDecision(t *testing.T) {
 }
 
 func TestBounds(t *testing.T) {
+	t.Parallel()
 	sc := func(k string) Scope { return Scope{Tenant: "t", Key: k} }
 	pad := strings.Repeat("x", 100)
 
@@ -326,6 +329,7 @@ func TestBounds(t *testing.T) {
 }
 
 func TestBodyStoreDrop(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		tiny     bool // MaxStoreBytes below the result's cost: admission refuses it
@@ -418,6 +422,7 @@ func TestBodyStoreDrop(t *testing.T) {
 // TestStoreAccounting checks that StoredBytes and StoreEntries follow what
 // the body store holds through admissions, evictions and DropBody.
 func TestStoreAccounting(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		maxBytes int64
@@ -599,6 +604,7 @@ func failedKey(t *testing.T, m *Memory) *Flight {
 }
 
 func TestAttach(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	done := Scope{Tenant: "t", Key: "done"}
 	fd, all := commitStream(t, m, done, "fp", 5)
@@ -682,6 +688,7 @@ func TestAttach(t *testing.T) {
 }
 
 func TestMaxKeysPerTenant(t *testing.T) {
+	t.Parallel()
 	const failedTTL = time.Minute
 	clk := newClock()
 	m := newMemory(t, Config{MaxKeys: 100, FailedTTL: failedTTL, Now: clk.Now, Limits: Limits{MaxKeysPerTenant: 3}})
@@ -949,6 +956,7 @@ func spin(d time.Duration) {
 }
 
 func TestMark(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	sc := Scope{Tenant: "t", Key: "k"}
 	f := claim(t, m, sc, "fp")

@@ -17,6 +17,7 @@ import (
 // two replicas cause one Miss; the other seven join, on either replica,
 // and receive the owner's bytes and ids exactly; later requests replay.
 func TestRedisClaimAtomic(t *testing.T) {
+	t.Parallel()
 	rs := replicas(t, 2)
 	sc := Scope{Tenant: "t", Key: "claim"}
 	var wg sync.WaitGroup
@@ -94,6 +95,7 @@ func TestRedisClaimAtomic(t *testing.T) {
 // head, events and ids, from any position; a non-streaming body too; and
 // a failure reaches followers with the upstream's own answer.
 func TestRedisReplay(t *testing.T) {
+	t.Parallel()
 	rs := replicas(t, 2)
 	sc := Scope{Tenant: "t", Key: "replay"}
 	a := rbegin(t, rs[0], sc, "fp").Flight
@@ -157,6 +159,7 @@ func TestRedisReplay(t *testing.T) {
 // with ErrUnavailable (never ErrStoreFull); once it is back, the same
 // store works again without a restart.
 func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "ssg", func(c *RedisConfig) { c.Timeout = 300 * time.Millisecond })
 	sc := Scope{Tenant: "t", Key: "down"}
@@ -198,6 +201,7 @@ func TestRedisUnavailable(t *testing.T) {
 // TestRedisStartsWithoutRedis: a replica starts while Redis is down and
 // works once it comes.
 func TestRedisStartsWithoutRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	srv.Stop()
 	r := newRedis(t, srv.Addr, "ssg", func(c *RedisConfig) { c.Timeout = 200 * time.Millisecond })

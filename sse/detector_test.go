@@ -49,6 +49,7 @@ func drop(body string, match func(string) bool) string {
 }
 
 func TestDetector(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")
@@ -162,6 +163,7 @@ func TestDetector(t *testing.T) {
 }
 
 func TestDetectorUsage(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name          string
 		in, out       int64
@@ -184,6 +186,7 @@ func TestDetectorUsage(t *testing.T) {
 }
 
 func TestDetectorReset(t *testing.T) {
+	t.Parallel()
 	d := judge(t, fixture(t, "groq-chat-error-midstream"), Expect{N: 3})
 	d.Reset(Expect{})
 	for _, ev := range readAll(t, fixture(t, "anthropic-messages-text"), 0) {
@@ -254,6 +257,7 @@ func finishAll(n int) string {
 // TestDetectorChoices: a chat stream is clean only when every choice
 // 0..n-1 of the request appeared and finished, and no other one did.
 func TestDetectorChoices(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	const done = "data: [DONE]\n\n"
@@ -300,6 +304,7 @@ func TestDetectorChoices(t *testing.T) {
 // ended intact and it is otherwise complete; cut, it is not. The other
 // dialects still need their terminal events.
 func TestDetectorIntact(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")
@@ -358,6 +363,7 @@ func TestDetectorIntact(t *testing.T) {
 // the stream, never before, and nothing observed after it changes the
 // verdict, so the proxy can record up to that event and stop.
 func TestDetectorTerminal(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")

@@ -5,6 +5,7 @@ import (
 )
 
 func TestDialectString(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		d    Dialect
 		want string

@@ -78,6 +78,7 @@ func seedCorpus(tb testing.TB) map[string]string {
 // go test -run TestFuzzCorpus -update-corpus ./sse writes them. Other files
 // there (crashers the fuzzer found) are left alone.
 func TestFuzzCorpus(t *testing.T) {
+	t.Parallel()
 	for path, want := range seedCorpus(t) {
 		full := filepath.Join("testdata", "fuzz", filepath.FromSlash(path))
 		if *updateCorpus {

@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   string
 		want ID
@@ -65,6 +66,7 @@ func TestParseID(t *testing.T) {
 }
 
 func TestIDString(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		id   ID
 		want string
@@ -91,6 +93,7 @@ func TestIDString(t *testing.T) {
 }
 
 func TestParseIDErrorBounded(t *testing.T) {
+	t.Parallel()
 	long := make([]byte, 10000)
 	for i := range long {
 		long[i] = 'x'

@@ -10,6 +10,7 @@ import (
 )
 
 func TestReadFixtures(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		events    int
@@ -44,6 +45,7 @@ func TestReadFixtures(t *testing.T) {
 }
 
 func TestReadShapes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		in   string
@@ -71,6 +73,7 @@ func TestReadShapes(t *testing.T) {
 }
 
 func TestReadTooLarge(t *testing.T) {
+	t.Parallel()
 	const limit = 1024
 	tests := []struct {
 		name    string
@@ -104,6 +107,7 @@ func TestReadTooLarge(t *testing.T) {
 }
 
 func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
+	t.Parallel()
 	// go-sse alone stops at 64 KiB; a Responses response.completed is bigger.
 	big := "data: " + strings.Repeat("x", 200<<10) + "\n\n"
 	evs := readAll(t, big, 0)
@@ -113,6 +117,7 @@ func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
 }
 
 func TestReadError(t *testing.T) {
+	t.Parallel()
 	r := io.MultiReader(strings.NewReader("data: a\n\ndata: b"), iotest.ErrReader(io.ErrUnexpectedEOF))
 	var got []string
 	var err error
@@ -132,6 +137,7 @@ func TestReadError(t *testing.T) {
 }
 
 func TestReadStopEarly(t *testing.T) {
+	t.Parallel()
 	n := 0
 	for range Read(strings.NewReader("data: a\n\ndata: b\n\n"), 0) {
 		n++

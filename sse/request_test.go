@@ -10,6 +10,7 @@ import (
 )
 
 func TestParseRequest(t *testing.T) {
+	t.Parallel()
 	def := Request{N: 1}
 	tests := []struct {
 		body string
@@ -98,6 +99,7 @@ func TestParseRequest(t *testing.T) {
 }
 
 func TestParseRequestNil(t *testing.T) {
+	t.Parallel()
 	if got := ParseRequest(nil); got != (Request{N: 1}) {
 		t.Errorf("got %+v; want %+v", got, Request{N: 1})
 	}
@@ -106,6 +108,7 @@ func TestParseRequestNil(t *testing.T) {
 // TestParseRequestCopiesModel: the proxy's request buffer is reused after
 // the handler, so Model must not point into it.
 func TestParseRequestCopiesModel(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"model":"gpt-4o","stream":true}`)
 	r := ParseRequest(body)
 	for i := range body {
@@ -117,6 +120,7 @@ func TestParseRequestCopiesModel(t *testing.T) {
 }
 
 func TestRequestExpect(t *testing.T) {
+	t.Parallel()
 	got := Request{Model: "m", Stream: true, N: 3, IncludeUsage: true}.Expect()
 	if want := (Expect{N: 3, Usage: true}); got != want {
 		t.Errorf("got %+v; want %+v", got, want)

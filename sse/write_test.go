@@ -8,6 +8,7 @@ import (
 )
 
 func TestAppendEventWire(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		id   ID
@@ -35,6 +36,7 @@ func TestAppendEventWire(t *testing.T) {
 }
 
 func TestAppendComment(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"ping", ": ping\n\n"},
 		{"", ": \n\n"},
@@ -69,6 +71,7 @@ func readBack(tb testing.TB, wire []byte) []gosse.Event {
 }
 
 func TestAppendEventRoundTrip(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		id       ID
@@ -120,6 +123,7 @@ func TestAppendEventRoundTrip(t *testing.T) {
 }
 
 func TestAppendEventFixturesRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"openai-chat-text", "openai-chat-usage", "openai-responses-completed", "anthropic-messages-text", "groq-chat-error-midstream"} {
 		t.Run(name, func(t *testing.T) {
 			in := readAll(t, fixture(t, name), 0)
