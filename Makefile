@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/ssegate
 ADDR ?= 127.0.0.1:8080
 
-.PHONY: build run test vet fmt bench soak fuzz clean
+.PHONY: build run check test vet fmt bench soak fuzz clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/ssegate
@@ -12,25 +12,45 @@ build:
 run: build
 	./$(BIN) -listen $(ADDR) -upstream mock -log-format text
 
+# The formatting check of check and test: fails, listing them, when files
+# need gofmt.
+GOFMT_CHECK = @test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
+
+# The check before a commit, meant to take under a minute: vet,
+# formatting, and the unit tests of sse, cache and proxy with the race
+# detector; not the end-to-end packages (test/*), bench or cmd, which
+# make test runs. cache's Redis tests need SSEGATE_REDIS_ADDR or
+# redis-server installed (they skip otherwise). CHECKPKGS=./cache checks
+# one package.
+CHECKPKGS ?= ./sse ./cache ./proxy
+check:
+	$(GO) vet ./...
+	$(GOFMT_CHECK)
+	$(GO) test -race -count=1 -timeout 5m $(CHECKPKGS)
+
 # Everything CI runs: vet, formatting, and the whole suite with the race detector.
 test:
 	$(GO) vet ./...
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
+	$(GOFMT_CHECK)
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-# Every fuzz target (the SSE reader and writer, event ids and Last-Event-ID,
-# the detector, the request fields, idempotency keys) for $(FUZZTIME) each,
-# one after the other (go fuzzes one target per run); their seed corpora in
-# testdata/fuzz run in every make test. FUZZFLAGS=-parallel=1 keeps it to
-# one core.
+# Every fuzz target of the module for $(FUZZTIME) each, one after the
+# other (go fuzzes one target per run): the packages that have them and
+# their targets are found with go test -list '^Fuzz', so a new target is
+# fuzzed without being named here. Their seed corpora in testdata/fuzz run
+# in every make test. FUZZFLAGS=-parallel=1 keeps it to one core;
+# FUZZPKGS=./sse fuzzes one package's targets.
 FUZZTIME ?= 30s
 FUZZFLAGS ?=
-FUZZPKGS ?= ./sse ./proxy
+FUZZPKGS ?= ./...
 fuzz:
-	@set -e; for p in $(FUZZPKGS); do for t in $$($(GO) test $$p -list '^Fuzz' | grep '^Fuzz'); do \
+	@set -e; list=$$($(GO) test -list '^Fuzz' $(FUZZPKGS)); \
+	targets=$$(printf '%s\n' "$$list" | awk '/^Fuzz/ { n[++k] = $$1; next } /^ok / { for (i = 1; i <= k; i++) print $$2 ":" n[i]; k = 0 }'); \
+	test -n "$$targets" || { echo "no fuzz targets in $(FUZZPKGS)"; exit 1; }; \
+	for pt in $$targets; do p=$${pt%%:*}; t=$${pt#*:}; \
 		echo "== $$p $$t ($(FUZZTIME))"; \
 		$(GO) test $$p -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
-	done; done
+	done
 
 # The benchmark suite (bench/): every scenario against direct, httputil,
 # nginx (when installed) and ssegate with and without Idempotency-Key,

@@ -6,7 +6,8 @@ import "testing"
 
 // TestReadPathAllocs holds the replay and follow paths to zero
 // allocations; the race detector's instrumentation allocates, hence the
-// build tag.
+// build tag. It is not parallel: AllocsPerRun counts the allocations of
+// every goroutine, so another test running beside it would count too.
 func TestReadPathAllocs(t *testing.T) {
 	m := newMemory(t, Config{})
 	sc := Scope{Tenant: "t", Key: "k"}

@@ -5,27 +5,26 @@ import (
 	"errors"
 	"reflect"
 	"strconv"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	"github.com/ssegate/ssegate/sse"
 )
 
 // TestJournalSubscribers follows one generation of 5,000 events with
 // subscribers that join before, during and concurrently with the appends;
-// each must get exactly the events after its position, then the end.
+// each must get exactly the events after its position, then the end. It
+// runs in a synctest bubble, where time passes only while every goroutine
+// waits: the waits for the producer and the followers fail at once when
+// one of them is stuck, and never because the machine is slow.
 func TestJournalSubscribers(t *testing.T) {
+	t.Parallel()
 	const (
 		total = 5000
 		pause = 2000 // the producer waits here so mid-stream joins are mid-stream
 		k     = 1234
 	)
-	m := newMemory(t, Config{})
-	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
-	f.SetHead(streamHead)
-
 	type follower struct {
 		name  string
 		after uint64
@@ -33,142 +32,160 @@ func TestJournalSubscribers(t *testing.T) {
 		ended bool
 	}
 	var (
-		mu        sync.Mutex
 		followers []*follower
-		wg        sync.WaitGroup
+		gen       uint64
+		res       *Result
 	)
-	subscribe := func(name string, after uint64) {
-		s, err := f.Subscribe(after)
-		if err != nil {
-			t.Errorf("%s: Subscribe(%d): got %v; want none", name, after, err)
-			return
-		}
-		fl := &follower{name: name, after: after}
-		mu.Lock()
-		followers = append(followers, fl)
-		mu.Unlock()
-		wg.Go(func() {
-			defer s.Close()
-			fl.got, fl.ended = follow(s, 30*time.Second)
-		})
-	}
+	synctest.Test(t, func(t *testing.T) {
+		m := newMemory(t, Config{})
+		f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+		f.SetHead(streamHead)
+		gen = f.Gen
 
-	subscribe("before appends", 0)
-	idle, err := f.Subscribe(0) // never reads until the end
-	if err != nil {
-		t.Fatalf("idle Subscribe: got %v; want none", err)
-	}
-
-	paused, resume, produced := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	start := time.Now()
-	var took time.Duration
-	go func() {
-		for seq := 1; seq <= total; seq++ {
-			if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
-				produced <- err
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		subscribe := func(name string, after uint64) {
+			s, err := f.Subscribe(after)
+			if err != nil {
+				t.Errorf("%s: Subscribe(%d): got %v; want none", name, after, err)
 				return
 			}
-			if seq == pause {
-				close(paused)
-				<-resume
-				start = time.Now()
-			}
+			fl := &follower{name: name, after: after}
+			mu.Lock()
+			followers = append(followers, fl)
+			mu.Unlock()
+			wg.Go(func() {
+				defer s.Close()
+				fl.got, fl.ended = follow(s, 30*time.Second)
+			})
 		}
-		took = time.Since(start)
-		produced <- nil
-	}()
 
-	<-paused
-	subscribe("mid-stream at 0", 0)
-	subscribe("mid-stream at k", k)
-	subscribe("mid-stream at the head", pause)
-	// Two subscribe while the producer runs: one from 0, one from wherever
-	// the journal has got to.
-	var joined sync.WaitGroup
-	joined.Go(func() { subscribe("concurrent at 0", 0) })
-	joined.Go(func() { subscribe("concurrent at current", uint64(f.Events())) })
-	close(resume)
-	joined.Wait()
-	if err := <-produced; err != nil {
-		t.Fatalf("Append: got %v; want none", err)
-	}
-	// An idle subscriber must not slow the producer: 3,000 appends take
-	// microseconds each; a producer blocked on it would never finish.
-	if took > 10*time.Second {
-		t.Errorf("3,000 appends with an idle subscriber: took %v; want well under 10s", took)
-	}
-	if !f.Commit(nil) {
-		t.Error("Commit: got stored false; want true")
-	}
-	wg.Wait()
+		subscribe("before appends", 0)
+		idle, err := f.Subscribe(0) // never reads until the end
+		if err != nil {
+			t.Fatalf("idle Subscribe: got %v; want none", err)
+		}
 
-	res := begin(t, m, f.Scope, "fp").Result
-	if res == nil {
-		t.Fatal("Begin after Commit: got no result; want a hit")
-	}
-	followers = append(followers, &follower{name: "idle"})
-	idleFl := followers[len(followers)-1]
-	idleFl.got, idleFl.ended = readAll(idle)
+		paused, resume, produced := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		go func() {
+			for seq := 1; seq <= total; seq++ {
+				if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
+					produced <- err
+					return
+				}
+				if seq == pause {
+					close(paused)
+					<-resume
+				}
+			}
+			produced <- nil
+		}()
+
+		<-paused
+		subscribe("mid-stream at 0", 0)
+		subscribe("mid-stream at k", k)
+		subscribe("mid-stream at the head", pause)
+		// Two subscribe while the producer runs: one from 0, one from wherever
+		// the journal has got to.
+		var joined sync.WaitGroup
+		joined.Go(func() { subscribe("concurrent at 0", 0) })
+		joined.Go(func() { subscribe("concurrent at current", uint64(f.Events())) })
+		close(resume)
+		joined.Wait()
+		// An idle subscriber must not hold the producer up: a producer
+		// that waited for it would never finish.
+		select {
+		case err := <-produced:
+			if err != nil {
+				t.Fatalf("Append: got %v; want none", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("3,000 appends with an idle subscriber: not done after 10s; want no wait for it")
+		}
+		if !f.Commit(nil) {
+			t.Error("Commit: got stored false; want true")
+		}
+		wg.Wait()
+
+		res = begin(t, m, f.Scope, "fp").Result
+		if res == nil {
+			t.Fatal("Begin after Commit: got no result; want a hit")
+		}
+		fl := &follower{name: "idle"}
+		fl.got, fl.ended = readAll(idle)
+		followers = append(followers, fl)
+		if got := m.Stats().LiveBytes; got != 0 {
+			t.Errorf("LiveBytes after Commit: got %d; want 0", got)
+		}
+	})
 	for _, fl := range followers {
 		t.Run(fl.name, func(t *testing.T) {
 			if !fl.ended {
 				t.Fatalf("got ended=false after %d bytes; want true after Commit", len(fl.got))
 			}
-			checkSeq(t, parseWire(t, fl.got), f.Gen, fl.after, total)
+			checkSeq(t, parseWire(t, fl.got), gen, fl.after, total)
 			want, err := res.After(fl.after)
 			if err != nil || !bytes.Equal(fl.got, want) {
 				t.Errorf("got %d bytes; want the result's %d bytes after %d (err %v)", len(fl.got), len(want), fl.after, err)
 			}
 		})
 	}
-	if got := m.Stats().LiveBytes; got != 0 {
-		t.Errorf("LiveBytes after Commit: got %d; want 0", got)
-	}
 }
 
 // TestIdleSubscribersDoNotBlockAppend holds many subscribers that never
-// read; the producer's 5,000 appends must not wait for any of them.
+// read; the producer's 5,000 appends must not wait for any of them. In a
+// synctest bubble, the watchdog's 10 s pass only while every goroutine
+// waits: at once if the producer waits for a subscriber, never because
+// the machine is slow.
 func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
-	const total = 5000
-	m := newMemory(t, Config{Limits: Limits{MaxSubscribers: 100}})
-	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
-	f.SetHead(streamHead)
-	subs := make([]*Sub, 100)
-	for i := range subs {
-		s, err := f.Subscribe(0)
-		if err != nil {
-			t.Fatalf("Subscribe %d: got %v; want none", i, err)
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const total = 5000
+		m := newMemory(t, Config{Limits: Limits{MaxSubscribers: 100}})
+		f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+		f.SetHead(streamHead)
+		subs := make([]*Sub, 100)
+		for i := range subs {
+			s, err := f.Subscribe(0)
+			if err != nil {
+				t.Fatalf("Subscribe %d: got %v; want none", i, err)
+			}
+			subs[i] = s
 		}
-		subs[i] = s
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for seq := 1; seq <= total; seq++ {
-			if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
-				t.Errorf("Append %d: got %v; want none", seq, err)
-				return
+		done := make(chan struct{})
+		var appended atomic.Int64 // not f.Events(): a stuck Append holds the flight's lock
+		go func() {
+			defer close(done)
+			for seq := 1; seq <= total; seq++ {
+				if _, err := f.Append("", strconv.Itoa(seq)); err != nil {
+					t.Errorf("Append %d: got %v; want none", seq, err)
+					return
+				}
+				appended.Add(1)
+			}
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("5,000 appends with 100 idle subscribers: not done after 10s (%d appended); want no wait for them", appended.Load())
+		}
+		f.Commit(nil)
+		for i, s := range subs {
+			p, ended := readAll(s)
+			if !ended {
+				t.Fatalf("idle subscriber %d: got ended=false; want true", i)
+			}
+			if i == 0 || i == len(subs)-1 {
+				checkSeq(t, parseWire(t, p), f.Gen, 0, total)
 			}
 		}
-	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("5,000 appends with 100 idle subscribers: not done after 10s (%d events); want fast", f.Events())
-	}
-	f.Commit(nil)
-	for i, s := range subs {
-		p, ended := readAll(s)
-		if !ended {
-			t.Fatalf("idle subscriber %d: got ended=false; want true", i)
-		}
-		if i == 0 || i == len(subs)-1 {
-			checkSeq(t, parseWire(t, p), f.Gen, 0, total)
-		}
-	}
+	})
 }
 
 func TestSubscribe(t *testing.T) {
+	t.Parallel()
 	m := newMemory(t, Config{})
 	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	f.SetHead(streamHead)
@@ -235,6 +252,7 @@ func TestSubscribe(t *testing.T) {
 }
 
 func TestNonStreaming(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"id":"chatcmpl-1","choices":[{"message":{"content":"hi"}}]}`)
 	m := newMemory(t, Config{})
 
@@ -297,77 +315,5 @@ func TestNonStreaming(t *testing.T) {
 			t.Error("Head: got ok=true; want false")
 		}
 		f.SetHead(Head{Status: 200}) // after the end: ignored, no panic
-	})
-}
-
-func TestMark(t *testing.T) {
-	m := newMemory(t, Config{})
-	sc := Scope{Tenant: "t", Key: "k"}
-	f := claim(t, m, sc, "fp")
-	f.Mark(StateExecutionStarted, 2, 503)
-	f.Mark(StateExecutionStarted, 3, 0)
-	ki, _ := m.Info(sc)
-	if ki.State != StateExecutionStarted || ki.Attempts != 3 || ki.LastStatus != 503 {
-		t.Errorf("Info: got %s attempts %d status %d; want %s 3 503", ki.State, ki.Attempts, ki.LastStatus, StateExecutionStarted)
-	}
-	if b := begin(t, m, sc, "fp"); b.Decision != Join {
-		t.Errorf("Begin while execution_started: got %v; want join", b.Decision)
-	}
-}
-
-func TestDetached(t *testing.T) {
-	m := newMemory(t, Config{})
-	tests := []struct {
-		name string
-		end  func(f *Flight)
-		want State
-	}{
-		{"commit", func(f *Flight) {
-			if f.Commit(nil) {
-				t.Error("Commit: got stored true; want false")
-			}
-		}, StateCommitted},
-		{"fail", func(f *Flight) { f.Fail(StateFailedRetryable, "aborted", nil) }, StateFailedRetryable},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := NewDetached(1 << 20)
-			f.SetHead(streamHead)
-			s, err := f.Subscribe(0)
-			if err != nil {
-				t.Fatalf("Subscribe: got %v; want none", err)
-			}
-			for seq := 1; seq <= 3; seq++ {
-				id, err := f.Append("message", "hi")
-				if err != nil || id != (sse.ID{Seq: uint64(seq)}) {
-					t.Fatalf("Append: got %v, %v; want 0-%d, none", id, err, seq)
-				}
-			}
-			p, _ := s.Read()
-			if want := strings.Repeat("event: message\ndata: hi\n\n", 3); string(p) != want {
-				t.Errorf("journal: got %q; want %q (no id lines)", p, want)
-			}
-			tt.end(f)
-			<-f.Done()
-			if st, _, _ := f.Outcome(); st != tt.want {
-				t.Errorf("Outcome: got %s; want %s", st, tt.want)
-			}
-			if _, ended := s.Read(); !ended {
-				t.Error("Read: got ended=false; want true")
-			}
-			if st := m.Stats(); st.Keys != 0 || st.Commits != 0 || st.Failed != 0 || st.LiveFlights != 0 || st.LiveBytes != 0 || len(st.ByState) != 0 {
-				t.Errorf("store Stats: got %+v; want zero (no ledger trace)", st)
-			}
-		})
-	}
-
-	t.Run("bound", func(t *testing.T) {
-		f := NewDetached(100)
-		if _, err := f.Append("", strings.Repeat("x", 100)); !errors.Is(err, ErrStreamTooLarge) {
-			t.Errorf("Append past maxBytes: got %v; want ErrStreamTooLarge", err)
-		}
-		if got := f.Events(); got != 0 {
-			t.Errorf("Events: got %d; want 0", got)
-		}
 	})
 }

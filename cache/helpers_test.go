@@ -2,11 +2,15 @@ package cache
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 	gosse "github.com/tmaxmax/go-sse"
 )
@@ -164,4 +168,115 @@ func readAll(s *Sub) (got []byte, ended bool) {
 			return got, end
 		}
 	}
+}
+
+var streamHead = Head{
+	Status: 200, ContentType: "text/event-stream", Stream: true,
+	Header: []Header{{Name: "X-Request-Id", Value: "req_1"}},
+}
+
+// commitStream claims sc, journals n events and commits them; it returns
+// the flight and the bytes it journaled.
+func commitStream(tb testing.TB, m *Memory, sc Scope, fp string, n int) (*Flight, []byte) {
+	tb.Helper()
+	f := claim(tb, m, sc, fp)
+	f.SetHead(streamHead)
+	want := appendN(tb, f, 1, n)
+	f.Commit(nil)
+	return f, want
+}
+
+// The Redis store's tests (store_redis, redis_*) run against a real
+// redis-server: the one CI starts (SSEGATE_REDIS_ADDR) or one of their
+// own. Two stores on one Redis are two replicas in one process.
+
+// testLease is their stores' lease: short, so that a lease lapses within
+// a test.
+const testLease = 400 * time.Millisecond
+
+// newRedis returns a store on addr with the test's key prefix, closed when
+// the test ends.
+func newRedis(tb testing.TB, addr, prefix string, mod func(*RedisConfig)) *Redis {
+	tb.Helper()
+	cfg := RedisConfig{URL: "redis://" + addr, Prefix: prefix, Lease: testLease, Timeout: time.Second}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r, err := NewRedis(cfg)
+	if err != nil {
+		tb.Fatalf("NewRedis: got error %v; want none", err)
+	}
+	tb.Cleanup(r.Close)
+	return r
+}
+
+// replicas returns n stores sharing one Redis and one prefix.
+func replicas(tb testing.TB, n int) []*Redis {
+	tb.Helper()
+	addr := redistest.Shared(tb)
+	prefix := redistest.Prefix(tb)
+	rs := make([]*Redis, n)
+	for i := range rs {
+		rs[i] = newRedis(tb, addr, prefix, nil)
+	}
+	return rs
+}
+
+func rbegin(tb testing.TB, r *Redis, sc Scope, fp string) Begun {
+	tb.Helper()
+	b, err := r.Begin(sc, fp)
+	if err != nil {
+		tb.Fatalf("Begin(%v): got error %v; want none", sc, err)
+	}
+	return b
+}
+
+func startStream(tb testing.TB, f *Flight) {
+	tb.Helper()
+	f.Mark(StateExecutionStarted, 1, 200)
+	f.SetHead(Head{Status: 200, ContentType: "text/event-stream", Stream: true,
+		Header: []Header{{Name: "X-Request-Id", Value: "req-1"}}})
+}
+
+// waitDone waits for f to end and returns its outcome.
+func waitDone(tb testing.TB, f *Flight, within time.Duration) State {
+	tb.Helper()
+	select {
+	case <-f.Done():
+	case <-time.After(within):
+		tb.Fatalf("flight %d: not ended after %v", f.Gen, within)
+	}
+	state, _, _ := f.Outcome()
+	return state
+}
+
+// eventually calls cond every 10 ms until it returns nil, and fails the
+// test with its last error if it has not within d. It is for what a test
+// against a real Redis waits for (a server back, a lease renewed, an
+// expiry in Redis), which no synctest bubble can stand in for.
+func eventually(tb testing.TB, d time.Duration, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func commits(tb testing.TB, r *Redis, sc Scope) int64 {
+	tb.Helper()
+	n, err := r.c.Do(context.Background(), r.c.B().Hget().Key(r.keys(sc).st).Field("commits").Build()).AsInt64()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		tb.Fatalf("HGET commits: %v", err)
+	}
+	return n
 }

@@ -16,6 +16,7 @@ import (
 // event and the whole journal read back byte for byte what was appended,
 // whichever blocks they lie in and in whatever order they are read.
 func TestJournalSealedBlocks(t *testing.T) {
+	t.Parallel()
 	var j journal
 	var want []byte
 	var ends []int
@@ -92,6 +93,7 @@ func TestJournalSealedBlocks(t *testing.T) {
 // TestDetachedJournalDrops: a flight no one can join keeps only what its
 // one reader has not read, and the reader still gets every event once.
 func TestDetachedJournalDrops(t *testing.T) {
+	t.Parallel()
 	f, s := detachedStream(t)
 	var want, got []byte
 	for i := range 2000 {
@@ -130,6 +132,7 @@ func TestDetachedJournalDrops(t *testing.T) {
 // returns to one after a backlog (events before its client was taken
 // over); it keeps the end offset of no event its reader has read.
 func TestDetachedJournalRecycles(t *testing.T) {
+	t.Parallel()
 	f, s := detachedStream(t)
 	event := func(i int) string {
 		return fmt.Sprintf(`{"choices":[{"index":0,"delta":{"content":"token %d"}}]}`, i)
@@ -178,6 +181,7 @@ func TestDetachedJournalRecycles(t *testing.T) {
 // reads again, never sees bytes the generation reused under it (run with
 // -race: reuse must happen after the reader's next Read).
 func TestDetachedJournalReuseIsSafe(t *testing.T) {
+	t.Parallel()
 	f, s := detachedStream(t)
 	const n = 20000
 	var want []byte

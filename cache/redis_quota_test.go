@@ -3,16 +3,21 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // TestRedisMaxKeysPerTenant: a tenant's keys are counted across replicas;
 // at its bound its new keys get ErrTenantFull on either replica, while
 // its known keys are decided as usual and other tenants' new keys are
-// claimed; a failed key counts until FailedTTL, a reaped one too.
+// claimed; a failed key counts until FailedTTL, a reaped one too. It is
+// not parallel: its checks that a key still counts must land within the
+// 700 ms FailedTTL of the key's end, which other tests' load could delay.
 func TestRedisMaxKeysPerTenant(t *testing.T) {
 	const failedTTL = 700 * time.Millisecond
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
@@ -74,7 +79,7 @@ func TestRedisMaxKeysPerTenant(t *testing.T) {
 
 	// The failed key stops counting once its records expire; the reaped
 	// generation of a dead owner counts for FailedTTL as well.
-	time.Sleep(failedTTL + 100*time.Millisecond)
+	eventually(t, failedTTL+time.Second, uncounted(rs[0], a("failed")))
 	nf := rbegin(t, rs[1], a("new"), "fp")
 	if nf.Decision != Miss {
 		t.Fatalf("a new key after the failed one expired: got %v; want miss", nf.Decision)
@@ -89,11 +94,34 @@ func TestRedisMaxKeysPerTenant(t *testing.T) {
 		t.Fatalf("follower of the dead owner: got %v; want commit_unknown", st)
 	}
 	refused(rs[0], a("new2"))
-	time.Sleep(failedTTL + 100*time.Millisecond)
+	eventually(t, failedTTL+time.Second, uncounted(rs[0], a("live")))
 	b := rbegin(t, rs[0], a("new2"), "fp")
 	if b.Decision != Miss {
 		t.Fatalf("a new key after the reaped one expired: got %v; want miss", b.Decision)
 	}
 	b.Flight.Fail(StateFailedRetryable, "test", nil)
 	nf.Flight.Fail(StateFailedRetryable, "test", nil)
+}
+
+// uncounted returns a condition for eventually: sc's key no longer counts
+// against its tenant, its member of the tenant's set having a score (the
+// key's expiry) that Redis's clock has passed, as quotaScript reads it.
+func uncounted(r *Redis, sc Scope) func() error {
+	return func() error {
+		ctx := context.Background()
+		score, err := r.c.Do(ctx, r.c.B().Zscore().Key(r.tenantKey(sc)).Member(r.keys(sc).h).Build()).AsFloat64()
+		if rueidis.IsRedisNil(err) {
+			return nil
+		}
+		now, err2 := r.c.Do(ctx, r.c.B().Time().Build()).AsStrSlice()
+		if err != nil || err2 != nil || len(now) != 2 {
+			return fmt.Errorf("%v: score and time: %v, %v", sc, err, err2)
+		}
+		s, _ := strconv.ParseInt(now[0], 10, 64)
+		us, _ := strconv.ParseInt(now[1], 10, 64)
+		if ms := float64(s*1000 + us/1000); score >= ms {
+			return fmt.Errorf("%v: still counts for its tenant (expires at %.0f, Redis's clock %.0f)", sc, score, ms)
+		}
+		return nil
+	}
 }

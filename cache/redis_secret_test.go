@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 // one value, created by one of them; a later ask gets it again; another
 // prefix (another deployment) has its own.
 func TestRedisSecretShared(t *testing.T) {
+	t.Parallel()
 	rs := replicas(t, 4)
 	expireSecret(t, rs[0])
 	secrets := make([][]byte, len(rs))
@@ -48,6 +50,8 @@ func TestRedisSecretShared(t *testing.T) {
 
 // TestRedisSecretKept: a store that handed out the secret puts it back
 // when Redis lost it, and logs an error when another value replaced it.
+// It is not parallel: it sets the package's secretCheck, which every
+// store's Secret reads.
 func TestRedisSecretKept(t *testing.T) {
 	old := secretCheck
 	secretCheck = 20 * time.Millisecond
@@ -69,22 +73,21 @@ func TestRedisSecretKept(t *testing.T) {
 	if err := r.c.Do(ctx, r.c.B().Del().Key(r.secretKey()).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for get() != string(secret) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after DEL: Redis holds %q; want the secret back", get())
+	eventually(t, 5*time.Second, func() error {
+		if v := get(); v != string(secret) {
+			return fmt.Errorf("after DEL: Redis holds %q; want the secret back", v)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := r.c.Do(ctx, r.c.B().Set().Key(r.secretKey()).Value("another-secret-of-32-bytes-0123456").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	for !strings.Contains(logs.String(), "level=ERROR") {
-		if time.Now().After(deadline) {
-			t.Fatalf("another secret in Redis: no error logged:\n%s", logs.String())
+	eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(logs.String(), "level=ERROR") {
+			return fmt.Errorf("another secret in Redis: no error logged:\n%s", logs.String())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // expireSecret lets the secret of r's prefix expire soon after the test

@@ -147,7 +147,10 @@ type Memory struct {
 	// mu guards keys, the entries in it, tenants, exp, flights and
 	// states. It is held for lookups and O(log n) updates only: nothing
 	// that scales with the ledger or with a result is done under it.
-	mu      sync.Mutex
+	// What only reads (a hit, a join, a conflict, a new key refused at a
+	// bound, Attach, Info, Stats) takes it shared, so that one tenant's
+	// refused keys never make another tenant's hits wait.
+	mu      sync.RWMutex
 	keys    map[string]*entry
 	tenants map[string]*tenantKeys
 	exp     expiries        // the ended entries of keys, by expiry
@@ -301,6 +304,12 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 // the key out for a new generation.
 func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hit uint64, err error) {
 	now := m.cfg.Now()
+	m.mu.RLock()
+	b, hit, decided, err := m.peekLocked(id, sc.Tenant, fp, gone, now)
+	m.mu.RUnlock()
+	if decided {
+		return b, hit, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.keys[id]
@@ -348,6 +357,50 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, 0, nil
 }
 
+// peekLocked is begin's decision where it changes nothing, under the
+// read lock: a join, a conflict, a hit, or a new key refused by a bound
+// that no expired key could make room under. decided is false when the
+// decision must be taken under the write lock (a claim, an expired
+// entry to delete).
+func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time) (b Begun, hit uint64, decided bool, err error) {
+	e := m.keys[id]
+	switch {
+	case e == nil:
+		if t := m.tenants[tenant]; t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) {
+			return Begun{}, 0, true, tenantFull(t.n)
+		}
+		if len(m.keys) >= m.cfg.MaxKeys && !expiredTop(&m.exp, now) {
+			return Begun{}, 0, true, storeFull(len(m.keys))
+		}
+	case !e.state.Live() && now.After(e.expires): // deleted under the write lock
+	case e.state.Live() || e.state == StateCommitted:
+		if e.fp != fp {
+			return Begun{Decision: Conflict}, 0, true, nil
+		}
+		if e.state.Live() {
+			return Begun{Decision: Join, Flight: e.flight}, 0, true, nil
+		}
+		if e.gen != gone {
+			return Begun{}, e.gen, true, nil
+		}
+	}
+	return Begun{}, 0, false, nil
+}
+
+// expiredTop reports whether the entry of h that expires first has
+// expired by now.
+func expiredTop(h *expiries, now time.Time) bool {
+	return h.len() > 0 && now.After(h.top().expires)
+}
+
+func tenantFull(n int) error {
+	return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", n, ErrTenantFull)
+}
+
+func storeFull(n int) error {
+	return fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", n, ErrStoreFull)
+}
+
 // roomLocked makes room for a new key of tenant, or says which bound
 // refuses it. Expired keys do not count against either bound: at one, it
 // deletes those that expired first, a few at a time, so that a new key
@@ -356,13 +409,13 @@ func (m *Memory) roomLocked(tenant string, now time.Time) error {
 	if t := m.tenants[tenant]; t != nil && t.n >= m.cfg.MaxKeysPerTenant {
 		m.expireLocked(&t.exp, now, boundBatch)
 		if t.n >= m.cfg.MaxKeysPerTenant {
-			return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", t.n, ErrTenantFull)
+			return tenantFull(t.n)
 		}
 	}
 	if len(m.keys) >= m.cfg.MaxKeys {
 		m.expireLocked(&m.exp, now, boundBatch)
 		if len(m.keys) >= m.cfg.MaxKeys {
-			return fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", len(m.keys), ErrStoreFull)
+			return storeFull(len(m.keys))
 		}
 	}
 	return nil
@@ -376,27 +429,27 @@ func (m *Memory) roomLocked(tenant string, now time.Time) error {
 func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
 	now := m.cfg.Now()
 	id := sc.id()
-	m.mu.Lock()
+	m.mu.RLock()
 	e := m.keys[id]
 	if e == nil || (!e.state.Live() && now.After(e.expires)) {
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return nil, nil, ErrNotFound
 	}
 	if fp != "" && e.fp != fp {
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return nil, nil, ErrConflict
 	}
 	if hasAfter && after.Gen != e.gen {
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return nil, nil, ErrGone
 	}
 	switch {
 	case e.state.Live():
 		f := e.flight
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return f, nil, nil
 	case e.state == StateCommitted:
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		r, ok := m.body(id, sc, e.gen)
 		if !ok {
 			m.missing.Add(1)
@@ -407,7 +460,7 @@ func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flig
 		}
 		return nil, r, nil
 	default:
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return nil, nil, ErrGone
 	}
 }
@@ -416,10 +469,10 @@ func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flig
 func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	now := m.cfg.Now()
 	id := sc.id()
-	m.mu.Lock()
+	m.mu.RLock()
 	e := m.keys[id]
 	if e == nil || (!e.state.Live() && now.After(e.expires)) {
-		m.mu.Unlock()
+		m.mu.RUnlock()
 		return KeyInfo{}, false
 	}
 	ki := KeyInfo{
@@ -428,7 +481,7 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 		Created: e.created, Updated: e.updated, Expires: e.expires,
 	}
 	f := e.flight
-	m.mu.Unlock()
+	m.mu.RUnlock()
 	if f != nil {
 		ki.Events = f.Events()
 	}
@@ -441,13 +494,13 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 
 // Stats returns the store's counters.
 func (m *Memory) Stats() Stats {
-	m.mu.Lock()
+	m.mu.RLock()
 	keys, flights := int64(len(m.keys)), m.flights
 	byState := make(map[State]int64, len(m.states))
 	for s, n := range m.states {
 		byState[s] = n
 	}
-	m.mu.Unlock()
+	m.mu.RUnlock()
 	return Stats{
 		Commits: m.commits.Load(), Stored: m.stored.Load(), Rejected: m.rejected.Load(),
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),

@@ -6,6 +6,8 @@ package sse
 
 import "testing"
 
+// TestZeroAllocs is not parallel: AllocsPerRun counts the allocations of
+// every goroutine, so another test running beside it would count too.
 func TestZeroAllocs(t *testing.T) {
 	buf := make([]byte, 0, 4096)
 	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}

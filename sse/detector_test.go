@@ -1,10 +1,13 @@
 package sse
 
 import (
+	"bytes"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 // judge runs body through Read and a Detector, as the proxy does.
@@ -46,6 +49,7 @@ func drop(body string, match func(string) bool) string {
 }
 
 func TestDetector(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")
@@ -159,6 +163,7 @@ func TestDetector(t *testing.T) {
 }
 
 func TestDetectorUsage(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name          string
 		in, out       int64
@@ -181,6 +186,7 @@ func TestDetectorUsage(t *testing.T) {
 }
 
 func TestDetectorReset(t *testing.T) {
+	t.Parallel()
 	d := judge(t, fixture(t, "groq-chat-error-midstream"), Expect{N: 3})
 	d.Reset(Expect{})
 	for _, ev := range readAll(t, fixture(t, "anthropic-messages-text"), 0) {
@@ -202,24 +208,6 @@ func TestDetectorReset(t *testing.T) {
 	}
 	if ok, reason := d.Clean(false); ok || reason != "missing_choice" {
 		t.Errorf("after Reset(N: 2): got %v, %q; want false, missing_choice", ok, reason)
-	}
-}
-
-func TestDialectString(t *testing.T) {
-	tests := []struct {
-		d    Dialect
-		want string
-	}{
-		{DialectUnknown, "unknown"},
-		{DialectOpenAIChat, "openai_chat"},
-		{DialectOpenAIResponses, "openai_responses"},
-		{DialectAnthropic, "anthropic"},
-		{Dialect(9), "dialect(9)"},
-	}
-	for _, tt := range tests {
-		if got := tt.d.String(); got != tt.want {
-			t.Errorf("got %q; want %q", got, tt.want)
-		}
 	}
 }
 
@@ -269,6 +257,7 @@ func finishAll(n int) string {
 // TestDetectorChoices: a chat stream is clean only when every choice
 // 0..n-1 of the request appeared and finished, and no other one did.
 func TestDetectorChoices(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	const done = "data: [DONE]\n\n"
@@ -315,6 +304,7 @@ func TestDetectorChoices(t *testing.T) {
 // ended intact and it is otherwise complete; cut, it is not. The other
 // dialects still need their terminal events.
 func TestDetectorIntact(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")
@@ -373,6 +363,7 @@ func TestDetectorIntact(t *testing.T) {
 // the stream, never before, and nothing observed after it changes the
 // verdict, so the proxy can record up to that event and stop.
 func TestDetectorTerminal(t *testing.T) {
+	t.Parallel()
 	chat := fixture(t, "openai-chat-text")
 	usage := fixture(t, "openai-chat-usage")
 	resp := fixture(t, "openai-responses-completed")
@@ -436,4 +427,228 @@ func TestDetectorTerminal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzDetector reads arbitrary bytes as a stream and checks the Detector's
+// verdicts against what the events say, judged independently with gjson:
+// Terminal turns true only at an event that can end a stream and stays
+// true; nothing after it changes the verdict; Clean is deterministic,
+// survives Reset, and is never kinder to a cut body than to an intact one;
+// an error means never clean; and a clean verdict means the dialect's end
+// is really there (for chat: every choice 0..n-1 finished, no other one,
+// the usage chunk when asked, and [DONE] unless the body was intact).
+func FuzzDetector(f *testing.F) {
+	const done = "data: [DONE]\n\n"
+	for _, s := range []string{
+		"", done, "data: {}\n\n" + done,
+		"data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":1,\"finish_reason\":\"stop\"},{\"finish_reason\":\"length\"}]}\n\n" + done,
+		"data: {\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n",
+		"event: error\ndata: {\"message\":\"x\"}\n\n" + done,
+		"data: {\"type\":\"response.completed\",\"sequence_number\":0,\"response\":{\"usage\":{}}}\n\n",
+		"event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"end_turn\"}}\n\nevent: message_stop\ndata: {}\n\n",
+	} {
+		f.Add(uint8(2), true, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, n uint8, usage bool, body []byte) {
+		e := Expect{N: int(n), Usage: usage}
+		var evs []Event
+		for ev, err := range Read(bytes.NewReader(body), 0) {
+			if err != nil {
+				break
+			}
+			evs = append(evs, ev)
+		}
+		d := NewDetector(e)
+		end := len(evs) // the events up to the terminal one
+		for i, ev := range evs {
+			was := d.Terminal()
+			d.Observe(ev)
+			switch {
+			case was && !d.Terminal():
+				t.Fatalf("Terminal: got false after event %d; want it to stay true", i)
+			case !was && d.Terminal():
+				end = i + 1
+				// A malformed event ends a stream of a known dialect: at
+				// it, or at the event that made the dialect known.
+				if _, why := d.Clean(false); why == "malformed_event" {
+					break
+				}
+				if ends, known := mayEnd(ev); known && !ends {
+					t.Fatalf("Terminal: got true after %+v; want it only after an event that can end a stream", ev)
+				}
+			}
+		}
+		okCut, whyCut := d.Clean(false)
+		okWhole, whyWhole := d.Clean(true)
+		if ok, why := d.Clean(false); ok != okCut || why != whyCut {
+			t.Fatalf("Clean(false) twice: got %v %q, then %v %q; want the same", okCut, whyCut, ok, why)
+		}
+		if okCut && !okWhole {
+			t.Fatalf("Clean: got clean when cut, %q when intact; want intact at least as clean", whyWhole)
+		}
+		if okCut != (whyCut == "") || okWhole != (whyWhole == "") {
+			t.Fatalf("Clean: got %v %q / %v %q; want a reason exactly when not clean", okCut, whyCut, okWhole, whyWhole)
+		}
+
+		// A used Detector, Reset, given only the events up to the terminal
+		// one, must judge alike.
+		r := NewDetector(Expect{N: 7})
+		for _, ev := range evs {
+			r.Observe(ev)
+		}
+		r.Reset(e)
+		for _, ev := range evs[:end] {
+			r.Observe(ev)
+		}
+		ok1, why1 := r.Clean(false)
+		ok2, why2 := r.Clean(true)
+		in1, out1, u1 := d.Usage()
+		in2, out2, u2 := r.Usage()
+		if r.Dialect() != d.Dialect() || r.Terminal() != d.Terminal() || ok1 != okCut || why1 != whyCut ||
+			ok2 != okWhole || why2 != whyWhole || in1 != in2 || out1 != out2 || u1 != u2 {
+			t.Fatalf("after Reset, up to the terminal event: got %v %v %v %q %v %q; want %v %v %v %q %v %q",
+				r.Dialect(), r.Terminal(), ok1, why1, ok2, why2, d.Dialect(), d.Terminal(), okCut, whyCut, okWhole, whyWhole)
+		}
+
+		o := judgeEvents(evs[:end], min(max(int(n), 1), MaxChoices))
+		if o.err {
+			if okWhole || whyWhole != "error_event" || whyCut != "error_event" || !d.Terminal() {
+				t.Fatalf("with an error: got Terminal %v, Clean %v %q / %v %q; want terminal, error_event", d.Terminal(), okCut, whyCut, okWhole, whyWhole)
+			}
+		}
+		if !okWhole {
+			return
+		}
+		switch d.Dialect() {
+		case DialectOpenAIChat:
+			if okCut && !o.done {
+				t.Fatalf("Clean(false): got clean without [DONE]; want not clean")
+			}
+			if !o.valid {
+				return
+			}
+			if o.unexpected {
+				t.Fatalf("Clean: got clean with a choice outside 0..%d", n)
+			}
+			for i, fin := range o.finished {
+				if !fin {
+					t.Fatalf("Clean: got clean with choice %d unfinished", i)
+				}
+			}
+			if usage && !o.usage {
+				t.Fatalf("Clean: got clean without the usage chunk asked for")
+			}
+		case DialectOpenAIResponses:
+			if o.valid && (!o.completed || o.failed || o.incomplete || o.seqGap) {
+				t.Fatalf("Clean: got clean with %+v", o)
+			}
+		case DialectAnthropic:
+			if o.valid && !o.stopped {
+				t.Fatalf("Clean: got clean without message_stop")
+			}
+		default:
+			t.Fatalf("Clean: got clean for dialect %v", d.Dialect())
+		}
+	})
+}
+
+// verdict is what a list of events says, read with gjson rather than the
+// Detector's own walker. Where data is not valid JSON it claims nothing
+// (valid is false), except for what the event name and [DONE] say.
+type verdict struct {
+	valid                         bool // every data is [DONE] or valid JSON
+	err, done                     bool
+	finished                      []bool
+	unexpected, usage             bool
+	completed, failed, incomplete bool
+	haveSeq, seqGap               bool
+	lastSeq                       int64
+	stopped                       bool
+}
+
+func judgeEvents(evs []Event, n int) verdict {
+	o := verdict{valid: true, finished: make([]bool, n)}
+	for _, ev := range evs {
+		o.err = o.err || ev.Type == "error"
+		o.completed = o.completed || ev.Type == "response.completed"
+		o.failed = o.failed || ev.Type == "response.failed"
+		o.incomplete = o.incomplete || ev.Type == "response.incomplete"
+		o.stopped = o.stopped || ev.Type == "message_stop"
+		if ev.Data == "[DONE]" {
+			o.done = true
+			continue
+		}
+		if !gjson.Valid(ev.Data) {
+			o.valid = false
+			continue
+		}
+		top := lastMembers(gjson.Parse(ev.Data))
+		if ty := top["type"]; ty.Type == gjson.String {
+			o.err = o.err || ty.Str == "error"
+			o.completed = o.completed || ty.Str == "response.completed"
+			o.failed = o.failed || ty.Str == "response.failed"
+			o.incomplete = o.incomplete || ty.Str == "response.incomplete"
+			o.stopped = o.stopped || ty.Str == "message_stop"
+		}
+		gjson.Parse(ev.Data).ForEach(func(k, v gjson.Result) bool {
+			o.err = o.err || k.Str == "error" && v.Type != gjson.Null || k.Str == "type" && v.Type == gjson.String && v.Str == "error"
+			return true
+		})
+		if seq := top["sequence_number"]; seq.Type == gjson.Number {
+			if o.haveSeq && seq.Int() != o.lastSeq+1 {
+				o.seqGap = true
+			}
+			o.haveSeq, o.lastSeq = true, seq.Int()
+		}
+		if top["usage"].IsObject() {
+			o.usage = true
+		}
+		if choices := top["choices"]; choices.IsArray() {
+			for _, c := range choices.Array() {
+				if !c.IsObject() {
+					continue
+				}
+				m := lastMembers(c)
+				idx := m["index"].Int()
+				fr := m["finish_reason"]
+				fin := fr.Exists() && fr.Type != gjson.Null && !(fr.Type == gjson.String && fr.Str == "")
+				if idx < 0 || idx >= int64(n) {
+					o.unexpected = true
+					continue
+				}
+				o.finished[idx] = o.finished[idx] || fin
+			}
+		}
+	}
+	return o
+}
+
+// lastMembers returns the members of a JSON object, the last of each name.
+func lastMembers(obj gjson.Result) map[string]gjson.Result {
+	m := map[string]gjson.Result{}
+	if obj.IsObject() {
+		obj.ForEach(func(k, v gjson.Result) bool {
+			m[k.Str] = v
+			return true
+		})
+	}
+	return m
+}
+
+// mayEnd reports whether ev is one that can end a stream in some dialect;
+// known is false when its data is not valid JSON, so that only the walker
+// could say what it holds.
+func mayEnd(ev Event) (ends, known bool) {
+	if ev.Data == "[DONE]" {
+		return true, true
+	}
+	switch ev.Type {
+	case "error", "response.completed", "response.failed", "response.incomplete", "message_stop":
+		return true, true
+	}
+	if !gjson.Valid(ev.Data) {
+		return false, false
+	}
+	o := judgeEvents([]Event{ev}, 1)
+	return o.err || o.completed || o.failed || o.incomplete || o.stopped, true
 }

@@ -3,10 +3,13 @@ package sse
 import (
 	"errors"
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 )
 
 func TestParseID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in   string
 		want ID
@@ -63,6 +66,7 @@ func TestParseID(t *testing.T) {
 }
 
 func TestIDString(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		id   ID
 		want string
@@ -89,6 +93,7 @@ func TestIDString(t *testing.T) {
 }
 
 func TestParseIDErrorBounded(t *testing.T) {
+	t.Parallel()
 	long := make([]byte, 10000)
 	for i := range long {
 		long[i] = 'x'
@@ -115,4 +120,33 @@ func BenchmarkParseID(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzParseID checks the round trip and compares ParseID with strconv.
+func FuzzParseID(f *testing.F) {
+	for _, s := range []string{"1-1", "0-0", "01-1", "-1", "1-", "+1-2", "18446744073709551615-1", "18446744073709551616-1", " 1-2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, err := ParseID(s)
+		if err == nil {
+			if got := id.String(); got != s {
+				t.Fatalf("String: got %q; want %q", got, s)
+			}
+		} else if !errors.Is(err, ErrInvalidID) {
+			t.Fatalf("got error %v; want one wrapping ErrInvalidID", err)
+		}
+		want := false
+		if g, q, ok := strings.Cut(s, "-"); ok {
+			want = canonicalUint(g) && canonicalUint(q)
+		}
+		if (err == nil) != want {
+			t.Fatalf("ParseID(%q): got err %v; want ok=%v", s, err, want)
+		}
+	})
+}
+
+func canonicalUint(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && strconv.FormatUint(n, 10) == s
 }

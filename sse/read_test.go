@@ -10,6 +10,7 @@ import (
 )
 
 func TestReadFixtures(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		events    int
@@ -44,6 +45,7 @@ func TestReadFixtures(t *testing.T) {
 }
 
 func TestReadShapes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		in   string
@@ -71,6 +73,7 @@ func TestReadShapes(t *testing.T) {
 }
 
 func TestReadTooLarge(t *testing.T) {
+	t.Parallel()
 	const limit = 1024
 	tests := []struct {
 		name    string
@@ -104,6 +107,7 @@ func TestReadTooLarge(t *testing.T) {
 }
 
 func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
+	t.Parallel()
 	// go-sse alone stops at 64 KiB; a Responses response.completed is bigger.
 	big := "data: " + strings.Repeat("x", 200<<10) + "\n\n"
 	evs := readAll(t, big, 0)
@@ -113,6 +117,7 @@ func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
 }
 
 func TestReadError(t *testing.T) {
+	t.Parallel()
 	r := io.MultiReader(strings.NewReader("data: a\n\ndata: b"), iotest.ErrReader(io.ErrUnexpectedEOF))
 	var got []string
 	var err error
@@ -132,6 +137,7 @@ func TestReadError(t *testing.T) {
 }
 
 func TestReadStopEarly(t *testing.T) {
+	t.Parallel()
 	n := 0
 	for range Read(strings.NewReader("data: a\n\ndata: b\n\n"), 0) {
 		n++
@@ -159,4 +165,63 @@ func BenchmarkRead(b *testing.B) {
 			}
 		}
 	}
+}
+
+func fuzzSeeds(f *testing.F) {
+	for _, name := range []string{"openai-chat-text", "openai-chat-usage", "openai-responses-completed", "anthropic-messages-text", "groq-chat-error-midstream"} {
+		// Small seeds: the fuzzer minimises every new interesting input, which
+		// crawls on a 28 KB seed. The head and tail keep the dialect's shape.
+		bs := blocks(fixture(f, name))
+		seed := strings.Join(bs[:min(2, len(bs))], "") + strings.Join(bs[max(0, len(bs)-2):], "")
+		if len(seed) > 2048 {
+			seed = seed[len(seed)-2048:]
+		}
+		f.Add([]byte(seed))
+	}
+	for _, s := range []string{
+		"", "data: a\n\n", "data: a\r\ndata: b\r\r", "event: x\n\n", "id: 1\n\n", ": c\n\ndata\n\n",
+		"\xef\xbb\xbfdata: a\n\n", "data:  a\n\nevent:b\rdata:\n\n", "data: a\n\ndata: b",
+		"data: {\"choices\":[{\"index\":3,\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+		"data: {\"error\":{\"a\":\"\\\"\"},\"type\":\"response.x\",\"sequence_number\":1e3}\n\n",
+	} {
+		f.Add([]byte(s))
+	}
+}
+
+// FuzzRead feeds arbitrary bytes through Read with a small bound: it must
+// not panic, every event yielded must re-encode and re-read identically, and
+// the Detector must digest it.
+func FuzzRead(f *testing.F) {
+	fuzzSeeds(f)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		d := NewDetector(Expect{Usage: true})
+		var evs []Event
+		for ev, err := range Read(strings.NewReader(string(in)), 512) {
+			if err != nil {
+				break
+			}
+			if ev.Type == "" && ev.Data == "" {
+				t.Fatalf("got an empty event; want it skipped")
+			}
+			evs = append(evs, ev)
+			d.Observe(ev)
+		}
+		d.Terminal()
+		d.Clean(false)
+		d.Clean(true)
+		d.Usage()
+		var wire []byte
+		for i, ev := range evs {
+			wire = AppendEvent(wire, ID{7, uint64(i + 1)}, ev.Type, ev.Data)
+		}
+		got := readAll(t, string(wire), 1<<20)
+		if len(got) != len(evs) {
+			t.Fatalf("re-read: got %d events; want %d", len(got), len(evs))
+		}
+		for i := range evs {
+			if got[i] != evs[i] {
+				t.Fatalf("event %d: got %+v; want %+v", i, got[i], evs[i])
+			}
+		}
+	})
 }

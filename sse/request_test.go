@@ -3,12 +3,14 @@ package sse
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
 )
 
 func TestParseRequest(t *testing.T) {
+	t.Parallel()
 	def := Request{N: 1}
 	tests := []struct {
 		body string
@@ -97,6 +99,7 @@ func TestParseRequest(t *testing.T) {
 }
 
 func TestParseRequestNil(t *testing.T) {
+	t.Parallel()
 	if got := ParseRequest(nil); got != (Request{N: 1}) {
 		t.Errorf("got %+v; want %+v", got, Request{N: 1})
 	}
@@ -105,6 +108,7 @@ func TestParseRequestNil(t *testing.T) {
 // TestParseRequestCopiesModel: the proxy's request buffer is reused after
 // the handler, so Model must not point into it.
 func TestParseRequestCopiesModel(t *testing.T) {
+	t.Parallel()
 	body := []byte(`{"model":"gpt-4o","stream":true}`)
 	r := ParseRequest(body)
 	for i := range body {
@@ -116,6 +120,7 @@ func TestParseRequestCopiesModel(t *testing.T) {
 }
 
 func TestRequestExpect(t *testing.T) {
+	t.Parallel()
 	got := Request{Model: "m", Stream: true, N: 3, IncludeUsage: true}.Expect()
 	if want := (Expect{N: 3, Usage: true}); got != want {
 		t.Errorf("got %+v; want %+v", got, want)
@@ -169,4 +174,59 @@ func BenchmarkParseRequest(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzParseRequest compares ParseRequest with encoding/json on valid JSON,
+// and checks its bounds on anything.
+func FuzzParseRequest(f *testing.F) {
+	f.Fuzz(func(t *testing.T, in []byte) {
+		body := bytes.Clone(in) // cleared below; the fuzzer's own input must stay as it is
+		got := ParseRequest(body)
+		if got.N < 1 || got.N > MaxChoices {
+			t.Fatalf("N: got %d; want 1..%d", got.N, MaxChoices)
+		}
+		if again := ParseRequest(body); again != got {
+			t.Fatalf("twice: got %+v, then %+v; want the same", got, again)
+		}
+		if json.Valid(body) {
+			if want := requestByEncodingJSON(body); got != want {
+				t.Fatalf("got %+v; want %+v (encoding/json)", got, want)
+			}
+		}
+		model := strings.Clone(got.Model)
+		clear(body)
+		if got.Model != model {
+			t.Fatalf("Model: got %q after the body was cleared; want %q (a copy)", got.Model, model)
+		}
+	})
+}
+
+// requestByEncodingJSON is ParseRequest's reference: encoding/json decodes
+// the top level into a map, because a map matches keys exactly and keeps
+// the last duplicate, as the upstreams do; a struct would match keys
+// case-insensitively and let a later null leave an earlier value.
+func requestByEncodingJSON(body []byte) Request {
+	r := Request{N: 1}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return r
+	}
+	var stream bool
+	if json.Unmarshal(top["stream"], &stream) == nil {
+		r.Stream = stream
+	}
+	var n int
+	if json.Unmarshal(top["n"], &n) == nil {
+		r.N = min(max(n, 1), MaxChoices)
+	}
+	var opts map[string]json.RawMessage
+	var usage bool
+	if json.Unmarshal(top["stream_options"], &opts) == nil && json.Unmarshal(opts["include_usage"], &usage) == nil {
+		r.IncludeUsage = usage
+	}
+	var model string
+	if json.Unmarshal(top["model"], &model) == nil {
+		r.Model = model
+	}
+	return r
 }

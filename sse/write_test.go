@@ -8,6 +8,7 @@ import (
 )
 
 func TestAppendEventWire(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		id   ID
@@ -35,6 +36,7 @@ func TestAppendEventWire(t *testing.T) {
 }
 
 func TestAppendComment(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"ping", ": ping\n\n"},
 		{"", ": \n\n"},
@@ -69,6 +71,7 @@ func readBack(tb testing.TB, wire []byte) []gosse.Event {
 }
 
 func TestAppendEventRoundTrip(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		id       ID
@@ -120,6 +123,7 @@ func TestAppendEventRoundTrip(t *testing.T) {
 }
 
 func TestAppendEventFixturesRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{"openai-chat-text", "openai-chat-usage", "openai-responses-completed", "anthropic-messages-text", "groq-chat-error-midstream"} {
 		t.Run(name, func(t *testing.T) {
 			in := readAll(t, fixture(t, name), 0)
@@ -149,4 +153,25 @@ func BenchmarkAppendEvent(b *testing.B) {
 	for b.Loop() {
 		buf = AppendEvent(buf[:0], id, "", data)
 	}
+}
+
+// FuzzAppendEvent checks that any type and data survive the wire: data with
+// its line breaks normalised to "\n", type with line breaks made spaces.
+func FuzzAppendEvent(f *testing.F) {
+	f.Add("", "a")
+	f.Add("t", "a\r\nb\rc\n")
+	f.Add(" x", "\n\n")
+	f.Add("a\nb", "data: x\n\nid: 1")
+	f.Fuzz(func(t *testing.T, typ, data string) {
+		wire := AppendEvent(nil, ID{1, 2}, typ, data)
+		evs := readBack(t, wire)
+		if len(evs) != 1 {
+			t.Fatalf("got %d events from %q; want 1", len(evs), wire)
+		}
+		wantType := strings.NewReplacer("\r", " ", "\n", " ").Replace(typ)
+		wantData := strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(data)
+		if evs[0].Type != wantType || evs[0].Data != wantData || evs[0].LastEventID != "1-2" {
+			t.Fatalf("got %+v; want type %q data %q id 1-2", evs[0], wantType, wantData)
+		}
+	})
 }

@@ -42,6 +42,7 @@ func streamFault(t *testing.T, c *http.Client, url, path, body, fault string) (*
 }
 
 func TestStatusFault(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	tests := []struct {
 		path, fault string
@@ -79,6 +80,7 @@ func TestStatusFault(t *testing.T) {
 }
 
 func TestResetAfter(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	for _, e := range streamBodies {
 		t.Run(e.path, func(t *testing.T) {
@@ -106,6 +108,7 @@ func TestResetAfter(t *testing.T) {
 }
 
 func TestEOFAfter(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	for _, e := range streamBodies {
 		for _, n := range []int{0, 3, 1000} {
@@ -134,6 +137,7 @@ func TestEOFAfter(t *testing.T) {
 func itoa(n int) string { return string(appendInt(nil, n)) }
 
 func TestErrorAfter(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	tests := []struct {
 		path, body string
@@ -176,6 +180,7 @@ func TestErrorAfter(t *testing.T) {
 }
 
 func TestHang(t *testing.T) {
+	t.Parallel()
 	s, url := start(t, Config{})
 	c := &http.Client{Timeout: 200 * time.Millisecond}
 	for _, body := range []string{`{"stream":true}`, `{}`} {
@@ -194,6 +199,7 @@ func TestHang(t *testing.T) {
 }
 
 func TestHangAfter(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -214,6 +220,7 @@ func TestHangAfter(t *testing.T) {
 }
 
 func TestHangLimit(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{HangLimit: 100 * time.Millisecond})
 	_, evs, err := streamFault(t, http.DefaultClient, url, "/v1/chat/completions", chatStream, "hang-after=2")
 	if err != nil || len(evs) != 2 {
@@ -228,6 +235,7 @@ func TestHangLimit(t *testing.T) {
 // TestInMemory serves Handler from a fasthttp.Server of the caller's own on
 // an in-memory listener, with a fasthttp client, as the proxy's tests may.
 func TestInMemory(t *testing.T) {
+	t.Parallel()
 	s := New(Config{Tokens: 3})
 	ln := fasthttputil.NewInmemoryListener()
 	srv := &fasthttp.Server{Handler: s.Handler}

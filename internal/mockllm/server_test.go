@@ -139,6 +139,7 @@ const (
 )
 
 func TestChatStream(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	a := post(t, url, "/v1/chat/completions", chatStream)
 	if a.status != 200 {
@@ -190,6 +191,7 @@ func TestChatStream(t *testing.T) {
 }
 
 func TestChatIncludeUsage(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{Tokens: 5})
 	a := post(t, url, "/v1/chat/completions", `{"stream":true,"stream_options":{"include_usage":true},"messages":[]}`)
 	evs := parseEvents(t, a.body)
@@ -220,6 +222,7 @@ func TestChatIncludeUsage(t *testing.T) {
 func hasKey(m map[string]any, k string) bool { _, ok := m[k]; return ok }
 
 func TestChatMaxTokens(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	tests := []struct {
 		name   string
@@ -256,6 +259,7 @@ func TestChatMaxTokens(t *testing.T) {
 }
 
 func TestChatNonStreaming(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{Tokens: 7})
 	a := post(t, url, "/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)
 	if a.status != 200 || a.header.Get("Content-Type") != "application/json" {
@@ -279,6 +283,7 @@ func TestChatNonStreaming(t *testing.T) {
 // TestStreamMatchesContent checks that a stream's deltas add up to the text
 // its own closing events report.
 func TestStreamMatchesContent(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	evs := parseEvents(t, post(t, url, "/v1/responses", responsesStream).body)
 	var text strings.Builder
@@ -298,6 +303,7 @@ func TestStreamMatchesContent(t *testing.T) {
 }
 
 func TestMessagesStream(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{Tokens: 4})
 	a := post(t, url, "/v1/messages", messagesStream)
 	if a.status != 200 || a.header.Get("Content-Type") != "text/event-stream" {
@@ -363,6 +369,7 @@ func names(evs []event) []string {
 }
 
 func TestResponsesStream(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{Tokens: 3})
 	a := post(t, url, "/v1/responses", responsesStream)
 	evs := parseEvents(t, a.body)
@@ -412,6 +419,7 @@ func TestResponsesStream(t *testing.T) {
 }
 
 func TestDeterminism(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	for _, tt := range []struct{ path, body, other string }{
 		{"/v1/chat/completions", chatStream, strings.Replace(chatStream, "hi", "hello", 1)},
@@ -434,6 +442,7 @@ func TestDeterminism(t *testing.T) {
 }
 
 func TestChunkSize(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{Tokens: 200})
 	t.Run("default", func(t *testing.T) {
 		evs := parseEvents(t, post(t, url, "/v1/chat/completions", chatStream).body)
@@ -464,6 +473,7 @@ func TestChunkSize(t *testing.T) {
 }
 
 func TestOverrides(t *testing.T) {
+	t.Parallel()
 	_, url := start(t, Config{})
 	evs := parseEvents(t, post(t, url, "/v1/chat/completions", chatStream, "X-Mock-Tokens: 40").body)
 	if len(evs) != 43 {
@@ -477,6 +487,7 @@ func TestOverrides(t *testing.T) {
 }
 
 func TestInvalidOverride(t *testing.T) {
+	t.Parallel()
 	s, url := start(t, Config{})
 	for _, h := range []string{
 		"X-Mock-Tokens: 0", "X-Mock-Tokens: 100001", "X-Mock-Tokens: x",
@@ -510,6 +521,7 @@ func TestInvalidOverride(t *testing.T) {
 }
 
 func TestRoutes(t *testing.T) {
+	t.Parallel()
 	s, url := start(t, Config{})
 	resp, err := http.Get(url + "/v1/models")
 	if err != nil {
@@ -538,6 +550,7 @@ func TestRoutes(t *testing.T) {
 }
 
 func TestCalls(t *testing.T) {
+	t.Parallel()
 	s, url := start(t, Config{Tokens: 2})
 	post(t, url, "/v1/chat/completions", chatStream)
 	post(t, url, "/v1/chat/completions", `{}`)
@@ -581,6 +594,7 @@ func readEvents(r io.Reader) (evs []string, err error) {
 }
 
 func TestCloseEndsStreams(t *testing.T) {
+	t.Parallel()
 	s := New(Config{Delay: 10 * time.Millisecond, Tokens: 10000})
 	url, err := s.Start("127.0.0.1:0")
 	if err != nil {
@@ -609,7 +623,7 @@ func TestCloseEndsStreams(t *testing.T) {
 		}
 		got <- result{err: err}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitActive(t, s, 3, 5*time.Second) // both streams and the hang have started
 	began := time.Now()
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
@@ -636,6 +650,7 @@ func TestCloseEndsStreams(t *testing.T) {
 }
 
 func TestClientDisconnect(t *testing.T) {
+	t.Parallel()
 	s, url := start(t, Config{Tokens: 100000, Delay: time.Millisecond})
 	for _, fault := range []string{"", "hang", "hang-after=2"} {
 		t.Run("fault="+fault, func(t *testing.T) {
@@ -652,13 +667,20 @@ func TestClientDisconnect(t *testing.T) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
-			deadline := time.Now().Add(2 * time.Second)
-			for s.active.Load() != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("stream still open 2s after its client left")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitActive(t, s, 0, 2*time.Second) // its client left
 		})
+	}
+}
+
+// waitActive polls until s writes n streams (and stalls), and fails the
+// test if it does not within d.
+func waitActive(t *testing.T, s *Server, n int64, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for s.Active() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("streams being written: got %d after %v; want %d", s.Active(), d, n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -1,0 +1,120 @@
+package cache
+
+import (
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/sse"
+)
+
+// TestRedisTailNoGap: clients resume on another replica at random
+// positions while the owner appends, some while their replica's tail is
+// still catching up; each gets exactly the events after its position.
+func TestRedisTailNoGap(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	sc := Scope{Tenant: "t", Key: "tail"}
+	owner := rbegin(t, rs[0], sc, "fp").Flight
+	startStream(t, owner)
+	const n = 2000
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for c := range 20 {
+		wg.Go(func() {
+			time.Sleep(time.Duration(c) * 15 * time.Millisecond)
+			after := uint64(rand.IntN(max(owner.Events(), 1)))
+			f, res, err := rs[1].Attach(sc, "fp", sse.ID{Gen: owner.Gen, Seq: after}, true)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if f == nil { // a late client: the stream was committed already
+				p, _ := res.After(after)
+				checkSeq(t, parseWire(t, p), owner.Gen, after, n)
+				return
+			}
+			s, err := f.Subscribe(after)
+			if err != nil {
+				errs <- err
+				return
+			}
+			p, ended := follow(s, 5*time.Second)
+			if !ended {
+				errs <- errors.New("stream did not end")
+				return
+			}
+			checkSeq(t, parseWire(t, p), owner.Gen, after, n)
+		})
+	}
+	for i := 1; i <= n; i++ {
+		appendN(t, owner, i, 1)
+		if i%10 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if !owner.Commit(nil) {
+		t.Fatal("Commit: got false; want true")
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := rs[1].Stats()
+	if st.Tails != 1 {
+		t.Fatalf("tails on the other replica: got %d; want 1 for all its clients", st.Tails)
+	}
+	// The whole stream went to Redis in far fewer round trips than events.
+	if b := rs[0].Stats().Batches; b >= n {
+		t.Fatalf("append batches: got %d for %d events; want batching", b, n)
+	}
+}
+
+// TestRedisReap: an owner that dies mid-stream leaves its followers
+// waiting only until its lease lapses; they end with generation_lost, the
+// key is commit_unknown and free, and a resume into the dead generation
+// is gone. It is not parallel: it times the follower's end against the
+// lease with 200 ms of slack, which other tests' load could use up.
+func TestRedisReap(t *testing.T) {
+	rs := replicas(t, 2)
+	sc := Scope{Tenant: "t", Key: "reap"}
+	a := rbegin(t, rs[0], sc, "fp").Flight
+	startStream(t, a)
+	appendN(t, a, 1, 10)
+	j := rbegin(t, rs[1], sc, "fp")
+	if j.Decision != Join {
+		t.Fatalf("duplicate: got %v; want join", j.Decision)
+	}
+	sub, _ := j.Flight.Subscribe(0)
+	if p, _ := follow(sub, 300*time.Millisecond); len(parseWire(t, p)) != 10 {
+		t.Fatalf("follower: got %d events before the crash; want 10", len(parseWire(t, p)))
+	}
+	died := time.Now()
+	a.be.(*owner).shutdown() // the owner's process is gone: no renewals, no writes
+	state := waitDone(t, j.Flight, 3*testLease)
+	took := time.Since(died)
+	if _, reason, _ := j.Flight.Outcome(); state != StateCommitUnknown || reason != "generation_lost" {
+		t.Fatalf("follower: got %v (%s); want commit_unknown (generation_lost)", state, reason)
+	}
+	if bound := testLease + rs[1].idle + 200*time.Millisecond; took > bound {
+		t.Fatalf("follower ended %v after the crash; want within lease + idle + slack = %v", took, bound)
+	}
+	ki, ok := rs[1].Info(sc)
+	if !ok || ki.State != StateCommitUnknown {
+		t.Fatalf("Info: got %+v; want commit_unknown", ki)
+	}
+	if _, _, err := rs[1].Attach(sc, "fp", sse.ID{Gen: a.Gen, Seq: 5}, true); !errors.Is(err, ErrGone) {
+		t.Fatalf("resume into the reaped generation: got %v; want ErrGone", err)
+	}
+	b := rbegin(t, rs[1], sc, "fp")
+	if b.Decision != Miss || b.Flight.Gen <= a.Gen {
+		t.Fatalf("retry: got %v; want a miss with a new generation", b.Decision)
+	}
+	b.Flight.Fail(StateFailedRetryable, "test", nil)
+	if rs[1].Stats().Reaped != 1 {
+		t.Fatalf("reaped: got %d; want 1", rs[1].Stats().Reaped)
+	}
+}

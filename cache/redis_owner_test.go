@@ -1,0 +1,105 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestRedisFencing: an owner whose lease was lost and whose key another
+// replica claimed can neither append nor commit; its flight fails, so its
+// own clients get stream_aborted, and the new owner's result stands.
+func TestRedisFencing(t *testing.T) {
+	t.Parallel()
+	t.Run("commit", func(t *testing.T) {
+		rs := replicas(t, 2)
+		sc := Scope{Tenant: "t", Key: "fence-commit"}
+		a := rbegin(t, rs[0], sc, "fp").Flight
+		startStream(t, a)
+		appendN(t, a, 1, 5)
+		expireLease(t, rs[0], sc)
+		b := rbegin(t, rs[1], sc, "fp")
+		if b.Decision != Miss || b.Flight.Gen <= a.Gen {
+			t.Fatalf("claim after the lease expired: got %v gen %d; want a miss with a newer generation than %d", b.Decision, b.Flight.Gen, a.Gen)
+		}
+		// This append may land before the fence is noticed (never in Redis),
+		// or find the flight already failed by it.
+		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, ErrEnded) {
+			t.Fatalf("stale owner's Append: got %v; want none or ErrEnded", err)
+		}
+		if a.Commit(nil) {
+			t.Fatal("stale owner's Commit: got true; want it refused")
+		}
+		if state, reason, _ := a.Outcome(); state == StateCommitted || reason != "generation_lost" {
+			t.Fatalf("stale owner: got %v (%s); want a failure with generation_lost", state, reason)
+		}
+		startStream(t, b.Flight)
+		want := appendN(t, b.Flight, 1, 3)
+		if !b.Flight.Commit(nil) {
+			t.Fatal("new owner's Commit: got false; want true")
+		}
+		if r := rbegin(t, rs[0], sc, "fp"); r.Decision != Hit || !bytes.Equal(r.Result.Data, want) {
+			t.Fatalf("replay: got %v; want the new owner's result", r.Decision)
+		}
+		if n := commits(t, rs[0], sc); n != 1 {
+			t.Fatalf("commits: got %d; want 1", n)
+		}
+	})
+	t.Run("append", func(t *testing.T) {
+		rs := replicas(t, 2)
+		sc := Scope{Tenant: "t", Key: "fence-append"}
+		a := rbegin(t, rs[0], sc, "fp").Flight
+		startStream(t, a)
+		sub, _ := a.Subscribe(0)
+		appendN(t, a, 1, 5)
+		expireLease(t, rs[0], sc)
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
+		}
+		// The stale owner learns of it from its next batch or renewal,
+		// without committing anything.
+		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, ErrEnded) {
+			t.Fatalf("stale owner's Append: got %v; want none or ErrEnded", err)
+		}
+		if state := waitDone(t, a, 2*testLease); state != StateCommitUnknown {
+			t.Fatalf("stale owner: state %v; want commit_unknown", state)
+		}
+		if _, ended := follow(sub, time.Second); !ended {
+			t.Fatal("stale owner's client: stream did not end")
+		}
+		if rs[0].Stats().Fenced != 1 {
+			t.Fatalf("fenced: got %d; want 1", rs[0].Stats().Fenced)
+		}
+	})
+	t.Run("pause without reap", func(t *testing.T) {
+		rs := replicas(t, 1)
+		sc := Scope{Tenant: "t", Key: "fence-none"}
+		a := rbegin(t, rs[0], sc, "fp").Flight
+		startStream(t, a)
+		expireLease(t, rs[0], sc)
+		// The renewal sets the lease again: nobody took over.
+		lease := rs[0].keys(sc).lease
+		eventually(t, testLease, func() error {
+			n, err := rs[0].c.Do(context.Background(), rs[0].c.B().Exists().Key(lease).Build()).AsInt64()
+			if err != nil || n != 1 {
+				return fmt.Errorf("lease of the paused owner: not set again within a lease (%d, %v)", n, err)
+			}
+			return nil
+		})
+		appendN(t, a, 1, 3)
+		if !a.Commit(nil) {
+			t.Fatal("Commit: got false; want true (no other replica claimed the key)")
+		}
+	})
+}
+
+// expireLease deletes a generation's lease, as its expiry would.
+func expireLease(tb testing.TB, r *Redis, sc Scope) {
+	tb.Helper()
+	if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).lease).Build()).Error(); err != nil {
+		tb.Fatal(err)
+	}
+}
