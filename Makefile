@@ -10,7 +10,7 @@ build:
 
 # ssegate in front of its embedded mock LLM, on $(ADDR).
 run: build
-	./$(BIN) -listen $(ADDR) -upstream mock -log-format text
+	./$(BIN) -listen $(ADDR) -upstream mock -log-format text -fallback "mock-down=gpt-4o-mini;mock-rate-limited=gpt-4o-mini;mock-small=gpt-4o-mini"
 
 # The formatting check of check and test: fails, listing them, when files
 # need gofmt.
