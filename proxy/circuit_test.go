@@ -85,8 +85,6 @@ func chatFor(model string) string {
 	return fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, model)
 }
 
-func clean(r result) bool { return r.status == 200 && r.lastData() == "[DONE]" }
-
 func (e *env) scrape() string {
 	e.t.Helper()
 	got := e.fetch(req{method: http.MethodGet, path: "/metrics"})
@@ -433,6 +431,51 @@ func TestCircuitHostConnectErrors(t *testing.T) {
 			t.Fatalf("a request %v after the primary listens again: got no call to it; want it served there", at.Round(time.Millisecond))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBreakerFailover: a failing primary's circuit opens after
+// BreakerFailures consecutive failures and requests go to the secondary;
+// after BreakerOpen a probe finds the primary healthy and closes it.
+func TestBreakerFailover(t *testing.T) {
+	primary := newFaultServer(t, status(503))
+	secondary := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
+		pc.Retry.BreakerFailures = 3
+		pc.Retry.BreakerOpen = 400 * time.Millisecond
+		pc.Retry.BreakerOpenMax = 400 * time.Millisecond
+		pc.Retry.Attempts = 2
+	})
+	get := func() {
+		t.Helper()
+		got := e.fetch(req{key: newKey("breaker")})
+		if got.status != 200 || got.lastData() != "[DONE]" {
+			t.Fatalf("got %d %q; want a clean stream", got.status, got.lastData())
+		}
+	}
+	// Closed: each request tries the primary, then fails over.
+	for range 3 {
+		get()
+	}
+	wantCount(t, "primary calls while closed", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while closed", secondary.calls.Load(), 3)
+	// Open: the primary is skipped.
+	for range 5 {
+		get()
+	}
+	wantCount(t, "primary calls while open", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while open", secondary.calls.Load(), 8)
+	// Half-open after the open time: the primary recovered; one probe
+	// closes the circuit and traffic returns to it.
+	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	time.Sleep(450 * time.Millisecond)
+	for range 4 {
+		get()
+	}
+	wantCount(t, "primary calls after recovery", primary.calls.Load(), 7)
+	wantCount(t, "secondary calls after recovery", secondary.calls.Load(), 8)
+	if got := e.proxy.ups[0].breaker.modelState("gpt-4o-mini"); got != circuitClosed {
+		t.Fatalf("primary circuit: got %v; want closed", got)
 	}
 }
 

@@ -10,7 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,6 +99,18 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 		t: t, mock: mock, store: store, proxy: p, url: "http://" + ln.Addr().String(),
 		client: client,
 	}
+}
+
+func slowMock(delay time.Duration, tokens int) envOption {
+	return func(_ *Config, _ *cache.Config, mc *mockllm.Config) {
+		mc.Delay = delay
+		mc.Tokens = tokens
+	}
+}
+
+// withConfig changes the proxy's config for one test.
+func withConfig(f func(*Config)) envOption {
+	return func(pc *Config, _ *cache.Config, _ *mockllm.Config) { f(pc) }
 }
 
 type testWriter struct{ t *testing.T }
@@ -249,12 +264,40 @@ func (r result) lastData() string {
 	return r.events[len(r.events)-1].Data
 }
 
+func clean(r result) bool { return r.status == 200 && r.lastData() == "[DONE]" }
+
+// readPrefix reads raw lines until n events (ids) were seen, then closes.
+func readPrefix(t *testing.T, resp *http.Response, n int) (lastID string) {
+	t.Helper()
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	seen := 0
+	for seen < n {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d events: %v", seen, err)
+		}
+		if id, ok := strings.CutPrefix(line, "id: "); ok {
+			lastID = strings.TrimSpace(id)
+			seen++
+		}
+	}
+	return lastID
+}
+
 func (e *env) calls() int64 { return e.mock.Calls() }
 
 func (e *env) wantCalls(want int64) {
 	e.t.Helper()
 	if got := e.calls(); got != want {
 		e.t.Fatalf("upstream calls: got %d; want %d", got, want)
+	}
+}
+
+func wantCount(t *testing.T, what string, got, want int64) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: got %d; want %d", what, got, want)
 	}
 }
 
@@ -275,6 +318,27 @@ func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	return cache.KeyInfo{}
 }
 
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+	}
+}
+
+// within polls cond until it holds or d passed.
+func within(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
 // tenantOf computes the tenant as e's proxy does for a request whose only
 // credential is the Authorization header auth.
 func (e *env) tenantOf(auth string) string {
@@ -291,3 +355,139 @@ var keySeq atomic.Int64
 func newKey(prefix string) string { return fmt.Sprintf("%s-%d", prefix, keySeq.Add(1)) }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// metricValue reads one sample from a Prometheus text scrape.
+func metricValue(t *testing.T, scrape, series string) float64 {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` ([0-9.e+-]+)$`)
+	m := re.FindStringSubmatch(scrape)
+	if m == nil {
+		t.Fatalf("series %s not in the scrape", series)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// faultServer is a real HTTP upstream on loopback whose every answer is
+// chosen by a script from the call's number (1, 2, ...).
+type faultServer struct {
+	url    string
+	calls  atomic.Int64
+	script atomic.Value // func(n int64, w http.ResponseWriter, r *http.Request)
+}
+
+func newFaultServer(t *testing.T, script func(n int64, w http.ResponseWriter, r *http.Request)) *faultServer {
+	t.Helper()
+	fs := &faultServer{}
+	fs.script.Store(script)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := fs.calls.Add(1)
+		fs.script.Load().(func(int64, http.ResponseWriter, *http.Request))(n, w, r)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	fs.url = "http://" + ln.Addr().String()
+	return fs
+}
+
+func (fs *faultServer) set(script func(n int64, w http.ResponseWriter, r *http.Request)) {
+	fs.script.Store(script)
+}
+
+func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
+	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}, HeadTimeout: 300 * time.Millisecond}
+	if tune != nil {
+		tune(&pc)
+	}
+	pc.Upstreams = upstreams
+	e := newEnvUpstream(t, upstreams[0], nil, pc, cache.Config{})
+	return e
+}
+
+const okEvents = 5
+
+// okStream answers a clean chat stream of okEvents chunks.
+func okStream(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i := range okEvents {
+		fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+}
+
+func status(code int) func(int64, http.ResponseWriter, *http.Request) {
+	return func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"error":{"type":"upstream_says","message":"status %d"}}`, code)
+	}
+}
+
+// rawUpstream is an upstream on loopback that is only a TCP listener:
+// each connection is handed to a script, which may read the request or
+// not, answer or not, and stall for as long as it likes (until the test
+// ends).
+type rawUpstream struct {
+	url   string
+	calls atomic.Int64
+	done  chan struct{} // closed when the test ends: stalled scripts return
+}
+
+func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{url: "http://" + ln.Addr().String(), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.calls.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				script(u, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		close(u.done)
+		ln.Close()
+		wg.Wait()
+	})
+	return u
+}
+
+// stall waits until the test ends.
+func (u *rawUpstream) stall() { <-u.done }
+
+// readRequest reads one request, body and all.
+func readRequest(c net.Conn) {
+	r, err := http.ReadRequest(bufio.NewReader(c))
+	if err == nil {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck // only its end matters
+	}
+}
+
+const plainJSON = `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}]}`
+
+// answerRaw reads the request and writes raw, then closes the connection.
+func answerRaw(raw string) func(*rawUpstream, net.Conn) {
+	return func(_ *rawUpstream, c net.Conn) {
+		readRequest(c)
+		io.WriteString(c, raw) //nolint:errcheck // the test reads what arrived
+	}
+}

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
-	"github.com/valyala/fasthttp"
 )
 
 // originConn sends a keyed streaming request on a raw connection with a
@@ -109,58 +108,18 @@ func TestSlowOrigin(t *testing.T) {
 	})
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
+// TestDisconnectDoesNotCancel: a client that drops after 3 events does not
+// stop the generation; a repeat is a hit with the full stream.
+func TestDisconnectDoesNotCancel(t *testing.T) {
+	e := newEnv(t, slowMock(3*time.Millisecond, 60))
+	key := newKey("drop")
+	readPrefix(t, e.do(req{key: key}), 3)
+	e.waitState(key, "", cache.StateCommitted)
+	got := e.fetch(req{key: key})
+	if !got.replayed || got.lastData() != "[DONE]" || len(got.events) != 63 {
+		t.Fatalf("repeat: replayed %v last %q events %d; want true [DONE] 63", got.replayed, got.lastData(), len(got.events))
 	}
-}
-
-// TestAnswerConn: an answer from the upstream client leads back to the
-// connection it is read from, which is how a generation writes its client
-// before each read of the upstream's socket rather than before each event.
-func TestAnswerConn(t *testing.T) {
-	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
-	url, err := mock.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mock.Close()
-	store, err := cache.NewMemory(cache.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Upstreams: []string{url}, Store: store}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	up, err := newUpstream(url, &cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(url + "/v1/chat/completions")
-	req.Header.SetMethod("POST")
-	req.SetBodyString(chatBody)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	if err := up.do(req, resp, true); err != nil {
-		t.Fatal(err)
-	}
-	c := connOf(resp)
-	if c == nil {
-		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
-	}
-	reads := 0
-	c.beforeRead = func() { reads++ }
-	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
-	c.beforeRead = nil
-	if reads == 0 {
-		t.Fatal("reading the body did not go through the connection's beforeRead")
-	}
+	e.wantCalls(1)
 }
 
 // TestShortStreamsAreWhole: one-token streams, with and without a key,

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,59 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/valyala/fasthttp"
 )
 
-// rawUpstream is an upstream on loopback that is only a TCP listener:
-// each connection is handed to a script, which may read the request or
-// not, answer or not, and stall for as long as it likes (until the test
-// ends).
-type rawUpstream struct {
-	url   string
-	calls atomic.Int64
-	done  chan struct{} // closed when the test ends: stalled scripts return
-}
-
-func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawUpstream {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &rawUpstream{url: "http://" + ln.Addr().String(), done: make(chan struct{})}
-	var wg sync.WaitGroup
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.calls.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				script(u, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(u.done)
-		ln.Close()
-		wg.Wait()
-	})
-	return u
-}
-
-// stall waits until the test ends.
-func (u *rawUpstream) stall() { <-u.done }
-
-// readRequest reads one request, body and all.
-func readRequest(c net.Conn) {
-	r, err := http.ReadRequest(bufio.NewReader(c))
-	if err == nil {
-		io.Copy(io.Discard, r.Body) //nolint:errcheck // only its end matters
-	}
-}
+const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
 
 // chunkEvent is one chat completion chunk event.
 func chunkEvent(i int) string {
@@ -113,8 +64,6 @@ func wantTimeoutLogged(t *testing.T, e *env, log *gatetest.LogBuffer, budget, fl
 		t.Errorf("no upstream timeout logged with budget=%s:\n%s", flag, log)
 	}
 }
-
-const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
 
 // TestTimeBudgets: no silent upstream holds a client past its budget, and
 // no budget cuts what another one governs. A streaming request's head
@@ -339,4 +288,97 @@ func TestTimeBudgetsTLS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStalePooledConnection: an upstream that closes a kept-alive
+// connection while it sits in the pool does not cost the next request its
+// answer: its first write finds the close before sending a byte, and the
+// request goes out on a new connection; one upstream call per request.
+func TestStalePooledConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		calls.Add(1)
+		okStream(w)
+	}), IdleTimeout: 50 * time.Millisecond} // closes a kept-alive connection after 50 ms idle
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := "http://" + ln.Addr().String()
+	e := retryEnv(t, []string{url}, nil)
+	for i := range 3 {
+		got := e.fetch(req{key: newKey("stale")})
+		if !clean(got) {
+			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
+		}
+		time.Sleep(200 * time.Millisecond) // the upstream closes the pooled connection meanwhile
+	}
+	wantCount(t, "upstream calls", calls.Load(), 3)
+}
+
+// TestAnswerConn: an answer from the upstream client leads back to the
+// connection it is read from, which is how a generation writes its client
+// before each read of the upstream's socket rather than before each event.
+func TestAnswerConn(t *testing.T) {
+	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
+	url, err := mock.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mock.Close()
+	store, err := cache.NewMemory(cache.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Upstreams: []string{url}, Store: store}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	up, err := newUpstream(url, &cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI(url + "/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.SetBodyString(chatBody)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := up.do(req, resp, true); err != nil {
+		t.Fatal(err)
+	}
+	c := connOf(resp)
+	if c == nil {
+		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
+	}
+	reads := 0
+	c.beforeRead = func() { reads++ }
+	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
+	c.beforeRead = nil
+	if reads == 0 {
+		t.Fatal("reading the body did not go through the connection's beforeRead")
+	}
+}
+
+// TestAnswersWithoutBody: answers fasthttp gives no body stream for (to a
+// HEAD, a 204) are relayed, keyed or not, and the proxy serves on.
+func TestAnswersWithoutBody(t *testing.T) {
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	e := retryEnv(t, []string{fs.url}, nil)
+	if got := e.fetch(req{method: http.MethodHead, path: "/v1/models"}); got.status != http.StatusNoContent {
+		t.Fatalf("HEAD: got %d; want the upstream's 204", got.status)
+	}
+	key := newKey("nobody")
+	body := `{"model":"m","messages":[]}`
+	if got := e.fetch(req{key: key, body: body}); got.status != http.StatusNoContent {
+		t.Fatalf("keyed: got %d; want the upstream's 204", got.status)
+	}
+	if got := e.fetch(req{key: key, body: body}); got.status != http.StatusNoContent || !got.replayed {
+		t.Fatalf("keyed repeat: got %d replayed %v; want 204 replayed", got.status, got.replayed)
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 2)
 }
