@@ -330,18 +330,18 @@ func TestCircuitModelBound(t *testing.T) {
 	b.mu.Unlock()
 }
 
-// TestCircuitHungProbe: a probe whose answer is slow (its head comes after
-// 2 s) does not hold an open circuit: the next wait ends, another probe
-// finds the model serving and closes the circuit while the first is still
-// out.
+// TestCircuitHungProbe: a probe whose answer is slow (its head comes only
+// once the test has seen the next request served) does not hold an open
+// circuit: the next wait ends, another probe finds the model serving and
+// closes the circuit while the first is still out.
 func TestCircuitHungProbe(t *testing.T) {
-	const slow = 2 * time.Second
+	release := make(chan struct{}) // closed: the slow probe's answer goes
 	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
 		switch {
 		case n <= 2:
 			unavailable(w)
 		case n == 3:
-			time.Sleep(slow)
+			<-release
 			okStream(w)
 		default:
 			okStream(w)
@@ -353,32 +353,53 @@ func TestCircuitHungProbe(t *testing.T) {
 		pc.Retry.AttemptTimeout = 5 * time.Second
 		pc.HeadTimeout = 5 * time.Second
 	})
+	var once sync.Once
+	answerProbe := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(answerProbe) // first, should the test end before it
+	b := e.proxy.ups[0].breaker
 	for range 2 {
 		if got := e.fetch(req{key: newKey("open")}); got.status != 503 {
 			t.Fatalf("got %d; want the upstream's 503", got.status)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // past the first wait (250ms)
+	if b.modelState("gpt-4o-mini") != circuitOpen {
+		t.Fatalf("circuit: got %v; want open after 2 failures", b.modelState("gpt-4o-mini"))
+	}
+	waitFor(t, func() bool { return admitsNow(b, "gpt-4o-mini") }) // the first wait (250ms) is over
 	probe := make(chan result, 1)
 	go func() { probe <- e.fetch(req{key: newKey("probe")}) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for ms.total() < 3 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return ms.total() == 3 })
 	sent := time.Now()
-	time.Sleep(300 * time.Millisecond) // past the wait after that probe (250ms)
+	waitFor(t, func() bool { return admitsNow(b, "gpt-4o-mini") }) // the wait after that probe (250ms) is over
 	if got := e.fetch(req{key: newKey("next")}); !clean(got) {
 		t.Fatalf("%v after the slow probe went: got %d %s; want a clean stream", time.Since(sent).Round(time.Millisecond), got.status, got.errType)
 	}
 	select {
-	case <-probe:
-		t.Fatalf("the slow probe ended within %v; want it still out", time.Since(sent))
+	case got := <-probe:
+		t.Fatalf("the slow probe ended (%d %s) before its upstream answered", got.status, got.errType)
 	default:
 	}
+	if got := b.modelState("gpt-4o-mini"); got != circuitClosed {
+		t.Fatalf("circuit with the slow probe out: got %v; want closed", got)
+	}
+	answerProbe()
 	if got := <-probe; !clean(got) {
 		t.Fatalf("slow probe: got %d %s; want a clean stream", got.status, got.errType)
 	}
 	wantCount(t, "upstream calls", ms.total(), 4)
+}
+
+// admitsNow reports whether b lets a call for model through now: its
+// circuits are closed, or open with their wait over.
+func admitsNow(b *breaker, model string) bool {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.host.admits(now, b.cfg.BreakerProbes) {
+		return false
+	}
+	el := b.models[modelKey(model)]
+	return el == nil || el.Value.(*modelCircuit).admits(now, b.cfg.BreakerProbes)
 }
 
 // TestCircuitHostConnectErrors: connect failures are the host's, whatever
@@ -468,7 +489,7 @@ func TestBreakerFailover(t *testing.T) {
 	// Half-open after the open time: the primary recovered; one probe
 	// closes the circuit and traffic returns to it.
 	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
-	time.Sleep(450 * time.Millisecond)
+	waitFor(t, func() bool { return admitsNow(e.proxy.ups[0].breaker, "gpt-4o-mini") })
 	for range 4 {
 		get()
 	}

@@ -85,6 +85,8 @@ func TestKeepAliveAfterSlowBound(t *testing.T) {
 	if resp := send(key); resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatal("repeat not replayed")
 	}
+	// Nothing to wait for but time: past -slow-client-timeout, a write
+	// deadline the answer left on the connection has passed.
 	time.Sleep(800 * time.Millisecond)
 	if resp := send(strings.Repeat("x", 300)); resp.StatusCode != http.StatusBadRequest { // fasthttp writes the 400
 		t.Fatalf("got %d; want 400", resp.StatusCode)
@@ -154,12 +156,7 @@ func TestHTTP10Client(t *testing.T) {
 // felt at once) and reads until n events arrived.
 func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := c.(*net.TCPConn)
-	conn.SetReadBuffer(4096) //nolint:errcheck // a hint
+	conn := dialSmallBuffer(t, addr, 4096)
 	keyHdr := ""
 	if key != "" {
 		keyHdr = "Idempotency-Key: " + key + "\r\n"
@@ -347,11 +344,7 @@ func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
 // receive buffer (set before any byte, so there is no window to fill).
 func dialSmall(t *testing.T, e *env, key, body string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+	conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 16<<10)
 	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
 	if _, err := io.WriteString(conn, request); err != nil {
 		t.Fatal(err)

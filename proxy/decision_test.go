@@ -39,7 +39,7 @@ func TestDecisionTable(t *testing.T) {
 		key := newKey("join")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
-		time.Sleep(50 * time.Millisecond) // the generation is live
+		e.waitState(key, "", cache.StateExecutionStarted) // its head came: the generation is live
 		joined := e.fetch(req{key: key})
 		if joined.status != 200 || !joined.replayed || joined.lastData() != "[DONE]" {
 			t.Fatalf("join: got status %d replayed %v last %q; want 200, true, [DONE]", joined.status, joined.replayed, joined.lastData())
@@ -52,7 +52,7 @@ func TestDecisionTable(t *testing.T) {
 		key := newKey("conflict-live")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
-		time.Sleep(30 * time.Millisecond)
+		e.waitState(key, "", cache.StateExecutionStarted)
 		other := e.fetch(req{key: key, body: strings.Replace(chatBody, "joke", "poem", 1)})
 		if other.status != 422 || other.errType != "idempotency_conflict" {
 			t.Fatalf("got %d %q; want 422 idempotency_conflict", other.status, other.errType)
@@ -128,7 +128,7 @@ func TestInflightConflict(t *testing.T) {
 	key := newKey("inflight")
 	first := e.do(req{key: key})
 	defer first.Body.Close()
-	time.Sleep(30 * time.Millisecond)
+	e.waitState(key, "", cache.StateExecutionStarted)
 	resp := e.do(req{key: key})
 	resp.Body.Close()
 	if resp.StatusCode != 409 || resp.Header.Get("Retry-After") == "" {

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -44,15 +42,9 @@ func TestSlowSubscriberDropped(t *testing.T) {
 	hdr := map[string]string{"X-Mock-Chunk-Bytes": "8000"} // ~12 MB in all: more than socket buffers hold
 	start := time.Now()
 	fast := e.do(req{key: key, header: hdr})
-	// The slow client: a raw connection with a small receive buffer that
+	// The slow client: a connection with a small receive buffer that
 	// sends the same request and then reads nothing.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nX-Mock-Chunk-Bytes: 8000\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
+	conn := keyedConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n")
 
 	body, err := io.ReadAll(fast.Body)
 	fast.Body.Close()

@@ -128,7 +128,7 @@ func TestAbortWhileAwaitingHead(t *testing.T) {
 	e := retryEnv(t, []string{fs.url}, func(pc *Config) { pc.HeadTimeout = 5 * time.Second })
 	done := make(chan result, 1)
 	go func() { done <- e.fetch(req{key: newKey("abort")}) }()
-	time.Sleep(150 * time.Millisecond)
+	waitFor(t, func() bool { return fs.calls.Load() == 1 }) // the request went: the call waits for the head
 	e.proxy.Abort()
 	select {
 	case got := <-done:

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -301,35 +302,35 @@ func wantCount(t *testing.T, what string, got, want int64) {
 	}
 }
 
-// waitState polls GET /keys/{key} until the key reaches state.
+// waitState polls the store until the key reaches state.
 func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	var ki cache.KeyInfo
 	var last string
-	for time.Now().Before(deadline) {
-		ki, ok := e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
-		if ok && ki.State == state {
-			return ki
-		}
+	if within(10*time.Second, func() bool {
+		var ok bool
+		ki, ok = e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
 		last = fmt.Sprintf("%+v (found %v)", ki, ok)
-		time.Sleep(5 * time.Millisecond)
+		return ok && ki.State == state
+	}) {
+		return ki
 	}
 	e.t.Fatalf("key %q: got %s; want state %s", key, last, state)
 	return cache.KeyInfo{}
 }
 
+// waitFor polls cond until it holds, and fails the test after 10 s.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
+	if !within(10*time.Second, cond) {
+		t.Fatal("condition not met within 10s")
 	}
 }
 
-// within polls cond until it holds or d passed.
+// within polls cond until it holds or d passed: what the tests wait for
+// is a condition, never a time.
 func within(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
 		if cond() {
 			return true
 		}
@@ -337,6 +338,38 @@ func within(d time.Duration, cond func() bool) bool {
 			return false
 		}
 	}
+}
+
+// keyedConn sends a keyed streaming request on a connection of its own
+// with a small receive buffer (dialSmallBuffer), with the extra header
+// lines hdr, and reads nothing.
+func keyedConn(t *testing.T, e *env, key string, hdr string) net.Conn {
+	t.Helper()
+	conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 4096)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		key, hdr, len(chatBody), chatBody)
+	return conn
+}
+
+// dialSmallBuffer connects to addr with a receive buffer of size bytes,
+// set before connecting, so that a client that stops reading is felt at
+// once. (Shrunk on an open connection, the buffer is smaller than the
+// window already offered, and Linux can stall the sender for long
+// zero-window backoffs: a client that reads again gets its bytes seconds
+// later.) The connection closes when the test ends.
+func dialSmallBuffer(t *testing.T, addr string, size int) *net.TCPConn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, size) //nolint:errcheck // a hint
+		})
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
 }
 
 // tenantOf computes the tenant as e's proxy does for a request whose only

@@ -7,19 +7,22 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/cache"
 )
 
 // TestMetrics: the scrape counts decisions, suppressed generations, the
 // tokens they saved, upstream attempts, relayed events and key states.
 func TestMetrics(t *testing.T) {
-	e := newEnv(t, slowMock(2*time.Millisecond, 10))
+	e := newEnv(t, slowMock(10*time.Millisecond, 10))
 	key := newKey("metrics")
 	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`
 	first := e.do(req{key: key, body: body})
-	time.Sleep(5 * time.Millisecond)
+	// Its head came: the generation is live (10 events 10 ms apart).
+	e.waitState(key, "", cache.StateExecutionStarted)
 	joined := e.fetch(req{key: key, body: body}) // join
 	first.Body.Close()
-	e.waitState(key, "", "committed")
+	e.waitState(key, "", cache.StateCommitted)
 	e.fetch(req{key: key, body: body})                             // hit
 	e.fetch(req{key: key, body: `{"other":1}`})                    // conflict
 	e.fetch(req{key: "bad key"})                                   // invalid

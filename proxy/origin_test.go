@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,28 +16,6 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
 )
-
-// originConn sends a keyed streaming request on a raw connection with a
-// small receive buffer, so that the client falls behind as soon as it
-// stops reading.
-func originConn(t *testing.T, e *env, key string, hdr string) net.Conn {
-	t.Helper()
-	// The buffer is set before connecting: shrunk on an open connection,
-	// Linux can stall the sender for long zero-window backoffs.
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		key, hdr, len(chatBody), chatBody)
-	return conn
-}
 
 // TestSlowOrigin: the client whose request started the generation is
 // written by the generation while it keeps up; when it falls behind, a
@@ -53,7 +29,7 @@ func TestSlowOrigin(t *testing.T) {
 			pc.SlowClientTimeout = 10 * time.Second
 		})
 		key := newKey("behind")
-		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB: more than socket buffers hold
+		conn := keyedConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB: more than socket buffers hold
 		// Read nothing while the generation runs, so that its writes fill
 		// the socket buffers, then read all.
 		e.waitState(key, "", cache.StateCommitted)
@@ -87,7 +63,7 @@ func TestSlowOrigin(t *testing.T) {
 			pc.SlowClientTimeout = time.Second
 		})
 		key := newKey("stalled")
-		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB
+		conn := keyedConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB
 		e.waitState(key, "", cache.StateExecutionStarted)
 		start := time.Now()
 		joiner := e.fetch(req{key: key})
@@ -168,9 +144,15 @@ func TestShortStreamsAreWhole(t *testing.T) {
 // still gets the whole stream, not an empty answer.
 func TestHeadAndEndDuringTakeOver(t *testing.T) {
 	var calls atomic.Int64
+	lookedAt := make(chan struct{}) // closed by the hook: the take-over looked at the flight
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		time.Sleep(100 * time.Millisecond) // the head comes after the take-over
+		select {
+		case <-lookedAt: // the head comes after the take-over's look
+		case <-r.Context().Done():
+			return
+		case <-time.After(10 * time.Second): // no take-over: the hook says so
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
 	}))
@@ -182,6 +164,7 @@ func TestHeadAndEndDuringTakeOver(t *testing.T) {
 			if _, ok := f.Head(); ok {
 				t.Error("the head came before the take-over; the test shows nothing")
 			}
+			close(lookedAt)
 			<-f.Done() // the generation sets the head and ends meanwhile
 		})
 	}

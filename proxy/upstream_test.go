@@ -299,12 +299,17 @@ func TestStalePooledConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls atomic.Int64
+	var calls, closed atomic.Int64
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		calls.Add(1)
 		okStream(w)
-	}), IdleTimeout: 50 * time.Millisecond} // closes a kept-alive connection after 50 ms idle
+	}), IdleTimeout: 50 * time.Millisecond, // closes a kept-alive connection after 50 ms idle
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed { // after the close
+				closed.Add(1)
+			}
+		}}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	url := "http://" + ln.Addr().String()
@@ -314,7 +319,9 @@ func TestStalePooledConnection(t *testing.T) {
 		if !clean(got) {
 			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
 		}
-		time.Sleep(200 * time.Millisecond) // the upstream closes the pooled connection meanwhile
+		// The upstream closes the pooled connection meanwhile (on
+		// loopback its FIN is in the proxy's socket when close returns).
+		waitFor(t, func() bool { return closed.Load() > int64(i) })
 	}
 	wantCount(t, "upstream calls", calls.Load(), 3)
 }
