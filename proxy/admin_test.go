@@ -8,6 +8,7 @@ import (
 
 // TestHealth: /healthz always answers; /readyz answers 503 while draining.
 func TestHealth(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	if got := e.fetch(req{method: http.MethodGet, path: "/healthz"}); got.status != 200 {
 		t.Fatalf("healthz: got %d; want 200", got.status)

@@ -101,6 +101,9 @@ func (e *env) scrape() string {
 // once a second (not more than a few times), so from one second after the
 // recovery every request for it succeeds.
 func TestCircuitModelOutage(t *testing.T) {
+	// Not parallel: it holds the breaker to its schedule in real time
+	// (about a probe a second; every request served from 1.1 s after the
+	// recovery), which other tests' load would skew.
 	const outage = 6 * time.Second
 	start := time.Now()
 	recovered := start.Add(outage)
@@ -188,6 +191,7 @@ func TestCircuitModelOutage(t *testing.T) {
 // the other model keeps going to the first, and its successes there do
 // not reset the failing model's count.
 func TestCircuitFailoverPerModel(t *testing.T) {
+	t.Parallel()
 	primary := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
 		if model == "broken" {
 			unavailable(w)
@@ -230,6 +234,7 @@ func TestCircuitFailoverPerModel(t *testing.T) {
 // and keep none: every client gets the upstream's own answer, and the
 // next healthy request takes exactly one upstream call.
 func TestCircuit4xxNeverOpens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.Retry.BreakerFailures = 2
 		pc.Retry.Attempts = 1 // the storm, not the retries: one call per request
@@ -274,6 +279,7 @@ func TestCircuit4xxNeverOpens(t *testing.T) {
 // (long names as bounded keys), and a healthy model on the same upstream
 // is served throughout.
 func TestCircuitModelBound(t *testing.T) {
+	t.Parallel()
 	const bound, names = 16, 300
 	ms := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
 		if model == "healthy" {
@@ -335,6 +341,7 @@ func TestCircuitModelBound(t *testing.T) {
 // circuit: the next wait ends, another probe finds the model serving and
 // closes the circuit while the first is still out.
 func TestCircuitHungProbe(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{}) // closed: the slow probe's answer goes
 	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
 		switch {
@@ -407,12 +414,9 @@ func admitsNow(b *breaker, model string) bool {
 // models never seen fail over without dialing. When the host listens
 // again, requests go back to it within a second.
 func TestCircuitHostConnectErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: connection refused
+	// Not parallel: it holds the recovery to within a second of the host
+	// listening again, which other tests' load would skew.
+	addr, release := refusedAddr(t)
 	secondary := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { okStream(w) })
 	e := retryEnv(t, []string{"http://" + addr, secondary.url}, func(pc *Config) {
 		pc.Retry.BreakerFailures = 3
@@ -439,7 +443,8 @@ func TestCircuitHostConnectErrors(t *testing.T) {
 		get("model-again")
 		time.Sleep(20 * time.Millisecond)
 	}
-	ln, err = net.Listen("tcp", addr)
+	release()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Skipf("the primary's port was taken meanwhile: %v", err)
 	}
@@ -459,6 +464,8 @@ func TestCircuitHostConnectErrors(t *testing.T) {
 // BreakerFailures consecutive failures and requests go to the secondary;
 // after BreakerOpen a probe finds the primary healthy and closes it.
 func TestBreakerFailover(t *testing.T) {
+	// Not parallel: the five requests while the circuit is open must all go
+	// within its 400 ms, which other tests' load could stretch.
 	primary := newFaultServer(t, status(503))
 	secondary := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
 	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
@@ -506,6 +513,7 @@ func TestBreakerFailover(t *testing.T) {
 // never more often than that, and closes at the first success; other
 // models and the host are never turned away.
 func TestCircuitBackoffSchedule(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		cfg := RetryConfig{BreakerFailures: 3}
 		cfg.setDefaults()

@@ -3,11 +3,13 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"runtime"
+	"runtime/pprof"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 // connection serves its next request, also when the client sent that
 // request before reading the answer (pipelining), and after many streams.
 func TestKeepAliveAfterStream(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 3))
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 	if err != nil {
@@ -60,6 +63,7 @@ func TestKeepAliveAfterStream(t *testing.T) {
 // taken-over answer keeps no write deadline: a later answer on it, which
 // fasthttp writes itself past -slow-client-timeout, arrives.
 func TestKeepAliveAfterSlowBound(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.SlowClientTimeout = 300 * time.Millisecond })
 	key := newKey("ka")
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
@@ -124,6 +128,7 @@ func http10(t *testing.T, addr, key string) (*http.Response, string) {
 // not chunked, and the connection closes at the stream's end: without a
 // key, with one, and as a replay.
 func TestHTTP10Client(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	addr := strings.TrimPrefix(e.url, "http://")
 	key := newKey("http10")
@@ -184,9 +189,15 @@ func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 // -max-streams (ssegate_live_generations) comes back, and no goroutine is
 // left behind.
 func TestClientLeavesMidStream(t *testing.T) {
+	// Not parallel: it holds the end of the upstream call to about a
+	// second after the client left, which other tests' load would skew.
+	// Its cases run at once, each with a proxy of its own (and counting
+	// the goroutines of its own).
 	for _, keyed := range []bool{false, true} {
 		for _, how := range []string{"close", "reset", "stop-reading"} {
 			t.Run(fmt.Sprintf("keyed=%v/%s", keyed, how), func(t *testing.T) {
+				t.Parallel()
+				goroutines := ownGoroutines(t) // before newEnv: the servers' goroutines are the test's
 				e := newEnv(t, slowMock(2*time.Millisecond, 16), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 					pc.SlowClientTimeout = 300 * time.Millisecond
 				})
@@ -195,7 +206,7 @@ func TestClientLeavesMidStream(t *testing.T) {
 				// (its worker pool's cleaner, the upstream pool's).
 				rawStream(t, addr, "", 3, 4).Close()
 				within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
-				before := runtime.NumGoroutine()
+				before, _ := goroutines()
 				key, tokens := "", 5000 // 10 s of stream, 40 MB: far more than socket buffers
 				if keyed {
 					key, tokens = newKey("leave"), 600
@@ -220,14 +231,43 @@ func TestClientLeavesMidStream(t *testing.T) {
 					t.Fatalf("live generations: got %d a second after the stream ended; want 0", e.proxy.streams.Load())
 				}
 				conn.Close()
-				if !within(5*time.Second, func() bool { return runtime.NumGoroutine() <= before+2 }) {
-					buf := make([]byte, 1<<20)
-					t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s",
-						runtime.NumGoroutine(), before+2, buf[:runtime.Stack(buf, true)])
+				if !within(5*time.Second, func() bool { n, _ := goroutines(); return n <= before+2 }) {
+					n, stacks := goroutines()
+					t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s", n, before+2, stacks)
 				}
 				e.wantCalls(2) // the first stream's and this one's
 			})
 		}
+	}
+}
+
+// ownGoroutines labels the calling goroutine with the test's name, and so
+// every goroutine started from it from now on, and theirs. It returns a
+// count of the goroutines alive with that label, the test's own whatever
+// other tests run meanwhile, with their stacks.
+func ownGoroutines(t *testing.T) func() (n int, stacks string) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("test", t.Name())))
+	label := fmt.Sprintf("%q:%q", "test", t.Name())
+	return func() (n int, stacks string) {
+		var b bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&b, 1) //nolint:errcheck // a bytes.Buffer
+		// Groups of goroutines with one stack and one label set: "N @ pcs",
+		// "# labels: {...}" when they have labels, then the frames.
+		var own []string
+		for _, group := range strings.Split(b.String(), "\n\n") {
+			lines := strings.Split(group, "\n")
+			if strings.HasPrefix(lines[0], "goroutine profile:") {
+				lines = lines[1:]
+			}
+			if len(lines) < 2 || !strings.HasPrefix(lines[1], "# labels: ") || !strings.Contains(lines[1], label) {
+				continue
+			}
+			count, _, _ := strings.Cut(lines[0], " @ ")
+			c, _ := strconv.Atoi(count)
+			n += c
+			own = append(own, strings.Join(lines, "\n"))
+		}
+		return n, strings.Join(own, "\n\n")
 	}
 }
 
@@ -260,6 +300,9 @@ func (t *throttled) Read(p []byte) (int, error) {
 // gets it whole in a correct chunked framing; one that stops reading is
 // still dropped after about the bound.
 func TestSlowReaderGetsWholeReplay(t *testing.T) {
+	// Not parallel: it times the drop of a stopped reader against
+	// -slow-client-timeout, and a steady reader must not stall for that
+	// long; other tests' load would skew both.
 	const slow = 500 * time.Millisecond
 	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = slow
@@ -309,6 +352,9 @@ func TestSlowReaderGetsWholeReplay(t *testing.T) {
 // stops is dropped (before, fasthttp wrote it with no deadline at all, and
 // a client that stopped reading held its connection forever).
 func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
+	// Not parallel: it times the drop of a stopped reader against
+	// -slow-client-timeout, and a steady reader must not stall for that
+	// long; other tests' load would skew both.
 	const slow = 500 * time.Millisecond
 	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = slow

@@ -15,10 +15,12 @@ import (
 
 // TestDecisionTable walks every row of DESIGN.md's request decision.
 func TestDecisionTable(t *testing.T) {
-	e := newEnv(t, slowMock(10*time.Millisecond, 30))
+	t.Parallel()
+	fresh := func(t *testing.T) *env { return newEnv(t, slowMock(10*time.Millisecond, 30)) }
 
 	t.Run("miss then hit", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("hit")
 		first := e.fetch(req{key: key})
 		if first.status != 200 || first.replayed || first.aborted {
@@ -35,7 +37,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("join live", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("join")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
@@ -48,7 +51,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("live key, other request: 422", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("conflict-live")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
@@ -61,7 +65,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("committed key, other request: 422", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("conflict-done")
 		e.fetch(req{key: key})
 		for _, r := range []req{
@@ -78,7 +83,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("invalid key: 400", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		for _, key := range []string{strings.Repeat("k", 256), "has space", "tab\there", "é-accent"} {
 			got := e.fetch(req{key: key})
 			if got.status != 400 || got.errType != "invalid_idempotency_key" {
@@ -89,7 +95,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("aborted key is free: miss", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("aborted")
 		bad := e.fetch(req{key: key, header: map[string]string{"X-Mock-Fault": "eof-after=3"}})
 		if !bad.aborted {
@@ -104,7 +111,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("no key: relayed, never recorded", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		a := e.fetch(req{})
 		b := e.fetch(req{})
 		if a.lastData() != "[DONE]" || b.replayed {
@@ -122,6 +130,7 @@ func TestDecisionTable(t *testing.T) {
 // TestInflightConflict: with -inflight=conflict a duplicate of a live
 // request gets 409 with Retry-After, and no upstream call.
 func TestInflightConflict(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 30), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.Inflight = InflightConflict
 	})
@@ -140,6 +149,7 @@ func TestInflightConflict(t *testing.T) {
 // TestConcurrentDuplicates: 16 identical requests at once cause exactly
 // one upstream generation, and all 16 receive the same bytes.
 func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(2*time.Millisecond, 40))
 	key := newKey("dup16")
 	const n = 16
@@ -181,6 +191,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 // TestNonStreaming: a keyed 2xx JSON answer is stored and replayed, and a
 // concurrent duplicate waits for the first and gets the same answer.
 func TestNonStreaming(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 20))
 	key := newKey("json")
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
@@ -206,8 +217,10 @@ func TestNonStreaming(t *testing.T) {
 // TestMissingBody: when the body store no longer holds a committed body,
 // a duplicate regenerates (the default, counted) or gets 410 (policy).
 func TestMissingBody(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []cache.MissingBody{cache.Regenerate, cache.Refuse} {
 		t.Run(fmt.Sprint(policy), func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MissingBody = policy })
 			key := newKey("evicted")
 			e.fetch(req{key: key})
@@ -250,6 +263,7 @@ func TestMissingBody(t *testing.T) {
 // call; its committed keys still replay, and another credential's new
 // keys are served.
 func TestMaxKeysPerTenant(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxKeysPerTenant = 2 })
 	const full, other = "Bearer sk-full", "Bearer sk-other"
 	first := e.fetch(req{key: "a", auth: full})
@@ -297,8 +311,10 @@ func (downStore) Info(cache.Scope) (cache.KeyInfo, bool) { return cache.KeyInfo{
 // Retry-After, unkeyed ones are unaffected; with RelayWhenStoreDown keyed
 // requests are relayed unprotected instead.
 func TestStoreDown(t *testing.T) {
+	t.Parallel()
 	for _, relay := range []bool{false, true} {
 		t.Run(fmt.Sprintf("relay=%v", relay), func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 				pc.Store = downStore{}
 				pc.RelayWhenStoreDown = relay

@@ -13,6 +13,7 @@ import (
 // TestHeartbeat: an idle stream gets keep-alive comments, which are not
 // part of the recorded stream.
 func TestHeartbeat(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(120*time.Millisecond, 4), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.Heartbeat = 30 * time.Millisecond
 	})
@@ -35,6 +36,8 @@ func TestHeartbeat(t *testing.T) {
 // dropped after -slow-client-timeout, and neither the generation nor a
 // fast joiner waits for it.
 func TestSlowSubscriberDropped(t *testing.T) {
+	// Not parallel: it times the fast client of a 12 MB stream, which
+	// other tests' load would skew.
 	e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = time.Second
 	})

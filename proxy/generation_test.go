@@ -17,6 +17,7 @@ import (
 // the client stream_aborted; nothing is stored; the next request
 // regenerates and the one after it is a hit.
 func TestAborts(t *testing.T) {
+	t.Parallel()
 	cases := []struct{ name, fault, path, body string }{
 		{"reset mid-stream", "reset-after=5", "", ""},
 		{"EOF without end", "eof-after=5", "", ""},
@@ -27,12 +28,12 @@ func TestAborts(t *testing.T) {
 		{"responses error", "error-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
 		{"responses EOF", "eof-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
 	}
-	e := newEnv(t, slowMock(0, 20), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
-		pc.UpstreamIdleTimeout = 300 * time.Millisecond
-	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e.mock.ResetCalls()
+			t.Parallel()
+			e := newEnv(t, slowMock(0, 20), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				pc.UpstreamIdleTimeout = 300 * time.Millisecond
+			})
 			key := newKey("abort")
 			bad := e.fetch(req{key: key, path: c.path, body: c.body, header: map[string]string{"X-Mock-Fault": c.fault}})
 			if bad.status != 200 || !bad.aborted {
@@ -59,7 +60,7 @@ func TestAborts(t *testing.T) {
 // TestDialects: each dialect's clean stream through ssegate is committed
 // and replayed; requests that ask for usage are held to it.
 func TestDialects(t *testing.T) {
-	e := newEnv(t, slowMock(0, 12))
+	t.Parallel()
 	cases := []struct{ name, path, body, last string }{
 		{"openai chat", "/v1/chat/completions", chatBody, "[DONE]"},
 		{"openai chat with usage", "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, "[DONE]"},
@@ -69,7 +70,8 @@ func TestDialects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e.mock.ResetCalls()
+			t.Parallel()
+			e := newEnv(t, slowMock(0, 12))
 			key := newKey("dialect")
 			first := e.fetch(req{key: key, path: c.path, body: c.body})
 			if first.aborted || first.status != 200 {
@@ -92,6 +94,7 @@ func TestDialects(t *testing.T) {
 // TestStreamBound: a stream over the per-stream bound is aborted with a
 // message naming the bound, and nothing is stored.
 func TestStreamBound(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 200), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStreamBytes = 8 << 10 })
 	key := newKey("bound")
 	got := e.fetch(req{key: key})
@@ -104,6 +107,7 @@ func TestStreamBound(t *testing.T) {
 // TestUpstreamErrorNotStored: a 4xx answer is relayed as it was, not
 // stored, and the key is free.
 func TestUpstreamErrorNotStored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	key := newKey("4xx")
 	r := e.fetch(req{key: key, header: map[string]string{"X-Mock-Fault": "status=400"}})
@@ -121,6 +125,7 @@ func TestUpstreamErrorNotStored(t *testing.T) {
 // TestAbortWhileAwaitingHead: a generation cut short (shutdown) while its
 // call waits for the head ends, with no read of the answer it then drops.
 func TestAbortWhileAwaitingHead(t *testing.T) {
+	t.Parallel()
 	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
 		time.Sleep(400 * time.Millisecond)
 		okStream(w)
@@ -188,6 +193,7 @@ func sseAnswer(events string, end string) func(int64, http.ResponseWriter, *http
 // real providers send: complete without [DONE] when the framing is
 // intact, every choice of n, and nothing after the terminal event.
 func TestCleanEnd(t *testing.T) {
+	t.Parallel()
 	usageBody := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`
 	n2Body := `{"model":"m","stream":true,"n":2,"messages":[]}`
 	whole := chatChunk(0, "Hi", "") + chatChunk(0, "", "stop") + usageChunk
@@ -210,6 +216,7 @@ func TestCleanEnd(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, c.script)
 			e := retryEnv(t, []string{fs.url}, nil)
 			key := newKey("clean")
@@ -264,6 +271,7 @@ func stripIDs(raw []byte, aborted bool) string {
 // reading at it would take a half stream for a whole one. The client gets
 // stream_aborted in its place.
 func TestFalseEndNotRelayed(t *testing.T) {
+	t.Parallel()
 	cases := []struct{ name, body, events, want string }{
 		{"[DONE] with the finish_reason missing", chatBody, chatChunk(0, "Hi", "") + "data: [DONE]\n\n", chatChunk(0, "Hi", "")},
 		{"[DONE] with a choice of n missing", `{"model":"m","stream":true,"n":2,"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", chatChunk(0, "Hi", "stop")},
@@ -273,6 +281,7 @@ func TestFalseEndNotRelayed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, sseAnswer(c.events, "framed"))
 			e := retryEnv(t, []string{fs.url}, nil)
 			for _, key := range []string{newKey("false-end"), ""} {
@@ -293,6 +302,8 @@ func TestFalseEndNotRelayed(t *testing.T) {
 // (nor its -max-streams slot): the client has its whole answer, and the
 // next request is served.
 func TestDrainAfterEndIsBounded(t *testing.T) {
+	// Not parallel: it times each request's end after [DONE] against a
+	// second, which other tests' load would skew.
 	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n")
@@ -331,6 +342,7 @@ func TestDrainAfterEndIsBounded(t *testing.T) {
 // says. Otherwise the client gets 502, nothing is stored, and a repeat
 // is a new generation.
 func TestNonStreamingFraming(t *testing.T) {
+	t.Parallel()
 	half := plainJSON[:len(plainJSON)/2]
 	cases := []struct {
 		name   string
@@ -346,6 +358,7 @@ func TestNonStreamingFraming(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			u := newRawUpstream(t, answerRaw(c.raw))
 			e := retryEnv(t, []string{u.url}, nil)
 			key := newKey("framing")
@@ -379,6 +392,7 @@ func TestNonStreamingFraming(t *testing.T) {
 // TestStoredCompact: a committed stream is kept compressed: at most 0.35×
 // its raw SSE bytes, for the mock's stream and for a recorded real one.
 func TestStoredCompact(t *testing.T) {
+	t.Parallel()
 	recorded, err := os.ReadFile("../sse/testdata/openai-chat-text.sse")
 	if err != nil {
 		t.Fatal(err)
@@ -392,6 +406,7 @@ func TestStoredCompact(t *testing.T) {
 		upstream string
 	}{{"mock, 200 tokens", ""}, {"recorded OpenAI stream", fs.url}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			var e *env
 			if c.upstream == "" {
 				e = newEnv(t, slowMock(0, 200))

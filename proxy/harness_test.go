@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +27,20 @@ import (
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
+
+// TestMain runs up to 4×GOMAXPROCS parallel tests at once, unless
+// -parallel says how many: a test here mostly waits, on loopback sockets
+// and timers, so the default (GOMAXPROCS) leaves the CPUs idle. Tests that
+// time what they check are not parallel, and run alone.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if fuzz := flag.Lookup("test.fuzz"); !set && (fuzz == nil || fuzz.Value.String() == "") {
+		flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))) //nolint:errcheck // a valid number
+	}
+	os.Exit(m.Run())
+}
 
 // env is one test's world: a real mock LLM on loopback, a real ssegate
 // server on loopback in front of it, and an HTTP client.
@@ -86,14 +103,20 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true}}
 	t.Cleanup(func() {
-		// The server waits for keep-alive connections to idle a while
-		// before closing them; the test's own can go at once.
+		// A fasthttp server's shutdown looks for open connections every
+		// 100 ms: kept-alive ones closed first are gone by its first look.
+		// The test's own to the proxy, and the proxy's to the upstream
+		// (the mock is shut down next).
 		client.CloseIdleConnections()
+		closeUpstreamIdle(p)
 		p.Abort()
+		within(100*time.Millisecond, func() bool { return srv.GetOpenConnectionsCount() == 0 })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.ShutdownWithContext(ctx) //nolint:errcheck
 		p.Wait(ctx)                  //nolint:errcheck
+		// Those the generations just gave back.
+		closeUpstreamIdle(p)
 		store.Close()
 	})
 	return &env{
@@ -112,6 +135,14 @@ func slowMock(delay time.Duration, tokens int) envOption {
 // withConfig changes the proxy's config for one test.
 func withConfig(f func(*Config)) envOption {
 	return func(pc *Config, _ *cache.Config, _ *mockllm.Config) { f(pc) }
+}
+
+// closeUpstreamIdle closes p's idle connections to its upstreams.
+func closeUpstreamIdle(p *Proxy) {
+	for _, u := range p.ups {
+		u.stream.CloseIdleConnections()
+		u.whole.CloseIdleConnections()
+	}
 }
 
 type testWriter struct{ t *testing.T }
@@ -340,6 +371,30 @@ func within(d time.Duration, cond func() bool) bool {
 	}
 }
 
+// refusedAddr returns a loopback address that refuses connections until
+// release or the test's end. Its port is held by a socket that is bound
+// but does not listen, without SO_REUSEADDR, so that no listener of a
+// test running meanwhile can take it, as one could take a port closed
+// after net.Listen.
+func refusedAddr(t *testing.T) (addr string, release func()) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { syscall.Close(fd) }) }
+	t.Cleanup(release)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port), release
+}
+
 // keyedConn sends a keyed streaming request on a connection of its own
 // with a small receive buffer (dialSmallBuffer), with the extra header
 // lines hdr, and reads nothing.
@@ -432,14 +487,25 @@ func (fs *faultServer) set(script func(n int64, w http.ResponseWriter, r *http.R
 	fs.script.Store(script)
 }
 
+// retryEnv puts ssegate in front of upstreams, with backoffs of a few
+// milliseconds and head and attempt budgets of 5 s: far longer than any
+// answer here takes, however loaded the machine. A case that waits for a
+// budget to cut sets short ones (shortBudgets).
 func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
-	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}, HeadTimeout: 300 * time.Millisecond}
+	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 5 * time.Second}, HeadTimeout: 5 * time.Second}
 	if tune != nil {
 		tune(&pc)
 	}
 	pc.Upstreams = upstreams
 	e := newEnvUpstream(t, upstreams[0], nil, pc, cache.Config{})
 	return e
+}
+
+// shortBudgets bounds the head and each attempt to 300 ms, for a case
+// whose upstream does not answer in time.
+func shortBudgets(pc *Config) {
+	pc.HeadTimeout = 300 * time.Millisecond
+	pc.Retry.AttemptTimeout = 300 * time.Millisecond
 }
 
 const okEvents = 5

@@ -14,6 +14,7 @@ import (
 // TestMetrics: the scrape counts decisions, suppressed generations, the
 // tokens they saved, upstream attempts, relayed events and key states.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 10))
 	key := newKey("metrics")
 	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`
@@ -70,6 +71,7 @@ func TestMetrics(t *testing.T) {
 
 // TestMetricsAtWarn: decisions are counted whatever the log level.
 func TestMetricsAtWarn(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}))

@@ -24,7 +24,11 @@ import (
 // whole stream, byte for byte; one that stalls is dropped after
 // -slow-client-timeout, and neither the generation nor a joiner waits.
 func TestSlowOrigin(t *testing.T) {
+	// Not parallel: it times the joiner of a 12 MB stream. Its two cases
+	// run at once, each with a proxy of its own: the joiner's bound (8 s)
+	// is four times its time alone.
 	t.Run("behind, then catches up", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 			pc.SlowClientTimeout = 10 * time.Second
 		})
@@ -59,6 +63,7 @@ func TestSlowOrigin(t *testing.T) {
 		e.wantCalls(1)
 	})
 	t.Run("stalled: dropped, the generation goes on", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 			pc.SlowClientTimeout = time.Second
 		})
@@ -87,6 +92,7 @@ func TestSlowOrigin(t *testing.T) {
 // TestDisconnectDoesNotCancel: a client that drops after 3 events does not
 // stop the generation; a repeat is a hit with the full stream.
 func TestDisconnectDoesNotCancel(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(3*time.Millisecond, 60))
 	key := newKey("drop")
 	readPrefix(t, e.do(req{key: key}), 3)
@@ -105,6 +111,7 @@ func TestDisconnectDoesNotCancel(t *testing.T) {
 // passed three runs against that bug); TestHeadAndEndDuringTakeOver
 // forces that interleaving.
 func TestShortStreamsAreWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 1))
 	const workers, each = 4, 200
 	var wg sync.WaitGroup
@@ -143,6 +150,9 @@ func TestShortStreamsAreWhole(t *testing.T) {
 // the generation sets the head of a short stream and ends it; the client
 // still gets the whole stream, not an empty answer.
 func TestHeadAndEndDuringTakeOver(t *testing.T) {
+	// Not parallel: it sets testHookAdvance, which every proxy in the test
+	// binary calls (a hook of one proxy's own would take a change to
+	// origin.go).
 	var calls atomic.Int64
 	lookedAt := make(chan struct{}) // closed by the hook: the take-over looked at the flight
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -24,12 +24,16 @@ import (
 // through ssegate with an Idempotency-Key; a second identical call is
 // replayed without an upstream call.
 func TestOpenAISDK(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(time.Millisecond, 24))
 	client := openai.NewClient(
 		option.WithBaseURL(e.url+"/v1/"),
 		option.WithAPIKey("sk-test"),
 		option.WithHeader("Idempotency-Key", newKey("sdk")),
 		option.WithMaxRetries(0),
+		// The env's client, whose kept-alive connection the env closes at
+		// the end: the server's shutdown would wait for one it did not know.
+		option.WithHTTPClient(e.client),
 	)
 	params := openai.ChatCompletionNewParams{
 		Model:    "gpt-4o-mini",
@@ -70,6 +74,7 @@ func TestOpenAISDK(t *testing.T) {
 // webhook (same id, same body) relayed through ssegate is answered from
 // the store and reaches the upstream once.
 func TestWebhookRedelivery(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.KeyHeaders = []string{"webhook-id", "X-GitHub-Delivery"}
 	})
@@ -91,6 +96,7 @@ func TestWebhookRedelivery(t *testing.T) {
 
 // TestBodyTooLarge: a body over -max-body gets a JSON 413 and no upstream call.
 func TestBodyTooLarge(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.MaxBodyBytes = 1024 })
 	r := e.fetch(req{key: newKey("big"), body: `{"x":"` + strings.Repeat("a", 4096) + `"}`})
 	if r.status != 413 || r.errType != "request_too_large" {
@@ -102,6 +108,7 @@ func TestBodyTooLarge(t *testing.T) {
 // TestFingerprintWithoutCredential: the key query parameter (a
 // credential) is not part of the fingerprint; the rest of the query is.
 func TestFingerprintWithoutCredential(t *testing.T) {
+	t.Parallel()
 	fp := func(uri string) string {
 		var ctx fasthttp.RequestCtx
 		ctx.Request.Header.SetMethod(http.MethodPost)
@@ -126,6 +133,7 @@ func TestFingerprintWithoutCredential(t *testing.T) {
 // answered 400 with a fixed message; neither the answer nor any log line,
 // at debug level, carries a byte of the request's credential.
 func TestMalformedRequestHidesCredential(t *testing.T) {
+	t.Parallel()
 	const secret = "sk-secret-XYZ"
 	var logs gatetest.LogBuffer
 	e := newEnv(t, withConfig(func(c *Config) {

@@ -14,6 +14,7 @@ import (
 // or before (an immediate 400), and nothing is replayed: one upstream
 // call per request.
 func TestRelayWholeAnswers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 20))
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
 	for i := range 2 {
@@ -35,6 +36,7 @@ func TestRelayWholeAnswers(t *testing.T) {
 // its last chunk, or, relayed as it came, where the upstream closed), never
 // as a whole body behind a clean terminator.
 func TestUnkeyedCutBody(t *testing.T) {
+	t.Parallel()
 	half := plainJSON[:len(plainJSON)/2]
 	cases := []struct {
 		name    string
@@ -49,6 +51,7 @@ func TestUnkeyedCutBody(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			u := newRawUpstream(t, answerRaw(c.raw))
 			e := retryEnv(t, []string{u.url}, nil)
 			resp := e.do(req{body: `{"model":"gpt-4o-mini","messages":[]}`})

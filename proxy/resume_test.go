@@ -14,8 +14,10 @@ import (
 // and one by GET /streams/{key} each get exactly events 21..80, from the
 // live generation and from the committed one.
 func TestResume(t *testing.T) {
+	t.Parallel()
 	for _, live := range []bool{true, false} {
 		t.Run(fmt.Sprintf("live=%v", live), func(t *testing.T) {
+			t.Parallel()
 			// 78 tokens + role chunk + finish chunk = 80 data events, then [DONE].
 			e := newEnv(t, slowMock(3*time.Millisecond, 78))
 			key := newKey("resume")
@@ -61,6 +63,7 @@ func TestResume(t *testing.T) {
 // TestResumeErrors: malformed ids, ids of an aborted or older generation,
 // ids beyond the stream, unknown keys.
 func TestResumeErrors(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 10))
 	key := newKey("resume-err")
 	first := e.fetch(req{key: key})

@@ -54,6 +54,7 @@ func hang(_ int64, _ http.ResponseWriter, r *http.Request) {
 // counting upstream calls and checking the client's answer and the key's
 // state.
 func TestRetries(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		script   func(int64, http.ResponseWriter, *http.Request)
@@ -80,8 +81,13 @@ func TestRetries(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, c.script)
-			e := retryEnv(t, []string{fs.url}, nil)
+			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				if c.status == 504 {
+					shortBudgets(pc)
+				}
+			})
 			key := ""
 			if c.keyed {
 				key = newKey("retry")
@@ -115,9 +121,8 @@ func TestRetries(t *testing.T) {
 // TestConnectionRefused: nothing listens; every attempt is a connect
 // error, retried up to the bound, and the client gets 502.
 func TestConnectionRefused(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	t.Parallel()
+	addr, _ := refusedAddr(t)
 	e := retryEnv(t, []string{"http://" + addr}, nil)
 	key := newKey("refused")
 	got := e.fetch(req{key: key})
@@ -134,6 +139,7 @@ func TestConnectionRefused(t *testing.T) {
 // most 200 × 1.1 + the floor upstream calls with the budget, where without
 // it they cause 200 × attempts.
 func TestRetryBudget(t *testing.T) {
+	t.Parallel()
 	const requests, attempts, floor = 200, 3, 10
 	run := func(ratio float64, min int) int64 {
 		fs := newFaultServer(t, status(503))
@@ -201,6 +207,7 @@ func htmlPage(_ int64, w http.ResponseWriter, _ *http.Request) {
 // outcome is unknown. -retry-ambiguous, for an upstream that does
 // deduplicate, repeats it.
 func TestAmbiguousNotRetried(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		script  func(int64, http.ResponseWriter, *http.Request)
@@ -220,8 +227,12 @@ func TestAmbiguousNotRetried(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, c.script)
 			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				if c.errType == "upstream_timeout" {
+					shortBudgets(pc)
+				}
 				if c.dedupe {
 					pc.RetryAmbiguous = []string{fs.url}
 				}
@@ -253,6 +264,7 @@ func TestAmbiguousNotRetried(t *testing.T) {
 // of a call that may be running goes to the same upstream (the only one
 // that can tell it apart), never fails over to another.
 func TestAmbiguousRetryStaysOnItsUpstream(t *testing.T) {
+	t.Parallel()
 	first := newFaultServer(t, hangUp)
 	second := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
 	e := retryEnv(t, []string{first.url, second.url}, func(pc *Config) { pc.RetryAmbiguous = []string{"*"} })

@@ -18,6 +18,7 @@ import (
 // value is a hit; the same value under another name is another tenant.
 // A request without a credential neither sees nor learns of the key.
 func TestTenantCredentials(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(c *Config) { c.TenantHeaders = []string{"X-Org-Id"} }))
 	path := "/v1/chat/completions"
 	cases := []struct {
@@ -62,6 +63,7 @@ func TestTenantCredentials(t *testing.T) {
 // TestTenantIsolation: another credential with the same key and body
 // never sees, joins or resumes the first tenant's stream.
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 20))
 	key := newKey("tenant")
 	a := e.fetch(req{key: key, auth: "Bearer sk-tenant-a"})
@@ -91,7 +93,9 @@ func TestTenantIsolation(t *testing.T) {
 // credential_required under AnonymousDeny; unkeyed requests and requests
 // with a credential are served either way.
 func TestAnonymousKeys(t *testing.T) {
+	t.Parallel()
 	t.Run("allow", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t)
 		key := newKey("anon")
 		e.fetch(req{key: key})
@@ -103,6 +107,7 @@ func TestAnonymousKeys(t *testing.T) {
 		}
 	})
 	t.Run("deny", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, withConfig(func(c *Config) { c.AnonymousKeys = AnonymousDeny }))
 		key := newKey("anon")
 		for what, r := range map[string]req{
@@ -133,6 +138,7 @@ func TestAnonymousKeys(t *testing.T) {
 // same credential is the same tenant under the same secret, another
 // under another secret; a secret shorter than MinSecretBytes is refused.
 func TestTenantSecret(t *testing.T) {
+	t.Parallel()
 	tenantUnder := func(secret string) string {
 		p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte(secret)})
 		if err != nil {
@@ -164,6 +170,7 @@ func TestTenantSecret(t *testing.T) {
 // TestNoCredentialInLogs: a whole keyed exchange, miss, hit, resume and
 // lookups, with every kind of credential, logs none of them at debug level.
 func TestNoCredentialInLogs(t *testing.T) {
+	t.Parallel()
 	var logs gatetest.LogBuffer
 	e := newEnv(t, withConfig(func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

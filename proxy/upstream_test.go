@@ -74,6 +74,9 @@ func wantTimeoutLogged(t *testing.T, e *env, log *gatetest.LogBuffer, budget, fl
 // upstream_timeout (or, once a body was relayed, a connection closed
 // before the end), a log line and a count by budget.
 func TestTimeBudgets(t *testing.T) {
+	// Not parallel: it measures when each budget cuts, in windows that other
+	// tests' load would skew. Its cases run at once: each only waits on a
+	// silent upstream of its own.
 	const (
 		head    = 200 * time.Millisecond
 		idle    = 800 * time.Millisecond
@@ -127,6 +130,7 @@ func TestTimeBudgets(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			u := newRawUpstream(t, c.script)
 			var log gatetest.LogBuffer
 			e := budgetEnv(t, u, head, idle, attempt, &log)
@@ -168,6 +172,8 @@ func TestTimeBudgets(t *testing.T) {
 // aborted about one idle bound after its last byte: stream_aborted with
 // code upstream_idle_timeout, nothing stored, a log line and a count.
 func TestStreamSilenceAborted(t *testing.T) {
+	// Not parallel: it measures the silence before the abort against
+	// -upstream-idle-timeout.
 	const (
 		head    = 2 * time.Second
 		idle    = 300 * time.Millisecond
@@ -230,6 +236,9 @@ func TestStreamSilenceAborted(t *testing.T) {
 // (which would put a stream's head, or a non-streaming answer, under the
 // silence bound) nor go unbounded.
 func TestTimeBudgetsTLS(t *testing.T) {
+	// Not parallel: it measures when the budgets cut, in windows that other
+	// tests' load would skew. Its two cases run at once: each only waits on
+	// the server.
 	const (
 		head    = 200 * time.Millisecond
 		idle    = 800 * time.Millisecond
@@ -271,6 +280,7 @@ func TestTimeBudgetsTLS(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			// A session cache of its own: a full handshake, with its ticket.
 			tc := &tls.Config{RootCAs: roots, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 			pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle, UpstreamTLS: tc,
@@ -295,6 +305,7 @@ func TestTimeBudgetsTLS(t *testing.T) {
 // answer: its first write finds the close before sending a byte, and the
 // request goes out on a new connection; one upstream call per request.
 func TestStalePooledConnection(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -330,6 +341,7 @@ func TestStalePooledConnection(t *testing.T) {
 // connection it is read from, which is how a generation writes its client
 // before each read of the upstream's socket rather than before each event.
 func TestAnswerConn(t *testing.T) {
+	t.Parallel()
 	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
 	url, err := mock.Start("127.0.0.1:0")
 	if err != nil {
@@ -374,6 +386,7 @@ func TestAnswerConn(t *testing.T) {
 // TestAnswersWithoutBody: answers fasthttp gives no body stream for (to a
 // HEAD, a 204) are relayed, keyed or not, and the proxy serves on.
 func TestAnswersWithoutBody(t *testing.T) {
+	t.Parallel()
 	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	e := retryEnv(t, []string{fs.url}, nil)
 	if got := e.fetch(req{method: http.MethodHead, path: "/v1/models"}); got.status != http.StatusNoContent {
