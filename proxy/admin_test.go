@@ -2,83 +2,13 @@ package proxy
 
 import (
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
-
-// metricValue reads one sample from a Prometheus text scrape.
-func metricValue(t *testing.T, scrape, series string) float64 {
-	t.Helper()
-	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` ([0-9.e+-]+)$`)
-	m := re.FindStringSubmatch(scrape)
-	if m == nil {
-		t.Fatalf("series %s not in the scrape", series)
-	}
-	v, _ := strconv.ParseFloat(m[1], 64)
-	return v
-}
-
-// TestMetrics: the scrape counts decisions, suppressed generations, the
-// tokens they saved, upstream attempts, relayed events and key states.
-func TestMetrics(t *testing.T) {
-	e := newEnv(t, slowMock(2*time.Millisecond, 10))
-	key := newKey("metrics")
-	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`
-	first := e.do(req{key: key, body: body})
-	time.Sleep(5 * time.Millisecond)
-	joined := e.fetch(req{key: key, body: body}) // join
-	first.Body.Close()
-	e.waitState(key, "", "committed")
-	e.fetch(req{key: key, body: body})                             // hit
-	e.fetch(req{key: key, body: `{"other":1}`})                    // conflict
-	e.fetch(req{key: "bad key"})                                   // invalid
-	e.fetch(req{})                                                 // relay
-	e.fetch(req{key: key, body: body, lastEventID: joined.ids[3]}) // resume
-	e.wantCalls(2)
-
-	got := e.fetch(req{method: http.MethodGet, path: "/metrics"})
-	if got.status != 200 {
-		t.Fatalf("GET /metrics: got %d", got.status)
-	}
-	s := string(got.raw)
-	for series, want := range map[string]float64{
-		`ssegate_requests_total{decision="miss"}`:       1,
-		`ssegate_requests_total{decision="join"}`:       1,
-		`ssegate_requests_total{decision="hit"}`:        1,
-		`ssegate_requests_total{decision="resume"}`:     1,
-		`ssegate_requests_total{decision="conflict"}`:   1,
-		`ssegate_requests_total{decision="invalid"}`:    1,
-		`ssegate_requests_total{decision="relay"}`:      1,
-		`ssegate_duplicates_suppressed_total`:           3,
-		`ssegate_upstream_attempts_total{outcome="ok"}`: 2,
-		`ssegate_keys{state="committed"}`:               1,
-		`ssegate_commits_total`:                         1,
-		`ssegate_cache_skipped_total{reason="no_key"}`:  1,
-		// the join and the hit each saved the whole answer's 10 output tokens
-		`ssegate_tokens_saved_total{kind="output"}`: 20,
-	} {
-		if v := metricValue(t, s, series); v != want {
-			t.Errorf("%s: got %v; want %v", series, v, want)
-		}
-	}
-	if v := metricValue(t, s, "ssegate_events_relayed_total"); v < 2*13 {
-		t.Errorf("events relayed: got %v; want at least %d", v, 2*13)
-	}
-	if v := metricValue(t, s, "ssegate_proxy_first_event_added_seconds_count"); v < 2 {
-		t.Errorf("first-event histogram count: got %v; want at least 2", v)
-	}
-	for _, line := range strings.Split(s, "\n") {
-		if strings.Contains(line, key) {
-			t.Fatalf("a key leaked into a label: %s", line)
-		}
-	}
-}
 
 // TestHealth: /healthz always answers; /readyz answers 503 while draining.
 func TestHealth(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	if got := e.fetch(req{method: http.MethodGet, path: "/healthz"}); got.status != 200 {
 		t.Fatalf("healthz: got %d; want 200", got.status)

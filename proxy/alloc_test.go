@@ -16,6 +16,7 @@ import (
 // (a chunk frame and one writev that never waits) at zero allocations;
 // the race detector's instrumentation allocates, hence the build tag.
 func TestOfferAllocs(t *testing.T) {
+	// Not parallel: AllocsPerRun counts every allocation of the process.
 	c := drainedClient(t)
 	ev := sse.AppendEvent(nil, sse.ID{Gen: 1, Seq: 1}, "", `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`)
 	if got := testing.AllocsPerRun(1000, func() {
@@ -34,6 +35,7 @@ func TestOfferAllocs(t *testing.T) {
 // writePiece, which goes out in pieces with a deadline each, at zero
 // allocations.
 func TestWriteAllocs(t *testing.T) {
+	// Not parallel: AllocsPerRun counts every allocation of the process.
 	c := drainedClient(t)
 	c.p.cfg.SlowClientTimeout = 10 * time.Second
 	big := make([]byte, 5*writePiece+123)

@@ -85,8 +85,6 @@ func chatFor(model string) string {
 	return fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, model)
 }
 
-func clean(r result) bool { return r.status == 200 && r.lastData() == "[DONE]" }
-
 func (e *env) scrape() string {
 	e.t.Helper()
 	got := e.fetch(req{method: http.MethodGet, path: "/metrics"})
@@ -103,6 +101,9 @@ func (e *env) scrape() string {
 // once a second (not more than a few times), so from one second after the
 // recovery every request for it succeeds.
 func TestCircuitModelOutage(t *testing.T) {
+	// Not parallel: it holds the breaker to its schedule in real time
+	// (about a probe a second; every request served from 1.1 s after the
+	// recovery), which other tests' load would skew.
 	const outage = 6 * time.Second
 	start := time.Now()
 	recovered := start.Add(outage)
@@ -190,6 +191,7 @@ func TestCircuitModelOutage(t *testing.T) {
 // the other model keeps going to the first, and its successes there do
 // not reset the failing model's count.
 func TestCircuitFailoverPerModel(t *testing.T) {
+	t.Parallel()
 	primary := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
 		if model == "broken" {
 			unavailable(w)
@@ -232,6 +234,7 @@ func TestCircuitFailoverPerModel(t *testing.T) {
 // and keep none: every client gets the upstream's own answer, and the
 // next healthy request takes exactly one upstream call.
 func TestCircuit4xxNeverOpens(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.Retry.BreakerFailures = 2
 		pc.Retry.Attempts = 1 // the storm, not the retries: one call per request
@@ -276,6 +279,7 @@ func TestCircuit4xxNeverOpens(t *testing.T) {
 // (long names as bounded keys), and a healthy model on the same upstream
 // is served throughout.
 func TestCircuitModelBound(t *testing.T) {
+	t.Parallel()
 	const bound, names = 16, 300
 	ms := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
 		if model == "healthy" {
@@ -332,18 +336,19 @@ func TestCircuitModelBound(t *testing.T) {
 	b.mu.Unlock()
 }
 
-// TestCircuitHungProbe: a probe whose answer is slow (its head comes after
-// 2 s) does not hold an open circuit: the next wait ends, another probe
-// finds the model serving and closes the circuit while the first is still
-// out.
+// TestCircuitHungProbe: a probe whose answer is slow (its head comes only
+// once the test has seen the next request served) does not hold an open
+// circuit: the next wait ends, another probe finds the model serving and
+// closes the circuit while the first is still out.
 func TestCircuitHungProbe(t *testing.T) {
-	const slow = 2 * time.Second
+	t.Parallel()
+	release := make(chan struct{}) // closed: the slow probe's answer goes
 	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
 		switch {
 		case n <= 2:
 			unavailable(w)
 		case n == 3:
-			time.Sleep(slow)
+			<-release
 			okStream(w)
 		default:
 			okStream(w)
@@ -355,32 +360,53 @@ func TestCircuitHungProbe(t *testing.T) {
 		pc.Retry.AttemptTimeout = 5 * time.Second
 		pc.HeadTimeout = 5 * time.Second
 	})
+	var once sync.Once
+	answerProbe := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(answerProbe) // first, should the test end before it
+	b := e.proxy.ups[0].breaker
 	for range 2 {
 		if got := e.fetch(req{key: newKey("open")}); got.status != 503 {
 			t.Fatalf("got %d; want the upstream's 503", got.status)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // past the first wait (250ms)
+	if b.modelState("gpt-4o-mini") != circuitOpen {
+		t.Fatalf("circuit: got %v; want open after 2 failures", b.modelState("gpt-4o-mini"))
+	}
+	waitFor(t, func() bool { return admitsNow(b, "gpt-4o-mini") }) // the first wait (250ms) is over
 	probe := make(chan result, 1)
 	go func() { probe <- e.fetch(req{key: newKey("probe")}) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for ms.total() < 3 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return ms.total() == 3 })
 	sent := time.Now()
-	time.Sleep(300 * time.Millisecond) // past the wait after that probe (250ms)
+	waitFor(t, func() bool { return admitsNow(b, "gpt-4o-mini") }) // the wait after that probe (250ms) is over
 	if got := e.fetch(req{key: newKey("next")}); !clean(got) {
 		t.Fatalf("%v after the slow probe went: got %d %s; want a clean stream", time.Since(sent).Round(time.Millisecond), got.status, got.errType)
 	}
 	select {
-	case <-probe:
-		t.Fatalf("the slow probe ended within %v; want it still out", time.Since(sent))
+	case got := <-probe:
+		t.Fatalf("the slow probe ended (%d %s) before its upstream answered", got.status, got.errType)
 	default:
 	}
+	if got := b.modelState("gpt-4o-mini"); got != circuitClosed {
+		t.Fatalf("circuit with the slow probe out: got %v; want closed", got)
+	}
+	answerProbe()
 	if got := <-probe; !clean(got) {
 		t.Fatalf("slow probe: got %d %s; want a clean stream", got.status, got.errType)
 	}
 	wantCount(t, "upstream calls", ms.total(), 4)
+}
+
+// admitsNow reports whether b lets a call for model through now: its
+// circuits are closed, or open with their wait over.
+func admitsNow(b *breaker, model string) bool {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.host.admits(now, b.cfg.BreakerProbes) {
+		return false
+	}
+	el := b.models[modelKey(model)]
+	return el == nil || el.Value.(*modelCircuit).admits(now, b.cfg.BreakerProbes)
 }
 
 // TestCircuitHostConnectErrors: connect failures are the host's, whatever
@@ -388,12 +414,9 @@ func TestCircuitHungProbe(t *testing.T) {
 // models never seen fail over without dialing. When the host listens
 // again, requests go back to it within a second.
 func TestCircuitHostConnectErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: connection refused
+	// Not parallel: it holds the recovery to within a second of the host
+	// listening again, which other tests' load would skew.
+	addr, release := refusedAddr(t)
 	secondary := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { okStream(w) })
 	e := retryEnv(t, []string{"http://" + addr, secondary.url}, func(pc *Config) {
 		pc.Retry.BreakerFailures = 3
@@ -420,7 +443,8 @@ func TestCircuitHostConnectErrors(t *testing.T) {
 		get("model-again")
 		time.Sleep(20 * time.Millisecond)
 	}
-	ln, err = net.Listen("tcp", addr)
+	release()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Skipf("the primary's port was taken meanwhile: %v", err)
 	}
@@ -436,12 +460,60 @@ func TestCircuitHostConnectErrors(t *testing.T) {
 	}
 }
 
+// TestBreakerFailover: a failing primary's circuit opens after
+// BreakerFailures consecutive failures and requests go to the secondary;
+// after BreakerOpen a probe finds the primary healthy and closes it.
+func TestBreakerFailover(t *testing.T) {
+	// Not parallel: the five requests while the circuit is open must all go
+	// within its 400 ms, which other tests' load could stretch.
+	primary := newFaultServer(t, status(503))
+	secondary := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
+		pc.Retry.BreakerFailures = 3
+		pc.Retry.BreakerOpen = 400 * time.Millisecond
+		pc.Retry.BreakerOpenMax = 400 * time.Millisecond
+		pc.Retry.Attempts = 2
+	})
+	get := func() {
+		t.Helper()
+		got := e.fetch(req{key: newKey("breaker")})
+		if got.status != 200 || got.lastData() != "[DONE]" {
+			t.Fatalf("got %d %q; want a clean stream", got.status, got.lastData())
+		}
+	}
+	// Closed: each request tries the primary, then fails over.
+	for range 3 {
+		get()
+	}
+	wantCount(t, "primary calls while closed", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while closed", secondary.calls.Load(), 3)
+	// Open: the primary is skipped.
+	for range 5 {
+		get()
+	}
+	wantCount(t, "primary calls while open", primary.calls.Load(), 3)
+	wantCount(t, "secondary calls while open", secondary.calls.Load(), 8)
+	// Half-open after the open time: the primary recovered; one probe
+	// closes the circuit and traffic returns to it.
+	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	waitFor(t, func() bool { return admitsNow(e.proxy.ups[0].breaker, "gpt-4o-mini") })
+	for range 4 {
+		get()
+	}
+	wantCount(t, "primary calls after recovery", primary.calls.Load(), 7)
+	wantCount(t, "secondary calls after recovery", secondary.calls.Load(), 8)
+	if got := e.proxy.ups[0].breaker.modelState("gpt-4o-mini"); got != circuitClosed {
+		t.Fatalf("primary circuit: got %v; want closed", got)
+	}
+}
+
 // TestCircuitBackoffSchedule follows one model circuit in fake time: it
 // opens at the BreakerFailures-th failure, lets one probe through after
 // 250ms, then after 500ms and 1s counted from each failed probe's send,
 // never more often than that, and closes at the first success; other
 // models and the host are never turned away.
 func TestCircuitBackoffSchedule(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		cfg := RetryConfig{BreakerFailures: 3}
 		cfg.setDefaults()

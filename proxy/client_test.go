@@ -3,11 +3,13 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
+	"runtime/pprof"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,390 +17,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
-	"github.com/ssegate/ssegate/sse"
 )
-
-// readPrefix reads raw lines until n events (ids) were seen, then closes.
-func readPrefix(t *testing.T, resp *http.Response, n int) (lastID string) {
-	t.Helper()
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	seen := 0
-	for seen < n {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("after %d events: %v", seen, err)
-		}
-		if id, ok := strings.CutPrefix(line, "id: "); ok {
-			lastID = strings.TrimSpace(id)
-			seen++
-		}
-	}
-	return lastID
-}
-
-// TestResume: a client reads 20 of 80 events and drops; a resume by POST
-// and one by GET /streams/{key} each get exactly events 21..80, from the
-// live generation and from the committed one.
-func TestResume(t *testing.T) {
-	for _, live := range []bool{true, false} {
-		t.Run(fmt.Sprintf("live=%v", live), func(t *testing.T) {
-			// 78 tokens + role chunk + finish chunk = 80 data events, then [DONE].
-			e := newEnv(t, slowMock(3*time.Millisecond, 78))
-			key := newKey("resume")
-			full := e.fetch(req{key: newKey("reference")})
-			total := len(full.events)
-			if total < 80 {
-				t.Fatalf("reference stream has %d events; want at least 80", total)
-			}
-			last := readPrefix(t, e.do(req{key: key}), 20)
-			id, err := sse.ParseID(last)
-			if err != nil || id.Seq != 20 {
-				t.Fatalf("20th id %q: got seq %d err %v; want 20", last, id.Seq, err)
-			}
-			if !live {
-				e.waitState(key, "", cache.StateCommitted)
-			}
-			for _, r := range []req{
-				{key: key, lastEventID: last},
-				{method: http.MethodGet, path: "/streams/" + key, lastEventID: last},
-			} {
-				got := e.fetch(r)
-				if got.status != 200 || !got.replayed {
-					t.Fatalf("%s resume: got %d replayed %v; want 200 true", r.method, got.status, got.replayed)
-				}
-				if len(got.events) != total-20 {
-					t.Fatalf("%s resume: got %d events; want %d", r.method, len(got.events), total-20)
-				}
-				for i, s := range got.ids {
-					want := sse.ID{Gen: id.Gen, Seq: uint64(21 + i)}.String()
-					if s != want {
-						t.Fatalf("%s resume: event %d has id %q; want %q", r.method, i, s, want)
-					}
-					if got.events[i] != full.events[20+i] {
-						t.Fatalf("%s resume: event %d differs from the reference", r.method, i)
-					}
-				}
-			}
-			e.wantCalls(2) // the reference and the resumed key
-		})
-	}
-}
-
-// TestResumeErrors: malformed ids, ids of an aborted or older generation,
-// ids beyond the stream, unknown keys.
-func TestResumeErrors(t *testing.T) {
-	e := newEnv(t, slowMock(0, 10))
-	key := newKey("resume-err")
-	first := e.fetch(req{key: key})
-	e.waitState(key, "", cache.StateCommitted)
-	gen, _ := sse.ParseID(first.ids[0])
-
-	aborted := newKey("resume-aborted")
-	bad := e.fetch(req{key: aborted, header: map[string]string{"X-Mock-Fault": "eof-after=4"}})
-	e.waitState(aborted, "", cache.StateFailedRetryable)
-
-	cases := []struct {
-		name   string
-		r      req
-		status int
-		typ    string
-	}{
-		{"malformed id", req{key: key, lastEventID: "not-an-id"}, 400, "invalid_last_event_id"},
-		{"malformed id GET", req{method: http.MethodGet, path: "/streams/" + key, lastEventID: "12"}, 400, "invalid_last_event_id"},
-		{"beyond the stream", req{key: key, lastEventID: sse.ID{Gen: gen.Gen, Seq: 999}.String()}, 400, "invalid_last_event_id"},
-		{"older generation", req{key: key, lastEventID: sse.ID{Gen: gen.Gen - 1, Seq: 1}.String()}, 410, "stream_gone"},
-		{"aborted generation", req{key: aborted, lastEventID: bad.ids[2]}, 410, "stream_gone"},
-		{"aborted generation GET", req{method: http.MethodGet, path: "/streams/" + aborted, lastEventID: bad.ids[2]}, 410, "stream_gone"},
-		{"unknown key GET", req{method: http.MethodGet, path: "/streams/nope"}, 404, "stream_not_found"},
-		{"unknown key POST", req{key: "nope", lastEventID: first.ids[0]}, 410, "stream_gone"},
-		{"other request POST", req{key: key, lastEventID: first.ids[0], body: `{"other":true}`}, 422, "idempotency_conflict"},
-	}
-	before := e.calls()
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			got := e.fetch(c.r)
-			if got.status != c.status || got.errType != c.typ {
-				t.Fatalf("got %d %q; want %d %q", got.status, got.errType, c.status, c.typ)
-			}
-		})
-	}
-	e.wantCalls(before)
-
-	// Resuming from the last event of a finished stream: 204, so an
-	// EventSource stops reconnecting.
-	end := e.fetch(req{method: http.MethodGet, path: "/streams/" + key, lastEventID: first.ids[len(first.ids)-1]})
-	if end.status != 204 {
-		t.Fatalf("resume at the end: got %d; want 204", end.status)
-	}
-
-	// A path-escaped key reaches the same stream.
-	odd := "a/b?c"
-	e.fetch(req{key: odd})
-	e.waitState(odd, "", cache.StateCommitted)
-	got := e.fetch(req{method: http.MethodGet, path: "/streams/a%2Fb%3Fc"})
-	if got.status != 200 || got.lastData() != "[DONE]" {
-		t.Fatalf("escaped key: got %d last %q; want 200 [DONE]", got.status, got.lastData())
-	}
-}
-
-// TestDisconnectDoesNotCancel: a client that drops after 3 events does not
-// stop the generation; a repeat is a hit with the full stream.
-func TestDisconnectDoesNotCancel(t *testing.T) {
-	e := newEnv(t, slowMock(3*time.Millisecond, 60))
-	key := newKey("drop")
-	readPrefix(t, e.do(req{key: key}), 3)
-	e.waitState(key, "", cache.StateCommitted)
-	got := e.fetch(req{key: key})
-	if !got.replayed || got.lastData() != "[DONE]" || len(got.events) != 63 {
-		t.Fatalf("repeat: replayed %v last %q events %d; want true [DONE] 63", got.replayed, got.lastData(), len(got.events))
-	}
-	e.wantCalls(1)
-}
-
-// TestAborts: an upstream that fails mid-stream or ends uncleanly gives
-// the client stream_aborted; nothing is stored; the next request
-// regenerates and the one after it is a hit.
-func TestAborts(t *testing.T) {
-	cases := []struct{ name, fault, path, body string }{
-		{"reset mid-stream", "reset-after=5", "", ""},
-		{"EOF without end", "eof-after=5", "", ""},
-		{"[DONE] after error", "error-after=5", "", ""},
-		{"hang past idle timeout", "hang-after=3", "", ""},
-		{"anthropic error event", "error-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`},
-		{"anthropic EOF", "eof-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`},
-		{"responses error", "error-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
-		{"responses EOF", "eof-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
-	}
-	e := newEnv(t, slowMock(0, 20), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
-		pc.UpstreamIdleTimeout = 300 * time.Millisecond
-	})
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e.mock.ResetCalls()
-			key := newKey("abort")
-			bad := e.fetch(req{key: key, path: c.path, body: c.body, header: map[string]string{"X-Mock-Fault": c.fault}})
-			if bad.status != 200 || !bad.aborted {
-				t.Fatalf("got status %d, %d events, aborted %v, last %q; want 200 ending in stream_aborted", bad.status, len(bad.events), bad.aborted, bad.lastData())
-			}
-			ki := e.waitState(key, "", cache.StateFailedRetryable)
-			if ki.BodyStored {
-				t.Fatalf("an aborted stream was stored")
-			}
-			fresh := e.fetch(req{key: key, path: c.path, body: c.body})
-			if fresh.replayed || fresh.aborted || fresh.status != 200 {
-				t.Fatalf("next: got status %d replayed %v aborted %v; want a fresh clean stream", fresh.status, fresh.replayed, fresh.aborted)
-			}
-			e.waitState(key, "", cache.StateCommitted)
-			hit := e.fetch(req{key: key, path: c.path, body: c.body})
-			if !hit.replayed || string(eventBytes(hit.raw)) != string(eventBytes(fresh.raw)) {
-				t.Fatalf("third: replayed %v, same as second %v; want a replay of the second", hit.replayed, string(hit.raw) == string(fresh.raw))
-			}
-			e.wantCalls(2)
-		})
-	}
-}
-
-// TestDialects: each dialect's clean stream through ssegate is committed
-// and replayed; requests that ask for usage are held to it.
-func TestDialects(t *testing.T) {
-	e := newEnv(t, slowMock(0, 12))
-	cases := []struct{ name, path, body, last string }{
-		{"openai chat", "/v1/chat/completions", chatBody, "[DONE]"},
-		{"openai chat with usage", "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, "[DONE]"},
-		{"openai chat length", "/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":3,"messages":[]}`, "[DONE]"},
-		{"openai responses", "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`, "response.completed"},
-		{"anthropic", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[]}`, "message_stop"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e.mock.ResetCalls()
-			key := newKey("dialect")
-			first := e.fetch(req{key: key, path: c.path, body: c.body})
-			if first.aborted || first.status != 200 {
-				t.Fatalf("got %d aborted %v (%q); want a clean stream", first.status, first.aborted, first.lastData())
-			}
-			last := first.events[len(first.events)-1]
-			if last.Data != c.last && last.Type != c.last {
-				t.Fatalf("last event %q/%q; want %q", last.Type, last.Data, c.last)
-			}
-			e.waitState(key, "", cache.StateCommitted)
-			second := e.fetch(req{key: key, path: c.path, body: c.body})
-			if !second.replayed || string(second.raw) != string(first.raw) {
-				t.Fatalf("replay differs or not flagged")
-			}
-			e.wantCalls(1)
-		})
-	}
-}
-
-// TestSlowSubscriberDropped: a joiner whose connection accepts nothing is
-// dropped after -slow-client-timeout, and neither the generation nor a
-// fast joiner waits for it.
-func TestSlowSubscriberDropped(t *testing.T) {
-	e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
-		pc.SlowClientTimeout = time.Second
-	})
-	key := newKey("slow")
-	hdr := map[string]string{"X-Mock-Chunk-Bytes": "8000"} // ~12 MB in all: more than socket buffers hold
-	start := time.Now()
-	fast := e.do(req{key: key, header: hdr})
-	// The slow client: a raw connection with a small receive buffer that
-	// sends the same request and then reads nothing.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4096)
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nX-Mock-Chunk-Bytes: 8000\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
-
-	body, err := io.ReadAll(fast.Body)
-	fast.Body.Close()
-	took := time.Since(start)
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs, _ := parseEvents(body)
-	if n := len(evs); n != 1503 || evs[n-1].Data != "[DONE]" {
-		t.Fatalf("fast client: got %d events; want 1503 ending [DONE]", n)
-	}
-	// 1,500 events at 1 ms: the fast client must not have waited for the
-	// slow one's 1 s stalls, let alone its whole stream.
-	if took > 8*time.Second {
-		t.Fatalf("fast client took %v", took)
-	}
-	e.waitState(key, "", cache.StateCommitted)
-	// The slow client now reads what it was sent: a prefix, then the end
-	// of the connection, without the stream's end.
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	slowRaw, _ := io.ReadAll(conn)
-	if strings.Contains(string(slowRaw), "data: [DONE]") {
-		t.Fatalf("slow client received the whole stream (%d bytes); want it dropped", len(slowRaw))
-	}
-	if !strings.Contains(string(slowRaw), "200 OK") {
-		t.Fatalf("slow client got no answer head")
-	}
-	e.wantCalls(1)
-}
-
-// TestHeartbeat: an idle stream gets keep-alive comments, which are not
-// part of the recorded stream.
-func TestHeartbeat(t *testing.T) {
-	e := newEnv(t, slowMock(120*time.Millisecond, 4), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
-		pc.Heartbeat = 30 * time.Millisecond
-	})
-	key := newKey("hb")
-	first := e.fetch(req{key: key})
-	if !strings.Contains(string(first.raw), ": ping\n\n") {
-		t.Fatalf("no keep-alive comment in a stream with 120 ms gaps and a 30 ms heartbeat")
-	}
-	e.waitState(key, "", cache.StateCommitted)
-	replay := e.fetch(req{key: key})
-	if strings.Contains(string(replay.raw), ": ping") {
-		t.Fatalf("keep-alive comments were recorded")
-	}
-	if string(eventBytes(first.raw)) != string(replay.raw) {
-		t.Fatalf("replay differs from the original's events")
-	}
-}
-
-// TestMissingBody: when the body store no longer holds a committed body,
-// a duplicate regenerates (the default, counted) or gets 410 (policy).
-func TestMissingBody(t *testing.T) {
-	for _, policy := range []cache.MissingBody{cache.Regenerate, cache.Refuse} {
-		t.Run(fmt.Sprint(policy), func(t *testing.T) {
-			e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MissingBody = policy })
-			key := newKey("evicted")
-			e.fetch(req{key: key})
-			e.waitState(key, "", cache.StateCommitted)
-			e.store.DropBody(cache.Scope{Tenant: "anonymous", Key: key})
-			got := e.fetch(req{key: key})
-			if policy == cache.Regenerate {
-				if got.status != 200 || got.replayed || got.lastData() != "[DONE]" {
-					t.Fatalf("got %d replayed %v; want a fresh generation", got.status, got.replayed)
-				}
-				e.wantCalls(2)
-			} else {
-				if got.status != 410 || got.errType != "stream_gone" {
-					t.Fatalf("got %d %q; want 410 stream_gone", got.status, got.errType)
-				}
-				e.wantCalls(1)
-			}
-			if s := e.store.Stats(); s.BodyMissing != 1 {
-				t.Fatalf("BodyMissing: got %d; want 1", s.BodyMissing)
-			}
-		})
-	}
-	// A body the store refused outright (larger than the whole store).
-	e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStoreBytes = 100 }) // less than one compressed body
-	key := newKey("refused")
-	e.fetch(req{key: key})
-	ki := e.waitState(key, "", cache.StateCommitted)
-	if ki.BodyStored {
-		t.Fatalf("a body larger than the store is reported stored")
-	}
-	again := e.fetch(req{key: key})
-	if again.replayed || again.status != 200 {
-		t.Fatalf("got %d replayed %v; want a fresh generation", again.status, again.replayed)
-	}
-	e.wantCalls(2)
-}
-
-// TestStreamBound: a stream over the per-stream bound is aborted with a
-// message naming the bound, and nothing is stored.
-func TestStreamBound(t *testing.T) {
-	e := newEnv(t, slowMock(0, 200), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStreamBytes = 8 << 10 })
-	key := newKey("bound")
-	got := e.fetch(req{key: key})
-	if !got.aborted || !strings.Contains(got.lastData(), "max_stream_bytes") {
-		t.Fatalf("got aborted %v last %q; want stream_aborted naming max_stream_bytes", got.aborted, got.lastData())
-	}
-	e.waitState(key, "", cache.StateFailedRetryable)
-}
-
-// TestStoredCompact: a committed stream is kept compressed: at most 0.35×
-// its raw SSE bytes, for the mock's stream and for a recorded real one.
-func TestStoredCompact(t *testing.T) {
-	recorded, err := os.ReadFile("../sse/testdata/openai-chat-text.sse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Write(recorded)
-	})
-	for _, c := range []struct {
-		name     string
-		upstream string
-	}{{"mock, 200 tokens", ""}, {"recorded OpenAI stream", fs.url}} {
-		t.Run(c.name, func(t *testing.T) {
-			var e *env
-			if c.upstream == "" {
-				e = newEnv(t, slowMock(0, 200))
-			} else {
-				e = newEnvUpstream(t, c.upstream, nil, Config{}, cache.Config{})
-			}
-			key := newKey("compact")
-			got := e.fetch(req{key: key})
-			ki := e.waitState(key, "", cache.StateCommitted)
-			stored := e.store.Stats().StoredBytes
-			ratio := float64(stored) / float64(len(got.raw))
-			t.Logf("raw %d bytes, stored %d bytes: %.3f×", len(got.raw), stored, ratio)
-			if !ki.BodyStored || ratio > 0.35 {
-				t.Fatalf("stored %d of %d raw bytes (%.3f×); want at most 0.35×", stored, len(got.raw), ratio)
-			}
-			if again := e.fetch(req{key: key}); !again.replayed || string(again.raw) != string(got.raw) {
-				t.Fatalf("the replay of the compressed body differs from the original")
-			}
-		})
-	}
-}
 
 // TestKeepAliveAfterStream: after a complete streamed answer the client's
 // connection serves its next request, also when the client sent that
 // request before reading the answer (pipelining), and after many streams.
 func TestKeepAliveAfterStream(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 3))
 	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 	if err != nil {
@@ -434,6 +59,218 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	e.wantCalls(52)
 }
 
+// TestKeepAliveAfterSlowBound: a connection handed back after a
+// taken-over answer keeps no write deadline: a later answer on it, which
+// fasthttp writes itself past -slow-client-timeout, arrives.
+func TestKeepAliveAfterSlowBound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.SlowClientTimeout = 300 * time.Millisecond })
+	key := newKey("ka")
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	e.fetch(req{key: key, body: body})
+	e.waitState(key, "", cache.StateCommitted)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	send := func(key string) *http.Response {
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("key %.10s: %v", key, err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		return resp
+	}
+	if resp := send(key); resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("repeat not replayed")
+	}
+	// Nothing to wait for but time: past -slow-client-timeout, a write
+	// deadline the answer left on the connection has passed.
+	time.Sleep(800 * time.Millisecond)
+	if resp := send(strings.Repeat("x", 300)); resp.StatusCode != http.StatusBadRequest { // fasthttp writes the 400
+		t.Fatalf("got %d; want 400", resp.StatusCode)
+	}
+}
+
+// http10 sends one HTTP/1.0 request on a connection of its own and reads
+// the answer to the connection's end.
+func http10(t *testing.T, addr, key string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	keyHdr := ""
+	if key != "" {
+		keyHdr = "Idempotency-Key: " + key + "\r\n"
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(chatBody), chatBody)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a fresh conn
+	raw, err := io.ReadAll(c)                           // the answer ends where the connection closes
+	if err != nil {
+		t.Fatalf("reading to the connection's end: %v", err)
+	}
+	head, body, _ := strings.Cut(string(raw), "\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(head+"\r\n\r\n")), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+// TestHTTP10Client: an HTTP/1.0 client gets its stream close-delimited,
+// not chunked, and the connection closes at the stream's end: without a
+// key, with one, and as a replay.
+func TestHTTP10Client(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	addr := strings.TrimPrefix(e.url, "http://")
+	key := newKey("http10")
+	for _, c := range []struct{ name, key string }{{"unkeyed", ""}, {"keyed", key}, {"replay", key}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name == "replay" {
+				e.waitState(key, "", cache.StateCommitted)
+			}
+			resp, body := http10(t, addr, c.key)
+			if resp.StatusCode != 200 || len(resp.TransferEncoding) != 0 {
+				t.Fatalf("got %d, Transfer-Encoding %v; want 200 and none", resp.StatusCode, resp.TransferEncoding)
+			}
+			if !strings.HasPrefix(body, "data: ") && !strings.HasPrefix(body, "id: ") {
+				t.Fatalf("body starts %q; want events, not a chunk size", body[:min(20, len(body))])
+			}
+			evs, _ := parseEvents([]byte(body))
+			if n := len(evs); n != 19 || evs[n-1].Data != "[DONE]" {
+				t.Fatalf("got %d events ending %q; want 19 ending [DONE]", n, evs[max(n-1, 0)].Data)
+			}
+			if c.name == "replay" && resp.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay not marked Idempotent-Replayed")
+			}
+		})
+	}
+	e.wantCalls(2)
+}
+
+// rawStream sends a streaming chat request on a connection of its own
+// (with a small receive buffer, so that a client that stops reading is
+// felt at once) and reads until n events arrived.
+func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
+	t.Helper()
+	conn := dialSmallBuffer(t, addr, 4096)
+	keyHdr := ""
+	if key != "" {
+		keyHdr = "Idempotency-Key: " + key + "\r\n"
+	}
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sX-Mock-Tokens: %d\r\nX-Mock-Chunk-Bytes: 8000\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		keyHdr, tokens, len(chatBody), chatBody)
+	br := bufio.NewReader(conn)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	for seen := 0; seen < n; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d events: %v", seen, err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			seen++
+		}
+	}
+	return conn
+}
+
+// TestClientLeavesMidStream: a client that closes, resets or stops reading
+// mid-stream never wedges the generation. Without a key the upstream call
+// ends within a second (its connection closed: the mock stops writing);
+// with one, the generation reads on and commits. Either way the slot of
+// -max-streams (ssegate_live_generations) comes back, and no goroutine is
+// left behind.
+func TestClientLeavesMidStream(t *testing.T) {
+	// Not parallel: it holds the end of the upstream call to about a
+	// second after the client left, which other tests' load would skew.
+	// Its cases run at once, each with a proxy of its own (and counting
+	// the goroutines of its own).
+	for _, keyed := range []bool{false, true} {
+		for _, how := range []string{"close", "reset", "stop-reading"} {
+			t.Run(fmt.Sprintf("keyed=%v/%s", keyed, how), func(t *testing.T) {
+				t.Parallel()
+				goroutines := ownGoroutines(t) // before newEnv: the servers' goroutines are the test's
+				e := newEnv(t, slowMock(2*time.Millisecond, 16), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+					pc.SlowClientTimeout = 300 * time.Millisecond
+				})
+				addr := strings.TrimPrefix(e.url, "http://")
+				// A first stream starts what lives as long as the server
+				// (its worker pool's cleaner, the upstream pool's).
+				rawStream(t, addr, "", 3, 4).Close()
+				within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
+				before, _ := goroutines()
+				key, tokens := "", 5000 // 10 s of stream, 40 MB: far more than socket buffers
+				if keyed {
+					key, tokens = newKey("leave"), 600
+				}
+				conn := rawStream(t, addr, key, tokens, 5)
+				left := time.Now()
+				switch how {
+				case "close":
+					conn.Close()
+				case "reset":
+					conn.SetLinger(0) //nolint:errcheck
+					conn.Close()
+				case "stop-reading":
+					defer conn.Close()
+				}
+				if keyed {
+					e.waitState(key, "", cache.StateCommitted)
+				} else if !within(2*time.Second+e.proxy.cfg.SlowClientTimeout, func() bool { return e.mock.Active() == 0 }) {
+					t.Fatalf("upstream stream still written %v after the client left; want it ended", time.Since(left))
+				}
+				if !within(time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+					t.Fatalf("live generations: got %d a second after the stream ended; want 0", e.proxy.streams.Load())
+				}
+				conn.Close()
+				if !within(5*time.Second, func() bool { n, _ := goroutines(); return n <= before+2 }) {
+					n, stacks := goroutines()
+					t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s", n, before+2, stacks)
+				}
+				e.wantCalls(2) // the first stream's and this one's
+			})
+		}
+	}
+}
+
+// ownGoroutines labels the calling goroutine with the test's name, and so
+// every goroutine started from it from now on, and theirs. It returns a
+// count of the goroutines alive with that label, the test's own whatever
+// other tests run meanwhile, with their stacks.
+func ownGoroutines(t *testing.T) func() (n int, stacks string) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("test", t.Name())))
+	label := fmt.Sprintf("%q:%q", "test", t.Name())
+	return func() (n int, stacks string) {
+		var b bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&b, 1) //nolint:errcheck // a bytes.Buffer
+		// Groups of goroutines with one stack and one label set: "N @ pcs",
+		// "# labels: {...}" when they have labels, then the frames.
+		var own []string
+		for _, group := range strings.Split(b.String(), "\n\n") {
+			lines := strings.Split(group, "\n")
+			if strings.HasPrefix(lines[0], "goroutine profile:") {
+				lines = lines[1:]
+			}
+			if len(lines) < 2 || !strings.HasPrefix(lines[1], "# labels: ") || !strings.Contains(lines[1], label) {
+				continue
+			}
+			count, _, _ := strings.Cut(lines[0], " @ ")
+			c, _ := strconv.Atoi(count)
+			n += c
+			own = append(own, strings.Join(lines, "\n"))
+		}
+		return n, strings.Join(own, "\n\n")
+	}
+}
+
 // throttled reads at most rate bytes per second on average.
 type throttled struct {
 	r     io.Reader
@@ -463,6 +300,9 @@ func (t *throttled) Read(p []byte) (int, error) {
 // gets it whole in a correct chunked framing; one that stops reading is
 // still dropped after about the bound.
 func TestSlowReaderGetsWholeReplay(t *testing.T) {
+	// Not parallel: it times the drop of a stopped reader against
+	// -slow-client-timeout, and a steady reader must not stall for that
+	// long; other tests' load would skew both.
 	const slow = 500 * time.Millisecond
 	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = slow
@@ -512,6 +352,9 @@ func TestSlowReaderGetsWholeReplay(t *testing.T) {
 // stops is dropped (before, fasthttp wrote it with no deadline at all, and
 // a client that stopped reading held its connection forever).
 func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
+	// Not parallel: it times the drop of a stopped reader against
+	// -slow-client-timeout, and a steady reader must not stall for that
+	// long; other tests' load would skew both.
 	const slow = 500 * time.Millisecond
 	e := newEnv(t, slowMock(0, 1250), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = slow
@@ -547,11 +390,7 @@ func TestSlowReaderGetsWholeStoredBody(t *testing.T) {
 // receive buffer (set before any byte, so there is no window to fill).
 func dialSmall(t *testing.T, e *env, key, body string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+	conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 16<<10)
 	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
 	if _, err := io.WriteString(conn, request); err != nil {
 		t.Fatal(err)

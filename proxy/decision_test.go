@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"bytes"
-	"net/http"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,21 +10,17 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/sse"
 )
-
-func slowMock(delay time.Duration, tokens int) envOption {
-	return func(_ *Config, _ *cache.Config, mc *mockllm.Config) {
-		mc.Delay = delay
-		mc.Tokens = tokens
-	}
-}
 
 // TestDecisionTable walks every row of the table in docs/design.md, Request decision.
 func TestDecisionTable(t *testing.T) {
-	e := newEnv(t, slowMock(10*time.Millisecond, 30))
+	t.Parallel()
+	fresh := func(t *testing.T) *env { return newEnv(t, slowMock(10*time.Millisecond, 30)) }
 
 	t.Run("miss then hit", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("hit")
 		first := e.fetch(req{key: key})
 		if first.status != 200 || first.replayed || first.aborted {
@@ -41,11 +37,12 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("join live", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("join")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
-		time.Sleep(50 * time.Millisecond) // the generation is live
+		e.waitState(key, "", cache.StateExecutionStarted) // its head came: the generation is live
 		joined := e.fetch(req{key: key})
 		if joined.status != 200 || !joined.replayed || joined.lastData() != "[DONE]" {
 			t.Fatalf("join: got status %d replayed %v last %q; want 200, true, [DONE]", joined.status, joined.replayed, joined.lastData())
@@ -54,11 +51,12 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("live key, other request: 422", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("conflict-live")
 		first := e.do(req{key: key})
 		defer first.Body.Close()
-		time.Sleep(30 * time.Millisecond)
+		e.waitState(key, "", cache.StateExecutionStarted)
 		other := e.fetch(req{key: key, body: strings.Replace(chatBody, "joke", "poem", 1)})
 		if other.status != 422 || other.errType != "idempotency_conflict" {
 			t.Fatalf("got %d %q; want 422 idempotency_conflict", other.status, other.errType)
@@ -67,7 +65,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("committed key, other request: 422", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("conflict-done")
 		e.fetch(req{key: key})
 		for _, r := range []req{
@@ -84,7 +83,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("invalid key: 400", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		for _, key := range []string{strings.Repeat("k", 256), "has space", "tab\there", "é-accent"} {
 			got := e.fetch(req{key: key})
 			if got.status != 400 || got.errType != "invalid_idempotency_key" {
@@ -95,7 +95,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("aborted key is free: miss", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		key := newKey("aborted")
 		bad := e.fetch(req{key: key, header: map[string]string{"X-Mock-Fault": "eof-after=3"}})
 		if !bad.aborted {
@@ -110,7 +111,8 @@ func TestDecisionTable(t *testing.T) {
 	})
 
 	t.Run("no key: relayed, never recorded", func(t *testing.T) {
-		e.mock.ResetCalls()
+		t.Parallel()
+		e := fresh(t)
 		a := e.fetch(req{})
 		b := e.fetch(req{})
 		if a.lastData() != "[DONE]" || b.replayed {
@@ -128,13 +130,14 @@ func TestDecisionTable(t *testing.T) {
 // TestInflightConflict: with -inflight=conflict a duplicate of a live
 // request gets 409 with Retry-After, and no upstream call.
 func TestInflightConflict(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 30), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.Inflight = InflightConflict
 	})
 	key := newKey("inflight")
 	first := e.do(req{key: key})
 	defer first.Body.Close()
-	time.Sleep(30 * time.Millisecond)
+	e.waitState(key, "", cache.StateExecutionStarted)
 	resp := e.do(req{key: key})
 	resp.Body.Close()
 	if resp.StatusCode != 409 || resp.Header.Get("Retry-After") == "" {
@@ -146,6 +149,7 @@ func TestInflightConflict(t *testing.T) {
 // TestConcurrentDuplicates: 16 identical requests at once cause exactly
 // one upstream generation, and all 16 receive the same bytes.
 func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(2*time.Millisecond, 40))
 	key := newKey("dup16")
 	const n = 16
@@ -184,36 +188,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 	}
 }
 
-// TestTenantIsolation: another credential with the same key and body
-// never sees, joins or resumes the first tenant's stream.
-func TestTenantIsolation(t *testing.T) {
-	e := newEnv(t, slowMock(5*time.Millisecond, 20))
-	key := newKey("tenant")
-	a := e.fetch(req{key: key, auth: "Bearer sk-tenant-a"})
-	b := e.fetch(req{key: key, auth: "Bearer sk-tenant-b"})
-	if b.replayed {
-		t.Fatalf("tenant b got a replay of tenant a's stream")
-	}
-	e.wantCalls(2)
-	// Resume and key lookups are scoped too.
-	got := e.fetch(req{method: http.MethodGet, path: "/streams/" + key, auth: "Bearer sk-tenant-c"})
-	if got.status != 404 {
-		t.Fatalf("GET /streams by tenant c: got %d; want 404", got.status)
-	}
-	got = e.fetch(req{key: key, auth: "Bearer sk-tenant-c", lastEventID: a.ids[2]})
-	if got.status != 410 {
-		t.Fatalf("POST resume by tenant c: got %d; want 410", got.status)
-	}
-	got = e.fetch(req{method: http.MethodGet, path: "/keys/" + key, auth: "x"})
-	if got.status != 404 {
-		t.Fatalf("GET /keys by another tenant: got %d; want 404", got.status)
-	}
-	e.wantCalls(2)
-}
-
 // TestNonStreaming: a keyed 2xx JSON answer is stored and replayed, and a
 // concurrent duplicate waits for the first and gets the same answer.
 func TestNonStreaming(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 20))
 	key := newKey("json")
 	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
@@ -236,74 +214,127 @@ func TestNonStreaming(t *testing.T) {
 	}
 }
 
-// TestRelayWholeAnswers: without a key, an answer that is not an event
-// stream is relayed as the upstream gave it, whether it comes after the
-// client's connection was taken over (a completion that takes a while)
-// or before (an immediate 400), and nothing is replayed: one upstream
-// call per request.
-func TestRelayWholeAnswers(t *testing.T) {
-	e := newEnv(t, slowMock(5*time.Millisecond, 20))
-	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
-	for i := range 2 {
-		r := e.fetch(req{body: body})
-		if r.status != 200 || r.replayed || !strings.Contains(string(r.raw), `"chat.completion"`) {
-			t.Fatalf("completion %d: got %d replayed %v %q; want the upstream's 200 JSON", i, r.status, r.replayed, r.raw)
-		}
+// TestMissingBody: when the body store no longer holds a committed body,
+// a duplicate regenerates (the default, counted) or gets 410 (policy).
+func TestMissingBody(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []cache.MissingBody{cache.Regenerate, cache.Refuse} {
+		t.Run(fmt.Sprint(policy), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MissingBody = policy })
+			key := newKey("evicted")
+			e.fetch(req{key: key})
+			e.waitState(key, "", cache.StateCommitted)
+			e.store.DropBody(cache.Scope{Tenant: "anonymous", Key: key})
+			got := e.fetch(req{key: key})
+			if policy == cache.Regenerate {
+				if got.status != 200 || got.replayed || got.lastData() != "[DONE]" {
+					t.Fatalf("got %d replayed %v; want a fresh generation", got.status, got.replayed)
+				}
+				e.wantCalls(2)
+			} else {
+				if got.status != 410 || got.errType != "stream_gone" {
+					t.Fatalf("got %d %q; want 410 stream_gone", got.status, got.errType)
+				}
+				e.wantCalls(1)
+			}
+			if s := e.store.Stats(); s.BodyMissing != 1 {
+				t.Fatalf("BodyMissing: got %d; want 1", s.BodyMissing)
+			}
+		})
+	}
+	// A body the store refused outright (larger than the whole store).
+	e := newEnv(t, slowMock(0, 10), func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxStoreBytes = 100 }) // less than one compressed body
+	key := newKey("refused")
+	e.fetch(req{key: key})
+	ki := e.waitState(key, "", cache.StateCommitted)
+	if ki.BodyStored {
+		t.Fatalf("a body larger than the store is reported stored")
+	}
+	again := e.fetch(req{key: key})
+	if again.replayed || again.status != 200 {
+		t.Fatalf("got %d replayed %v; want a fresh generation", again.status, again.replayed)
 	}
 	e.wantCalls(2)
-	r := e.fetch(req{header: map[string]string{"X-Mock-Fault": "status=400"}})
-	if r.status != 400 || r.errType == "" {
-		t.Fatalf("got %d %q; want the upstream's own 400 with its error body", r.status, r.raw)
-	}
-	e.wantCalls(3)
 }
 
-// TestUpstreamErrorNotStored: a 4xx answer is relayed as it was, not
-// stored, and the key is free.
-func TestUpstreamErrorNotStored(t *testing.T) {
-	e := newEnv(t)
-	key := newKey("4xx")
-	r := e.fetch(req{key: key, header: map[string]string{"X-Mock-Fault": "status=400"}})
-	if r.status != 400 {
-		t.Fatalf("got %d; want the upstream's 400", r.status)
+// TestMaxKeysPerTenant: a credential at -max-keys-per-tenant gets 503
+// capacity_exceeded, naming the bound, for a new key, with no upstream
+// call; its committed keys still replay, and another credential's new
+// keys are served.
+func TestMaxKeysPerTenant(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(_ *Config, cc *cache.Config, _ *mockllm.Config) { cc.MaxKeysPerTenant = 2 })
+	const full, other = "Bearer sk-full", "Bearer sk-other"
+	first := e.fetch(req{key: "a", auth: full})
+	second := e.fetch(req{key: "b", auth: full})
+	if first.status != 200 || second.status != 200 {
+		t.Fatalf("the first two keys: got %d, %d; want 200, 200", first.status, second.status)
 	}
-	e.waitState(key, "", cache.StateFailedTerminal)
-	ok := e.fetch(req{key: key})
-	if ok.status != 200 || ok.replayed {
-		t.Fatalf("after 4xx: got %d replayed %v; want a fresh 200", ok.status, ok.replayed)
-	}
-	e.wantCalls(2)
-}
+	e.mock.ResetCalls()
 
-// TestBodyTooLarge: a body over -max-body gets a JSON 413 and no upstream call.
-func TestBodyTooLarge(t *testing.T) {
-	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.MaxBodyBytes = 1024 })
-	r := e.fetch(req{key: newKey("big"), body: `{"x":"` + strings.Repeat("a", 4096) + `"}`})
-	if r.status != 413 || r.errType != "request_too_large" {
-		t.Fatalf("got %d %q; want 413 request_too_large", r.status, r.errType)
+	refused := e.fetch(req{key: "c", auth: full})
+	if refused.status != 503 || refused.errType != "capacity_exceeded" || refused.header.Get("Retry-After") == "" {
+		t.Errorf("a third key: got %d %q Retry-After %q; want 503 capacity_exceeded with Retry-After",
+			refused.status, refused.errType, refused.header.Get("Retry-After"))
+	}
+	if !strings.Contains(string(refused.raw), "-max-keys-per-tenant") {
+		t.Errorf("a third key: got message %s; want it to name -max-keys-per-tenant", refused.raw)
 	}
 	e.wantCalls(0)
+
+	if hit := e.fetch(req{key: "a", auth: full}); hit.status != 200 || !hit.replayed {
+		t.Errorf("a committed key of the full credential: got %d replayed %v; want a 200 replay", hit.status, hit.replayed)
+	}
+	e.wantCalls(0)
+	if r := e.fetch(req{key: "c", auth: other}); r.status != 200 || r.replayed || r.lastData() != "[DONE]" {
+		t.Errorf("another credential's new key: got %d replayed %v last %q; want a 200 generation", r.status, r.replayed, r.lastData())
+	}
+	e.wantCalls(1)
 }
 
-// TestWebhookRedelivery: with -key-header webhook-id, a redelivered
-// webhook (same id, same body) relayed through ssegate is answered from
-// the store and reaches the upstream once.
-func TestWebhookRedelivery(t *testing.T) {
-	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
-		pc.KeyHeaders = []string{"webhook-id", "X-GitHub-Delivery"}
-	})
-	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"summarize this event"}]}`
-	hdr := map[string]string{"webhook-id": "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", "webhook-timestamp": "1674087231"}
-	first := e.fetch(req{body: body, header: hdr})
-	hdr["webhook-timestamp"] = "1674087299" // redeliveries carry a new timestamp header
-	second := e.fetch(req{body: body, header: hdr})
-	if first.status != 200 || !second.replayed || string(second.raw) != string(first.raw) {
-		t.Fatalf("redelivery: got %d replayed %v same %v; want a replay of the first answer", second.status, second.replayed, string(second.raw) == string(first.raw))
+// downStore is a store that cannot be reached, as a Redis store answers
+// while Redis is down. The proxy is what is under test here.
+type downStore struct{}
+
+func (downStore) Begin(cache.Scope, string) (cache.Begun, error) {
+	return cache.Begun{}, fmt.Errorf("claim: %w", cache.ErrUnavailable)
+}
+
+func (downStore) Attach(cache.Scope, string, sse.ID, bool) (*cache.Flight, *cache.Result, error) {
+	return nil, nil, fmt.Errorf("attach: %w", cache.ErrUnavailable)
+}
+
+func (downStore) Info(cache.Scope) (cache.KeyInfo, bool) { return cache.KeyInfo{}, false }
+
+// TestStoreDown: keyed requests fail closed with 503 store_unavailable and
+// Retry-After, unkeyed ones are unaffected; with RelayWhenStoreDown keyed
+// requests are relayed unprotected instead.
+func TestStoreDown(t *testing.T) {
+	t.Parallel()
+	for _, relay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("relay=%v", relay), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				pc.Store = downStore{}
+				pc.RelayWhenStoreDown = relay
+			})
+			keyed := e.fetch(req{key: newKey("down")})
+			if relay {
+				if keyed.status != 200 || keyed.lastData() != "[DONE]" || keyed.replayed {
+					t.Fatalf("keyed, relayed: got %d last %q; want a plain relay", keyed.status, keyed.lastData())
+				}
+			} else if keyed.status != 503 || keyed.errType != "store_unavailable" || keyed.header.Get("Retry-After") == "" {
+				t.Fatalf("keyed: got %d %q Retry-After %q; want 503 store_unavailable with Retry-After", keyed.status, keyed.errType, keyed.header.Get("Retry-After"))
+			}
+			if plain := e.fetch(req{}); plain.status != 200 || plain.lastData() != "[DONE]" {
+				t.Fatalf("unkeyed: got %d; want 200", plain.status)
+			}
+			if relay {
+				e.wantCalls(2)
+			} else {
+				e.wantCalls(1)
+			}
+		})
 	}
-	github := map[string]string{"X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"}
-	e.fetch(req{body: body, header: github})
-	if got := e.fetch(req{body: body, header: github}); !got.replayed {
-		t.Fatalf("GitHub redelivery was not replayed")
-	}
-	e.wantCalls(2)
 }

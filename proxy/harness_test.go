@@ -5,13 +5,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +27,20 @@ import (
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
+
+// TestMain runs up to 4×GOMAXPROCS parallel tests at once, unless
+// -parallel says how many: a test here mostly waits, on loopback sockets
+// and timers, so the default (GOMAXPROCS) leaves the CPUs idle. Tests that
+// time what they check are not parallel, and run alone.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if fuzz := flag.Lookup("test.fuzz"); !set && (fuzz == nil || fuzz.Value.String() == "") {
+		flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))) //nolint:errcheck // a valid number
+	}
+	os.Exit(m.Run())
+}
 
 // env is one test's world: a real mock LLM on loopback, a real ssegate
 // server on loopback in front of it, and an HTTP client.
@@ -82,19 +103,45 @@ func newEnvUpstream(t *testing.T, upURL string, mock *mockllm.Server, pc Config,
 	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableCompression: true}}
 	t.Cleanup(func() {
-		// The server waits for keep-alive connections to idle a while
-		// before closing them; the test's own can go at once.
+		// A fasthttp server's shutdown looks for open connections every
+		// 100 ms: kept-alive ones closed first are gone by its first look.
+		// The test's own to the proxy, and the proxy's to the upstream
+		// (the mock is shut down next).
 		client.CloseIdleConnections()
+		closeUpstreamIdle(p)
 		p.Abort()
+		within(100*time.Millisecond, func() bool { return srv.GetOpenConnectionsCount() == 0 })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.ShutdownWithContext(ctx) //nolint:errcheck
 		p.Wait(ctx)                  //nolint:errcheck
+		// Those the generations just gave back.
+		closeUpstreamIdle(p)
 		store.Close()
 	})
 	return &env{
 		t: t, mock: mock, store: store, proxy: p, url: "http://" + ln.Addr().String(),
 		client: client,
+	}
+}
+
+func slowMock(delay time.Duration, tokens int) envOption {
+	return func(_ *Config, _ *cache.Config, mc *mockllm.Config) {
+		mc.Delay = delay
+		mc.Tokens = tokens
+	}
+}
+
+// withConfig changes the proxy's config for one test.
+func withConfig(f func(*Config)) envOption {
+	return func(pc *Config, _ *cache.Config, _ *mockllm.Config) { f(pc) }
+}
+
+// closeUpstreamIdle closes p's idle connections to its upstreams.
+func closeUpstreamIdle(p *Proxy) {
+	for _, u := range p.ups {
+		u.stream.CloseIdleConnections()
+		u.whole.CloseIdleConnections()
 	}
 }
 
@@ -249,6 +296,27 @@ func (r result) lastData() string {
 	return r.events[len(r.events)-1].Data
 }
 
+func clean(r result) bool { return r.status == 200 && r.lastData() == "[DONE]" }
+
+// readPrefix reads raw lines until n events (ids) were seen, then closes.
+func readPrefix(t *testing.T, resp *http.Response, n int) (lastID string) {
+	t.Helper()
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	seen := 0
+	for seen < n {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d events: %v", seen, err)
+		}
+		if id, ok := strings.CutPrefix(line, "id: "); ok {
+			lastID = strings.TrimSpace(id)
+			seen++
+		}
+	}
+	return lastID
+}
+
 func (e *env) calls() int64 { return e.mock.Calls() }
 
 func (e *env) wantCalls(want int64) {
@@ -258,21 +326,105 @@ func (e *env) wantCalls(want int64) {
 	}
 }
 
-// waitState polls GET /keys/{key} until the key reaches state.
+func wantCount(t *testing.T, what string, got, want int64) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: got %d; want %d", what, got, want)
+	}
+}
+
+// waitState polls the store until the key reaches state.
 func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	var ki cache.KeyInfo
 	var last string
-	for time.Now().Before(deadline) {
-		ki, ok := e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
-		if ok && ki.State == state {
-			return ki
-		}
+	if within(10*time.Second, func() bool {
+		var ok bool
+		ki, ok = e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
 		last = fmt.Sprintf("%+v (found %v)", ki, ok)
-		time.Sleep(5 * time.Millisecond)
+		return ok && ki.State == state
+	}) {
+		return ki
 	}
 	e.t.Fatalf("key %q: got %s; want state %s", key, last, state)
 	return cache.KeyInfo{}
+}
+
+// waitFor polls cond until it holds, and fails the test after 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	if !within(10*time.Second, cond) {
+		t.Fatal("condition not met within 10s")
+	}
+}
+
+// within polls cond until it holds or d passed: what the tests wait for
+// is a condition, never a time.
+func within(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
+// refusedAddr returns a loopback address that refuses connections until
+// release or the test's end. Its port is held by a socket that is bound
+// but does not listen, without SO_REUSEADDR, so that no listener of a
+// test running meanwhile can take it, as one could take a port closed
+// after net.Listen.
+func refusedAddr(t *testing.T) (addr string, release func()) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { syscall.Close(fd) }) }
+	t.Cleanup(release)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port), release
+}
+
+// keyedConn sends a keyed streaming request on a connection of its own
+// with a small receive buffer (dialSmallBuffer), with the extra header
+// lines hdr, and reads nothing.
+func keyedConn(t *testing.T, e *env, key string, hdr string) net.Conn {
+	t.Helper()
+	conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 4096)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		key, hdr, len(chatBody), chatBody)
+	return conn
+}
+
+// dialSmallBuffer connects to addr with a receive buffer of size bytes,
+// set before connecting, so that a client that stops reading is felt at
+// once. (Shrunk on an open connection, the buffer is smaller than the
+// window already offered, and Linux can stall the sender for long
+// zero-window backoffs: a client that reads again gets its bytes seconds
+// later.) The connection closes when the test ends.
+func dialSmallBuffer(t *testing.T, addr string, size int) *net.TCPConn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, size) //nolint:errcheck // a hint
+		})
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
 }
 
 // tenantOf computes the tenant as e's proxy does for a request whose only
@@ -291,3 +443,150 @@ var keySeq atomic.Int64
 func newKey(prefix string) string { return fmt.Sprintf("%s-%d", prefix, keySeq.Add(1)) }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// metricValue reads one sample from a Prometheus text scrape.
+func metricValue(t *testing.T, scrape, series string) float64 {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` ([0-9.e+-]+)$`)
+	m := re.FindStringSubmatch(scrape)
+	if m == nil {
+		t.Fatalf("series %s not in the scrape", series)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// faultServer is a real HTTP upstream on loopback whose every answer is
+// chosen by a script from the call's number (1, 2, ...).
+type faultServer struct {
+	url    string
+	calls  atomic.Int64
+	script atomic.Value // func(n int64, w http.ResponseWriter, r *http.Request)
+}
+
+func newFaultServer(t *testing.T, script func(n int64, w http.ResponseWriter, r *http.Request)) *faultServer {
+	t.Helper()
+	fs := &faultServer{}
+	fs.script.Store(script)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := fs.calls.Add(1)
+		fs.script.Load().(func(int64, http.ResponseWriter, *http.Request))(n, w, r)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	fs.url = "http://" + ln.Addr().String()
+	return fs
+}
+
+func (fs *faultServer) set(script func(n int64, w http.ResponseWriter, r *http.Request)) {
+	fs.script.Store(script)
+}
+
+// retryEnv puts ssegate in front of upstreams, with backoffs of a few
+// milliseconds and head and attempt budgets of 5 s: far longer than any
+// answer here takes, however loaded the machine. A case that waits for a
+// budget to cut sets short ones (shortBudgets).
+func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
+	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 5 * time.Second}, HeadTimeout: 5 * time.Second}
+	if tune != nil {
+		tune(&pc)
+	}
+	pc.Upstreams = upstreams
+	e := newEnvUpstream(t, upstreams[0], nil, pc, cache.Config{})
+	return e
+}
+
+// shortBudgets bounds the head and each attempt to 300 ms, for a case
+// whose upstream does not answer in time.
+func shortBudgets(pc *Config) {
+	pc.HeadTimeout = 300 * time.Millisecond
+	pc.Retry.AttemptTimeout = 300 * time.Millisecond
+}
+
+const okEvents = 5
+
+// okStream answers a clean chat stream of okEvents chunks.
+func okStream(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i := range okEvents {
+		fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+}
+
+func status(code int) func(int64, http.ResponseWriter, *http.Request) {
+	return func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"error":{"type":"upstream_says","message":"status %d"}}`, code)
+	}
+}
+
+// rawUpstream is an upstream on loopback that is only a TCP listener:
+// each connection is handed to a script, which may read the request or
+// not, answer or not, and stall for as long as it likes (until the test
+// ends).
+type rawUpstream struct {
+	url   string
+	calls atomic.Int64
+	done  chan struct{} // closed when the test ends: stalled scripts return
+}
+
+func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{url: "http://" + ln.Addr().String(), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.calls.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				script(u, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		close(u.done)
+		ln.Close()
+		wg.Wait()
+	})
+	return u
+}
+
+// stall waits until the test ends.
+func (u *rawUpstream) stall() { <-u.done }
+
+// readRequest reads one request, body and all.
+func readRequest(c net.Conn) {
+	r, err := http.ReadRequest(bufio.NewReader(c))
+	if err == nil {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck // only its end matters
+	}
+}
+
+const plainJSON = `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}]}`
+
+// answerRaw reads the request and writes raw, then closes the connection.
+func answerRaw(raw string) func(*rawUpstream, net.Conn) {
+	return func(_ *rawUpstream, c net.Conn) {
+		readRequest(c)
+		io.WriteString(c, raw) //nolint:errcheck // the test reads what arrived
+	}
+}

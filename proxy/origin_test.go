@@ -23,28 +23,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// originConn sends a keyed streaming request on a raw connection with a
-// small receive buffer, so that the client falls behind as soon as it
-// stops reading.
-func originConn(t *testing.T, e *env, key string, hdr string) net.Conn {
-	t.Helper()
-	// The buffer is set before connecting: shrunk on an open connection,
-	// Linux can stall the sender for long zero-window backoffs.
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) {
-			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		key, hdr, len(chatBody), chatBody)
-	return conn
-}
-
 // TestSlowOrigin: the client whose request started the generation is
 // written by the generation while it keeps up; when it falls behind, a
 // goroutine of its own takes over from the exact byte where the
@@ -52,12 +30,16 @@ func originConn(t *testing.T, e *env, key string, hdr string) net.Conn {
 // whole stream, byte for byte; one that stalls is dropped after
 // -slow-client-timeout, and neither the generation nor a joiner waits.
 func TestSlowOrigin(t *testing.T) {
+	// Not parallel: it times the joiner of a 12 MB stream. Its two cases
+	// run at once, each with a proxy of its own: the joiner's bound (8 s)
+	// is four times its time alone.
 	t.Run("behind, then catches up", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 			pc.SlowClientTimeout = 10 * time.Second
 		})
 		key := newKey("behind")
-		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB: more than socket buffers hold
+		conn := keyedConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB: more than socket buffers hold
 		// Read nothing while the generation runs, so that its writes fill
 		// the socket buffers, then read all.
 		e.waitState(key, "", cache.StateCommitted)
@@ -87,11 +69,12 @@ func TestSlowOrigin(t *testing.T) {
 		e.wantCalls(1)
 	})
 	t.Run("stalled: dropped, the generation goes on", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, slowMock(time.Millisecond, 1500), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 			pc.SlowClientTimeout = time.Second
 		})
 		key := newKey("stalled")
-		conn := originConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB
+		conn := keyedConn(t, e, key, "X-Mock-Chunk-Bytes: 8000\r\n") // ~12 MB
 		e.waitState(key, "", cache.StateExecutionStarted)
 		start := time.Now()
 		joiner := e.fetch(req{key: key})
@@ -112,58 +95,19 @@ func TestSlowOrigin(t *testing.T) {
 	})
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
+// TestDisconnectDoesNotCancel: a client that drops after 3 events does not
+// stop the generation; a repeat is a hit with the full stream.
+func TestDisconnectDoesNotCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(3*time.Millisecond, 60))
+	key := newKey("drop")
+	readPrefix(t, e.do(req{key: key}), 3)
+	e.waitState(key, "", cache.StateCommitted)
+	got := e.fetch(req{key: key})
+	if !got.replayed || got.lastData() != "[DONE]" || len(got.events) != 63 {
+		t.Fatalf("repeat: replayed %v last %q events %d; want true [DONE] 63", got.replayed, got.lastData(), len(got.events))
 	}
-}
-
-// TestAnswerConn: an answer from the upstream client leads back to the
-// connection it is read from, which is how a generation writes its client
-// before each read of the upstream's socket rather than before each event.
-func TestAnswerConn(t *testing.T) {
-	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
-	url, err := mock.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mock.Close()
-	store, err := cache.NewMemory(cache.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Upstreams: []string{url}, Store: store}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	up, err := newUpstream(url, &cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(url + "/v1/chat/completions")
-	req.Header.SetMethod("POST")
-	req.SetBodyString(chatBody)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	if err := up.do(req, resp, true); err != nil {
-		t.Fatal(err)
-	}
-	c := connOf(resp)
-	if c == nil {
-		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
-	}
-	reads := 0
-	c.beforeRead = func() { reads++ }
-	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
-	c.beforeRead = nil
-	if reads == 0 {
-		t.Fatal("reading the body did not go through the connection's beforeRead")
-	}
+	e.wantCalls(1)
 }
 
 // TestShortStreamsAreWhole: one-token streams, with and without a key,
@@ -172,6 +116,7 @@ func TestAnswerConn(t *testing.T) {
 // TestHeadAndEndDuringTakeOver runs the take-over against the head and the
 // end far more often.
 func TestShortStreamsAreWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(0, 1))
 	const workers, each = 4, 200
 	var wg sync.WaitGroup

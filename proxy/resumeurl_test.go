@@ -18,6 +18,7 @@ import (
 // included. A token altered anywhere, expired, or used on another key's
 // path gets 403 invalid_resume_token and learns nothing of the key.
 func TestResumeURL(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 40))
 	const auth = "Bearer sk-tenant-a"
 	key := "a/key?with%odd#chars-" + newKey("r")

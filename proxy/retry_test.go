@@ -2,67 +2,24 @@ package proxy
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
 )
 
-// faultServer is a real HTTP upstream on loopback whose every answer is
-// chosen by a script from the call's number (1, 2, ...).
-type faultServer struct {
-	url    string
-	calls  atomic.Int64
-	script atomic.Value // func(n int64, w http.ResponseWriter, r *http.Request)
-}
-
-func newFaultServer(t *testing.T, script func(n int64, w http.ResponseWriter, r *http.Request)) *faultServer {
-	t.Helper()
-	fs := &faultServer{}
-	fs.script.Store(script)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		n := fs.calls.Add(1)
-		fs.script.Load().(func(int64, http.ResponseWriter, *http.Request))(n, w, r)
-	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	fs.url = "http://" + ln.Addr().String()
-	return fs
-}
-
-func (fs *faultServer) set(script func(n int64, w http.ResponseWriter, r *http.Request)) {
-	fs.script.Store(script)
-}
-
-const okEvents = 5
-
-// okStream answers a clean chat stream of okEvents chunks.
-func okStream(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	fl := w.(http.Flusher)
-	for i := range okEvents {
-		fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"},\"finish_reason\":null}]}\n\n", i)
-		fl.Flush()
-	}
-	fmt.Fprint(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
-}
-
-func status(code int) func(int64, http.ResponseWriter, *http.Request) {
-	return func(_ int64, w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(code)
-		fmt.Fprintf(w, `{"error":{"type":"upstream_says","message":"status %d"}}`, code)
+// then answers with first for call 1 (or up to call k) and ok afterwards.
+func then(k int64, first func(int64, http.ResponseWriter, *http.Request)) func(int64, http.ResponseWriter, *http.Request) {
+	return func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n <= k {
+			first(n, w, r)
+			return
+		}
+		okStream(w)
 	}
 }
 
@@ -85,34 +42,6 @@ func reset(events int) func(int64, http.ResponseWriter, *http.Request) {
 	}
 }
 
-// then answers with first for call 1 (or up to call k) and ok afterwards.
-func then(k int64, first func(int64, http.ResponseWriter, *http.Request)) func(int64, http.ResponseWriter, *http.Request) {
-	return func(n int64, w http.ResponseWriter, r *http.Request) {
-		if n <= k {
-			first(n, w, r)
-			return
-		}
-		okStream(w)
-	}
-}
-
-func retryEnv(t *testing.T, upstreams []string, tune func(*Config)) *env {
-	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 300 * time.Millisecond}, HeadTimeout: 300 * time.Millisecond}
-	if tune != nil {
-		tune(&pc)
-	}
-	pc.Upstreams = upstreams
-	e := newEnvUpstream(t, upstreams[0], nil, pc, cache.Config{})
-	return e
-}
-
-func wantCount(t *testing.T, what string, got, want int64) {
-	t.Helper()
-	if got != want {
-		t.Fatalf("%s: got %d; want %d", what, got, want)
-	}
-}
-
 // hang reads the request and answers nothing (for at most 5 s).
 func hang(_ int64, _ http.ResponseWriter, r *http.Request) {
 	select {
@@ -125,6 +54,7 @@ func hang(_ int64, _ http.ResponseWriter, r *http.Request) {
 // counting upstream calls and checking the client's answer and the key's
 // state.
 func TestRetries(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		script   func(int64, http.ResponseWriter, *http.Request)
@@ -151,8 +81,13 @@ func TestRetries(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, c.script)
-			e := retryEnv(t, []string{fs.url}, nil)
+			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				if c.status == 504 {
+					shortBudgets(pc)
+				}
+			})
 			key := ""
 			if c.keyed {
 				key = newKey("retry")
@@ -186,9 +121,8 @@ func TestRetries(t *testing.T) {
 // TestConnectionRefused: nothing listens; every attempt is a connect
 // error, retried up to the bound, and the client gets 502.
 func TestConnectionRefused(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	t.Parallel()
+	addr, _ := refusedAddr(t)
 	e := retryEnv(t, []string{"http://" + addr}, nil)
 	key := newKey("refused")
 	got := e.fetch(req{key: key})
@@ -205,6 +139,7 @@ func TestConnectionRefused(t *testing.T) {
 // most 200 × 1.1 + the floor upstream calls with the budget, where without
 // it they cause 200 × attempts.
 func TestRetryBudget(t *testing.T) {
+	t.Parallel()
 	const requests, attempts, floor = 200, 3, 10
 	run := func(ratio float64, min int) int64 {
 		fs := newFaultServer(t, status(503))
@@ -242,51 +177,6 @@ func TestRetryBudget(t *testing.T) {
 	}
 }
 
-// TestBreakerFailover: a failing primary's circuit opens after
-// BreakerFailures consecutive failures and requests go to the secondary;
-// after BreakerOpen a probe finds the primary healthy and closes it.
-func TestBreakerFailover(t *testing.T) {
-	primary := newFaultServer(t, status(503))
-	secondary := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
-	e := retryEnv(t, []string{primary.url, secondary.url}, func(pc *Config) {
-		pc.Retry.BreakerFailures = 3
-		pc.Retry.BreakerOpen = 400 * time.Millisecond
-		pc.Retry.BreakerOpenMax = 400 * time.Millisecond
-		pc.Retry.Attempts = 2
-	})
-	get := func() {
-		t.Helper()
-		got := e.fetch(req{key: newKey("breaker")})
-		if got.status != 200 || got.lastData() != "[DONE]" {
-			t.Fatalf("got %d %q; want a clean stream", got.status, got.lastData())
-		}
-	}
-	// Closed: each request tries the primary, then fails over.
-	for range 3 {
-		get()
-	}
-	wantCount(t, "primary calls while closed", primary.calls.Load(), 3)
-	wantCount(t, "secondary calls while closed", secondary.calls.Load(), 3)
-	// Open: the primary is skipped.
-	for range 5 {
-		get()
-	}
-	wantCount(t, "primary calls while open", primary.calls.Load(), 3)
-	wantCount(t, "secondary calls while open", secondary.calls.Load(), 8)
-	// Half-open after the open time: the primary recovered; one probe
-	// closes the circuit and traffic returns to it.
-	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
-	time.Sleep(450 * time.Millisecond)
-	for range 4 {
-		get()
-	}
-	wantCount(t, "primary calls after recovery", primary.calls.Load(), 7)
-	wantCount(t, "secondary calls after recovery", secondary.calls.Load(), 8)
-	if got := e.proxy.ups[0].breaker.modelState("gpt-4o-mini"); got != circuitClosed {
-		t.Fatalf("primary circuit: got %v; want closed", got)
-	}
-}
-
 // hangUp reads the request and closes the connection without a byte of
 // answer: the upstream may have started the generation.
 func hangUp(_ int64, w http.ResponseWriter, _ *http.Request) {
@@ -317,6 +207,7 @@ func htmlPage(_ int64, w http.ResponseWriter, _ *http.Request) {
 // outcome is unknown. -retry-ambiguous, for an upstream that does
 // deduplicate, repeats it.
 func TestAmbiguousNotRetried(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		script  func(int64, http.ResponseWriter, *http.Request)
@@ -336,8 +227,12 @@ func TestAmbiguousNotRetried(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			fs := newFaultServer(t, c.script)
 			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				if c.errType == "upstream_timeout" {
+					shortBudgets(pc)
+				}
 				if c.dedupe {
 					pc.RetryAmbiguous = []string{fs.url}
 				}
@@ -365,31 +260,18 @@ func TestAmbiguousNotRetried(t *testing.T) {
 	}
 }
 
-// TestStalePooledConnection: an upstream that closes a kept-alive
-// connection while it sits in the pool does not cost the next request its
-// answer: its first write finds the close before sending a byte, and the
-// request goes out on a new connection; one upstream call per request.
-func TestStalePooledConnection(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// TestAmbiguousRetryStaysOnItsUpstream: with -retry-ambiguous, the repeat
+// of a call that may be running goes to the same upstream (the only one
+// that can tell it apart), never fails over to another.
+func TestAmbiguousRetryStaysOnItsUpstream(t *testing.T) {
+	t.Parallel()
+	first := newFaultServer(t, hangUp)
+	second := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	e := retryEnv(t, []string{first.url, second.url}, func(pc *Config) { pc.RetryAmbiguous = []string{"*"} })
+	got := e.fetch(req{key: newKey("pinned")})
+	if got.status != http.StatusBadGateway {
+		t.Fatalf("got %d; want 502 after the first upstream's attempts", got.status)
 	}
-	var calls atomic.Int64
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		calls.Add(1)
-		okStream(w)
-	}), IdleTimeout: 50 * time.Millisecond} // closes a kept-alive connection after 50 ms idle
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	url := "http://" + ln.Addr().String()
-	e := retryEnv(t, []string{url}, nil)
-	for i := range 3 {
-		got := e.fetch(req{key: newKey("stale")})
-		if !clean(got) {
-			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
-		}
-		time.Sleep(200 * time.Millisecond) // the upstream closes the pooled connection meanwhile
-	}
-	wantCount(t, "upstream calls", calls.Load(), 3)
+	wantCount(t, "first upstream calls", first.calls.Load(), 3)
+	wantCount(t, "second upstream calls", second.calls.Load(), 0)
 }

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,59 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/valyala/fasthttp"
 )
 
-// rawUpstream is an upstream on loopback that is only a TCP listener:
-// each connection is handed to a script, which may read the request or
-// not, answer or not, and stall for as long as it likes (until the test
-// ends).
-type rawUpstream struct {
-	url   string
-	calls atomic.Int64
-	done  chan struct{} // closed when the test ends: stalled scripts return
-}
-
-func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawUpstream {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &rawUpstream{url: "http://" + ln.Addr().String(), done: make(chan struct{})}
-	var wg sync.WaitGroup
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.calls.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				script(u, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(u.done)
-		ln.Close()
-		wg.Wait()
-	})
-	return u
-}
-
-// stall waits until the test ends.
-func (u *rawUpstream) stall() { <-u.done }
-
-// readRequest reads one request, body and all.
-func readRequest(c net.Conn) {
-	r, err := http.ReadRequest(bufio.NewReader(c))
-	if err == nil {
-		io.Copy(io.Discard, r.Body) //nolint:errcheck // only its end matters
-	}
-}
+const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
 
 // chunkEvent is one chat completion chunk event.
 func chunkEvent(i int) string {
@@ -114,8 +65,6 @@ func wantTimeoutLogged(t *testing.T, e *env, log *gatetest.LogBuffer, budget, fl
 	}
 }
 
-const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
-
 // TestTimeBudgets: no silent upstream holds a client past its budget, and
 // no budget cuts what another one governs. A streaming request's head
 // must come within -head-timeout (even when the upstream does not take
@@ -125,6 +74,9 @@ const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"
 // upstream_timeout (or, once a body was relayed, a connection closed
 // before the end), a log line and a count by budget.
 func TestTimeBudgets(t *testing.T) {
+	// Not parallel: it measures when each budget cuts, in windows that other
+	// tests' load would skew. Its cases run at once: each only waits on a
+	// silent upstream of its own.
 	const (
 		head    = 200 * time.Millisecond
 		idle    = 800 * time.Millisecond
@@ -178,6 +130,7 @@ func TestTimeBudgets(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			u := newRawUpstream(t, c.script)
 			var log gatetest.LogBuffer
 			e := budgetEnv(t, u, head, idle, attempt, &log)
@@ -219,6 +172,8 @@ func TestTimeBudgets(t *testing.T) {
 // aborted about one idle bound after its last byte: stream_aborted with
 // code upstream_idle_timeout, nothing stored, a log line and a count.
 func TestStreamSilenceAborted(t *testing.T) {
+	// Not parallel: it measures the silence before the abort against
+	// -upstream-idle-timeout.
 	const (
 		head    = 2 * time.Second
 		idle    = 300 * time.Millisecond
@@ -281,6 +236,9 @@ func TestStreamSilenceAborted(t *testing.T) {
 // (which would put a stream's head, or a non-streaming answer, under the
 // silence bound) nor go unbounded.
 func TestTimeBudgetsTLS(t *testing.T) {
+	// Not parallel: it measures when the budgets cut, in windows that other
+	// tests' load would skew. Its two cases run at once: each only waits on
+	// the server.
 	const (
 		head    = 200 * time.Millisecond
 		idle    = 800 * time.Millisecond
@@ -322,6 +280,7 @@ func TestTimeBudgetsTLS(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			// A session cache of its own: a full handshake, with its ticket.
 			tc := &tls.Config{RootCAs: roots, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 			pc := Config{HeadTimeout: head, UpstreamIdleTimeout: idle, UpstreamTLS: tc,
@@ -339,4 +298,107 @@ func TestTimeBudgetsTLS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStalePooledConnection: an upstream that closes a kept-alive
+// connection while it sits in the pool does not cost the next request its
+// answer: its first write finds the close before sending a byte, and the
+// request goes out on a new connection; one upstream call per request.
+func TestStalePooledConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls, closed atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		calls.Add(1)
+		okStream(w)
+	}), IdleTimeout: 50 * time.Millisecond, // closes a kept-alive connection after 50 ms idle
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed { // after the close
+				closed.Add(1)
+			}
+		}}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	url := "http://" + ln.Addr().String()
+	e := retryEnv(t, []string{url}, nil)
+	for i := range 3 {
+		got := e.fetch(req{key: newKey("stale")})
+		if !clean(got) {
+			t.Fatalf("request %d: got %d %q; want a clean stream", i, got.status, got.errType)
+		}
+		// The upstream closes the pooled connection meanwhile (on
+		// loopback its FIN is in the proxy's socket when close returns).
+		waitFor(t, func() bool { return closed.Load() > int64(i) })
+	}
+	wantCount(t, "upstream calls", calls.Load(), 3)
+}
+
+// TestAnswerConn: an answer from the upstream client leads back to the
+// connection it is read from, which is how a generation writes its client
+// before each read of the upstream's socket rather than before each event.
+func TestAnswerConn(t *testing.T) {
+	t.Parallel()
+	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
+	url, err := mock.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mock.Close()
+	store, err := cache.NewMemory(cache.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Upstreams: []string{url}, Store: store}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	up, err := newUpstream(url, &cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI(url + "/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.SetBodyString(chatBody)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := up.do(req, resp, true); err != nil {
+		t.Fatal(err)
+	}
+	c := connOf(resp)
+	if c == nil {
+		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
+	}
+	reads := 0
+	c.beforeRead = func() { reads++ }
+	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
+	c.beforeRead = nil
+	if reads == 0 {
+		t.Fatal("reading the body did not go through the connection's beforeRead")
+	}
+}
+
+// TestAnswersWithoutBody: answers fasthttp gives no body stream for (to a
+// HEAD, a 204) are relayed, keyed or not, and the proxy serves on.
+func TestAnswersWithoutBody(t *testing.T) {
+	t.Parallel()
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	e := retryEnv(t, []string{fs.url}, nil)
+	if got := e.fetch(req{method: http.MethodHead, path: "/v1/models"}); got.status != http.StatusNoContent {
+		t.Fatalf("HEAD: got %d; want the upstream's 204", got.status)
+	}
+	key := newKey("nobody")
+	body := `{"model":"m","messages":[]}`
+	if got := e.fetch(req{key: key, body: body}); got.status != http.StatusNoContent {
+		t.Fatalf("keyed: got %d; want the upstream's 204", got.status)
+	}
+	if got := e.fetch(req{key: key, body: body}); got.status != http.StatusNoContent || !got.replayed {
+		t.Fatalf("keyed repeat: got %d replayed %v; want 204 replayed", got.status, got.replayed)
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 2)
 }
