@@ -430,8 +430,8 @@ func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flig
 	now := m.cfg.Now()
 	id := sc.id()
 	m.mu.RLock()
-	e := m.keys[id]
-	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+	e := m.knownLocked(id, now)
+	if e == nil {
 		m.mu.RUnlock()
 		return nil, nil, ErrNotFound
 	}
@@ -465,13 +465,23 @@ func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flig
 	}
 }
 
+// knownLocked returns the ledger's entry of id, or nil when it holds none
+// or only an expired one.
+func (m *Memory) knownLocked(id string, now time.Time) *entry {
+	e := m.keys[id]
+	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+		return nil
+	}
+	return e
+}
+
 // Info returns what the ledger knows of a key.
 func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	now := m.cfg.Now()
 	id := sc.id()
 	m.mu.RLock()
-	e := m.keys[id]
-	if e == nil || (!e.state.Live() && now.After(e.expires)) {
+	e := m.knownLocked(id, now)
+	if e == nil {
 		m.mu.RUnlock()
 		return KeyInfo{}, false
 	}

@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"strings"
 	"sync"
 	"testing"
@@ -367,30 +365,20 @@ func TestRedisOwnerStates(t *testing.T) {
 // comment in redis_owner.go.
 func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
 	t.Helper()
-	file, err := parser.ParseFile(token.NewFileSet(), "redis_owner.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
 	states := map[string]ownerState{}
 	for s := range ownerState(len(ownerStates)) {
 		states[s.String()] = s
 	}
 	rows := map[struct{ from, to ownerState }]bool{}
-	for _, d := range file.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.TYPE || gd.Specs[0].(*ast.TypeSpec).Name.Name != "ownerState" {
+	for _, line := range gatetest.DocTable(t, "redis_owner.go", "ownerState") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
 			continue
 		}
-		for line := range strings.Lines(gd.Doc.Text()) {
-			f := strings.Fields(line)
-			if !strings.HasPrefix(line, "\t") || len(f) < 2 {
-				continue
-			}
-			from, ok1 := states[f[0]]
-			to, ok2 := states[f[1]]
-			if ok1 && ok2 {
-				rows[struct{ from, to ownerState }{from, to}] = true
-			}
+		from, ok1 := states[f[0]]
+		to, ok2 := states[f[1]]
+		if ok1 && ok2 {
+			rows[struct{ from, to ownerState }{from, to}] = true
 		}
 	}
 	if len(rows) == 0 {
@@ -410,4 +398,38 @@ func TestRedisOwnerStateString(t *testing.T) {
 	if got := ownerState(len(want)).String(); got != "ownerState(4)" {
 		t.Errorf("an unknown state: %q", got)
 	}
+}
+
+// TestRedisKeyInfoModel: the model and fallbacks a generation records go
+// to Redis with its marks, so that another replica's GET /keys names the
+// model that answered, live and after the commit.
+func TestRedisKeyInfoModel(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	sc := Scope{Tenant: "t", Key: "model"}
+	f := rbegin(t, rs[0], sc, "fp").Flight
+	fbs := []Fallback{{Model: "gpt-4o", Reason: "upstream_status_429"}}
+	f.SetModel("gpt-4o-mini", fbs)
+	f.Mark(StateExecutionStarted, 2, 429)
+	want := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			ki, ok := rs[1].Info(sc)
+			if ok && ki.Model == "gpt-4o-mini" && len(ki.Fallbacks) == 1 && ki.Fallbacks[0] == fbs[0] {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the other replica's key info %+v (found %v); want model gpt-4o-mini after gpt-4o", what, ki, ok)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	want("live")
+	f.SetHead(Head{Status: 200, ContentType: "text/event-stream", Stream: true})
+	if _, err := f.Append("", `{"x":1}`); err != nil {
+		t.Fatal(err)
+	}
+	f.Commit(nil)
+	want("committed")
 }

@@ -155,6 +155,16 @@ func TestFallbackOnContextLength(t *testing.T) {
 	}
 	wantModelCalls(t, e, "claude-primary", 1)
 	wantModelCalls(t, e, "claude-backup", 1)
+
+	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
+	body = `{"model":"primary","stream":true,"input":"hi"}`
+	r = e.fetch(req{key: newKey("responses"), path: "/v1/responses", body: body})
+	if r.status != 200 || r.aborted || len(r.events) == 0 || r.events[len(r.events)-1].Type != "response.completed" {
+		t.Fatalf("responses: got %d aborted=%v; want a whole Responses stream", r.status, r.aborted)
+	}
+	if got := answeredBy(t, r); got != "backup" {
+		t.Fatalf("responses: answered by %q; want backup", got)
+	}
 }
 
 // TestNoFallback: what never falls back. Another 400 (a content filter's)
@@ -169,7 +179,7 @@ func TestNoFallback(t *testing.T) {
 		errType     string
 		aborted     bool
 	}{
-		{"content filter", "status=400", 400, "invalid_request_error", false},
+		{"content filter", "content-filter", 400, "invalid_request_error", false},
 		{"cut after the first event", "reset-after=3", 200, "", true},
 		{"timeout after the request was written", "hang", 504, "upstream_timeout", false},
 	} {
@@ -181,6 +191,9 @@ func TestNoFallback(t *testing.T) {
 			r := e.fetch(req{key: key, body: modelBody("primary")})
 			if r.status != c.status || r.aborted != c.aborted || r.errType != c.errType {
 				t.Fatalf("got %d %q aborted=%v (%q); want %d %q aborted=%v", r.status, r.errType, r.aborted, r.raw, c.status, c.errType, c.aborted)
+			}
+			if c.status == 400 && !strings.Contains(string(r.raw), `"code":"content_filter"`) {
+				t.Fatalf("got %s; want the upstream's own answer, with its code", r.raw)
 			}
 			wantModelCalls(t, e, "primary", 1)
 			wantModelCalls(t, e, "backup", 0)

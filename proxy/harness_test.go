@@ -63,13 +63,32 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(&pc, &cc, &mc)
 	}
+	mock, upURL := startMock(t, mc)
+	return newEnvUpstream(t, upURL, mock, pc, cc)
+}
+
+// startMock starts the mock LLM with mc on loopback, closed when the test
+// ends, and returns it with its base URL.
+func startMock(t *testing.T, mc mockllm.Config) (*mockllm.Server, string) {
+	t.Helper()
 	mock := mockllm.New(mc)
 	upURL, err := mock.Start("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { mock.Close() })
-	return newEnvUpstream(t, upURL, mock, pc, cc)
+	return mock, upURL
+}
+
+// memoryStore is an in-memory store of cc, closed when the test ends.
+func memoryStore(t *testing.T, cc cache.Config) *cache.Memory {
+	t.Helper()
+	store, err := cache.NewMemory(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return store
 }
 
 // newEnvUpstream puts ssegate in front of any upstream URL.

@@ -3,9 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"io"
 	"net"
 	"net/http"
@@ -505,36 +503,25 @@ func (r *originRig) answerRaw() {
 // origin.go: from, to, and each goroutine named in the last column.
 func originTable(t *testing.T) map[originMove]bool {
 	t.Helper()
-	fset := token.NewFileSet()
-	file, err := parser.ParseFile(fset, "origin.go", nil, parser.ParseComments)
-	if err != nil {
-		t.Fatal(err)
-	}
 	modes := map[string]originMode{}
 	for m := range originMode(len(originModes)) {
 		modes[m.String()] = m
 	}
 	rows := map[originMove]bool{}
-	for _, d := range file.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.TYPE || gd.Specs[0].(*ast.TypeSpec).Name.Name != "originMode" {
+	for _, line := range gatetest.DocTable(t, "origin.go", "originMode") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
 			continue
 		}
-		for line := range strings.Lines(gd.Doc.Text()) {
-			f := strings.Fields(line)
-			if !strings.HasPrefix(line, "\t") || len(f) < 2 {
-				continue
-			}
-			from, ok1 := modes[f[0]]
-			to, ok2 := modes[f[1]]
-			if !ok1 || !ok2 {
-				continue // the header, or a row's second line
-			}
-			by := line[strings.LastIndex(line, "  "):]
-			for _, g := range []string{"take-over", "generation", "timer"} {
-				if strings.Contains(by, g) {
-					rows[originMove{from, to, g}] = true
-				}
+		from, ok1 := modes[f[0]]
+		to, ok2 := modes[f[1]]
+		if !ok1 || !ok2 {
+			continue // the header, or a row's second line
+		}
+		by := line[strings.LastIndex(line, "  "):]
+		for _, g := range []string{"take-over", "generation", "timer"} {
+			if strings.Contains(by, g) {
+				rows[originMove{from, to, g}] = true
 			}
 		}
 	}

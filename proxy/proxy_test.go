@@ -183,17 +183,8 @@ func TestMalformedRequestHidesCredential(t *testing.T) {
 // when its handler returns) streams whole answers, keyed and not, and
 // keeps the connection alive for the next request; Shutdown then drains.
 func TestHandlerUnderAnyServer(t *testing.T) {
-	mock := mockllm.New(mockllm.Config{Tokens: 8, Delay: time.Millisecond})
-	upURL, err := mock.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mock.Close()
-	store, err := cache.NewMemory(cache.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	mock, upURL := startMock(t, mockllm.Config{Tokens: 8, Delay: time.Millisecond})
+	store := memoryStore(t, cache.Config{})
 	p, err := New(Config{Upstreams: []string{upURL}, Store: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -342,16 +342,8 @@ func TestStalePooledConnection(t *testing.T) {
 // before each read of the upstream's socket rather than before each event.
 func TestAnswerConn(t *testing.T) {
 	t.Parallel()
-	mock := mockllm.New(mockllm.Config{Tokens: 20, Delay: time.Millisecond})
-	url, err := mock.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mock.Close()
-	store, err := cache.NewMemory(cache.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, url := startMock(t, mockllm.Config{Tokens: 20, Delay: time.Millisecond})
+	store := memoryStore(t, cache.Config{})
 	cfg := Config{Upstreams: []string{url}, Store: store}
 	if err := cfg.setDefaults(); err != nil {
 		t.Fatal(err)

@@ -99,6 +99,17 @@ func writeContextFault(ctx *fasthttp.RequestCtx, p provider) {
 	writeJSON(ctx, fasthttp.StatusBadRequest, b)
 }
 
+// writeFilterFault answers a content-filter fault as OpenAI refuses a
+// prompt its filter flagged: 400 content_filter (Anthropic: a plain 400).
+func writeFilterFault(ctx *fasthttp.RequestCtx, p provider) {
+	if p == anthropic {
+		writeError(ctx, p, fasthttp.StatusBadRequest, "Output blocked by content filtering policy")
+		return
+	}
+	b := []byte(`{"error":{"message":"The response was filtered due to the prompt triggering the content management policy.","type":"invalid_request_error","param":"prompt","code":"content_filter"}}`)
+	writeJSON(ctx, fasthttp.StatusBadRequest, b)
+}
+
 // writeRouteError answers a request no endpoint takes (404, 405), in a shape
 // of the mock's own since no provider is known.
 func writeRouteError(ctx *fasthttp.RequestCtx, status int, typ, msg string) {

@@ -85,6 +85,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	case faultContext:
 		writeContextFault(ctx, p)
 		return
+	case faultFilter:
+		writeFilterFault(ctx, p)
+		return
 	}
 	if req.Model != "" {
 		model = req.Model

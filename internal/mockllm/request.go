@@ -32,6 +32,7 @@ const (
 	faultHang                // hang
 	faultHangAfter           // hang-after=N
 	faultContext             // context-length: 400, the prompt is longer than the model's context
+	faultFilter              // content-filter: 400, the prompt was refused by a content filter
 )
 
 // fault is one parsed X-Mock-Fault: its kind and its number (the status code
@@ -105,10 +106,12 @@ func parseFault(v string) (fault, error) {
 		return fault{kind: faultHang}, nil
 	case "context-length":
 		return fault{kind: faultContext}, nil
+	case "content-filter":
+		return fault{kind: faultFilter}, nil
 	}
 	name, arg, ok := strings.Cut(v, "=")
 	if !ok {
-		return fault{}, errors.New("want status=CODE, reset-after=N, eof-after=N, error-after=N, hang, hang-after=N or context-length")
+		return fault{}, errors.New("want status=CODE, reset-after=N, eof-after=N, error-after=N, hang, hang-after=N, context-length or content-filter")
 	}
 	n, err := strconv.Atoi(arg)
 	if err != nil {
