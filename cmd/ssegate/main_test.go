@@ -183,3 +183,25 @@ func TestStartupLogHidesCredentials(t *testing.T) {
 		t.Fatalf("the log carries a credential:\n%s", logs.String())
 	}
 }
+
+// TestFallbackFlag: SSEGATE_FALLBACK's rules separated by semicolons, the
+// command line's -fallback besides them (and over them for the same
+// model), -fallback-on-code, and the errors of a rule without its parts.
+func TestFallbackFlag(t *testing.T) {
+	o, err := parseFlags([]string{"-upstream", "mock", "-fallback", "gpt-4o=gpt-4.1", "-fallback", "*=gpt-4o-mini", "-fallback-on-code", "context_length_exceeded,string_above_max_length"},
+		env(map[string]string{"SSEGATE_FALLBACK": "gpt-4o=gpt-4o-mini ; claude-opus-4=claude-sonnet-4,claude-haiku-4"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := o.fallbacks.String(), "*=gpt-4o-mini;claude-opus-4=claude-sonnet-4,claude-haiku-4;gpt-4o=gpt-4.1"; got != want {
+		t.Errorf("rules: got %q; want %q", got, want)
+	}
+	if got := o.fallbackCodes.String(); got != "context_length_exceeded,string_above_max_length" {
+		t.Errorf("codes: got %q", got)
+	}
+	for _, bad := range []string{"gpt-4o", "=gpt-4o-mini", "gpt-4o=", "gpt-4o= , "} {
+		if _, err := parseFlags([]string{"-upstream", "mock", "-fallback", bad}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "-fallback") {
+			t.Errorf("-fallback %q: got %v; want an error naming -fallback", bad, err)
+		}
+	}
+}
