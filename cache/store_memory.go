@@ -109,6 +109,7 @@ type entry struct {
 	expires    time.Time // zero while live
 
 	id     string      // its key in Memory.keys
+	alias  string      // its key in Memory.aliases, or "" (alias.go)
 	tenant *tenantKeys // its tenant's part of the ledger
 	// at is its place in the ledger's expiries and in its tenant's, or
 	// -1 where it is in neither (while live).
@@ -152,6 +153,7 @@ type Memory struct {
 	// refused keys never make another tenant's hits wait.
 	mu      sync.RWMutex
 	keys    map[string]*entry
+	aliases map[string]aliasEntry // by aliasID; each alias's entry has it as its alias
 	tenants map[string]*tenantKeys
 	exp     expiries        // the ended entries of keys, by expiry
 	flights int64           // live flights
@@ -176,7 +178,7 @@ type Memory struct {
 func NewMemory(cfg Config) (*Memory, error) {
 	cfg.setDefaults()
 	m := &Memory{
-		cfg: cfg, keys: make(map[string]*entry), tenants: make(map[string]*tenantKeys),
+		cfg: cfg, keys: make(map[string]*entry), aliases: make(map[string]aliasEntry), tenants: make(map[string]*tenantKeys),
 		states: make(map[State]int64), stop: make(chan struct{}),
 	}
 	// About ten counters per expected item; items average a few KiB.
@@ -708,6 +710,7 @@ func (m *Memory) deleteLocked(e *entry) {
 	m.unscheduleLocked(e)
 	m.states[e.state]--
 	delete(m.keys, e.id)
+	m.unaliasLocked(e)
 	t := e.tenant
 	t.n--
 	if t.n == 0 {

@@ -50,6 +50,7 @@ const (
 	// The request, refused before any upstream work.
 	causeInvalidKey
 	causeInvalidLastEventID
+	causeInvalidStartingAfter
 	causeCredentialRequired
 	causeInvalidResumeToken
 	causeStreamNotFound
@@ -148,20 +149,21 @@ const (
 // causes is the table of causes: the only place a status, an error type, a
 // stream_aborted code or a failed key state is chosen.
 var causes = [numCauses]causeRow{
-	causeInvalidKey:         {name: "invalid_idempotency_key", refusal: "invalid", status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
-	causeInvalidLastEventID: {name: "invalid_last_event_id", refusal: "invalid", status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
-	causeCredentialRequired: {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
-	causeInvalidResumeToken: {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
-	causeStreamNotFound:     {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
-	causeKeyNotFound:        {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
-	causeAdminNotFound:      {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
-	causeInFlight:           {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
-	causeGone:               {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
-	causeConflict:           {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},
-	causeBodyTooLarge:       {name: "request_too_large", refusal: "invalid", status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
-	causeHeadersTooLarge:    {name: "headers_too_large", refusal: "invalid", status: s431, typ: tInvalid, msg: "request headers too large"},
-	causeRequestTimeout:     {name: "request_timeout", refusal: "invalid", status: s408, typ: tInvalid, msg: "request not read within its time"},
-	causeMalformedRequest:   {name: "malformed_request", refusal: "invalid", status: s400, typ: tInvalid, msg: "malformed request"},
+	causeInvalidKey:           {name: "invalid_idempotency_key", refusal: "invalid", status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
+	causeInvalidLastEventID:   {name: "invalid_last_event_id", refusal: "invalid", status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
+	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: "invalid", status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
+	causeCredentialRequired:   {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
+	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
+	causeStreamNotFound:       {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
+	causeKeyNotFound:          {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
+	causeAdminNotFound:        {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
+	causeInFlight:             {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
+	causeGone:                 {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
+	causeConflict:             {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},
+	causeBodyTooLarge:         {name: "request_too_large", refusal: "invalid", status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
+	causeHeadersTooLarge:      {name: "headers_too_large", refusal: "invalid", status: s431, typ: tInvalid, msg: "request headers too large"},
+	causeRequestTimeout:       {name: "request_timeout", refusal: "invalid", status: s408, typ: tInvalid, msg: "request not read within its time"},
+	causeMalformedRequest:     {name: "malformed_request", refusal: "invalid", status: s400, typ: tInvalid, msg: "malformed request"},
 
 	causeMaxStreams:        {name: "max_streams", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
 	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},

@@ -568,6 +568,9 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c 
 			continue
 		}
 		det.Observe(ev)
+		if !begun && ev.Type == "response.created" {
+			g.responseCreated(ev)
+		}
 		if !begun {
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
 				return causeErrorEvent, false // an upstream error before any event: a failed call

@@ -266,6 +266,9 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 			p.serveKeyInfo(ctx, key)
 			return
 		}
+		if id := responseID(path); id != "" && p.store != nil && p.serveResponseGet(ctx, id) {
+			return
+		}
 	}
 	key := ctx.Request.Header.Peek("Idempotency-Key")
 	for _, h := range p.cfg.KeyHeaders {

@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// OpenAI's own resume API, served from the journal: a keyed Responses
+// stream's id (from its response.created event) becomes an alias of its
+// key, and GET /v1/responses/{id}?stream=true&starting_after=N from the
+// same tenant is answered with the events whose sequence_number is above
+// N, from the live generation or the stored one, then live to the end —
+// with or without background: true at the provider. Without stream=true
+// it answers the response object of the latest event that carries one
+// (response.completed's, once committed). An id the store does not know
+// for the tenant goes to the upstream unchanged, so the provider's own
+// background resume keeps working through the proxy.
+
+// aliasStore is what a store offers for it (both cache stores do).
+type aliasStore interface {
+	SetAlias(sc cache.Scope, gen uint64, name string, base int64)
+	ResolveAlias(tenant, name string) (cache.Alias, bool)
+}
+
+// responseCreated names a Responses stream after its response.created
+// event ev: its id becomes an alias of the flight's key. Unkeyed flights
+// have nothing to resume by and are not named.
+func (g *gen) responseCreated(ev sse.Event) {
+	f := g.f
+	as, ok := g.p.store.(aliasStore)
+	if !ok || f.Gen == 0 {
+		return
+	}
+	id := gjson.Get(ev.Data, "response.id")
+	if id.Type != gjson.String || id.Str == "" {
+		return
+	}
+	as.SetAlias(f.Scope, f.Gen, id.Str, gjson.Get(ev.Data, "sequence_number").Int())
+}
+
+// responseID returns the {id} of GET …/responses/{id}, or "".
+func responseID(path string) string {
+	i := strings.LastIndex(path, "/responses/")
+	if i < 0 {
+		return ""
+	}
+	id := path[i+len("/responses/"):]
+	if id == "" || strings.ContainsRune(id, '/') {
+		return ""
+	}
+	return id
+}
+
+// serveResponseGet answers GET /v1/responses/{id} from the journal when id
+// is an alias of one of the tenant's keys; it reports false, having
+// answered nothing, when it is not.
+func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
+	as, ok := p.store.(aliasStore)
+	if !ok {
+		return false
+	}
+	tenant, _ := p.tenant(ctx)
+	a, ok := as.ResolveAlias(tenant, id)
+	if !ok {
+		return false
+	}
+	q := ctx.QueryArgs()
+	var after uint64 // the journal's position: events after it are served
+	if v := q.Peek("starting_after"); v != nil {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			p.refuse(ctx, causeInvalidStartingAfter, "it is not a number")
+			return true
+		}
+		after = uint64(max(0, n-a.Base+1))
+	}
+	sc := cache.Scope{Tenant: tenant, Key: a.Key}
+	f, r, err := p.store.Attach(sc, "", sse.ID{Gen: a.Gen, Seq: after}, true)
+	switch {
+	case errors.Is(err, cache.ErrGone), errors.Is(err, cache.ErrNotFound):
+		return false // another generation holds the key now: the name is the upstream's
+	case errors.Is(err, cache.ErrPosition):
+		p.refuse(ctx, causeInvalidStartingAfter, "it names an event this response never had")
+		return true
+	case err != nil:
+		p.storeError(ctx, err)
+		return true
+	}
+	p.offerResume(ctx, sc)
+	p.logDecision(ctx, "resume", sc, "", "generation", a.Gen, "after", after, "response_id", id)
+	// openai-go's GetStreaming says stream in a JSON body of its GET; the
+	// API documents it as a query parameter.
+	if !q.GetBool("stream") && !gjson.GetBytes(ctx.Request.Body(), "stream").Bool() {
+		p.responseObject(ctx, f, r)
+		return true
+	}
+	if f != nil {
+		p.serveFlight(ctx, f, after, true)
+	} else {
+		p.replay(ctx, r, after)
+	}
+	return true
+}
+
+// responseObject answers the response object of the latest journaled
+// event that carries one: response.completed's once the stream is
+// committed, response.created's or response.in_progress's while it runs.
+func (p *Proxy) responseObject(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result) {
+	var journal []byte
+	if r != nil {
+		journal, _ = r.After(0)
+	} else if sub, err := f.Subscribe(0); err == nil {
+		journal, _ = sub.Read()
+		sub.Close()
+	}
+	var last string
+	for ev, err := range sse.Read(bytes.NewReader(journal), len(journal)+1) {
+		if err != nil {
+			break
+		}
+		if o := gjson.Get(ev.Data, "response"); o.IsObject() {
+			last = o.Raw
+		}
+	}
+	if last == "" {
+		p.writeError(ctx, causeStreamNotFound.err("no event of this response carries its object yet"))
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(last)
+}

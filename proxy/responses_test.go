@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/ssegate/ssegate/cache"
+)
+
+// responsesClient is openai-go through e with credential key.
+func responsesClient(e *env, key string, opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{
+		option.WithBaseURL(e.url + "/v1/"), option.WithAPIKey(key),
+		option.WithMaxRetries(0), option.WithHTTPClient(e.client),
+	}, opts...)...)
+}
+
+// TestResponsesResumeFromJournal: openai-go's GetStreaming with
+// StartingAfter, for a Responses stream made without background: true, is
+// answered from the journal, while the stream runs and after its commit:
+// exactly the events after that sequence number, to response.completed,
+// with no second upstream call. Without stream=true the GET answers the
+// final response object. Another tenant's GET of the same id is not
+// served from the journal.
+func TestResponsesResumeFromJournal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(5*time.Millisecond, 24))
+	c := responsesClient(e, "sk-one")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key := newKey("responses")
+	params := responses.ResponseNewParams{Model: "gpt-4o-mini", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a joke")}}
+	stream := c.Responses.NewStreaming(ctx, params, option.WithHeader("Idempotency-Key", key))
+	var id string
+	var seen []int64
+	for stream.Next() && len(seen) < 6 { // leave while it runs
+		ev := stream.Current()
+		seen = append(seen, ev.SequenceNumber)
+		if ev.Type == "response.created" {
+			id = ev.Response.ID
+		}
+	}
+	stream.Close()
+	if id == "" || len(seen) < 6 {
+		t.Fatalf("first part: id %q, %d events; want the id and 6 events", id, len(seen))
+	}
+	resume := func(c openai.Client, after int64) ([]int64, string, error) {
+		s := c.Responses.GetStreaming(ctx, id, responses.ResponseGetParams{StartingAfter: openai.Int(after)})
+		var seqs []int64
+		last := ""
+		for s.Next() {
+			seqs = append(seqs, s.Current().SequenceNumber)
+			last = s.Current().Type
+		}
+		return seqs, last, s.Err()
+	}
+	raw := e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=5", auth: "Bearer sk-one"})
+	if raw.status != 200 || len(raw.events) == 0 || !strings.Contains(raw.events[0].Data, `"sequence_number":6`) {
+		t.Fatalf("GET ?stream=true&starting_after=5: got %d, first event %v; want sequence_number 6 first", raw.status, raw.events[:min(1, len(raw.events))])
+	}
+	after := seen[len(seen)-1]
+	seqs, last, err := resume(c, after)
+	if err != nil || last != "response.completed" || len(seqs) == 0 || seqs[0] != after+1 {
+		t.Fatalf("live resume after %d: %v, last %q, seqs %v; want %d on to response.completed", after, err, last, seqs, after+1)
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			t.Fatalf("resume: sequence numbers %v have a gap or a repeat", seqs)
+		}
+	}
+	e.waitState(key, "Bearer sk-one", cache.StateCommitted)
+	again, last2, err := resume(c, 2)
+	if err != nil || last2 != "response.completed" || len(again) == 0 || again[0] != 3 || again[len(again)-1] != seqs[len(seqs)-1] {
+		t.Fatalf("stored resume after 2: %v, last %q, seqs %v", err, last2, again)
+	}
+	r, err := c.Responses.Get(ctx, id, responses.ResponseGetParams{})
+	if err != nil || r.ID != id || r.Status != "completed" || strings.TrimSpace(r.OutputText()) == "" {
+		t.Fatalf("GET without stream: %v, %+v; want the completed response", err, r)
+	}
+	e.wantCalls(1)
+	// Another tenant: the id is unknown to it, so the GET goes upstream
+	// (the mock has no GET: an error), not to the journal.
+	if _, _, err := resume(responsesClient(e, "sk-two"), 2); err == nil {
+		t.Fatal("another tenant's resume: got the stream; want it not served from the journal")
+	}
+	e.wantCalls(1)
+}
+
+// TestResponsesUnknownIDRelayed: a GET of an id the proxy does not know
+// reaches the upstream unchanged, path and query, so the provider's own
+// background resume works through the proxy.
+func TestResponsesUnknownIDRelayed(t *testing.T) {
+	t.Parallel()
+	var got atomic.Value
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Method + " " + r.URL.RequestURI())
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":9,\"response\":{\"id\":\"resp_x\",\"status\":\"completed\"}}\n\n")) //nolint:errcheck // a test
+	}))
+	defer up.Close()
+	e := newEnvUpstream(t, up.URL, nil, Config{}, cache.Config{})
+	r := e.fetch(req{method: http.MethodGet, path: "/v1/responses/resp_x?stream=true&starting_after=8"})
+	if r.status != 200 || got.Load() != "GET /v1/responses/resp_x?stream=true&starting_after=8" {
+		t.Fatalf("got %d, upstream saw %v; want the GET relayed unchanged", r.status, got.Load())
+	}
+}
