@@ -413,17 +413,13 @@ func TestRedisKeyInfoModel(t *testing.T) {
 	f.Mark(StateExecutionStarted, 2, 429)
 	want := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		eventually(t, 5*time.Second, func() error {
 			ki, ok := rs[1].Info(sc)
 			if ok && ki.Model == "gpt-4o-mini" && len(ki.Fallbacks) == 1 && ki.Fallbacks[0] == fbs[0] {
-				return
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the other replica's key info %+v (found %v); want model gpt-4o-mini after gpt-4o", what, ki, ok)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return fmt.Errorf("%s: the other replica's key info %+v (found %v); want model gpt-4o-mini after gpt-4o", what, ki, ok)
+		})
 	}
 	want("live")
 	f.SetHead(Head{Status: 200, ContentType: "text/event-stream", Stream: true})

@@ -91,23 +91,25 @@ func writeStatusFault(ctx *fasthttp.RequestCtx, p provider, status int) {
 // prompt is too long for the model: OpenAI's 400 context_length_exceeded,
 // Anthropic's 400 "prompt is too long".
 func writeContextFault(ctx *fasthttp.RequestCtx, p provider) {
+	writeRefusal(ctx, p, "prompt is too long: 210000 tokens > 200000 maximum",
+		`{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 210000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`)
+}
+
+// writeRefusal answers 400: Anthropic's shape with message, or OpenAI's
+// body as given.
+func writeRefusal(ctx *fasthttp.RequestCtx, p provider, message, openAIBody string) {
 	if p == anthropic {
-		writeError(ctx, p, fasthttp.StatusBadRequest, "prompt is too long: 210000 tokens > 200000 maximum")
+		writeError(ctx, p, fasthttp.StatusBadRequest, message)
 		return
 	}
-	b := []byte(`{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 210000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`)
-	writeJSON(ctx, fasthttp.StatusBadRequest, b)
+	writeJSON(ctx, fasthttp.StatusBadRequest, []byte(openAIBody))
 }
 
 // writeFilterFault answers a content-filter fault as OpenAI refuses a
 // prompt its filter flagged: 400 content_filter (Anthropic: a plain 400).
 func writeFilterFault(ctx *fasthttp.RequestCtx, p provider) {
-	if p == anthropic {
-		writeError(ctx, p, fasthttp.StatusBadRequest, "Output blocked by content filtering policy")
-		return
-	}
-	b := []byte(`{"error":{"message":"The response was filtered due to the prompt triggering the content management policy.","type":"invalid_request_error","param":"prompt","code":"content_filter"}}`)
-	writeJSON(ctx, fasthttp.StatusBadRequest, b)
+	writeRefusal(ctx, p, "Output blocked by content filtering policy",
+		`{"error":{"message":"The response was filtered due to the prompt triggering the content management policy.","type":"invalid_request_error","param":"prompt","code":"content_filter"}}`)
 }
 
 // writeRouteError answers a request no endpoint takes (404, 405), in a shape
