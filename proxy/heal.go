@@ -27,6 +27,10 @@ import (
 // within -upstream-idle-timeout from the drop.
 const healAttempts = 3
 
+// maxHeals bounds the drops healed over one stream: an upstream that
+// breaks every resumed connection ends the stream after as many.
+const maxHeals = 5
+
 // healBackoff is the pause before the second reconnect, doubled before
 // each later one.
 const healBackoff = 50 * time.Millisecond
@@ -35,8 +39,9 @@ const healBackoff = 50 * time.Millisecond
 // the request it answers, and the response id its response.created named.
 type healer struct {
 	up   *upstream
-	tmpl *fasthttp.Request
-	id   string
+	tmpl  *fasthttp.Request
+	id    string
+	heals int // drops healed so far
 }
 
 // healer returns the healer of an attempt on up with tmpl, or nil when
@@ -95,7 +100,7 @@ func (e *healRefused) Error() string {
 // stream cannot be healed or every reconnect failed, a *healRefused when
 // the upstream answered otherwise than with the stream.
 func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Response, error) {
-	if h == nil || h.id == "" || det.Dialect() != sse.DialectOpenAIResponses || g.cutShort() != causeNone {
+	if h == nil || h.id == "" || h.heals >= maxHeals || det.Dialect() != sse.DialectOpenAIResponses || g.cutShort() != causeNone {
 		return nil, readErr
 	}
 	if c := readFailure(readErr); c != causeUpstreamReadError && c != causeUpstreamIdleTimeout {
@@ -140,6 +145,7 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 				"after", seq, "upstream", h.up.name, "upstream_status", head.Status)
 			return nil, &healRefused{status: head.Status}
 		}
+		h.heals++
 		p.m.resumes.WithLabelValues("resumed").Inc()
 		p.log.Info("upstream resumed", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
 			"after", seq, "upstream", h.up.name, "reason", readFailure(readErr).String())

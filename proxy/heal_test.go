@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ssegate/ssegate/cache"
 )
@@ -85,6 +86,18 @@ func TestHealBackground(t *testing.T) {
 	wantWholeResponses(t, e.fetch(r), events)
 	wantCount(t, "generations", e.mock.Generations(), 2)
 	wantCount(t, "resumes", e.mock.Resumes(), 2)
+}
+
+// TestHealIdleTimeout: a background stream that goes silent past
+// -upstream-idle-timeout after 5 events is resumed like a reset one.
+func TestHealIdleTimeout(t *testing.T) {
+	e := newEnv(t, withConfig(func(pc *Config) { pc.UpstreamIdleTimeout = 300 * time.Millisecond }))
+	key := newKey("heal-idle")
+	got := e.fetch(req{path: "/v1/responses", key: key, body: bgBody, header: map[string]string{"X-Mock-Fault": "hang-after=5"}})
+	wantWholeResponses(t, got, 16+8)
+	e.waitState(key, "", cache.StateCommitted)
+	wantCount(t, "generations", e.mock.Generations(), 1)
+	wantCount(t, "resumes", e.mock.Resumes(), 1)
 }
 
 // abortCode is the code of the stream_aborted event that ended got.
