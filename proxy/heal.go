@@ -38,7 +38,7 @@ const healBackoff = 50 * time.Millisecond
 // healer is what a healable stream needs to reconnect: the upstream and
 // the request it answers, and the response id its response.created named.
 type healer struct {
-	up   *upstream
+	up    *upstream
 	tmpl  *fasthttp.Request
 	id    string
 	heals int // drops healed so far
