@@ -171,3 +171,26 @@ func TestKeptBounded(t *testing.T) {
 		t.Errorf("%d kept; want at most %d", len(k.m), maxKept)
 	}
 }
+
+// TestBackgroundFaultAtItsEvent: the fault of a background response fires
+// at its own event of the response: a resume from before it breaks there
+// again, one from past it runs to the end.
+func TestBackgroundFaultAtItsEvent(t *testing.T) {
+	_, u := startBG(t)
+	resp := postBG(t, u, `{"input":"z","stream":true,"background":true}`, "reset-after=5")
+	first, _ := readBG(t, resp.Body)
+	resp.Body.Close()
+	id := first[0].Response.ID
+	r := getBG(t, u+"/v1/responses/"+id+"?stream=true&starting_after=1")
+	evs, broke := readBG(t, r.Body)
+	r.Body.Close()
+	if !broke || len(evs) != 3 || evs[0].Seq != 2 || evs[2].Seq != 4 {
+		t.Fatalf("resume from 1: %d events (broke %v): %+v; want 2..4, broken", len(evs), broke, evs)
+	}
+	r = getBG(t, u+"/v1/responses/"+id+"?stream=true")
+	evs, broke = readBG(t, r.Body)
+	r.Body.Close()
+	if !broke || len(evs) != 5 || evs[0].Seq != 0 {
+		t.Fatalf("resume from the start: %d events (broke %v); want 0..4, broken", len(evs), broke)
+	}
+}
