@@ -3,8 +3,12 @@ package proxy
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -179,4 +183,104 @@ func TestHealNeverChat(t *testing.T) {
 	}
 	wantCount(t, "resumes", e.mock.Resumes(), 0)
 	wantCount(t, "calls", e.mock.Calls(), 1)
+}
+
+// bgEvents is a background Responses stream of a scripted upstream, by
+// sequence number.
+var bgEvents = []string{
+	`event: response.created` + "\n" + `data: {"type":"response.created","response":{"id":"resp_abc","status":"in_progress","background":true},"sequence_number":0}`,
+	`event: response.in_progress` + "\n" + `data: {"type":"response.in_progress","response":{"id":"resp_abc","status":"in_progress","background":true},"sequence_number":1}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"a","sequence_number":2}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"b","sequence_number":3}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"c","sequence_number":4}`,
+	`event: response.completed` + "\n" + `data: {"type":"response.completed","response":{"id":"resp_abc","status":"completed","background":true,"usage":{"input_tokens":3,"output_tokens":3}},"sequence_number":5}`,
+}
+
+// bgScript answers the POST and each resume of bgEvents from after
+// starting_after, breaking the connection after breaks[n-1] events of
+// call n (-1: to the end).
+func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Request) {
+	return func(n int64, w http.ResponseWriter, r *http.Request) {
+		from := 0
+		if v := r.URL.Query().Get("starting_after"); v != "" {
+			after, _ := strconv.Atoi(v)
+			from = after + 1
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		stop := -1
+		if int(n) <= len(breaks) {
+			stop = breaks[n-1]
+		}
+		for i, ev := range bgEvents[from:] {
+			if i == stop {
+				panic(http.ErrAbortHandler) // the connection drops, its body unfinished
+			}
+			fmt.Fprint(w, ev+"\n\n")
+			fl.Flush()
+		}
+	}
+}
+
+// TestHealRequest: the resume is a GET of the same upstream's
+// /v1/responses/{id}?stream=true&starting_after=N, N the last sequence
+// number journaled, with the original request's credential and without
+// its body headers; a stream dropped twice is healed twice, contiguous.
+func TestHealRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []*http.Request
+	fs := newFaultServer(t, nil)
+	script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Clone(r.Context()))
+		mu.Unlock()
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	key := newKey("heal-req")
+	got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
+		body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
+	wantWholeResponses(t, got, len(bgEvents))
+	e.waitState(key, "Bearer sk-test", cache.StateCommitted)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
+	}
+	for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
+		r := seen[i+1]
+		if r.Method != http.MethodGet || r.URL.RequestURI() != want {
+			t.Errorf("resume %d: %s %s; want GET %s", i+1, r.Method, r.URL.RequestURI(), want)
+		}
+		if r.Header.Get("Authorization") != "Bearer sk-test" || r.Header.Get("Idempotency-Key") != key {
+			t.Errorf("resume %d: Authorization %q, Idempotency-Key %q; want the original's", i+1, r.Header.Get("Authorization"), r.Header.Get("Idempotency-Key"))
+		}
+		if r.Header.Get("Content-Type") != "" || r.ContentLength > 0 {
+			t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, r.Header.Get("Content-Type"), r.ContentLength)
+		}
+	}
+}
+
+// TestHealUpstreamError: a resume answered 500 aborts the stream with
+// heal_refused, after the events journaled before the drop.
+func TestHealUpstreamError(t *testing.T) {
+	fs := newFaultServer(t, nil)
+	script := bgScript(3)
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n > 1 {
+			http.Error(w, `{"error":{"message":"boom","type":"server_error"}}`, http.StatusInternalServerError)
+			return
+		}
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	got := e.fetch(req{path: "/v1/responses", body: `{"input":"hi","stream":true,"background":true}`})
+	if c := abortCode(t, got); c != "heal_refused" {
+		t.Errorf("abort code %q; want heal_refused", c)
+	}
+	if len(got.events) != 4 { // 3 events and stream_aborted
+		t.Errorf("%d events; want 4", len(got.events))
+	}
+	wantCount(t, "upstream requests", fs.calls.Load(), 2)
 }
