@@ -284,3 +284,26 @@ func TestHealUpstreamError(t *testing.T) {
 	}
 	wantCount(t, "upstream requests", fs.calls.Load(), 2)
 }
+
+// TestHealReconnectFails: when no reconnect gets an answer (each is cut
+// before its head), the stream aborts with the drop's own cause after
+// the bounded attempts.
+func TestHealReconnectFails(t *testing.T) {
+	fs := newFaultServer(t, nil)
+	script := bgScript(3)
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n > 1 {
+			panic(http.ErrAbortHandler) // no head
+		}
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	got := e.fetch(req{path: "/v1/responses", body: `{"input":"hi","stream":true,"background":true}`})
+	if c := abortCode(t, got); c != "upstream_read_error" {
+		t.Errorf("abort code %q; want upstream_read_error", c)
+	}
+	wantCount(t, "upstream requests", fs.calls.Load(), 1+healAttempts)
+	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="failed"}`); v != 1 {
+		t.Errorf("resumes failed: %v; want 1", v)
+	}
+}
