@@ -94,6 +94,7 @@ const (
 	causeUnframedBody
 	causeUpstreamIdleTimeout
 	causeUpstreamReadError
+	causeHealRefused // a background Responses stream's resume, refused by the upstream
 
 	// The stream's end, as sse.Detector judges it.
 	causeErrorEvent
@@ -190,6 +191,7 @@ var causes = [numCauses]causeRow{
 	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
 	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
+	causeHealRefused:         {name: "heal_refused", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: "the upstream connection failed mid-stream and the upstream refused to resume the stream", abort: "the upstream connection failed mid-stream, and the upstream refused to resume it"},
 	causeUpstreamReadError:   {name: "upstream_read_error", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
 
 	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},

@@ -442,7 +442,7 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		g.record(resp, head)
 		return a, true
 	}
-	c, settled := g.pump(resp, head, sent)
+	c, settled := g.pump(resp, head, sent, g.healer(up, tmpl))
 	if settled {
 		return a, true
 	}
@@ -534,7 +534,10 @@ func (g *gen) end(attempts int, a, prev attempt) {
 // the flight ends here (settled): committed after a clean end, failed
 // otherwise. What follows the terminal event is drained, within bounds,
 // so the connection can be reused.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c cause, settled bool) {
+//
+// A stream that h can heal (heal.go) and whose connection breaks after
+// the first event goes on with the upstream's resume of it.
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer) (c cause, settled bool) {
 	f := g.f
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
@@ -548,15 +551,21 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c 
 	conn := connOf(resp)
 	if conn != nil {
 		conn.beforeRead = g.o.push
-		defer func() { conn.beforeRead = nil }()
 	}
+	defer func() {
+		if conn != nil {
+			conn.beforeRead = nil
+		}
+	}()
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
 	// most maxDrain bytes of it) so that the connection can be reused.
 	begun := false // the first event was seen, and the head went to the flight
 	concluded := false
 	drained := 0
-	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
+	body := bodyOf(resp)
+read:
+	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
 		if err != nil {
 			readErr = err
 			break
@@ -571,6 +580,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c 
 		if !begun && ev.Type == "response.created" {
 			g.responseCreated(ev)
 		}
+		h.observe(ev)
 		if !begun {
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
 				return causeErrorEvent, false // an upstream error before any event: a failed call
@@ -604,6 +614,21 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time) (c 
 	}
 	if concluded {
 		return c, settled
+	}
+	if readErr != nil && appendErr == nil && begun && h != nil {
+		if conn != nil {
+			conn.beforeRead = nil
+			conn = nil
+		}
+		nr, err := g.heal(h, det, readErr)
+		if nr != nil {
+			resp, readErr, body = nr, nil, bodyOf(nr)
+			if conn = connOf(resp); conn != nil {
+				conn.beforeRead = g.o.push
+			}
+			goto read
+		}
+		readErr = err
 	}
 	// The body ended with its framing intact: its last chunk, or all of
 	// its Content-Length (fasthttp fails a read short of either with
@@ -677,6 +702,8 @@ func readFailure(err error) cause {
 		return causeMaxEventBytes
 	case errors.Is(err, errBodyTooLarge):
 		return causeMaxStreamBytes
+	case errors.As(err, new(*healRefused)):
+		return causeHealRefused
 	case isTimeout(err):
 		return causeUpstreamIdleTimeout
 	default:

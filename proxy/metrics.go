@@ -36,6 +36,7 @@ type metrics struct {
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
 	timeouts       *prometheus.CounterVec
+	resumes        *prometheus.CounterVec
 }
 
 // firstEventBuckets span a loopback relay's microseconds to a reasoning
@@ -73,6 +74,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.originHandoffs = c("clients_behind_total", "Clients of a generation that fell behind its events and were handed from the generation's own writes to a writer of their own.")
 	m.clientsGone = c("clients_gone_total", "Streamed answers whose client went away before the end.")
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
+	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})

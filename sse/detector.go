@@ -219,6 +219,11 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 // recognisable event arrives.
 func (d *Detector) Dialect() Dialect { return d.dialect }
 
+// LastSequence returns the sequence_number of the last event observed
+// that carried one (OpenAI Responses); ok is false when none did. A
+// resumed Responses stream continues after it (starting_after).
+func (d *Detector) LastSequence() (seq int64, ok bool) { return d.lastSeq, d.haveSeq }
+
 // Terminal reports whether the event that ends the stream has been
 // observed: data: [DONE] in a chat stream, response.completed,
 // response.failed or response.incomplete, message_stop, or an error (an

@@ -32,6 +32,10 @@ type Request struct {
 	// IncludeUsage is true when "stream_options" is an object whose
 	// "include_usage" is the JSON value true.
 	IncludeUsage bool
+	// Background is true when "background" is the JSON value true (OpenAI
+	// Responses: the provider keeps the response, and its stream can be
+	// resumed).
+	Background bool
 }
 
 // Expect returns what a Detector should require of the stream that answers
@@ -72,7 +76,7 @@ func ParseRequest(body []byte) Request {
 	// A string view of body, not a copy: the walk only reads, and nothing
 	// that points into it outlives this call.
 	s := unsafe.String(unsafe.SliceData(body), len(body))
-	var model, stream, n, opts string // the last raw value of each member
+	var model, stream, n, opts, background string // the last raw value of each member
 	ok := object(s, func(key, val string) {
 		switch memberName(key) {
 		case "model":
@@ -83,12 +87,14 @@ func ParseRequest(body []byte) Request {
 			n = val
 		case "stream_options":
 			opts = val
+		case "background":
+			background = val
 		}
 	})
 	if !ok {
 		return Request{N: 1}
 	}
-	r := Request{Stream: stream == "true", N: 1}
+	r := Request{Stream: stream == "true", N: 1, Background: background == "true"}
 	if v, ok := intLiteral(n); ok {
 		r.N = min(max(v, 1), MaxChoices)
 	}

@@ -31,6 +31,8 @@ func TestParseRequest(t *testing.T) {
 
 		// The last duplicate counts, as with encoding/json and Python.
 		{`{"stream":true,"stream":false}`, def},
+		{`{"input":"x","stream":true,"background":true}`, Request{Stream: true, N: 1, Background: true}},
+		{`{"stream":true,"background":"true","metadata":{"background":true}}`, Request{Stream: true, N: 1}},
 		{`{"stream":true,"stream":null}`, def},
 		{`{"stream":false,"stream":true}`, Request{Stream: true, N: 1}},
 		{`{"n":4,"n":"x"}`, def},
@@ -214,6 +216,10 @@ func requestByEncodingJSON(body []byte) Request {
 	var stream bool
 	if json.Unmarshal(top["stream"], &stream) == nil {
 		r.Stream = stream
+	}
+	var background bool
+	if json.Unmarshal(top["background"], &background) == nil {
+		r.Background = background
 	}
 	var n int
 	if json.Unmarshal(top["n"], &n) == nil {

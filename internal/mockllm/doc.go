@@ -40,5 +40,16 @@
 // incomplete_details.reason "max_output_tokens".
 //
 // Server.Calls counts every POST to a model endpoint, whatever becomes of
-// it, so a test can assert how many generations reached the upstream.
+// it, so a test can assert how many generations reached the upstream;
+// Server.Generations counts those that began an answer.
+//
+// A Responses request with "background": true and "stream": true is kept
+// (bounded in number and time), as OpenAI keeps it: GET
+// /v1/responses/{id}?stream=true&starting_after=N streams its events with
+// a sequence_number above N to the end, the same events the first stream
+// had, and counts as a resume (Server.Resumes), not a call. An X-Mock-Fault
+// that fires after N events fires at that event of the response: a
+// resume from past it runs to the end. An unknown id is a 404, and a
+// Responses stream that was not a background one a 400, in OpenAI's
+// error shape.
 package mockllm

@@ -50,6 +50,10 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, fasthttp.StatusOK, []byte(modelList))
 		return
 	default:
+		if id, ok := responseID(string(ctx.Path())); ok {
+			s.serveRetrieve(ctx, id)
+			return
+		}
 		writeRouteError(ctx, fasthttp.StatusNotFound, "not_found", "no endpoint at "+string(ctx.Path()))
 		return
 	}
@@ -92,6 +96,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	if req.Model != "" {
 		model = req.Model
 	}
+	s.generations.Add(1)
 
 	var d dialect
 	switch ep {
@@ -104,7 +109,16 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	case messagesEndpoint:
 		d = newMessages(newCompletion(body, model, opts.tokens, req.MaxTokens, opts.chunkBytes))
 	default:
-		d = newResponses(newCompletion(body, model, opts.tokens, req.MaxOutputTokens, opts.chunkBytes), req.MaxOutputTokens)
+		r := newResponses(newCompletion(body, model, opts.tokens, req.MaxOutputTokens, opts.chunkBytes), req.MaxOutputTokens)
+		if req.Stream {
+			r.background = req.Background
+			e := kept{background: req.Background, at: time.Now()}
+			if req.Background {
+				e.d, e.delay, e.fault = r, opts.delay, opts.fault
+			}
+			s.kept.keep(r.id, e)
+		}
+		d = r
 	}
 
 	st := &stream{

@@ -147,6 +147,7 @@ func parseFault(v string) (fault, error) {
 type request struct {
 	Model         string `json:"model"`
 	Stream        bool   `json:"stream"`
+	Background    bool   `json:"background"` // Responses: kept for GET /v1/responses/{id}
 	StreamOptions struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`

@@ -1,5 +1,7 @@
 package mockllm
 
+import "strconv"
+
 // responses renders OpenAI Responses: response.created,
 // response.in_progress, output_item.added, content_part.added, an
 // output_text.delta per token, output_text.done, content_part.done,
@@ -10,6 +12,7 @@ type responses struct {
 	*completion
 	id, itemID string
 	maxTokens  int    // the request's max_output_tokens; 0: none
+	background bool   // the request's "background"
 	deltaClose []byte // what follows a token in a delta, up to the sequence number
 }
 
@@ -141,10 +144,14 @@ func (d *responses) appendResponse(dst []byte, done bool) []byte {
 	dst = append(dst, `,"status":"`...)
 	if done {
 		dst = append(dst, d.finalStatus()...)
-		dst = append(dst, `","background":false,"completed_at":`...)
+		dst = append(dst, `","background":`...)
+		dst = strconv.AppendBool(dst, d.background)
+		dst = append(dst, `,"completed_at":`...)
 		dst = appendInt(dst, d.created)
 	} else {
-		dst = append(dst, `in_progress","background":false,"completed_at":null`...)
+		dst = append(dst, `in_progress","background":`...)
+		dst = strconv.AppendBool(dst, d.background)
+		dst = append(dst, `,"completed_at":null`...)
 	}
 	dst = append(dst, `,"error":null,"incomplete_details":`...)
 	if done && d.cut {

@@ -46,8 +46,11 @@ var DefaultModelFaults = map[string]string{
 // own, or Start to have the Server listen itself. Its methods are safe for
 // concurrent use. A closed Server cannot be started again.
 type Server struct {
-	cfg   Config
-	calls atomic.Int64
+	cfg         Config
+	calls       atomic.Int64
+	generations atomic.Int64 // answers begun: calls that were not refused
+	resumes     atomic.Int64 // GET /v1/responses/{id}?stream=true served
+	kept        keptResponses
 
 	modelMu     sync.Mutex // guards modelFaults and modelCalls
 	modelFaults map[string]fault
@@ -257,14 +260,26 @@ func (s *Server) leave() {
 // (faults and 400s included).
 func (s *Server) Calls() int64 { return s.calls.Load() }
 
+// Generations reports how many answers the mock began to generate: the
+// calls that were not refused (X-Mock-Fault status, context-length and
+// content-filter, and 400s, are not). A resume (GET
+// /v1/responses/{id}?stream=true) is no generation and no call.
+func (s *Server) Generations() int64 { return s.generations.Load() }
+
+// Resumes reports how many background Responses streams were resumed
+// (GET /v1/responses/{id}?stream=true, served).
+func (s *Server) Resumes() int64 { return s.resumes.Load() }
+
 // Active reports how many streams (and stalls) are being written now: a
 // stream whose client went away ends at its next write, so a test can see
 // that the proxy let go of an upstream connection.
 func (s *Server) Active() int64 { return s.active.Load() }
 
-// ResetCalls sets the Calls counter to zero.
+// ResetCalls sets the Calls, Generations and Resumes counters to zero.
 func (s *Server) ResetCalls() {
 	s.calls.Store(0)
+	s.generations.Store(0)
+	s.resumes.Store(0)
 	s.modelMu.Lock()
 	clear(s.modelCalls)
 	s.modelMu.Unlock()

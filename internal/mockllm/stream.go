@@ -12,6 +12,7 @@ import (
 // run after the handler has returned.
 type stream struct {
 	d         dialect
+	from      int // the first event to send: 0, or past a resume's starting_after
 	delay     time.Duration
 	fault     fault
 	closing   <-chan struct{} // closed by Server.Close
@@ -31,7 +32,7 @@ func (st *stream) send(w *bufio.Writer, chunked bool) bool {
 		n = min(st.fault.n, n-1)
 	}
 	buf := make([]byte, 0, 512)
-	for i := range n {
+	for i := st.from; i < n; i++ {
 		if !st.wait() {
 			return false
 		}

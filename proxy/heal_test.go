@@ -1,0 +1,309 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+)
+
+const (
+	bgBody     = `{"model":"gpt-4o-mini","input":"Tell me a joke","stream":true,"background":true}`
+	fgBody     = `{"model":"gpt-4o-mini","input":"Tell me a joke","stream":true}`
+	resetAfter = "reset-after=5"
+)
+
+// wantWholeResponses checks that a Responses stream came whole: every
+// sequence number once, from 0, contiguous, ending with
+// response.completed of one response id.
+func wantWholeResponses(t *testing.T, got result, events int) {
+	t.Helper()
+	if got.status != 200 || got.aborted {
+		t.Fatalf("status %d, aborted %v; want a whole stream: %s", got.status, got.aborted, got.raw)
+	}
+	if len(got.events) != events {
+		t.Fatalf("%d events; want %d", len(got.events), events)
+	}
+	var id string
+	for i, ev := range got.events {
+		var v struct {
+			Type     string `json:"type"`
+			Seq      *int   `json:"sequence_number"`
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(ev.Data), &v); err != nil {
+			t.Fatalf("event %d: %v: %s", i, err, ev.Data)
+		}
+		if v.Seq == nil || *v.Seq != i {
+			t.Fatalf("event %d (%s): sequence_number %v; want %d", i, v.Type, v.Seq, i)
+		}
+		if v.Response.ID != "" {
+			if id != "" && v.Response.ID != id {
+				t.Fatalf("event %d: response %q; want %q", i, v.Response.ID, id)
+			}
+			id = v.Response.ID
+		}
+		if i == len(got.events)-1 && v.Type != "response.completed" {
+			t.Fatalf("last event %s; want response.completed", v.Type)
+		}
+	}
+}
+
+// TestHealBackground: a background Responses stream whose upstream
+// connection is reset after 5 events is resumed from its last sequence
+// number: the client gets every event once, in order, no abort; the key
+// is committed and replays the same stream; the upstream ran one
+// generation (one call, one resume), and the heal is counted. The same
+// holds for a request without a key.
+func TestHealBackground(t *testing.T) {
+	e := newEnv(t)
+	events := 16 + 8 // the mock's 16 tokens, and Responses' 8 other events
+	key := newKey("heal")
+	r := req{path: "/v1/responses", key: key, body: bgBody, header: map[string]string{"X-Mock-Fault": resetAfter}}
+	got := e.fetch(r)
+	wantWholeResponses(t, got, events)
+	e.waitState(key, "", cache.StateCommitted)
+	wantCount(t, "generations", e.mock.Generations(), 1)
+	wantCount(t, "calls", e.mock.Calls(), 1)
+	wantCount(t, "resumes", e.mock.Resumes(), 1)
+	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="resumed"}`); v != 1 {
+		t.Errorf("resumes resumed: %v; want 1", v)
+	}
+
+	again := e.fetch(r)
+	if !again.replayed || string(eventBytes(again.raw)) != string(eventBytes(got.raw)) {
+		t.Errorf("replay: replayed %v, same events %v", again.replayed, string(eventBytes(again.raw)) == string(eventBytes(got.raw)))
+	}
+	wantCount(t, "calls after the replay", e.mock.Calls(), 1)
+
+	r.key = ""
+	wantWholeResponses(t, e.fetch(r), events)
+	wantCount(t, "generations", e.mock.Generations(), 2)
+	wantCount(t, "resumes", e.mock.Resumes(), 2)
+}
+
+// TestHealIdleTimeout: a background stream that goes silent past
+// -upstream-idle-timeout after 5 events is resumed like a reset one.
+func TestHealIdleTimeout(t *testing.T) {
+	e := newEnv(t, withConfig(func(pc *Config) { pc.UpstreamIdleTimeout = 300 * time.Millisecond }))
+	key := newKey("heal-idle")
+	got := e.fetch(req{path: "/v1/responses", key: key, body: bgBody, header: map[string]string{"X-Mock-Fault": "hang-after=5"}})
+	wantWholeResponses(t, got, 16+8)
+	e.waitState(key, "", cache.StateCommitted)
+	wantCount(t, "generations", e.mock.Generations(), 1)
+	wantCount(t, "resumes", e.mock.Resumes(), 1)
+}
+
+// abortCode is the code of the stream_aborted event that ended got.
+func abortCode(t *testing.T, got result) string {
+	t.Helper()
+	if !got.aborted {
+		t.Fatalf("not aborted: %s", got.raw)
+	}
+	var v struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(got.events[len(got.events)-1].Data), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.Error.Code
+}
+
+// TestHealNotBackground: a Responses stream not made in background mode
+// has no resume: reset mid-stream, it aborts as before, and nothing is
+// resumed.
+func TestHealNotBackground(t *testing.T) {
+	e := newEnv(t)
+	key := newKey("heal-fg")
+	got := e.fetch(req{path: "/v1/responses", key: key, body: fgBody, header: map[string]string{"X-Mock-Fault": resetAfter}})
+	if c := abortCode(t, got); c != "upstream_read_error" {
+		t.Errorf("abort code %q; want upstream_read_error", c)
+	}
+	e.waitState(key, "", cache.StateFailedRetryable)
+	wantCount(t, "resumes", e.mock.Resumes(), 0)
+	wantCount(t, "generations", e.mock.Generations(), 1)
+}
+
+// TestHealRefused: when the upstream no longer knows the response (404
+// to the resume), the stream aborts with heal_refused and the key is
+// free.
+func TestHealRefused(t *testing.T) {
+	e := newEnv(t)
+	key := newKey("heal-refused")
+	resp := e.do(req{path: "/v1/responses", key: key, body: bgBody,
+		header: map[string]string{"X-Mock-Fault": resetAfter, "X-Mock-Delay": "50ms"}})
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before the first event: %v", err)
+		}
+		if strings.HasPrefix(line, "id: ") {
+			break
+		}
+	}
+	e.mock.ForgetResponses() // before the reset, 5 events in
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"stream_aborted"`) || !strings.Contains(string(rest), `"code":"heal_refused"`) {
+		t.Errorf("the stream did not end with stream_aborted heal_refused: %s", rest)
+	}
+	if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.Reason != "heal_refused" {
+		t.Errorf("reason %q; want heal_refused", ki.Reason)
+	}
+	wantCount(t, "resumes", e.mock.Resumes(), 0)
+	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="refused"}`); v != 1 {
+		t.Errorf("resumes refused: %v; want 1", v)
+	}
+}
+
+// TestHealNeverChat: a chat completion stream has no provider-side
+// resume and is never healed, "background" or not.
+func TestHealNeverChat(t *testing.T) {
+	e := newEnv(t)
+	body := `{"model":"gpt-4o-mini","stream":true,"background":true,"messages":[{"role":"user","content":"hi"}]}`
+	got := e.fetch(req{body: body, header: map[string]string{"X-Mock-Fault": resetAfter}})
+	if c := abortCode(t, got); c != "upstream_read_error" {
+		t.Errorf("abort code %q; want upstream_read_error", c)
+	}
+	wantCount(t, "resumes", e.mock.Resumes(), 0)
+	wantCount(t, "calls", e.mock.Calls(), 1)
+}
+
+// bgEvents is a background Responses stream of a scripted upstream, by
+// sequence number.
+var bgEvents = []string{
+	`event: response.created` + "\n" + `data: {"type":"response.created","response":{"id":"resp_abc","status":"in_progress","background":true},"sequence_number":0}`,
+	`event: response.in_progress` + "\n" + `data: {"type":"response.in_progress","response":{"id":"resp_abc","status":"in_progress","background":true},"sequence_number":1}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"a","sequence_number":2}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"b","sequence_number":3}`,
+	`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","delta":"c","sequence_number":4}`,
+	`event: response.completed` + "\n" + `data: {"type":"response.completed","response":{"id":"resp_abc","status":"completed","background":true,"usage":{"input_tokens":3,"output_tokens":3}},"sequence_number":5}`,
+}
+
+// bgScript answers the POST and each resume of bgEvents from after
+// starting_after, breaking the connection after breaks[n-1] events of
+// call n (-1: to the end).
+func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Request) {
+	return func(n int64, w http.ResponseWriter, r *http.Request) {
+		from := 0
+		if v := r.URL.Query().Get("starting_after"); v != "" {
+			after, _ := strconv.Atoi(v)
+			from = after + 1
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		stop := -1
+		if int(n) <= len(breaks) {
+			stop = breaks[n-1]
+		}
+		for i, ev := range bgEvents[from:] {
+			if i == stop {
+				panic(http.ErrAbortHandler) // the connection drops, its body unfinished
+			}
+			fmt.Fprint(w, ev+"\n\n")
+			fl.Flush()
+		}
+	}
+}
+
+// TestHealRequest: the resume is a GET of the same upstream's
+// /v1/responses/{id}?stream=true&starting_after=N, N the last sequence
+// number journaled, with the original request's credential and without
+// its body headers; a stream dropped twice is healed twice, contiguous.
+func TestHealRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []*http.Request
+	fs := newFaultServer(t, nil)
+	script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Clone(r.Context()))
+		mu.Unlock()
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	key := newKey("heal-req")
+	got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
+		body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
+	wantWholeResponses(t, got, len(bgEvents))
+	e.waitState(key, "Bearer sk-test", cache.StateCommitted)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
+	}
+	for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
+		r := seen[i+1]
+		if r.Method != http.MethodGet || r.URL.RequestURI() != want {
+			t.Errorf("resume %d: %s %s; want GET %s", i+1, r.Method, r.URL.RequestURI(), want)
+		}
+		if r.Header.Get("Authorization") != "Bearer sk-test" || r.Header.Get("Idempotency-Key") != key {
+			t.Errorf("resume %d: Authorization %q, Idempotency-Key %q; want the original's", i+1, r.Header.Get("Authorization"), r.Header.Get("Idempotency-Key"))
+		}
+		if r.Header.Get("Content-Type") != "" || r.ContentLength > 0 {
+			t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, r.Header.Get("Content-Type"), r.ContentLength)
+		}
+	}
+}
+
+// TestHealUpstreamError: a resume answered 500 aborts the stream with
+// heal_refused, after the events journaled before the drop.
+func TestHealUpstreamError(t *testing.T) {
+	fs := newFaultServer(t, nil)
+	script := bgScript(3)
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n > 1 {
+			http.Error(w, `{"error":{"message":"boom","type":"server_error"}}`, http.StatusInternalServerError)
+			return
+		}
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	got := e.fetch(req{path: "/v1/responses", body: `{"input":"hi","stream":true,"background":true}`})
+	if c := abortCode(t, got); c != "heal_refused" {
+		t.Errorf("abort code %q; want heal_refused", c)
+	}
+	if len(got.events) != 4 { // 3 events and stream_aborted
+		t.Errorf("%d events; want 4", len(got.events))
+	}
+	wantCount(t, "upstream requests", fs.calls.Load(), 2)
+}
+
+// TestHealReconnectFails: when no reconnect gets an answer (each is cut
+// before its head), the stream aborts with the drop's own cause after
+// the bounded attempts.
+func TestHealReconnectFails(t *testing.T) {
+	fs := newFaultServer(t, nil)
+	script := bgScript(3)
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n > 1 {
+			panic(http.ErrAbortHandler) // no head
+		}
+		script(n, w, r)
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	got := e.fetch(req{path: "/v1/responses", body: `{"input":"hi","stream":true,"background":true}`})
+	if c := abortCode(t, got); c != "upstream_read_error" {
+		t.Errorf("abort code %q; want upstream_read_error", c)
+	}
+	wantCount(t, "upstream requests", fs.calls.Load(), 1+healAttempts)
+	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="failed"}`); v != 1 {
+		t.Errorf("resumes failed: %v; want 1", v)
+	}
+}
