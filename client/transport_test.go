@@ -450,4 +450,3 @@ func TestNoResumeAfterTerminal(t *testing.T) {
 		t.Errorf("resumes: got %d; want none", len(rs.paths))
 	}
 }
-
