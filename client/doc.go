@@ -18,9 +18,20 @@
 //	}
 //	err := stream.Err() // errors.Is(err, client.ErrStreamGone), errors.As(err, &aborted)
 //
-// With anthropic-sdk-go it is the same: option.WithHTTPClient with the
-// Transport, and Messages.NewStreaming with a context from
-// [WithIdempotencyKey]. See the examples.
+// With anthropic-sdk-go:
+//
+//	c := anthropic.NewClient(
+//		option.WithBaseURL("http://ssegate:8080/"),
+//		option.WithHTTPClient(&http.Client{Transport: &client.Transport{}}),
+//	)
+//	ctx = client.WithIdempotencyKey(ctx, "ticket-7-reply") // the SDK's retries join
+//	stream := c.Messages.NewStreaming(ctx, params)
+//	for stream.Next() {
+//		fmt.Println(stream.Current().Type)
+//	}
+//	err := stream.Err()
+//
+// The examples show both whole.
 //
 // An SDK's own retry is a new request: without a pinned key each attempt
 // would get a fresh key, and a generation of its own. Either turn the
