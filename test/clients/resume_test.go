@@ -208,3 +208,52 @@ func TestOpenAISDKPinnedKeyJoins(t *testing.T) {
 		t.Errorf("upstream calls: got %d; want 1", n)
 	}
 }
+
+// TestOpenAISDKRetryJoins: the SDK's own retry (the Transport's are off)
+// with a pinned key. The forwarder severs the first attempt's connection
+// after the request went out and before the answer's head (the mock waits
+// before its first event); the SDK sends the request again under the same
+// key, and it joins the generation the first attempt started: one upstream
+// call, the whole stream, marked as replayed.
+func TestOpenAISDKRetryJoins(t *testing.T) {
+	mock, upstream := startMock(t, mockllm.Config{Tokens: 8, Delay: 150 * time.Millisecond})
+	g := startGate(t, "-upstream", upstream)
+	f := newForwarder(t, g.Addr)
+	c := openai.NewClient(
+		openaiopt.WithBaseURL("http://"+f.addr()+"/v1/"),
+		openaiopt.WithAPIKey("sk-e2e"),
+		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{MaxAttempts: 1}}),
+		openaiopt.WithMaxRetries(2),
+	)
+	key := fmt.Sprintf("openai-retry-%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
+	defer cancel()
+	severed := make(chan int, 1)
+	go func() {
+		time.Sleep(60 * time.Millisecond)
+		severed <- f.sever()
+	}()
+	var resp *http.Response
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:    "gpt-4o-mini",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+	}, openaiopt.WithResponseInto(&resp))
+	defer stream.Close()
+	var got []string
+	for stream.Next() {
+		got = append(got, stream.Current().RawJSON())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if n := <-severed; n != 1 {
+		t.Fatalf("severed: got %d connections; want 1, the first attempt's", n)
+	}
+	if resp == nil || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the retry's answer: want Idempotent-Replayed: true (it joined)")
+	}
+	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
+	if n := mock.Calls(); n != 1 {
+		t.Errorf("upstream calls: got %d; want 1", n)
+	}
+}
