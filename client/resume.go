@@ -43,7 +43,9 @@ type resumeBody struct {
 }
 
 func newResumeBody(t *Transport, req *http.Request, key string, rc io.ReadCloser) *resumeBody {
-	return &resumeBody{t: t, req: req, key: key, rc: rc, buf: make([]byte, 32<<10), bo: t.backoff()}
+	return &resumeBody{t: t, req: req, key: key, rc: rc, buf: make([]byte, 32<<10), bo: t.backoff(),
+		// A request that resumed itself starts after its own Last-Event-ID.
+		lastID: req.Header.Get("Last-Event-ID")}
 }
 
 func (b *resumeBody) Read(p []byte) (int, error) {

@@ -450,3 +450,32 @@ func TestNoResumeAfterTerminal(t *testing.T) {
 		t.Errorf("resumes: got %d; want none", len(rs.paths))
 	}
 }
+
+// TestResumeKeepsOwnLastEventID: a POST that itself resumes (it carries
+// Last-Event-ID 7-2) and is cut before any event reconnects from 7-2, not
+// from the stream's start.
+func TestResumeKeepsOwnLastEventID(t *testing.T) {
+	srv, rs, _ := streamServer(t,
+		func(w http.ResponseWriter, r *http.Request) { cut(w, "id: 7-3\ndata: {") },
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, events(3, 4, 3))
+		})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Set("Last-Event-ID", "7-2")
+	resp, err := (&http.Client{Transport: fast()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || string(got) != events(3, 4, 3) {
+		t.Errorf("got %q, %v; want %q, nil", got, err, events(3, 4, 3))
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if len(rs.ids) != 1 || rs.ids[0] != "7-2" {
+		t.Errorf("reconnections' Last-Event-ID: got %q; want [7-2]", rs.ids)
+	}
+}
