@@ -479,3 +479,43 @@ func TestResumeKeepsOwnLastEventID(t *testing.T) {
 		t.Errorf("reconnections' Last-Event-ID: got %q; want [7-2]", rs.ids)
 	}
 }
+
+// TestRetryAfterBounded: a 503 whose Retry-After is over MaxRetryAfter is
+// returned at once, not waited for.
+func TestRetryAfterBounded(t *testing.T) {
+	var rec recorder
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Retry-After", "3600")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	start := time.Now()
+	resp := post(t, fast(), srv.URL, "x")
+	resp.Body.Close()
+	if resp.StatusCode != 503 || time.Since(start) > 5*time.Second {
+		t.Errorf("got %d after %v; want 503 at once", resp.StatusCode, time.Since(start))
+	}
+	if keys, _ := rec.snapshot(); len(keys) != 1 {
+		t.Errorf("attempts: got %d; want 1", len(keys))
+	}
+}
+
+// TestLargeBodySentOnce: a body over MaxBodyBuffer without GetBody is sent
+// whole, once: a 503 to it is not retried.
+func TestLargeBodySentOnce(t *testing.T) {
+	var rec recorder
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	tr := fast()
+	tr.MaxBodyBuffer = 4
+	resp := post(t, tr, srv.URL, "0123456789")
+	resp.Body.Close()
+	keys, bodies := rec.snapshot()
+	if len(keys) != 1 || bodies[0] != "0123456789" {
+		t.Errorf("attempts: got bodies %q; want one, whole", bodies)
+	}
+}
