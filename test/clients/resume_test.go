@@ -2,6 +2,7 @@ package clients_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -255,5 +256,42 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
 	if n := mock.Calls(); n != 1 {
 		t.Errorf("upstream calls: got %d; want 1", n)
+	}
+}
+
+// TestOpenAISDKAborted: an upstream reset mid-stream makes ssegate end the
+// stream with stream_aborted; through client.Transport the SDK's stream
+// ends with an error that is an *client.AbortedError naming the cause,
+// after the events before it, and nothing reconnects.
+func TestOpenAISDKAborted(t *testing.T) {
+	_, upstream := startMock(t, mockllm.Config{Tokens: 20, Delay: 5 * time.Millisecond})
+	g := startGate(t, "-upstream", upstream)
+	c := openai.NewClient(
+		openaiopt.WithBaseURL(g.URL+"/v1/"),
+		openaiopt.WithAPIKey("sk-e2e"),
+		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{}}),
+		openaiopt.WithMaxRetries(0),
+		openaiopt.WithHeader("X-Mock-Fault", "reset-after=5"),
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:    "gpt-4o-mini",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+	})
+	defer stream.Close()
+	n := 0
+	for stream.Next() {
+		n++
+	}
+	var ab *client.AbortedError
+	if err := stream.Err(); !errors.As(err, &ab) || ab.Code != "upstream_read_error" {
+		t.Fatalf("stream: got %v; want an *client.AbortedError upstream_read_error", err)
+	}
+	if n != 5 {
+		t.Errorf("chunks before the abort: got %d; want 5", n)
+	}
+	if logs := g.Logs(); strings.Contains(logs, "path=/streams/") {
+		t.Errorf("a reconnection was made after stream_aborted:\n%s", logs)
 	}
 }
