@@ -80,7 +80,11 @@ type Transport struct {
 	// GET {scheme://host}/streams/{key}, Last-Event-ID set to the id of the
 	// last whole event it passed on and the original request's headers
 	// (credentials included, content headers left out), with backoff, and
-	// goes on: the reader sees one stream with no gap and no duplicate.
+	// goes on: the reader sees one stream with no gap and no duplicate. A
+	// body that ends cleanly (the chunked body's last chunk, or the end of
+	// an unframed one) is the server's end of the stream, and is passed on
+	// as it came. A request that carries its own Last-Event-ID and is cut
+	// before any event reconnects from that id.
 	//
 	// A 410 to a reconnection ends the body with [ErrStreamGone]. ssegate's
 	// stream_aborted event is not passed on: the body ends, after the
