@@ -1,0 +1,270 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// maxEvent bounds the bytes of one event held while it arrives.
+const maxEvent = 16 << 20
+
+// resumeBody is a keyed event stream's body: it passes on whole events and
+// reconnects when the connection breaks before the stream's end.
+type resumeBody struct {
+	t   *Transport
+	req *http.Request // the request as sent: URL, headers, context
+	key string
+
+	mu     sync.Mutex // guards rc and closed: Close may come from another goroutine
+	rc     io.ReadCloser
+	closed bool
+
+	buf        []byte
+	pending    []byte // the event being received
+	scan       int    // how far pending was searched for a line end
+	out        []byte // whole events not yet read
+	off        int    // read position in out
+	err        error  // what ends the body once out is read
+	lastID     string // the id of the last whole event passed on
+	idless     bool   // an event without an id was passed on: no position to resume from
+	ended      bool   // a terminal event was passed on
+	reconnects int
+	bo         *fullJitter
+}
+
+func newResumeBody(t *Transport, req *http.Request, key string, rc io.ReadCloser) *resumeBody {
+	return &resumeBody{t: t, req: req, key: key, rc: rc, buf: make([]byte, 32<<10), bo: t.backoff(),
+		// A request that resumed itself starts after its own Last-Event-ID.
+		lastID: req.Header.Get("Last-Event-ID")}
+}
+
+func (b *resumeBody) Read(p []byte) (int, error) {
+	for b.off == len(b.out) {
+		b.out, b.off = b.out[:0], 0
+		if b.err != nil {
+			return 0, b.err
+		}
+		b.fill()
+	}
+	n := copy(p, b.out[b.off:])
+	b.off += n
+	return n, nil
+}
+
+func (b *resumeBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	return b.rc.Close()
+}
+
+func (b *resumeBody) current() (io.ReadCloser, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rc, b.closed
+}
+
+// fill reads once from the connection and takes what it can from it.
+func (b *resumeBody) fill() {
+	rc, closed := b.current()
+	if closed {
+		b.err = errors.New("client: read on closed body")
+		return
+	}
+	n, err := rc.Read(b.buf)
+	if n > 0 {
+		b.feed(b.buf[:n])
+	}
+	if err == nil || b.err != nil {
+		return
+	}
+	switch {
+	case b.ended:
+		b.err = io.EOF // the stream is whole; what broke after its end does not matter
+	case err == io.EOF:
+		// A clean end (the chunked body's last chunk, or the connection's
+		// end without framing): the server ended the stream here.
+		b.out = append(b.out, b.pending...)
+		b.pending, b.scan = b.pending[:0], 0
+		b.err = io.EOF
+	default:
+		if _, closed := b.current(); closed || b.req.Context().Err() != nil {
+			b.err = err
+			return
+		}
+		b.err = b.reconnect(err)
+	}
+}
+
+// feed appends p to the event being received and moves every whole event
+// (up to its blank line) to out.
+func (b *resumeBody) feed(p []byte) {
+	b.pending = append(b.pending, p...)
+	for b.err == nil {
+		i := bytes.IndexByte(b.pending[b.scan:], '\n')
+		if i < 0 {
+			if len(b.pending) > maxEvent {
+				b.err = fmt.Errorf("client: an event over %d bytes", maxEvent)
+			}
+			return
+		}
+		start, end := b.scan, b.scan+i
+		b.scan = end + 1
+		if len(bytes.TrimSuffix(b.pending[start:end], []byte("\r"))) > 0 {
+			continue
+		}
+		b.event(b.pending[:b.scan])
+		b.pending = append(b.pending[:0], b.pending[b.scan:]...)
+		b.scan = 0
+	}
+}
+
+var terminal = map[string]bool{
+	"message_stop": true, "response.completed": true, "response.failed": true, "response.incomplete": true,
+}
+
+// event takes one whole event, its blank line included.
+func (b *resumeBody) event(ev []byte) {
+	var id, typ string
+	var data []string
+	hasID, fields := false, false
+	for _, line := range strings.Split(strings.TrimRight(string(ev), "\r\n"), "\n") {
+		line = strings.TrimSuffix(line, "\r")
+		if line == "" || line[0] == ':' {
+			continue
+		}
+		name, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		fields = true
+		switch name {
+		case "id":
+			id, hasID = value, true
+		case "event":
+			typ = value
+		case "data":
+			data = append(data, value)
+		}
+	}
+	d := strings.Join(data, "\n")
+	if typ == "error" && gjson.Get(d, "error.type").String() == "stream_aborted" {
+		b.err = &AbortedError{Code: gjson.Get(d, "error.code").String(), Message: gjson.Get(d, "error.message").String()}
+		return
+	}
+	b.out = append(b.out, ev...)
+	if hasID {
+		b.lastID = id
+	} else if fields {
+		b.idless = true
+	}
+	if d == "[DONE]" || terminal[typ] || (len(data) > 0 && terminal[gjson.Get(d, "type").String()]) {
+		b.ended = true
+	}
+}
+
+// reconnect replaces the broken connection with GET /streams/{key} from the
+// last whole event on; it returns nil when the body can go on, or what ends
+// it.
+func (b *resumeBody) reconnect(cause error) error {
+	if b.idless {
+		return fmt.Errorf("client: stream cut, and its events carry no ids to resume from: %w", cause)
+	}
+	b.pending, b.scan = b.pending[:0], 0
+	if rc, _ := b.current(); rc != nil {
+		rc.Close()
+	}
+	ctx := b.req.Context()
+	limit := orDefault(b.t.MaxReconnects, DefaultMaxReconnects)
+	maxAfter := orDefault(b.t.MaxRetryAfter, DefaultMaxRetryAfter)
+	last := cause
+	var after time.Duration // a Retry-After the last answer asked for
+	for b.reconnects < limit {
+		b.reconnects++
+		wait := b.bo.NextBackOff()
+		if after > 0 {
+			wait = after
+		}
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return context.Cause(ctx)
+		}
+		after = 0
+		resp, err := b.t.base().RoundTrip(b.resumeRequest())
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			last = err
+			continue
+		}
+		switch {
+		case resp.StatusCode/100 == 2 && resp.StatusCode != http.StatusNoContent && isEventStream(resp.Header):
+			b.mu.Lock()
+			closed := b.closed
+			if !closed {
+				b.rc = resp.Body
+			}
+			b.mu.Unlock()
+			if closed {
+				resp.Body.Close()
+				return errors.New("client: body closed")
+			}
+			return nil
+		case resp.StatusCode == http.StatusNoContent:
+			resp.Body.Close()
+			return io.EOF // the last event passed on was the stream's last
+		case resp.StatusCode == http.StatusGone:
+			drain(resp.Body)
+			return ErrStreamGone
+		case retryable(resp.StatusCode):
+			last = answerError(resp)
+			if d, ok := retryAfter(resp.Header); ok {
+				after = min(d, maxAfter)
+			}
+			continue
+		default:
+			return answerError(resp)
+		}
+	}
+	return fmt.Errorf("%w (%d): %w", ErrReconnectLimit, b.reconnects, last)
+}
+
+func answerError(resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	drain(resp.Body)
+	return &ResumeError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
+}
+
+// resumeRequest is GET {scheme://host}/streams/{key} with the original
+// request's headers, content headers and the key header left out.
+func (b *resumeBody) resumeRequest() *http.Request {
+	u := &url.URL{Scheme: b.req.URL.Scheme, User: b.req.URL.User, Host: b.req.URL.Host,
+		Path: "/streams/" + b.key, RawPath: "/streams/" + url.PathEscape(b.key)}
+	r, _ := http.NewRequestWithContext(b.req.Context(), http.MethodGet, u.String(), nil)
+	r.Host = b.req.Host
+	for k, vs := range b.req.Header {
+		switch http.CanonicalHeaderKey(k) {
+		case "Content-Type", "Content-Length", "Content-Encoding", "Transfer-Encoding", "Expect",
+			"Idempotency-Key", "Last-Event-Id":
+			continue
+		}
+		r.Header[k] = append([]string(nil), vs...)
+	}
+	r.Header.Set("Accept", "text/event-stream")
+	if b.lastID != "" {
+		r.Header.Set("Last-Event-ID", b.lastID)
+	}
+	return r
+}
