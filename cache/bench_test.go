@@ -152,3 +152,35 @@ func BenchmarkBeginAtBound(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStream200 is one keyed stream of 200 chat chunks with one
+// subscriber that keeps up: one op appends all 200 and reads each after
+// its append. The flight is failed at the end, so no store write counts.
+func BenchmarkStream200(b *testing.B) {
+	m := newMemory(b, Config{})
+	b.ReportAllocs()
+	b.SetBytes(200 * int64(len(chatChunk)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		f := claim(b, m, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp")
+		f.SetHead(streamHead)
+		s, err := f.Subscribe(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for range 200 {
+			if _, err := f.Append("", chatChunk); err != nil {
+				b.Fatal(err)
+			}
+			if p, _ := s.Read(); len(p) == 0 {
+				b.Fatal("Read: got nothing after an Append")
+			}
+		}
+		b.StopTimer()
+		s.Close()
+		f.Fail(StateFailedRetryable, "bench", nil)
+		b.StartTimer()
+	}
+}
