@@ -17,7 +17,7 @@ func (detached) mark(*Flight, State, int, int) {}
 // relayed without an idempotency key. Its ids carry generation 0 and are
 // not written; maxBytes bounds its journal.
 func NewDetached(maxBytes int) *Flight {
-	f := newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now())
+	f := newFlight(detached{}, Scope{}, 0, "", maxBytes, 1, time.Now(), nil)
 	// Its one reader (at most one subscriber) never reads an event twice,
 	// and is done with what it read when it reads again: the journal
 	// drops or reuses it then.

@@ -40,6 +40,7 @@ type Flight struct {
 	maxBytes  int
 	maxSubs   int
 	started   time.Time
+	seal      *sealPolicy // nil: the journal never seals (a detached one drops instead)
 	headReady chan struct{}
 	done      chan struct{}
 
@@ -57,6 +58,13 @@ type Flight struct {
 	first    time.Time // when the first event was journaled
 	model    string
 	fallback []Fallback
+	// The journal's read blocks are sealed while sealNow is set. It is
+	// decided again each time a block fills (asked: the number of blocks
+	// when it last was); sealAll, once the stream is large or old, keeps
+	// it set for good.
+	asked   int
+	sealNow bool
+	sealAll bool
 }
 
 // SetModel records the model of the attempts to come, and the models
@@ -100,7 +108,7 @@ func (f *Flight) FirstEventAt() time.Time {
 	return f.first
 }
 
-func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time) *Flight {
+func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time, seal *sealPolicy) *Flight {
 	return &Flight{
 		Scope:     sc,
 		Gen:       gen,
@@ -109,6 +117,7 @@ func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs in
 		maxBytes:  maxBytes,
 		maxSubs:   maxSubs,
 		started:   now,
+		seal:      seal,
 		headReady: make(chan struct{}),
 		done:      make(chan struct{}),
 		state:     StateIntentReceived,
@@ -193,16 +202,39 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 }
 
 // settleLocked seals the journal's full blocks that every subscriber has
-// read (see journal).
+// read (see journal), when memory asks for it (sealWantedLocked); a
+// detached journal drops them instead, which costs nothing.
 func (f *Flight) settleLocked() {
 	if f.j.sealed >= len(f.j.blocks)-1 || f.j.discard && len(f.subs) == 0 {
 		return // nothing full; or a reader is still to come for what is dropped
+	}
+	if !f.j.discard && !f.sealWantedLocked() {
+		return
 	}
 	pos := f.j.events()
 	for _, s := range f.subs {
 		pos = min(pos, s.next)
 	}
 	f.j.settle(pos)
+}
+
+// sealWantedLocked reports whether the journal is to seal the full blocks
+// its readers have read: once it holds Limits.SealStreamBytes, or its
+// generation began Limits.SealAge ago (from then on), or while the live
+// journals together hold Limits.SealLiveBytes. It asks only when a block
+// has filled since it last did: one comparison per append otherwise.
+func (f *Flight) sealWantedLocked() bool {
+	p := f.seal
+	if p == nil || f.sealAll || len(f.j.blocks) == f.asked {
+		return p != nil && (f.sealAll || f.sealNow)
+	}
+	f.asked = len(f.j.blocks)
+	if f.j.size >= p.streamBytes || p.now().Sub(f.started) >= p.age {
+		f.sealAll = true
+		return true
+	}
+	f.sealNow = p.pressed()
+	return f.sealNow
 }
 
 func (f *Flight) signalLocked() {

@@ -22,11 +22,16 @@ const journalBlock = 4 << 10
 // growing it never copies what it holds, and a slice handed to a reader
 // stays valid while the journal grows. An event never spans two blocks.
 //
-// A full block that every reader has read is sealed: kept as an S2 block
-// (the chunks of one completion are nearly identical JSON, so a block
-// packs to about a tenth), and unpacked again only for a
-// reader that joins or resumes that far behind. A live journal thus holds
-// its open block, and a little per sealed one.
+// A full block that every reader has read may be sealed: kept as an S2
+// block (the chunks of one completion are nearly identical JSON, so a
+// block packs to about a tenth), and unpacked again only for a reader
+// that joins or resumes that far behind. Its flight seals only when
+// memory asks for it (Limits.SealStreamBytes, SealAge, SealLiveBytes):
+// a short, young stream keeps its blocks raw and costs no compression
+// until its commit packs it (frames), which it does as well either way.
+// A sealing journal holds its open block, and a little per sealed one.
+// The store counts a journal's raw bytes against MaxLiveBytes, sealed or
+// not: the bound holds whatever was sealed.
 type journal struct {
 	blocks [][]byte // the open (last) block; a sealed block's entry is nil
 	packed [][]byte // each sealed block, compressed (nil for the open one)

@@ -1,5 +1,10 @@
 package cache
 
+import (
+	"sync/atomic"
+	"time"
+)
+
 // Limits bound what a store holds; both stores take them. Zero fields
 // take the defaults beside them.
 type Limits struct {
@@ -18,6 +23,24 @@ type Limits struct {
 	// ledger (failed keys are cheap to make and kept for FailedTTL).
 	// Default: a tenth of Config.MaxKeys for Memory; 100,000 for Redis.
 	MaxKeysPerTenant int
+
+	// A live journal seals (S2-compresses) a full block its readers have
+	// all read only when memory asks for it, so that a stream that is
+	// short, young and alone costs no compression on the path of its
+	// events (its result is compressed once, at commit). The three bounds
+	// below say when memory asks; each is consulted when a block fills.
+	//
+	// SealStreamBytes: a journal that holds this many bytes seals from
+	// then on (default 128 KiB: at most that much, plus the open block, of
+	// a stream is held raw for its age).
+	SealStreamBytes int
+	// SealAge: a journal whose generation began this long ago seals from
+	// then on (default 1 minute).
+	SealAge time.Duration
+	// SealLiveBytes: while the live journals together hold this many
+	// bytes (as reserved against MaxLiveBytes, raw), every journal seals
+	// the blocks it fills (default half of MaxLiveBytes).
+	SealLiveBytes int64
 }
 
 func (l *Limits) setDefaults() {
@@ -33,4 +56,32 @@ func (l *Limits) setDefaults() {
 	if l.MaxKeysPerTenant <= 0 {
 		l.MaxKeysPerTenant = 100_000
 	}
+	if l.SealStreamBytes <= 0 {
+		l.SealStreamBytes = 128 << 10
+	}
+	if l.SealAge <= 0 {
+		l.SealAge = time.Minute
+	}
+	if l.SealLiveBytes <= 0 {
+		l.SealLiveBytes = l.MaxLiveBytes / 2
+	}
 }
+
+// sealPolicy is what a store's flights consult, when a journal block
+// fills, to decide whether to seal (Limits, SealStreamBytes and after).
+// One serves all of a store's flights.
+type sealPolicy struct {
+	streamBytes int
+	age         time.Duration
+	now         func() time.Time
+	live        *atomic.Int64 // the bytes the store has reserved for live journals
+	liveBytes   int64
+}
+
+func newSealPolicy(l Limits, now func() time.Time, live *atomic.Int64) *sealPolicy {
+	return &sealPolicy{streamBytes: l.SealStreamBytes, age: l.SealAge, now: now, live: live, liveBytes: l.SealLiveBytes}
+}
+
+// pressed reports whether the live journals together passed the share
+// of the bound at which all of them seal.
+func (p *sealPolicy) pressed() bool { return p.live.Load() >= p.liveBytes }

@@ -160,6 +160,7 @@ type Memory struct {
 	states  map[State]int64 // keys per state
 
 	live        atomic.Int64
+	seal        *sealPolicy // when live journals seal (Limits)
 	commits     atomic.Int64
 	stored      atomic.Int64
 	rejected    atomic.Int64
@@ -188,6 +189,7 @@ func NewMemory(cfg Config) (*Memory, error) {
 		return nil, fmt.Errorf("body codec: %w", err)
 	}
 	m.codec = codec
+	m.seal = newSealPolicy(cfg.Limits, cfg.Now, &m.live)
 	bodies, err := ristretto.NewCache(&ristretto.Config[string, *blob]{
 		NumCounters: counters,
 		MaxCost:     cfg.MaxStoreBytes,
@@ -350,7 +352,7 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 	if e != nil {
 		prev = e.gen
 	}
-	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now)
+	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
 	m.putLocked(sc.Tenant, e, &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
 		created: now, updated: now, id: id,

@@ -130,6 +130,7 @@ type Redis struct {
 	idle    time.Duration // how long a tail's XREAD blocks before it checks the owner
 
 	live atomic.Int64 // bytes of local journals
+	seal *sealPolicy  // when local journals seal (Limits)
 
 	mu      sync.Mutex // guards flights
 	flights map[string]*Flight
@@ -209,6 +210,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
 		flights: make(map[string]*Flight),
 	}
+	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.live)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	return r, nil
 }
@@ -535,7 +537,7 @@ func (r *Redis) keep(k rkeys, res *Result) {
 // own registers the flight this replica just claimed and starts its
 // journal mirror and lease.
 func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time) *Flight {
-	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now())
+	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
 	o := newOwner(r, f, k, tok, claimed)
 	f.be = o
 	r.mu.Lock()
@@ -558,7 +560,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 			return f
 		}
 	}
-	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now())
+	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
 	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10)}
 	f.be = fl
 	r.flights[k.h] = f
