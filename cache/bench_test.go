@@ -156,8 +156,14 @@ func BenchmarkBeginAtBound(b *testing.B) {
 // BenchmarkStream200 is one keyed stream of 200 chat chunks with one
 // subscriber that keeps up: one op appends all 200 and reads each after
 // its append. The flight is failed at the end, so no store write counts.
-func BenchmarkStream200(b *testing.B) {
-	m := newMemory(b, Config{})
+func BenchmarkStream200(b *testing.B) { benchStream200(b, Limits{}) }
+
+// BenchmarkStream200Sealing is BenchmarkStream200 with a journal that
+// seals every block its subscriber has read, as under memory pressure.
+func BenchmarkStream200Sealing(b *testing.B) { benchStream200(b, Limits{SealStreamBytes: 1}) }
+
+func benchStream200(b *testing.B, lim Limits) {
+	m := newMemory(b, Config{Limits: lim})
 	b.ReportAllocs()
 	b.SetBytes(200 * int64(len(chatChunk)))
 	b.ResetTimer()
