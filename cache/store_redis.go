@@ -28,7 +28,8 @@ import (
 type RedisConfig struct {
 	// URL names the server: redis://[user:password@]host:port[/db], or
 	// rediss:// for TLS (rueidis.ParseURL's syntax, which also accepts
-	// ?addr= for more cluster seeds).
+	// ?addr= for more cluster seeds). A Redis Cluster is detected from
+	// the server; it has database 0 only, and NewRedis refuses another.
 	URL string
 	// Prefix starts every key this store writes (default "ssg"). Replicas
 	// that share keys must share the prefix.
@@ -175,6 +176,10 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	// command dials afresh.
 	opt.ConnWriteTimeout = max(3*cfg.Timeout, time.Second)
 	c, err := rueidis.NewClient(opt)
+	if err != nil && isSelectError(err) {
+		// Retrying cannot help: a Redis Cluster has database 0 only.
+		return nil, fmt.Errorf("redis connect: %w (a Redis Cluster has database 0 only: drop /%d from the URL)", err, opt.SelectDB)
+	}
 	if err != nil && len(opt.InitAddress) == 1 && !isAuthError(err) {
 		cfg.Logger.Warn("redis unreachable at start; will keep trying", "err", err.Error())
 		opt.ForceSingleClient = true
@@ -216,6 +221,14 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 func isAuthError(err error) bool {
 	s := strings.ToUpper(err.Error())
 	return strings.Contains(s, "WRONGPASS") || strings.Contains(s, "NOAUTH") || strings.Contains(s, "NOPERM")
+}
+
+// isSelectError reports the server's refusal of the URL's database: a
+// Redis Cluster refuses SELECT, a standalone server a db past its
+// databases setting.
+func isSelectError(err error) bool {
+	s := strings.ToUpper(err.Error())
+	return strings.Contains(s, "SELECT IS NOT ALLOWED") || strings.Contains(s, "DB INDEX IS OUT OF RANGE")
 }
 
 // Close ends the followers' tails (their clients get stream_aborted),
