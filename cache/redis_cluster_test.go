@@ -14,8 +14,10 @@ import (
 // primary as a seed, claim, join and replay keys whose records land on
 // different primaries; a URL with a database other than 0 is refused at
 // start rather than retried forever.
+//
+// Neither cluster test is parallel: starting processes would slow the
+// timing tests running beside them.
 func TestRedisCluster(t *testing.T) {
-	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	url := c.URL()
 	rs := []*Redis{
@@ -50,4 +52,23 @@ func TestRedisCluster(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "database 0") {
 		t.Fatalf("NewRedis with /1 on a cluster: got %v; want an error saying a cluster has database 0 only", err)
 	}
+}
+
+// TestRedisClusterSeedDownAtStart: a store started while its one seed is
+// down begins with a single-node client; once the node is back it must
+// switch to a cluster client, or the keys of the other primaries' slots
+// would get MOVED forever.
+func TestRedisClusterSeedDownAtStart(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	c.Nodes[0].Stop()
+	r := newRedis(t, c.Nodes[0].Addr, "ssg", func(cfg *RedisConfig) { cfg.Timeout = 500 * time.Millisecond })
+	c.Nodes[0].Restart()
+	eventually(t, 15*time.Second, func() error {
+		for i := range 30 {
+			if _, err := r.Begin(Scope{Tenant: "t", Key: fmt.Sprintf("seed-%d", i)}, "fp"); err != nil {
+				return fmt.Errorf("Begin after the seed came back: %w", err)
+			}
+		}
+		return nil
+	})
 }

@@ -146,8 +146,10 @@ type Redis struct {
 
 // NewRedis connects to Redis and returns the store; Close releases it.
 // If Redis cannot be reached at start the store is still returned (with a
-// single-node client that keeps reconnecting), so that ssegate can serve
-// unkeyed traffic and report itself not ready until Redis comes.
+// single-node client that keeps reconnecting, replaced once Redis answers
+// by the client the server calls for, a cluster client on a Cluster), so
+// that ssegate can serve unkeyed traffic and report itself not ready
+// until Redis comes.
 func NewRedis(cfg RedisConfig) (*Redis, error) {
 	cfg.setDefaults()
 	if cfg.URL == "" {
@@ -180,12 +182,16 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		// Retrying cannot help: a Redis Cluster has database 0 only.
 		return nil, fmt.Errorf("redis connect: %w (a Redis Cluster has database 0 only: drop /%d from the URL)", err, opt.SelectDB)
 	}
+	var swap *swapClient
 	if err != nil && len(opt.InitAddress) == 1 && !isAuthError(err) {
 		cfg.Logger.Warn("redis unreachable at start; will keep trying", "err", err.Error())
-		opt.ForceSingleClient = true
-		c, err = rueidis.NewClient(opt)
+		single := opt
+		single.ForceSingleClient = true
+		c, err = rueidis.NewClient(single)
 		if c != nil {
 			err = nil
+			swap = newSwapClient(c)
+			c = swap
 		}
 	}
 	if err != nil {
@@ -215,6 +221,15 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		flights: make(map[string]*Flight),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if swap != nil {
+		// Once Redis answers, the client rueidis picks from the server
+		// (a cluster client on a Cluster) replaces the single-node one.
+		r.wg.Go(func() {
+			swap.redial(r.ctx, opt, 500*time.Millisecond, 2*cfg.Timeout+r.idle, func() {
+				cfg.Logger.Info("redis reachable; connected", "mode", fmt.Sprint(swap.Mode()))
+			})
+		})
+	}
 	return r, nil
 }
 
