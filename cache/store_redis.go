@@ -28,7 +28,8 @@ import (
 type RedisConfig struct {
 	// URL names the server: redis://[user:password@]host:port[/db], or
 	// rediss:// for TLS (rueidis.ParseURL's syntax, which also accepts
-	// ?addr= for more cluster seeds).
+	// ?addr= for more cluster seeds). A Redis Cluster is detected from
+	// the server; it has database 0 only, and NewRedis refuses another.
 	URL string
 	// Prefix starts every key this store writes (default "ssg"). Replicas
 	// that share keys must share the prefix.
@@ -146,8 +147,10 @@ type Redis struct {
 
 // NewRedis connects to Redis and returns the store; Close releases it.
 // If Redis cannot be reached at start the store is still returned (with a
-// single-node client that keeps reconnecting), so that ssegate can serve
-// unkeyed traffic and report itself not ready until Redis comes.
+// single-node client that keeps reconnecting, replaced once Redis answers
+// by the client the server calls for, a cluster client on a Cluster), so
+// that ssegate can serve unkeyed traffic and report itself not ready
+// until Redis comes.
 func NewRedis(cfg RedisConfig) (*Redis, error) {
 	cfg.setDefaults()
 	if cfg.URL == "" {
@@ -176,12 +179,20 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	// command dials afresh.
 	opt.ConnWriteTimeout = max(3*cfg.Timeout, time.Second)
 	c, err := rueidis.NewClient(opt)
+	if err != nil && isSelectError(err) {
+		// Retrying cannot help: a Redis Cluster has database 0 only.
+		return nil, fmt.Errorf("redis connect: %w (a Redis Cluster has database 0 only: drop /%d from the URL)", err, opt.SelectDB)
+	}
+	var swap *swapClient
 	if err != nil && len(opt.InitAddress) == 1 && !isAuthError(err) {
 		cfg.Logger.Warn("redis unreachable at start; will keep trying", "err", err.Error())
-		opt.ForceSingleClient = true
-		c, err = rueidis.NewClient(opt)
+		single := opt
+		single.ForceSingleClient = true
+		c, err = rueidis.NewClient(single)
 		if c != nil {
 			err = nil
+			swap = newSwapClient(c)
+			c = swap
 		}
 	}
 	if err != nil {
@@ -212,12 +223,29 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	}
 	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.live)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if swap != nil {
+		// Once Redis answers, the client rueidis picks from the server
+		// (a cluster client on a Cluster) replaces the single-node one.
+		r.wg.Go(func() {
+			swap.redial(r.ctx, opt, 500*time.Millisecond, 2*cfg.Timeout+r.idle, func() {
+				cfg.Logger.Info("redis reachable; connected", "mode", fmt.Sprint(swap.Mode()))
+			})
+		})
+	}
 	return r, nil
 }
 
 func isAuthError(err error) bool {
 	s := strings.ToUpper(err.Error())
 	return strings.Contains(s, "WRONGPASS") || strings.Contains(s, "NOAUTH") || strings.Contains(s, "NOPERM")
+}
+
+// isSelectError reports the server's refusal of the URL's database: a
+// Redis Cluster refuses SELECT, a standalone server a db past its
+// databases setting.
+func isSelectError(err error) bool {
+	s := strings.ToUpper(err.Error())
+	return strings.Contains(s, "SELECT IS NOT ALLOWED") || strings.Contains(s, "DB INDEX IS OUT OF RANGE")
 }
 
 // Close ends the followers' tails (their clients get stream_aborted),

@@ -21,7 +21,7 @@ type redisOptions struct {
 }
 
 func (ro *redisOptions) register(fs *flag.FlagSet) {
-	fs.StringVar(&ro.url, "redis", "", "share keys with other replicas through Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS (default: an in-memory store of this process only)")
+	fs.StringVar(&ro.url, "redis", "", "share keys with other replicas through Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS; a Redis Cluster: redis://host:port?addr=host2:port&addr=host3:port, db 0 only (default: an in-memory store of this process only)")
 	fs.DurationVar(&ro.lease, "redis-lease", 10*time.Second, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
 	fs.StringVar(&ro.down, "redis-down", "reject", "with -redis, while Redis is unreachable: reject keyed requests (503 store_unavailable with Retry-After) or relay them unprotected (no deduplication)")
 	fs.DurationVar(&ro.timeout, "redis-timeout", 2*time.Second, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")

@@ -40,6 +40,7 @@ type Server struct {
 	tb   testing.TB
 	port int
 	dir  string
+	args []string // more redis-server flags (a cluster node's)
 	cmd  *exec.Cmd
 }
 
@@ -50,22 +51,49 @@ func Start(tb testing.TB) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Skipf("redis-server is not installed and %s is not set: install redis-server (apt-get install redis-server) or point %s at a Redis to run this test", EnvAddr, EnvAddr)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("free port: %v", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), tb: tb, port: port, dir: tb.TempDir()}
+	return startServer(tb, freePort(tb, false))
+}
+
+func startServer(tb testing.TB, port int, args ...string) *Server {
+	tb.Helper()
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), tb: tb, port: port, dir: tb.TempDir(), args: args}
 	s.start()
 	tb.Cleanup(s.Stop)
 	return s
 }
 
+// freePort returns a free loopback port; with bus, one whose cluster bus
+// port (port+10000) is free too.
+func freePort(tb testing.TB, bus bool) int {
+	tb.Helper()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatalf("free port: %v", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !bus {
+			return port
+		}
+		if port+10000 > 65535 {
+			continue
+		}
+		bl, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		if err != nil {
+			continue
+		}
+		bl.Close()
+		return port
+	}
+	tb.Fatal("no free port with a free cluster bus port (port+10000)")
+	return 0
+}
+
 func (s *Server) start() {
 	s.tb.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "warning")
+	s.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", s.dir, "--loglevel", "warning"}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
 	}

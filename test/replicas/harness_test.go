@@ -27,12 +27,14 @@ const (
 
 func TestMain(m *testing.M) { gatetest.Main(m) }
 
-// env is one test's world: a Redis database of its own, a counting mock
-// upstream, and the replicas started on them.
+// env is one test's world: a Redis database of its own (or a Redis
+// Cluster of its own), a counting mock upstream, and the replicas started
+// on them.
 type env struct {
 	t        *testing.T
 	redisURL string
 	rc       rueidis.Client
+	nodes    []rueidis.Client // rc, or a client per primary of a cluster: what SCAN and KEYS run on
 	mock     *mockllm.Server
 	upstream string
 
@@ -64,16 +66,85 @@ func newEnv(t *testing.T, srv *redistest.Server, mock mockllm.Config) *env {
 		t.Fatalf("redis client: %v", err)
 	}
 	t.Cleanup(rc.Close)
-	e.rc = rc
+	e.rc, e.nodes = rc, []rueidis.Client{rc}
 	if err := rc.Do(context.Background(), rc.B().Flushdb().Build()).Error(); err != nil {
 		t.Fatalf("FLUSHDB: %v", err)
 	}
+	e.startMock(mock)
+	return e
+}
+
+// newClusterEnv sets up a test on a Redis Cluster of its own (three
+// primaries, db 0, the default prefix): the replicas get every primary
+// as a seed in their -redis URL.
+func newClusterEnv(t *testing.T, mock mockllm.Config) *env {
+	t.Helper()
+	c := redistest.StartCluster(t, 3)
+	e := &env{t: t, redisURL: c.URL()}
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), DisableCache: true})
+	if err != nil {
+		t.Fatalf("redis cluster client: %v", err)
+	}
+	t.Cleanup(rc.Close)
+	e.rc = rc
+	for _, s := range c.Nodes {
+		n, ok := rc.Nodes()[s.Addr]
+		if !ok {
+			t.Fatalf("the cluster client does not know primary %s", s.Addr)
+		}
+		e.nodes = append(e.nodes, n)
+	}
+	e.startMock(mock)
+	return e
+}
+
+func (e *env) startMock(mock mockllm.Config) {
+	e.t.Helper()
+	var err error
 	e.mock = mockllm.New(mock)
 	if e.upstream, err = e.mock.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() { e.mock.Close() })
-	return e
+	e.t.Cleanup(func() { e.mock.Close() })
+}
+
+// backend is where a test's replicas keep their keys: the shared
+// standalone Redis or a Redis Cluster.
+type backend struct {
+	name    string
+	cluster bool
+}
+
+// newEnv sets up the test on the backend.
+func (b backend) newEnv(t *testing.T, mock mockllm.Config) *env {
+	t.Helper()
+	if b.cluster {
+		return newClusterEnv(t, mock)
+	}
+	return newEnv(t, nil, mock)
+}
+
+// backends runs f as a subtest on a standalone Redis, then on a Redis
+// Cluster.
+func backends(t *testing.T, f func(t *testing.T, be backend)) {
+	for _, b := range []backend{{name: "standalone"}, {name: "cluster", cluster: true}} {
+		t.Run(b.name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+// keys returns every key of the test's database, or of every primary of
+// its cluster, matching pattern.
+func (e *env) keys(pattern string) []string {
+	e.t.Helper()
+	var all []string
+	for _, n := range e.nodes {
+		ks, err := n.Do(context.Background(), n.B().Keys().Pattern(pattern).Build()).AsStrSlice()
+		if err != nil {
+			e.t.Fatalf("KEYS %s: %v", pattern, err)
+		}
+		all = append(all, ks...)
+	}
+	return all
 }
 
 // start runs a replica on a free loopback port with the env's flags, then
@@ -279,23 +350,14 @@ func (e *env) commits() map[string]int64 {
 	e.t.Helper()
 	ctx := context.Background()
 	out := map[string]int64{}
-	var cursor uint64
-	for {
-		sc, err := e.rc.Do(ctx, e.rc.B().Scan().Cursor(cursor).Match("ssg:*:st").Count(1000).Build()).AsScanEntry()
-		if err != nil {
-			e.t.Fatalf("SCAN: %v", err)
+	for _, k := range e.keys("ssg:*:st") {
+		n, err := e.rc.Do(ctx, e.rc.B().Hget().Key(k).Field("commits").Build()).AsInt64()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			e.t.Fatalf("HGET %s commits: %v", k, err)
 		}
-		for _, k := range sc.Elements {
-			n, err := e.rc.Do(ctx, e.rc.B().Hget().Key(k).Field("commits").Build()).AsInt64()
-			if err != nil && !rueidis.IsRedisNil(err) {
-				e.t.Fatalf("HGET %s commits: %v", k, err)
-			}
-			out[k] = n
-		}
-		if cursor = sc.Cursor; cursor == 0 {
-			return out
-		}
+		out[k] = n
 	}
+	return out
 }
 
 // atMostOneCommit checks the invariant over every key of the test, and

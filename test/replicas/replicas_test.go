@@ -20,80 +20,84 @@ import (
 // client gets the same bytes with the same ids; a later duplicate on
 // either replica replays them.
 func TestDuplicatesAcrossReplicas(t *testing.T) {
-	e := newEnv(t, nil, mockllm.Config{Tokens: 40, Delay: 10 * time.Millisecond})
-	a, b := e.start("A"), e.start("B")
-	first := post(t, a, "dup")
-	first.readN(t, 1)
-	streams := make([]*stream, 8)
-	var wg sync.WaitGroup
-	for i := range streams {
-		g := a
-		if i%2 == 1 {
-			g = b
+	backends(t, func(t *testing.T, be backend) {
+		e := be.newEnv(t, mockllm.Config{Tokens: 40, Delay: 10 * time.Millisecond})
+		a, b := e.start("A"), e.start("B")
+		first := post(t, a, "dup")
+		first.readN(t, 1)
+		streams := make([]*stream, 8)
+		var wg sync.WaitGroup
+		for i := range streams {
+			g := a
+			if i%2 == 1 {
+				g = b
+			}
+			wg.Go(func() { streams[i] = post(t, g, "dup").readAll() })
 		}
-		wg.Go(func() { streams[i] = post(t, g, "dup").readAll() })
-	}
-	first.readAll()
-	wg.Wait()
-	if !first.clean() {
-		t.Fatalf("first stream: not clean (%d events, last %+v)", len(first.events), first.events[len(first.events)-1])
-	}
-	contiguous(t, first, sse.ID{})
-	for i, s := range streams {
-		if s.status != 200 || s.header.Get("Idempotent-Replayed") != "true" {
-			t.Fatalf("duplicate %d: status %d, Idempotent-Replayed %q; want 200, true", i, s.status, s.header.Get("Idempotent-Replayed"))
+		first.readAll()
+		wg.Wait()
+		if !first.clean() {
+			t.Fatalf("first stream: not clean (%d events, last %+v)", len(first.events), first.events[len(first.events)-1])
 		}
-		if !bytes.Equal(s.raw, first.raw) {
-			t.Fatalf("duplicate %d (replica %s): %d bytes differ from the first stream's %d", i, []string{"A", "B"}[i%2], len(s.raw), len(first.raw))
+		contiguous(t, first, sse.ID{})
+		for i, s := range streams {
+			if s.status != 200 || s.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("duplicate %d: status %d, Idempotent-Replayed %q; want 200, true", i, s.status, s.header.Get("Idempotent-Replayed"))
+			}
+			if !bytes.Equal(s.raw, first.raw) {
+				t.Fatalf("duplicate %d (replica %s): %d bytes differ from the first stream's %d", i, []string{"A", "B"}[i%2], len(s.raw), len(first.raw))
+			}
 		}
-	}
-	for _, g := range []*gatetest.Process{a, b} {
-		if s := post(t, g, "dup").readAll(); !bytes.Equal(s.raw, first.raw) {
-			t.Fatalf("replay on %s: differs from the original", g.Name)
+		for _, g := range []*gatetest.Process{a, b} {
+			if s := post(t, g, "dup").readAll(); !bytes.Equal(s.raw, first.raw) {
+				t.Fatalf("replay on %s: differs from the original", g.Name)
+			}
 		}
-	}
-	if n := e.mock.Calls(); n != 1 {
-		t.Fatalf("upstream calls: got %d; want 1", n)
-	}
-	if n := e.atMostOneCommit(); n != 1 {
-		t.Fatalf("commits: got %d; want 1", n)
-	}
+		if n := e.mock.Calls(); n != 1 {
+			t.Fatalf("upstream calls: got %d; want 1", n)
+		}
+		if n := e.atMostOneCommit(); n != 1 {
+			t.Fatalf("commits: got %d; want 1", n)
+		}
+	})
 }
 
 // TestResumeOnOtherReplica: a client reads 20 events from A and loses its
 // connection; it resumes on B with Last-Event-ID, by POST and by GET,
 // while the stream is live and after it was committed: exactly the rest.
 func TestResumeOnOtherReplica(t *testing.T) {
-	e := newEnv(t, nil, mockllm.Config{Tokens: 80, Delay: 10 * time.Millisecond})
-	a, b := e.start("A"), e.start("B")
-	s := post(t, a, "resume")
-	s.readN(t, 20)
-	s.close()
-	last := s.events[19].id
-	after, _ := sse.ParseID(last)
-	byPost := open(t, http.MethodPost, b.URL+"/v1/chat/completions", "resume", last)
-	byGet := open(t, http.MethodGet, b.URL+"/streams/resume", "", last)
-	var wg sync.WaitGroup
-	wg.Go(func() { byPost.readAll() })
-	wg.Go(func() { byGet.readAll() })
-	wg.Wait()
-	full := post(t, b, "resume").readAll() // the committed stream, replayed
-	for name, r := range map[string]*stream{"POST": byPost, "GET": byGet,
-		"GET after commit": open(t, http.MethodGet, b.URL+"/streams/resume", "", last).readAll()} {
-		if r.status != 200 || !r.clean() {
-			t.Fatalf("resume by %s: status %d, clean %v; want 200 and a clean end", name, r.status, r.clean())
+	backends(t, func(t *testing.T, be backend) {
+		e := be.newEnv(t, mockllm.Config{Tokens: 80, Delay: 10 * time.Millisecond})
+		a, b := e.start("A"), e.start("B")
+		s := post(t, a, "resume")
+		s.readN(t, 20)
+		s.close()
+		last := s.events[19].id
+		after, _ := sse.ParseID(last)
+		byPost := open(t, http.MethodPost, b.URL+"/v1/chat/completions", "resume", last)
+		byGet := open(t, http.MethodGet, b.URL+"/streams/resume", "", last)
+		var wg sync.WaitGroup
+		wg.Go(func() { byPost.readAll() })
+		wg.Go(func() { byGet.readAll() })
+		wg.Wait()
+		full := post(t, b, "resume").readAll() // the committed stream, replayed
+		for name, r := range map[string]*stream{"POST": byPost, "GET": byGet,
+			"GET after commit": open(t, http.MethodGet, b.URL+"/streams/resume", "", last).readAll()} {
+			if r.status != 200 || !r.clean() {
+				t.Fatalf("resume by %s: status %d, clean %v; want 200 and a clean end", name, r.status, r.clean())
+			}
+			contiguous(t, r, after)
+			if !bytes.Equal(r.raw, full.raw[len(s.raw):]) {
+				t.Fatalf("resume by %s: not exactly the events after %s", name, last)
+			}
 		}
-		contiguous(t, r, after)
-		if !bytes.Equal(r.raw, full.raw[len(s.raw):]) {
-			t.Fatalf("resume by %s: not exactly the events after %s", name, last)
+		if !bytes.Equal(full.raw[:len(s.raw)], s.raw) {
+			t.Fatal("the replayed stream does not start with what A sent")
 		}
-	}
-	if !bytes.Equal(full.raw[:len(s.raw)], s.raw) {
-		t.Fatal("the replayed stream does not start with what A sent")
-	}
-	if n := e.mock.Calls(); n != 1 {
-		t.Fatalf("upstream calls: got %d; want 1", n)
-	}
+		if n := e.mock.Calls(); n != 1 {
+			t.Fatalf("upstream calls: got %d; want 1", n)
+		}
+	})
 }
 
 // TestOwnerKilled: the replica that owns a generation is SIGKILLed
@@ -101,76 +105,80 @@ func TestResumeOnOtherReplica(t *testing.T) {
 // lease and the idle bound; the key is free; a retry regenerates; exactly
 // one commit.
 func TestOwnerKilled(t *testing.T) {
-	e := newEnv(t, nil, mockllm.Config{Tokens: 300, Delay: 10 * time.Millisecond})
-	a, b := e.start("A"), e.start("B")
-	s := post(t, a, "kill")
-	s.readN(t, 10)
-	joiners := make([]*stream, 3)
-	for i := range joiners {
-		joiners[i] = post(t, b, "kill")
-		joiners[i].readN(t, 5)
-	}
-	killed := time.Now()
-	a.Kill()
-	bound := lease + min(lease/2, 2*time.Second) + time.Second // + slack for a loaded machine
-	for i, j := range joiners {
-		j.readAll()
-		took := time.Since(killed)
-		if code := j.aborted(); code != "generation_lost" {
-			t.Fatalf("joiner %d: ended with %+v; want stream_aborted generation_lost", i, j.events[len(j.events)-1])
+	backends(t, func(t *testing.T, be backend) {
+		e := be.newEnv(t, mockllm.Config{Tokens: 300, Delay: 10 * time.Millisecond})
+		a, b := e.start("A"), e.start("B")
+		s := post(t, a, "kill")
+		s.readN(t, 10)
+		joiners := make([]*stream, 3)
+		for i := range joiners {
+			joiners[i] = post(t, b, "kill")
+			joiners[i].readN(t, 5)
 		}
-		if took > bound {
-			t.Fatalf("joiner %d: aborted %v after the kill; want within %v", i, took, bound)
+		killed := time.Now()
+		a.Kill()
+		bound := lease + min(lease/2, 2*time.Second) + time.Second // + slack for a loaded machine
+		for i, j := range joiners {
+			j.readAll()
+			took := time.Since(killed)
+			if code := j.aborted(); code != "generation_lost" {
+				t.Fatalf("joiner %d: ended with %+v; want stream_aborted generation_lost", i, j.events[len(j.events)-1])
+			}
+			if took > bound {
+				t.Fatalf("joiner %d: aborted %v after the kill; want within %v", i, took, bound)
+			}
+			contiguous(t, j, sse.ID{})
 		}
-		contiguous(t, j, sse.ID{})
-	}
-	retry := post(t, b, "kill").readAll()
-	if retry.status != 200 || !retry.clean() || retry.header.Get("Idempotent-Replayed") == "true" {
-		t.Fatalf("retry: status %d clean %v replayed %q; want a fresh, clean 200", retry.status, retry.clean(), retry.header.Get("Idempotent-Replayed"))
-	}
-	if gen := contiguous(t, retry, sse.ID{}); gen <= s.ids(t)[0].Gen {
-		t.Fatalf("retry: generation %d; want newer than the dead one", gen)
-	}
-	if n := e.mock.Calls(); n != 2 {
-		t.Fatalf("upstream calls: got %d; want 2 (the lost generation and the retry)", n)
-	}
-	if n := e.atMostOneCommit(); n != 1 {
-		t.Fatalf("commits: got %d; want 1", n)
-	}
+		retry := post(t, b, "kill").readAll()
+		if retry.status != 200 || !retry.clean() || retry.header.Get("Idempotent-Replayed") == "true" {
+			t.Fatalf("retry: status %d clean %v replayed %q; want a fresh, clean 200", retry.status, retry.clean(), retry.header.Get("Idempotent-Replayed"))
+		}
+		if gen := contiguous(t, retry, sse.ID{}); gen <= s.ids(t)[0].Gen {
+			t.Fatalf("retry: generation %d; want newer than the dead one", gen)
+		}
+		if n := e.mock.Calls(); n != 2 {
+			t.Fatalf("upstream calls: got %d; want 2 (the lost generation and the retry)", n)
+		}
+		if n := e.atMostOneCommit(); n != 1 {
+			t.Fatalf("commits: got %d; want 1", n)
+		}
+	})
 }
 
 // TestOwnerPaused: A is stopped past its lease; B takes the key over and
 // commits; when A continues it is fenced: its own client gets
 // stream_aborted, and B's result is what replays everywhere.
 func TestOwnerPaused(t *testing.T) {
-	e := newEnv(t, nil, mockllm.Config{Tokens: 60, Delay: 10 * time.Millisecond})
-	a, b := e.start("A"), e.start("B")
-	s := post(t, a, "pause")
-	s.readN(t, 5)
-	a.Pause()
-	time.Sleep(lease + 200*time.Millisecond)
-	taken := post(t, b, "pause").readAll()
-	if !taken.clean() || taken.header.Get("Idempotent-Replayed") == "true" {
-		t.Fatalf("B after A's lease: clean %v replayed %q; want a fresh clean stream", taken.clean(), taken.header.Get("Idempotent-Replayed"))
-	}
-	a.Resume()
-	s.readAll()
-	if code := s.aborted(); code == "" {
-		t.Fatalf("A's client after A continued: last event %+v; want stream_aborted", s.events[len(s.events)-1])
-	}
-	contiguous(t, s, sse.ID{})
-	for _, g := range []*gatetest.Process{a, b} {
-		r := post(t, g, "pause").readAll()
-		if !bytes.Equal(r.raw, taken.raw) {
-			t.Fatalf("replay on %s: not B's result", g.Name)
+	backends(t, func(t *testing.T, be backend) {
+		e := be.newEnv(t, mockllm.Config{Tokens: 60, Delay: 10 * time.Millisecond})
+		a, b := e.start("A"), e.start("B")
+		s := post(t, a, "pause")
+		s.readN(t, 5)
+		a.Pause()
+		time.Sleep(lease + 200*time.Millisecond)
+		taken := post(t, b, "pause").readAll()
+		if !taken.clean() || taken.header.Get("Idempotent-Replayed") == "true" {
+			t.Fatalf("B after A's lease: clean %v replayed %q; want a fresh clean stream", taken.clean(), taken.header.Get("Idempotent-Replayed"))
 		}
-	}
-	if n := e.mock.Calls(); n != 2 {
-		t.Fatalf("upstream calls: got %d; want 2", n)
-	}
-	if n := e.atMostOneCommit(); n != 1 {
-		t.Fatalf("commits: got %d; want 1", n)
-	}
+		a.Resume()
+		s.readAll()
+		if code := s.aborted(); code == "" {
+			t.Fatalf("A's client after A continued: last event %+v; want stream_aborted", s.events[len(s.events)-1])
+		}
+		contiguous(t, s, sse.ID{})
+		for _, g := range []*gatetest.Process{a, b} {
+			r := post(t, g, "pause").readAll()
+			if !bytes.Equal(r.raw, taken.raw) {
+				t.Fatalf("replay on %s: not B's result", g.Name)
+			}
+		}
+		if n := e.mock.Calls(); n != 2 {
+			t.Fatalf("upstream calls: got %d; want 2", n)
+		}
+		if n := e.atMostOneCommit(); n != 1 {
+			t.Fatalf("commits: got %d; want 1", n)
+		}
+	})
 }
 
 // TestRedisOutage: Redis paused, then killed and restarted empty. Keyed

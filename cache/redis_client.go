@@ -1,0 +1,111 @@
+package cache
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// swapClient is the client of a store that started while Redis was
+// unreachable. It starts as a single-node client (rueidis builds no other
+// without an answer) and is replaced, once Redis answers, by the client
+// rueidis picks from the server: a cluster client on a Redis Cluster,
+// where the single-node one would get MOVED for most keys forever.
+type swapClient struct {
+	cur atomic.Pointer[rueidis.Client]
+
+	mu     sync.Mutex // guards closed and old
+	closed bool
+	old    []rueidis.Client // replaced clients, closed after a grace period or at Close
+}
+
+func newSwapClient(c rueidis.Client) *swapClient {
+	s := &swapClient{}
+	s.cur.Store(&c)
+	return s
+}
+
+func (s *swapClient) get() rueidis.Client { return *s.cur.Load() }
+
+// redial tries rueidis.NewClient(opt) every interval until it succeeds or
+// ctx ends, then swaps the new client in. The replaced one is closed
+// after grace, so that operations already on it finish there.
+func (s *swapClient) redial(ctx context.Context, opt rueidis.ClientOption, interval, grace time.Duration, connected func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c, err := rueidis.NewClient(opt)
+		if err != nil {
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		prev := s.get()
+		s.cur.Store(&c)
+		s.old = append(s.old, prev)
+		s.mu.Unlock()
+		connected()
+		time.AfterFunc(grace, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if !s.closed {
+				prev.Close()
+				s.old = s.old[:0]
+			}
+		})
+		return
+	}
+}
+
+func (s *swapClient) Close() {
+	s.mu.Lock()
+	s.closed = true
+	old := s.old
+	s.old = nil
+	s.mu.Unlock()
+	for _, c := range old {
+		c.Close()
+	}
+	s.get().Close()
+}
+
+func (s *swapClient) B() rueidis.Builder { return s.get().B() }
+func (s *swapClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return s.get().Do(ctx, cmd)
+}
+func (s *swapClient) DoMulti(ctx context.Context, multi ...rueidis.Completed) []rueidis.RedisResult {
+	return s.get().DoMulti(ctx, multi...)
+}
+func (s *swapClient) Receive(ctx context.Context, sub rueidis.Completed, fn func(rueidis.PubSubMessage)) error {
+	return s.get().Receive(ctx, sub, fn)
+}
+func (s *swapClient) DoCache(ctx context.Context, cmd rueidis.Cacheable, ttl time.Duration) rueidis.RedisResult {
+	return s.get().DoCache(ctx, cmd, ttl)
+}
+func (s *swapClient) DoMultiCache(ctx context.Context, multi ...rueidis.CacheableTTL) []rueidis.RedisResult {
+	return s.get().DoMultiCache(ctx, multi...)
+}
+func (s *swapClient) DoStream(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResultStream {
+	return s.get().DoStream(ctx, cmd)
+}
+func (s *swapClient) DoMultiStream(ctx context.Context, multi ...rueidis.Completed) rueidis.MultiRedisResultStream {
+	return s.get().DoMultiStream(ctx, multi...)
+}
+func (s *swapClient) Dedicated(fn func(rueidis.DedicatedClient) error) error {
+	return s.get().Dedicated(fn)
+}
+func (s *swapClient) Dedicate() (rueidis.DedicatedClient, func()) { return s.get().Dedicate() }
+func (s *swapClient) Nodes() map[string]rueidis.Client            { return s.get().Nodes() }
+func (s *swapClient) Mode() rueidis.ClientMode                    { return s.get().Mode() }

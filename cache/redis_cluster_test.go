@@ -1,0 +1,74 @@
+package cache
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// TestRedisCluster: two stores on a 3-primary Redis Cluster, given every
+// primary as a seed, claim, join and replay keys whose records land on
+// different primaries; a URL with a database other than 0 is refused at
+// start rather than retried forever.
+//
+// Neither cluster test is parallel: starting processes would slow the
+// timing tests running beside them.
+func TestRedisCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	url := c.URL()
+	rs := []*Redis{
+		newRedis(t, "", "ssg", func(cfg *RedisConfig) { cfg.URL = url }),
+		newRedis(t, "", "ssg", func(cfg *RedisConfig) { cfg.URL = url }),
+	}
+	for i := range 20 {
+		sc := Scope{Tenant: "t", Key: fmt.Sprintf("cluster-%d", i)}
+		b := rbegin(t, rs[0], sc, "fp")
+		if b.Decision != Miss {
+			t.Fatalf("%s: got %v; want miss", sc.Key, b.Decision)
+		}
+		owner := b.Flight
+		startStream(t, owner)
+		want := appendN(t, owner, 1, 3)
+		j := rbegin(t, rs[1], sc, "fp")
+		if j.Decision != Join || j.Flight.Gen != owner.Gen {
+			t.Fatalf("%s on the other store: got %v; want a join of generation %d", sc.Key, j.Decision, owner.Gen)
+		}
+		owner.Commit(nil)
+		if state := waitDone(t, j.Flight, 2*time.Second); state != StateCommitted {
+			t.Fatalf("%s: follower %v; want committed", sc.Key, state)
+		}
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, want) {
+			t.Fatalf("%s after the commit: got %v; want a hit with the owner's bytes", sc.Key, b.Decision)
+		}
+		if n := commits(t, rs[1], sc); n != 1 {
+			t.Fatalf("%s: %d commits; want 1", sc.Key, n)
+		}
+	}
+	_, err := NewRedis(RedisConfig{URL: "redis://" + c.Nodes[0].Addr + "/1", Timeout: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "database 0") {
+		t.Fatalf("NewRedis with /1 on a cluster: got %v; want an error saying a cluster has database 0 only", err)
+	}
+}
+
+// TestRedisClusterSeedDownAtStart: a store started while its one seed is
+// down begins with a single-node client; once the node is back it must
+// switch to a cluster client, or the keys of the other primaries' slots
+// would get MOVED forever.
+func TestRedisClusterSeedDownAtStart(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	c.Nodes[0].Stop()
+	r := newRedis(t, c.Nodes[0].Addr, "ssg", func(cfg *RedisConfig) { cfg.Timeout = 500 * time.Millisecond })
+	c.Nodes[0].Restart()
+	eventually(t, 15*time.Second, func() error {
+		for i := range 30 {
+			if _, err := r.Begin(Scope{Tenant: "t", Key: fmt.Sprintf("seed-%d", i)}, "fp"); err != nil {
+				return fmt.Errorf("Begin after the seed came back: %w", err)
+			}
+		}
+		return nil
+	})
+}
