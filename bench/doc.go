@@ -76,11 +76,12 @@
 // that are not timed, such as c, the profile covers the first N seconds),
 // and after it /debug/pprof/heap; it writes them to
 // DIR/SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof (the step is
-// left out where a scenario has none; characters such as '+' and '@'
-// become '_'), e.g. a-r1-ssegate_key.cpu.pprof:
+// left out where a scenario has none; each run of characters such as
+// spaces, '+' and '@' becomes one '_'), e.g.
+// a-64_streams_200_events-r1-ssegate_key.cpu.pprof:
 //
-//	go run ./bench -profile /tmp/prof -scenarios a -rounds 1
-//	go tool pprof -top /tmp/prof/a-r1-ssegate_key.cpu.pprof
+//	go run ./bench -profile /tmp/prof -scenarios a -rounds 1 -peers ssegate
+//	go tool pprof -top /tmp/prof/a-64_streams_200_events-r1-ssegate_key.cpu.pprof
 //
 // Profiling costs ssegate a little CPU (the profiler's signals at 100 Hz),
 // which its CPU column includes; the other peers run as without it. A

@@ -311,14 +311,26 @@ func profileBase(scn, step string, round int, path string) string {
 	return profileName(strings.Join(parts, "-"))
 }
 
-// profileName makes s a file name: what is not a letter, digit, '.', '-'
-// or '_' becomes '_' (ssegate+key, ssegate@baseline, steps like 64@10ms).
+// profileName makes s a file name: each run of characters other than
+// letters, digits, '.', '-' and '_' becomes one '_' (ssegate+key,
+// ssegate@baseline, steps like "64 streams × 200 events").
 func profileName(s string) string {
-	return strings.Map(func(c rune) rune {
+	var b strings.Builder
+	sep := false
+	for _, c := range s {
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '-', c == '_':
-			return c
+			if sep {
+				b.WriteByte('_')
+				sep = false
+			}
+			b.WriteRune(c)
+		default:
+			sep = true
 		}
-		return '_'
-	}, s)
+	}
+	if sep {
+		b.WriteByte('_')
+	}
+	return b.String()
 }
