@@ -60,7 +60,11 @@ fuzz:
 # the commit before it) beside ssegate in the same rounds, with the same
 # flags: make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'
 # adds the paths ssegate@baseline and ssegate@baseline+key and a summary of
-# ssegate against them.
+# ssegate against them. To see where ssegate spends its CPU and memory,
+# BENCHFLAGS='-profile DIR -scenarios a' writes its CPU profile (over the
+# first -duration of the load) and heap profile (after it) for every
+# ssegate measurement, as DIR/SCENARIO-STEP-rROUND-PATH.cpu.pprof and
+# .heap.pprof, for go tool pprof.
 bench:
 	$(GO) run ./bench $(BENCHFLAGS)
 

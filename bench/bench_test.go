@@ -549,3 +549,37 @@ func runQuick(t *testing.T, args ...string) (rep report, stdout, out string) {
 	}
 	return rep, so.String(), out
 }
+
+// TestProfileRun runs a short saturation scenario with -profile and checks
+// that every ssegate measurement left a non-empty CPU and heap profile.
+func TestProfileRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes and runs load")
+	}
+	dir := t.TempDir()
+	rep, _, _ := runQuick(t, "-scenarios", "a", "-duration", "150ms", "-conc", "4", "-events", "40",
+		"-peers", "ssegate", "-profile", dir)
+	want := map[string]bool{}
+	for _, m := range rep.Measurements {
+		if m.Error != "" {
+			t.Errorf("%s %s: %s", m.Scenario, m.Path, m.Error)
+		}
+		if m.Server == kindSsegate {
+			base := profileBase(m.Scenario, m.Step, m.Round, m.Path)
+			want[base+".cpu.pprof"], want[base+".heap.pprof"] = true, true
+		}
+	}
+	if len(want) != 4 { // ssegate and ssegate+key
+		t.Fatalf("profiles expected: %v; want those of ssegate and ssegate+key", want)
+	}
+	for name := range want {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s: %v; want a non-empty profile", name, err)
+		} else if fi.Size() == 0 {
+			t.Errorf("%s: empty; want a non-empty profile", name)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != len(want) {
+		t.Errorf("%d files in -profile; want %d", len(entries), len(want))
+	}
+}

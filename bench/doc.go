@@ -2,10 +2,11 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-profile DIR]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
+//	go run ./bench -profile /tmp/prof -scenarios a  # ssegate's CPU and heap profiles (Profiles below)
 //	go run ./bench -soak [-soak-streams 10000] [-soak-duration 10m]
 //	make soak                       # the soak (soak.go): lost and reordered events, goroutines and memory over time
 //
@@ -64,6 +65,28 @@
 // scenario's main metric and proxy CPU per event of both, and the medians
 // of their per-round ratios. It needs ssegate in -peers. Without -baseline
 // the run is as before.
+//
+// # Profiles
+//
+// With -profile DIR, every measurement of ssegate (and of the -baseline
+// binary) starts it with -pprof on an admin listener of its own
+// (-admin-listen), so that its profiler answers beside the load. During
+// the load the suite fetches /debug/pprof/profile?seconds=N, N being
+// -duration rounded up to whole seconds (at least 1: in the scenarios
+// that are not timed, such as c, the profile covers the first N seconds),
+// and after it /debug/pprof/heap; it writes them to
+// DIR/SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof (the step is
+// left out where a scenario has none; each run of characters such as
+// spaces, '+' and '@' becomes one '_'), e.g.
+// a-64_streams_200_events-r1-ssegate_key.cpu.pprof:
+//
+//	go run ./bench -profile /tmp/prof -scenarios a -rounds 1 -peers ssegate
+//	go tool pprof -top /tmp/prof/a-64_streams_200_events-r1-ssegate_key.cpu.pprof
+//
+// Profiling costs ssegate a little CPU (the profiler's signals at 100 Hz),
+// which its CPU column includes; the other peers run as without it. A
+// profile that cannot be fetched is noted on stderr and the measurement
+// stands.
 //
 // # Load
 //

@@ -37,6 +37,7 @@ type options struct {
 	ssegateArg string
 	ssegateEnv string
 	baseline   string        // a second ssegate binary, measured beside ssegate
+	profile    string        // -profile: where ssegate's CPU and heap profiles go; "" for none
 	peers      map[kind]bool // the peers to measure; direct always is
 	soak       soakOptions
 }
@@ -65,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
 	fs.StringVar(&o.baseline, "baseline", "", "a second ssegate binary to measure beside ssegate, e.g. one built from the commit before a change: paths ssegate@baseline and ssegate@baseline+key, started with the same flags and environment (-ssegate-args, -ssegate-env), each measured right after its ssegate counterpart in every round of a, b, c, e and sweep; in every table, the JSON, the SVG, and a summary of ssegate against it at the top of the report. Needs ssegate in -peers")
+	fs.StringVar(&o.profile, "profile", "", "a directory for ssegate's CPU and heap profiles: every ssegate (and -baseline) measurement starts ssegate with -pprof on an admin listener of its own, fetches a CPU profile over the first -duration of the load (at least 1s) and a heap profile after it, and writes SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof there (go tool pprof reads them)")
 	peers := fs.String("peers", "httputil,fasthttp,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx, ssegate")
 	o.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -228,6 +230,7 @@ type env struct {
 	ssegateArgs []string
 	ssegateEnv  []string
 	baselineBin string // -baseline, absolute; "" without
+	profile     bool   // -profile: ssegate serves its profiler on an admin listener
 	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
 	nginxSeq    int
@@ -389,6 +392,12 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		}
 	}
 	e.ssegateArgs = strings.Fields(opt.ssegateArg)
+	if opt.profile != "" {
+		if err := os.MkdirAll(opt.profile, 0o755); err != nil {
+			return err
+		}
+		e.profile = true
+	}
 	e.ssegateEnv = strings.Fields(opt.ssegateEnv)
 	if p, err := exec.LookPath("nginx"); err == nil {
 		e.nginxBin = p

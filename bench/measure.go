@@ -2,7 +2,11 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +163,10 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 		r.logf("  %s: %d live streams, %d events so far", label, live, events)
 	}
 	calls0 := r.env.upstreamCalls()
+	var cpuProfile <-chan profileResult
+	if r.opt.profile != "" && srv.admin != "" {
+		cpuProfile = fetchCPUProfile(srv.admin, r.opt.duration)
+	}
 	lr := j.run()
 	calls := r.env.upstreamCalls() - calls0
 	if calls0 < 0 {
@@ -190,6 +198,9 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 		if _, hwm, err := memory(srv.pids); err == nil {
 			m.PeakRSS = hwm
 		}
+	}
+	if cpuProfile != nil {
+		r.writeProfiles(scn, step, round, p, srv.admin, cpuProfile)
 	}
 	r.logf("%-40s %s", label, m.summary())
 	return m
@@ -226,6 +237,100 @@ func (m *measurement) summary() string {
 	}
 	if m.Errors > 0 {
 		fmt.Fprintf(&b, ", %d ERRORS: %s", m.Errors, strings.Join(m.ErrorSamples, "; "))
+	}
+	return b.String()
+}
+
+// profileResult is a profile fetched from ssegate's /debug/pprof.
+type profileResult struct {
+	data []byte
+	err  error
+}
+
+// fetchCPUProfile starts fetching a CPU profile of d (whole seconds, at
+// least 1) from the profiler on admin, and returns where it arrives.
+func fetchCPUProfile(admin string, d time.Duration) <-chan profileResult {
+	secs := max(1, int(math.Ceil(d.Seconds())))
+	ch := make(chan profileResult, 1)
+	go func() {
+		b, err := fetchProfile(admin, "profile?seconds="+strconv.Itoa(secs), time.Duration(secs)*time.Second+30*time.Second)
+		ch <- profileResult{b, err}
+	}()
+	return ch
+}
+
+// fetchProfile GETs /debug/pprof/NAME from admin.
+func fetchProfile(admin, name string, timeout time.Duration) ([]byte, error) {
+	c := http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + admin + "/debug/pprof/" + name)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET /debug/pprof/%s: status %d: %.200s", name, resp.StatusCode, b)
+	}
+	if err == nil && len(b) == 0 {
+		err = fmt.Errorf("GET /debug/pprof/%s: empty profile", name)
+	}
+	return b, err
+}
+
+// writeProfiles waits for the CPU profile of one measurement, fetches a
+// heap profile after the load, and writes both into -profile as
+// SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof. A profile that
+// could not be had is noted on stderr; the measurement stands.
+func (r *runner) writeProfiles(scn, step string, round int, p path, admin string, cpu <-chan profileResult) {
+	base := filepath.Join(r.opt.profile, profileBase(scn, step, round, p.name))
+	res := <-cpu
+	heap, herr := fetchProfile(admin, "heap", 30*time.Second)
+	for _, f := range []struct {
+		ext  string
+		data []byte
+		err  error
+	}{{".cpu.pprof", res.data, res.err}, {".heap.pprof", heap, herr}} {
+		err := f.err
+		if err == nil {
+			err = os.WriteFile(base+f.ext, f.data, 0o644)
+		}
+		if err != nil {
+			r.logf("  profile %s%s: %v", base, f.ext, err)
+		}
+	}
+}
+
+// profileBase is the file name of a measurement's profiles, less the
+// extension.
+func profileBase(scn, step string, round int, path string) string {
+	parts := []string{scn}
+	if step != "" {
+		parts = append(parts, step)
+	}
+	parts = append(parts, "r"+strconv.Itoa(round), path)
+	return profileName(strings.Join(parts, "-"))
+}
+
+// profileName makes s a file name: each run of characters other than
+// letters, digits, '.', '-' and '_' becomes one '_' (ssegate+key,
+// ssegate@baseline, steps like "64 streams × 200 events").
+func profileName(s string) string {
+	var b strings.Builder
+	sep := false
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '-', c == '_':
+			if sep {
+				b.WriteByte('_')
+				sep = false
+			}
+			b.WriteRune(c)
+		default:
+			sep = true
+		}
+	}
+	if sep {
+		b.WriteByte('_')
 	}
 	return b.String()
 }

@@ -32,11 +32,13 @@ type server struct {
 	kind kind
 	addr string
 	pids []int // the process and its descendants; none for direct
-	cmd  *exec.Cmd
-	dir  string
-	exit chan error // receives cmd.Wait's result
-	log  *os.File
-	env  *env
+	// admin is ssegate's admin listener with /debug/pprof (-profile), or "".
+	admin string
+	cmd   *exec.Cmd
+	dir   string
+	exit  chan error // receives cmd.Wait's result
+	log   *os.File
+	env   *env
 }
 
 // freeAddr returns a loopback address with a port free at the time of the
@@ -80,15 +82,22 @@ func (e *env) start(k kind) (*server, error) {
 		return nil, err
 	}
 	var cmd *exec.Cmd
-	dir := ""
+	dir, admin := "", ""
+	var profile []string // ssegate's flags for -profile
+	if e.profile && (k == kindSsegate || k == kindBaseline) {
+		if admin, err = freeAddr(); err != nil {
+			return nil, err
+		}
+		profile = []string{"-admin-listen", admin, "-pprof"}
+	}
 	switch k {
 	case kindSsegate:
-		cmd = e.ssegateCmd(e.ssegateBin, addr)
+		cmd = e.ssegateCmd(e.ssegateBin, addr, profile...)
 	case kindBaseline:
 		if e.baselineBin == "" {
 			return nil, errors.New("no -baseline binary")
 		}
-		cmd = e.ssegateCmd(e.baselineBin, addr)
+		cmd = e.ssegateCmd(e.baselineBin, addr, profile...)
 	case kindHTTPUtil:
 		cmd = exec.Command(e.self, httputilCommand, addr, e.mockURL)
 	case kindFastHTTP:
@@ -113,7 +122,7 @@ func (e *env) start(k kind) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.dir = dir
+	s.dir, s.admin = dir, admin
 	// nginx forks its workers after it listens; wait for them.
 	for i := 0; i < 50; i++ {
 		s.pids = procTree(cmd.Process.Pid)

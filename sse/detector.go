@@ -126,7 +126,25 @@ func (d *Detector) observe(ev Event) {
 }
 
 func (d *Detector) observeChat(f *fields) {
-	elements(f.choices, func(c string) {
+	if f.choicesRead {
+		for _, c := range f.choice[:f.nChoices] {
+			d.markChoice(c.idx, c.fin)
+		}
+	} else {
+		d.walkChoices(f.choices)
+	}
+	if isObject(f.usage) {
+		u := gjson.Parse(f.usage)
+		d.usageSeen = true
+		d.input = u.Get("prompt_tokens").Int()
+		d.output = u.Get("completion_tokens").Int()
+	}
+}
+
+// walkChoices marks the choices of a "choices" value that fields.scan did
+// not read itself.
+func (d *Detector) walkChoices(choices string) {
+	elements(choices, func(c string) {
 		if !isObject(c) {
 			return
 		}
@@ -142,12 +160,6 @@ func (d *Detector) observeChat(f *fields) {
 		})
 		d.markChoice(idx, fin)
 	})
-	if isObject(f.usage) {
-		u := gjson.Parse(f.usage)
-		d.usageSeen = true
-		d.input = u.Get("prompt_tokens").Int()
-		d.output = u.Get("completion_tokens").Int()
-	}
 }
 
 // markChoice records that choice idx appeared, and whether this chunk

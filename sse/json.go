@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"math/bits"
 	"strconv"
 	"strings"
 
@@ -30,12 +31,12 @@ func members(s string, fn func(key, val string)) (closed bool) {
 		if i >= len(s) || s[i] != '"' {
 			return i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
 		}
-		ke := stringEnd(s, i)
+		ke, esc := scanString(s, i)
 		if ke < 0 {
 			return false
 		}
 		key := s[i+1 : ke-1]
-		if strings.IndexByte(key, '\\') >= 0 {
+		if esc {
 			key = gjson.Parse(s[i:ke]).Str // rare: an escaped key
 		}
 		i = skipSpace(s, ke)
@@ -80,6 +81,9 @@ func elements(s string, fn func(val string)) {
 }
 
 func skipSpace(s string, i int) int {
+	if i < len(s) && s[i] > ' ' {
+		return i // the common case, without a loop, so that it inlines
+	}
 	for i < len(s) && isSpace(s[i]) {
 		i++
 	}
@@ -89,25 +93,60 @@ func skipSpace(s string, i int) int {
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // stringEnd returns the index just past the JSON string starting at s[i]
-// (a '"'), or -1 when it is not terminated.
+// (a '"'), or -1 when it is not terminated. It looks at 8 bytes at a time
+// for a quote or a backslash (a backslash and the byte it escapes are
+// passed over), which keeps the strings the Detector only skips (ids,
+// content) cheap.
 func stringEnd(s string, i int) int {
+	e, _ := scanString(s, i)
+	return e
+}
+
+// scanString is stringEnd that also reports whether the string holds an
+// escape.
+func scanString(s string, i int) (end int, esc bool) {
 	j := i + 1
 	for {
-		k := strings.IndexByte(s[j:], '"')
-		if k < 0 {
-			return -1
+		for j+8 <= len(s) {
+			x := load64(s, j)
+			if m := byteIs(x, '"') | byteIs(x, '\\'); m != 0 {
+				j += bits.TrailingZeros64(m) / 8
+				break
+			}
+			j += 8
 		}
-		j += k
-		// The quote is escaped when an odd number of backslashes precede it.
-		n := 0
-		for p := j - 1; p > i && s[p] == '\\'; p-- {
-			n++
+		for j < len(s) && s[j] != '"' && s[j] != '\\' {
+			j++
 		}
-		if n%2 == 0 {
-			return j + 1
+		if j >= len(s) {
+			return -1, esc
 		}
-		j++
+		if s[j] == '"' {
+			return j + 1, esc
+		}
+		esc = true
+		j += 2 // the backslash and the byte it escapes
 	}
+}
+
+// load64 returns s[j:j+8] as a little-endian word.
+func load64(s string, j int) uint64 {
+	s = s[j : j+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
+
+// byteIs returns a word whose lowest set bit is the high bit of the first
+// byte of x that equals c (bits for later bytes may be wrong), or 0 when
+// none does.
+func byteIs(x uint64, c byte) uint64 {
+	x ^= lsb * uint64(c)
+	return (x - lsb) &^ x & msb
 }
 
 // valueEnd returns the index just past the JSON value starting at s[i]
@@ -120,25 +159,7 @@ func valueEnd(s string, i int) int {
 		}
 		return len(s)
 	case '{', '[':
-		depth := 0
-		for j := i; j < len(s); j++ {
-			switch s[j] {
-			case '"':
-				e := stringEnd(s, j)
-				if e < 0 {
-					return len(s)
-				}
-				j = e - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return len(s)
+		return containerEnd(s, i)
 	}
 	for j := i; j < len(s); j++ {
 		switch s[j] {
@@ -147,6 +168,53 @@ func valueEnd(s string, i int) int {
 		}
 	}
 	return len(s)
+}
+
+// structural marks the bytes that matter to containerEnd.
+var structural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
+
+// containerEnd returns the index just past the object or array starting
+// at s[i], matching brackets of either kind outside strings (what is
+// inside is not checked), or len(s) when it runs off the end. Strings are
+// skipped with stringEnd, the bytes between them 8 at a time.
+func containerEnd(s string, i int) int {
+	depth := 0
+	j := i
+	for {
+		for j+8 <= len(s) {
+			x := load64(s, j)
+			// '[' and ']' are '{' and '}' without the 0x20 bit.
+			y := x | lsb*0x20
+			if m := byteIs(x, '"') | byteIs(y, '{') | byteIs(y, '}'); m != 0 {
+				j += bits.TrailingZeros64(m) / 8
+				break
+			}
+			j += 8
+		}
+		for j < len(s) && !structural[s[j]] {
+			j++
+		}
+		if j >= len(s) {
+			return len(s)
+		}
+		switch s[j] {
+		case '"':
+			e := stringEnd(s, j)
+			if e < 0 {
+				return len(s)
+			}
+			j = e
+			continue
+		case '{', '[':
+			depth++
+		default: // '}', ']'
+			depth--
+			if depth == 0 {
+				return j + 1
+			}
+		}
+		j++
+	}
 }
 
 // jsonString returns the text of a raw JSON string value; ok is false for
