@@ -669,6 +669,7 @@ func (m *Memory) putLocked(tenant string, old, e *entry) {
 	e.at = [2]int32{-1, -1}
 	if old != nil {
 		m.unscheduleLocked(old)
+		m.unaliasLocked(old)
 		m.states[old.state]--
 		e.tenant = old.tenant
 	} else {

@@ -37,7 +37,8 @@ const (
 //     otherwise the key pinned to its context by [WithIdempotencyKey];
 //     otherwise, for a POST, a fresh random key, which the Transport's own
 //     retries and resumes reuse;
-//   - retries, before the response head, connection errors, 429 and 5xx
+//   - retries, before the response head, connection errors, 429, 500 and
+//     503 (never 502 or 504: ssegate's answers when an outcome is unknown)
 //     answers (never another 4xx), with full-jitter exponential backoff
 //     and Retry-After honoured, at most MaxAttempts attempts within
 //     MaxElapsed; once retries are exhausted, the last answer (or error)
@@ -185,6 +186,15 @@ func retryAfter(h http.Header) (time.Duration, bool) {
 
 func retryable(code int) bool { return code == http.StatusTooManyRequests || code >= 500 }
 
+// retryableAnswer reports whether a request's answer may be asked for
+// again: 429, 500 and 503, which say the request did not run (ssegate's
+// capacity, shutdown and store answers are 503s). Never 502 or 504:
+// ssegate answers those when the upstream's outcome is unknown, and the
+// key is then free, so a repeat could be a second paid generation.
+func retryableAnswer(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusInternalServerError || code == http.StatusServiceUnavailable
+}
+
 // RoundTrip implements [http.RoundTripper].
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
@@ -237,7 +247,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
-		if !retryable(resp.StatusCode) {
+		if !retryableAnswer(resp.StatusCode) {
 			return resp, nil
 		}
 		e := &retryStatus{resp: resp}
@@ -298,6 +308,7 @@ func (t *Transport) replayable(req *http.Request) (getBody func() (io.ReadCloser
 		return nil, false, nil
 	}
 	if req.GetBody != nil {
+		req.Body.Close() // every attempt reads a body of its own from GetBody
 		return req.GetBody, false, nil
 	}
 	limit := orDefault(t.MaxBodyBuffer, DefaultMaxBodyBuffer)

@@ -46,8 +46,8 @@ func (g *gen) models(body []byte) []string {
 // call is a retry: it is bounded by -retry-max-elapsed and the budget.
 func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	p, f := g.p, g.f
-	if !causes[a.cause].fallback && a.fallbackCode == "" {
-		return false
+	if g.mayRun || (!causes[a.cause].fallback && a.fallbackCode == "") {
+		return false // an earlier attempt may still be generating: a fallback would be a second generation
 	}
 	why := ""
 	switch {

@@ -271,3 +271,38 @@ func TestFallbackRules(t *testing.T) {
 		}
 	}
 }
+
+// TestNoFallbackAfterAmbiguous: an upstream known to deduplicate
+// (-retry-ambiguous) takes the request and hangs up, then answers 503 to
+// the pinned repeat: the first call may still be generating, so there is
+// no fallback (no other upstream, no other model is called) and the key
+// stays commit_unknown.
+func TestNoFallbackAfterAmbiguous(t *testing.T) {
+	t.Parallel()
+	var models []string
+	var mu sync.Mutex
+	first := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			hangUp(n, w, r)
+			return
+		}
+		status(503)(n, w, r)
+	})
+	second := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		models = append(models, r.URL.Path)
+		mu.Unlock()
+		okStream(w)
+	})
+	e := retryEnv(t, []string{first.url, second.url}, func(pc *Config) {
+		pc.RetryAmbiguous = []string{first.url}
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
+	})
+	key := newKey("ambiguous-then-503")
+	got := e.fetch(req{key: key, body: modelBody("primary")})
+	if got.status < 500 {
+		t.Fatalf("got %d; want an error: nothing may answer while the first call may be running", got.status)
+	}
+	wantCount(t, "second upstream calls", second.calls.Load(), 0)
+	e.waitState(key, "", cache.StateCommitUnknown)
+}

@@ -29,6 +29,12 @@ type gen struct {
 	// relays it as it comes and calls finish.
 	relayRaw bool
 
+	// mayRun is set, by the generation's goroutine, once an attempt failed
+	// in a way that may have left the request running upstream (its
+	// cause's state is commit_unknown): from then on there is no
+	// fallback, and a failed end stays commit_unknown.
+	mayRun bool
+
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
 	finished bool
@@ -268,6 +274,9 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		*calls++
 		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
 		a, ok := g.try(up, tmpl, done, more)
+		if causes[a.cause].state == cache.StateCommitUnknown {
+			g.mayRun = true
+		}
 		if ok {
 			p.m.attemptsPerOK.Observe(float64(*calls))
 			return a, last, settled
@@ -513,6 +522,12 @@ func (g *gen) end(attempts int, a, prev attempt) {
 		a = prev // relay the upstream's own last answer rather than a connect error
 	}
 	state := causes[a.cause].state
+	if g.mayRun {
+		// An earlier attempt may be running upstream (a pinned repeat,
+		// -retry-ambiguous, ended in another failure or answer): its
+		// outcome is still unknown.
+		state = cache.StateCommitUnknown
+	}
 	if state == cache.StateCommitUnknown {
 		g.p.m.commitUnknowns.Inc()
 	}
@@ -524,7 +539,11 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
-	a.cause.fail(f, a.head.Status, a.body)
+	if state != causes[a.cause].state {
+		a.cause.failUnknown(f, a.head.Status, a.body)
+	} else {
+		a.cause.fail(f, a.head.Status, a.body)
+	}
 	g.logEnd(a.head.Status)
 }
 

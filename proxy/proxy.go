@@ -196,7 +196,10 @@ const abortGrace = 5 * time.Second
 // connections to close. It returns nil after a whole drain, ctx's error
 // when streams were aborted.
 func (p *Proxy) Shutdown(ctx context.Context) error {
-	p.Drain()
+	p.Drain() // from now on every answer closes its connection (Handler)
+	// Whatever comes after the drain, on a connection another server
+	// still holds, starts no generation: it gets 503 shutting_down.
+	defer p.abortOnce.Do(func() { close(p.done) })
 	err := p.srv.ShutdownWithContext(ctx) // stops accepting; ends idle connections
 	if err == nil {
 		err = p.Wait(ctx) // streamed answers own their connections
@@ -253,6 +256,9 @@ func (p *Proxy) Wait(ctx context.Context) error {
 
 // Handler serves one request.
 func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
+	if p.draining.Load() {
+		ctx.SetConnectionClose() // a drain ends kept connections after their answer
+	}
 	path := string(ctx.Path())
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return

@@ -79,7 +79,9 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 			p.refuse(ctx, causeInvalidStartingAfter, "it is not a number")
 			return true
 		}
-		after = uint64(max(0, n-a.Base+1))
+		if base := max(a.Base, 0); n >= base {
+			after = uint64(n-base) + 1 // no overflow: 0 <= n-base
+		}
 	}
 	sc := cache.Scope{Tenant: tenant, Key: a.Key}
 	f, r, err := p.store.Attach(sc, "", sse.ID{Gen: a.Gen, Seq: after}, true)
