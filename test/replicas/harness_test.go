@@ -34,7 +34,7 @@ type env struct {
 	t        *testing.T
 	redisURL string
 	rc       rueidis.Client
-	nodes    []rueidis.Client // rc, or a client per primary of a cluster: what SCAN and KEYS run on
+	nodes    []rueidis.Client   // rc, or a client per primary of a cluster: what SCAN and KEYS run on
 	cluster  *redistest.Cluster // the test's own cluster, or nil
 	mock     *mockllm.Server
 	upstream string
