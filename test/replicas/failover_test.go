@@ -203,3 +203,87 @@ func failover(t *testing.T, forced bool) {
 	t.Logf("replica logs: %d journal tails re-appended, %d generations reaped, %d owned generations fenced, %d commits refused",
 		count("re-appending"), count("reaped a generation"), count("owned generation fenced"), count("commit refused"))
 }
+
+// TestClusterMinReplicasToWrite measures what min-replicas-to-write 1 on
+// every node (CONFIG SET) costs: 60 short keyed streams through two
+// replicas without it and with it, then, with it, 60 new keys after a
+// primary is SIGKILLed and its replica forced to take over (the promoted
+// primary has no replica of its own left, so it refuses writes with
+// NOREPLICAS). It asserts the happy path still commits every key once and
+// that after the failover a key is whole or refused with 503, never a
+// stream cut short, and logs the durations and the statuses.
+func TestClusterMinReplicasToWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster with replicas; skipped with -short")
+	}
+	e := newClusterEnv(t, mockllm.Config{Tokens: 20, Delay: time.Millisecond}, 1)
+	gates := []*gatetest.Process{e.start("A"), e.start("B")}
+	batch := func(prefix string) (time.Duration, map[int]int) {
+		start := time.Now()
+		var mu sync.Mutex
+		statuses := map[int]int{}
+		keys := make(chan int)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for i := range keys {
+					s, err := tryOpen(http.MethodPost, gates[i%2].URL+"/v1/chat/completions", fmt.Sprintf("%s-%d", prefix, i), "")
+					st := 0
+					if err == nil {
+						s.readAll()
+						st = s.status
+						if st == 200 && !s.clean() {
+							st = -1 // a 200 that did not end whole
+						}
+					}
+					mu.Lock()
+					statuses[st]++
+					mu.Unlock()
+				}
+			})
+		}
+		for i := range 60 {
+			keys <- i
+		}
+		close(keys)
+		wg.Wait()
+		return time.Since(start), statuses
+	}
+	batch("warm")
+	without, st := batch("without")
+	if st[200] != 60 {
+		t.Fatalf("without min-replicas-to-write: statuses %v; want 60 × 200", st)
+	}
+	for _, s := range append(append([]*redistest.Server{}, e.cluster.Nodes...), e.cluster.Replicas...) {
+		if _, err := redistest.Command(s.Addr, time.Second, "CONFIG", "SET", "min-replicas-to-write", "1"); err != nil {
+			t.Fatalf("CONFIG SET min-replicas-to-write 1 on %s: %v", s.Addr, err)
+		}
+	}
+	with, st := batch("with")
+	if st[200] != 60 {
+		t.Fatalf("with min-replicas-to-write 1: statuses %v; want 60 × 200", st)
+	}
+	if got := e.atMostOneCommit(); got != 180 {
+		t.Fatalf("commits: %d; want 180", got)
+	}
+	victim := e.cluster.Nodes[0]
+	promoted := e.cluster.ReplicasOf(victim)[0]
+	victim.Stop()
+	if _, err := redistest.Command(promoted.Addr, time.Second, "CLUSTER", "FAILOVER", "FORCE"); err != nil {
+		t.Fatalf("CLUSTER FAILOVER FORCE: %v", err)
+	}
+	within(t, 15*time.Second, "the replica takes over", func() bool {
+		info, err := redistest.Command(promoted.Addr, time.Second, "INFO", "replication")
+		return err == nil && strings.Contains(info, "role:master")
+	})
+	time.Sleep(time.Second) // the replicas' clients learn the new topology
+	after, st := batch("after")
+	t.Logf("60 keyed streams: %v without min-replicas-to-write, %v with it (1 on every node); after a failover with it set: %v, statuses %v (-1: a 200 that aborted)",
+		without.Round(time.Millisecond), with.Round(time.Millisecond), after.Round(time.Millisecond), st)
+	if st[-1] != 0 || st[200]+st[503] != 60 {
+		t.Fatalf("after the failover: statuses %v; want each key whole (200) or refused (503 store_unavailable)", st)
+	}
+	if n := strings.Count(gates[0].Logs()+gates[1].Logs(), "NOREPLICAS"); n > 0 {
+		t.Logf("the replicas logged %d NOREPLICAS refusals", n)
+	}
+}
