@@ -8,26 +8,35 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// Cluster is a Redis Cluster of the test's own: Primaries redis-server
-// processes in cluster mode on free loopback ports, without persistence,
-// holding the 16384 slots between them (no replicas). Every process is
-// killed when the test ends.
+// Cluster is a Redis Cluster of the test's own: redis-server processes in
+// cluster mode on free loopback ports, without persistence, the primaries
+// holding the 16384 slots between them, each with as many replicas as
+// StartCluster was asked for. Every process is killed when the test ends.
 type Cluster struct {
-	Nodes []*Server // the primaries, in the order redis-cli was given them
+	Nodes    []*Server // the primaries, in the order redis-cli was given them
+	Replicas []*Server // the replicas, in the order redis-cli was given them
+
+	replicaOf map[*Server][]*Server // a primary's replicas, as created
 }
 
 // StartCluster starts a cluster of n primaries (at least 3, as redis-cli
-// --cluster create requires) and returns once every node reports
-// cluster_state:ok and knows the others. Without redis-server or
-// redis-cli the test skips, unless CI is set: then it fails, since CI
-// must run it.
-func StartCluster(tb testing.TB, n int) *Cluster {
+// --cluster create requires), with replicas[0] replicas each when given
+// (--cluster-replicas; none by default), and returns once every node
+// reports cluster_state:ok and knows the others, and every replica's link
+// to its primary is up. Without redis-server or redis-cli the test skips,
+// unless CI is set: then it fails, since CI must run it.
+func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	tb.Helper()
+	r := 0
+	if len(replicas) > 0 {
+		r = replicas[0]
+	}
 	for _, bin := range []string{"redis-server", "redis-cli"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			msg := fmt.Sprintf("%s is not installed: the Redis Cluster tests start a cluster of their own (apt-get install redis-server redis-tools)", bin)
@@ -37,26 +46,29 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 			tb.Skip(msg)
 		}
 	}
-	c := &Cluster{}
-	for range n {
+	c := &Cluster{replicaOf: map[*Server][]*Server{}}
+	var all []*Server
+	for range n * (1 + r) {
 		port := freePort(tb, true)
 		dir := tb.TempDir()
-		c.Nodes = append(c.Nodes, startServer(tb, port,
+		all = append(all, startServer(tb, port,
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", "2000"))
 	}
 	args := []string{"--cluster", "create"}
-	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	for _, s := range all {
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(r), "--cluster-yes")
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for _, s := range c.Nodes {
+	for _, s := range all {
 		for {
 			info, err := command(s.Addr, time.Second, "CLUSTER", "INFO")
 			if err == nil && strings.Contains(info, "cluster_state:ok") &&
-				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) &&
+				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(all))) &&
 				strings.Contains(info, "cluster_slots_ok:16384") {
 				break
 			}
@@ -66,7 +78,75 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	// Roles as redis-cli assigned them: CLUSTER NODES lines are
+	// "id ip:port@bus flags primary-id ...".
+	// A replica shows as one once the configuration has spread.
+	var nodes string
+	for {
+		var err error
+		nodes, err = command(all[0].Addr, time.Second, "CLUSTER", "NODES")
+		if err == nil && strings.Count(nodes, "slave") == n*r {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("CLUSTER NODES: %d replicas within 20s; want %d: %v\n%s", strings.Count(nodes, "slave"), n*r, err, nodes)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	byAddr, byID, primaryOf := map[string]*Server{}, map[string]*Server{}, map[*Server]string{}
+	for _, s := range all {
+		byAddr[s.Addr] = s
+	}
+	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		s, ok := byAddr[addr]
+		if !ok {
+			tb.Fatalf("CLUSTER NODES names %s, not a node of the test", addr)
+		}
+		byID[f[0]] = s
+		if strings.Contains(f[2], "slave") {
+			primaryOf[s] = f[3]
+		}
+	}
+	for _, s := range all {
+		if id, ok := primaryOf[s]; ok {
+			c.Replicas = append(c.Replicas, s)
+			c.replicaOf[byID[id]] = append(c.replicaOf[byID[id]], s)
+		} else {
+			c.Nodes = append(c.Nodes, s)
+		}
+	}
+	if len(c.Nodes) != n || len(c.Replicas) != n*r {
+		tb.Fatalf("cluster has %d primaries and %d replicas; want %d and %d\n%s", len(c.Nodes), len(c.Replicas), n, n*r, nodes)
+	}
+	for _, s := range c.Replicas {
+		for {
+			info, err := command(s.Addr, time.Second, "INFO", "replication")
+			if err == nil && strings.Contains(info, "master_link_status:up") {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("replica %s not in sync within 20s: %v\n%s", s.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	return c
+}
+
+// ReplicasOf returns the replicas the cluster was created with for
+// primary p.
+func (c *Cluster) ReplicasOf(p *Server) []*Server { return c.replicaOf[p] }
+
+// Command sends one command (inline, arguments without spaces) to the
+// node at addr and returns its reply: a status, an integer, an error or a
+// bulk string.
+func Command(addr string, timeout time.Duration, args ...string) (string, error) {
+	return command(addr, timeout, args...)
 }
 
 // Addrs returns the primaries' addresses.

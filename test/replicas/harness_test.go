@@ -34,7 +34,8 @@ type env struct {
 	t        *testing.T
 	redisURL string
 	rc       rueidis.Client
-	nodes    []rueidis.Client // rc, or a client per primary of a cluster: what SCAN and KEYS run on
+	nodes    []rueidis.Client   // rc, or a client per primary of a cluster: what SCAN and KEYS run on
+	cluster  *redistest.Cluster // the test's own cluster, or nil
 	mock     *mockllm.Server
 	upstream string
 
@@ -75,12 +76,13 @@ func newEnv(t *testing.T, srv *redistest.Server, mock mockllm.Config) *env {
 }
 
 // newClusterEnv sets up a test on a Redis Cluster of its own (three
-// primaries, db 0, the default prefix): the replicas get every primary
-// as a seed in their -redis URL.
-func newClusterEnv(t *testing.T, mock mockllm.Config) *env {
+// primaries, with replicas[0] Redis replicas each when given, db 0, the
+// default prefix): the replicas get every primary as a seed in their
+// -redis URL.
+func newClusterEnv(t *testing.T, mock mockllm.Config, replicas ...int) *env {
 	t.Helper()
-	c := redistest.StartCluster(t, 3)
-	e := &env{t: t, redisURL: c.URL()}
+	c := redistest.StartCluster(t, 3, replicas...)
+	e := &env{t: t, redisURL: c.URL(), cluster: c}
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: c.Addrs(), DisableCache: true})
 	if err != nil {
 		t.Fatalf("redis cluster client: %v", err)
