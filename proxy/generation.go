@@ -597,9 +597,8 @@ read:
 		}
 		det.Observe(ev)
 		if !begun && ev.Type == "response.created" {
-			g.responseCreated(ev)
+			g.responseCreated(ev, h)
 		}
-		h.observe(ev)
 		if !begun {
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
 				return causeErrorEvent, false // an upstream error before any event: a failed call

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/sse"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -57,16 +56,6 @@ func (g *gen) healer(up *upstream, tmpl *fasthttp.Request) *healer {
 // isResponsesPath reports whether path is the Responses endpoint.
 func isResponsesPath(path []byte) bool {
 	return strings.HasSuffix(strings.TrimSuffix(string(path), "/"), "/v1/responses")
-}
-
-// observe takes the response id from response.created.
-func (h *healer) observe(ev sse.Event) {
-	if h == nil || h.id != "" || ev.Type != "response.created" {
-		return
-	}
-	if id := gjson.Get(ev.Data, "response.id").String(); id != "" && len(id) <= 256 {
-		h.id = strings.Clone(id)
-	}
 }
 
 // request is the resume of the stream after sequence number seq: GET

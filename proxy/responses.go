@@ -29,20 +29,24 @@ type aliasStore interface {
 	ResolveAlias(tenant, name string) (cache.Alias, bool)
 }
 
-// responseCreated names a Responses stream after its response.created
-// event ev: its id becomes an alias of the flight's key. Unkeyed flights
-// have nothing to resume by and are not named.
-func (g *gen) responseCreated(ev sse.Event) {
+// responseCreated reads the id of a Responses stream from its
+// response.created event ev, once for both of its uses: the healer h
+// (nil unless the stream can be healed) resumes the response by it, and
+// for a keyed flight it becomes an alias of the key (unkeyed flights have
+// nothing to resume by).
+func (g *gen) responseCreated(ev sse.Event, h *healer) {
+	v := gjson.Get(ev.Data, "response.id")
+	if v.Type != gjson.String || v.Str == "" || len(v.Str) > 256 {
+		return
+	}
+	id := strings.Clone(v.Str) // ev.Data belongs to the reader
+	if h != nil {
+		h.id = id
+	}
 	f := g.f
-	as, ok := g.p.store.(aliasStore)
-	if !ok || f.Gen == 0 {
-		return
+	if as, ok := g.p.store.(aliasStore); ok && f.Gen != 0 {
+		as.SetAlias(f.Scope, f.Gen, id, gjson.Get(ev.Data, "sequence_number").Int())
 	}
-	id := gjson.Get(ev.Data, "response.id")
-	if id.Type != gjson.String || id.Str == "" {
-		return
-	}
-	as.SetAlias(f.Scope, f.Gen, id.Str, gjson.Get(ev.Data, "sequence_number").Int())
 }
 
 // responseID returns the {id} of GET …/responses/{id}, or "".
