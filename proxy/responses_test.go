@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/tidwall/gjson"
 )
 
 // responsesClient is openai-go through e with credential key.
@@ -111,4 +112,30 @@ func TestResponsesUnknownIDRelayed(t *testing.T) {
 	if r.status != 200 || got.Load() != "GET /v1/responses/resp_x?stream=true&starting_after=8" {
 		t.Fatalf("got %d, upstream saw %v; want the GET relayed unchanged", r.status, got.Load())
 	}
+}
+
+// TestResponsesAliasTenantByAPIKey: the alias is scoped by whatever
+// credential the request carries (x-api-key here, not Authorization):
+// the same key's GET is served from the journal, another key's is not.
+func TestResponsesAliasTenantByAPIKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(time.Millisecond, 8))
+	key := newKey("responses-api-key")
+	r := e.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`,
+		header: map[string]string{"x-api-key": "k-one"}})
+	if r.status != 200 || len(r.events) == 0 {
+		t.Fatalf("POST: got %d", r.status)
+	}
+	id := gjson.Get(r.events[0].Data, "response.id").String()
+	get := func(cred string) result {
+		return e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=2",
+			header: map[string]string{"x-api-key": cred}})
+	}
+	if own := get("k-one"); own.status != 200 || !own.replayed || len(own.events) == 0 {
+		t.Fatalf("own credential: got %d replayed=%v; want the stored stream", own.status, own.replayed)
+	}
+	if other := get("k-two"); other.replayed || other.status == 200 && len(other.events) > 0 {
+		t.Fatalf("another credential: got %d replayed=%v; want it not served from the journal", other.status, other.replayed)
+	}
+	e.wantCalls(1)
 }
