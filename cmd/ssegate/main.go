@@ -61,6 +61,9 @@ type options struct {
 	maxStream     int
 	maxStoreBytes int64
 	maxLiveBytes  int64
+	sealStream    int
+	sealAge       time.Duration
+	sealLive      int64
 	maxKeys       int
 	maxTenantKeys int
 	maxSubs       int
@@ -110,6 +113,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.maxStream, "max-stream-bytes", 16<<20, "bytes recorded per stream or non-streaming body (the stream is aborted above)")
 	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", 512<<20, "bytes of committed responses held in memory (older ones are evicted)")
 	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
+	fs.IntVar(&o.sealStream, "seal-stream-bytes", 128<<10, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
+	fs.DurationVar(&o.sealAge, "seal-age", time.Minute, "a live keyed stream this old compresses its journal's full blocks from then on (see -seal-stream-bytes)")
+	fs.Int64Var(&o.sealLive, "seal-live-bytes", 8<<20, "while all live journals together hold this many raw bytes, every keyed stream compresses its full blocks (see -seal-stream-bytes): many live streams trade a little CPU for about a tenth of their journals' memory (0: 8 MiB or half of -max-live-bytes, whichever is less)")
 	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
@@ -180,6 +186,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	}
 	if r.BreakerOpen <= 0 || r.BreakerOpenMax < r.BreakerOpen {
 		return nil, errors.New("-breaker-open must be positive, -breaker-open-max at least -breaker-open")
+	}
+	if o.sealStream < 1 || o.sealAge <= 0 || o.sealLive < 0 {
+		return nil, errors.New("-seal-stream-bytes and -seal-age must be positive, -seal-live-bytes 0 (the default share) or more")
 	}
 	if o.maxTenantKeys < 0 {
 		return nil, errors.New("-max-keys-per-tenant must be 0 (a tenth of -max-keys) or more")
@@ -265,7 +274,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	store, closeStore, err := newStore(&o.redis, cache.Config{
 		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxKeys: o.maxKeys,
 		Limits: cache.Limits{MaxLiveBytes: o.maxLiveBytes, MaxStreamBytes: o.maxStream, MaxSubscribers: o.maxSubs,
-			MaxKeysPerTenant: o.maxTenantKeys},
+			MaxKeysPerTenant: o.maxTenantKeys, SealStreamBytes: o.sealStream, SealAge: o.sealAge, SealLiveBytes: o.sealLive},
 		MissingBody: missing,
 	}, log)
 	if err != nil {

@@ -102,6 +102,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock", "-breaker-open-max", "100ms"}, nil, "-breaker-open-max"},
 		{[]string{"-upstream", "mock", "-gc-percent", "-2"}, nil, "-gc-percent"},
 		{[]string{"-upstream", "mock", "-memory-limit", "-5"}, nil, "-memory-limit"},
+		{[]string{"-upstream", "mock", "-seal-age", "0s"}, nil, "-seal-age"},
+		{[]string{"-upstream", "mock", "-seal-live-bytes", "-1"}, nil, "-seal-live-bytes"},
 		{nil, nil, "-upstream is required"},
 	}
 	for _, c := range cases {
