@@ -35,7 +35,9 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.storeError(ctx, err)
 		return
 	}
-	p.offerResume(ctx, sc) // every answer of the key's stream carries it: miss, join, hit
+	if b.Decision != cache.Miss {
+		p.offerResume(ctx, sc) // every answer of the key's stream carries it: miss, join, hit
+	}
 	switch b.Decision {
 	case cache.Conflict:
 		p.logDecision(ctx, "conflict", sc, fp)
@@ -65,9 +67,12 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}
-		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
-		go g.run(newTemplate(ctx))
+		g.launch(newTemplate(ctx))
+		// What the answer's head and the log need is done while the
+		// upstream call is on its way.
+		p.offerResume(ctx, sc)
+		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -192,6 +193,16 @@ func (a attempt) verdict() verdict {
 		return statusVerdict(a.head.Status)
 	}
 	return causes[a.cause].verdict
+}
+
+// launch runs the generation on a goroutine of its own and lets it go
+// first: it sends the upstream call before the request's goroutine goes
+// on to take the client's connection over, which is not on the way to the
+// first event (the upstream's answer is), so that the upstream's time to
+// answer begins a scheduling delay earlier (about 15 µs here).
+func (g *gen) launch(tmpl *fasthttp.Request) {
+	go g.run(tmpl)
+	runtime.Gosched()
 }
 
 // run is the generation's goroutine: call the upstream, retrying where

@@ -26,7 +26,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
 	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
-	go g.run(newTemplate(ctx))
+	g.launch(newTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }
 
