@@ -226,7 +226,7 @@ func TestParseFlags(t *testing.T) {
 	if o, err := parseFlags([]string{"-baseline", "/old/ssegate", "-peers", "ssegate"}, io.Discard); err != nil || !o.peers[kindBaseline] || o.baseline != "/old/ssegate" {
 		t.Errorf("-baseline: %v; want the baseline among the peers", err)
 	}
-	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "caddy"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"},
+	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "traefik"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"},
 		{"-baseline", "/old/ssegate", "-peers", "httputil"}, {"-soak", "-baseline", "/old/ssegate"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded; want an error", bad)
