@@ -422,8 +422,7 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		if err := haveNode(); err != nil {
 			r.notes = append(r.notes, fmt.Sprintf("%v: the Portkey gateway was skipped (it needs node and npm)", err))
 		} else {
-			r.logf("installing the Portkey gateway from %s/%s (npm ci, once)", root, portkeyDir)
-			if e.portkeyDir, err = installPortkey(root, stderr); err != nil {
+			if e.portkeyDir, err = installPortkey(root, r.logf, stderr); err != nil {
 				r.notes = append(r.notes, fmt.Sprintf("the Portkey gateway could not be installed (%v): its rows were skipped", err))
 			}
 		}

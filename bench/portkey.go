@@ -20,8 +20,11 @@ import (
 // gateway and a package-lock.json that pins its dependencies. A plain npm
 // install of the gateway takes the newest @hono/node-server, whose
 // immutable response headers make the gateway answer 500 to every request
-// (Portkey-AI/gateway#1389); the lockfile keeps @hono/node-server at
-// 1.13.5, the version the gateway's own lockfile and its patches/ pin.
+// (Portkey-AI/gateway#1389). The lockfile keeps @hono/node-server at
+// 1.13.5, the version the gateway's repository patches
+// (patches/@hono+node-server+1.13.5.patch, applied to what its own
+// lockfile installs), and resolves the rest as npm did at the gateway's
+// release (npm install --before 2026-08-23).
 // The installation is kept in the user's cache directory under a name
 // made of the hash of those files, so that it is made once and remade
 // when they change.
@@ -46,8 +49,8 @@ const portkeyMain = "node_modules/@portkey-ai/gateway/build/start-server.js"
 
 // installPortkey installs the gateway from root's bench/portkey into the
 // cache (unless it is there already) and returns the installation's
-// directory.
-func installPortkey(root string, log io.Writer) (string, error) {
+// directory. It says on logf when it installs; npm's output goes to log.
+func installPortkey(root string, logf func(format string, args ...any), log io.Writer) (string, error) {
 	src := filepath.Join(root, portkeyDir)
 	h := sha256.New()
 	files := map[string][]byte{}
@@ -78,6 +81,7 @@ func installPortkey(root string, log io.Writer) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
+	logf("installing the Portkey gateway from %s into %s (npm ci)", src, dir)
 	for f, b := range files {
 		if err := os.WriteFile(filepath.Join(tmp, f), b, 0o644); err != nil {
 			return "", err
