@@ -53,8 +53,11 @@ fuzz:
 	done
 
 # The benchmark suite (bench/): every scenario against direct, httputil,
-# nginx (when installed) and ssegate with and without Idempotency-Key,
-# 3 interleaved rounds; tables on stdout, JSON/Markdown/SVG in bench/results/.
+# fasthttp, nginx (when installed), caddy (built from bench/caddy, its own
+# module), the Portkey gateway (installed with npm ci from bench/portkey
+# when node and npm are installed) and ssegate with and without
+# Idempotency-Key, 3 interleaved rounds; tables on stdout, JSON/Markdown/SVG
+# in bench/results/. BENCHFLAGS=-peers ssegate,caddy picks the peers.
 # BENCHFLAGS=-quick for a smoke run, or e.g. BENCHFLAGS='-scenarios a,b'.
 # To show what a change costs, measure a second ssegate binary (built from
 # the commit before it) beside ssegate in the same rounds, with the same

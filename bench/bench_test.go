@@ -223,10 +223,18 @@ func TestParseFlags(t *testing.T) {
 	if o.peers[kindBaseline] {
 		t.Error("a baseline peer without -baseline")
 	}
+	for _, k := range []kind{kindDirect, kindHTTPUtil, kindFastHTTP, kindNginx, kindCaddy, kindPortkey, kindSsegate} {
+		if !o.peers[k] {
+			t.Errorf("default -peers lack %s", k)
+		}
+	}
+	if o, err := parseFlags([]string{"-peers", "caddy, portkey"}, io.Discard); err != nil || !o.peers[kindCaddy] || !o.peers[kindPortkey] || o.peers[kindNginx] || o.peers[kindSsegate] {
+		t.Errorf("-peers caddy,portkey: %v, peers %v; want direct, caddy and portkey", err, o.peers)
+	}
 	if o, err := parseFlags([]string{"-baseline", "/old/ssegate", "-peers", "ssegate"}, io.Discard); err != nil || !o.peers[kindBaseline] || o.baseline != "/old/ssegate" {
 		t.Errorf("-baseline: %v; want the baseline among the peers", err)
 	}
-	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "caddy"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"},
+	for _, bad := range [][]string{{"-scenarios", "z"}, {"-rounds", "0"}, {"-slow", "10@x"}, {"-peers", "traefik"}, {"-redis-join", "1,2"}, {"-redis-load", "x"}, {"extra"},
 		{"-baseline", "/old/ssegate", "-peers", "httputil"}, {"-soak", "-baseline", "/old/ssegate"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded; want an error", bad)
@@ -341,8 +349,10 @@ func TestQuickRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes and runs load")
 	}
+	// caddy and portkey have tests of their own (TestCaddyRun,
+	// TestPortkeyRun): they are built or installed over the network first.
 	rep, md, out := runQuick(t, "-scenarios", "a,b,c,d,e,f,sweep", "-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20",
-		"-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40")
+		"-sweep", "1,4", "-fanout-pace", "3ms", "-events", "40", "-peers", "httputil,fasthttp,nginx,ssegate")
 	seen := map[string]bool{}
 	peers := map[kind]bool{}
 	for _, m := range rep.Measurements {
@@ -581,5 +591,242 @@ func TestProfileRun(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != len(want) {
 		t.Errorf("%d files in -profile; want %d", len(entries), len(want))
+	}
+}
+
+func TestCaddyConfig(t *testing.T) {
+	b, err := caddyConfig("127.0.0.1:8001", "127.0.0.1:9001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Admin   struct{ Disabled bool }
+		Logging struct {
+			Logs map[string]struct{ Level string }
+		}
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Listen         []string
+					AutomaticHTTPS struct{ Disable bool } `json:"automatic_https"`
+					Logs           json.RawMessage
+					Routes         []struct {
+						Match  json.RawMessage
+						Handle []struct {
+							Handler       string
+							Upstreams     []struct{ Dial string }
+							FlushInterval *int `json:"flush_interval"`
+							Transport     struct {
+								Protocol  string
+								KeepAlive struct {
+									Enabled             *bool
+									MaxIdleConnsPerHost int `json:"max_idle_conns_per_host"`
+								} `json:"keep_alive"`
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &conf); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if !conf.Admin.Disabled {
+		t.Error("admin endpoint not disabled")
+	}
+	if l := conf.Logging.Logs["default"].Level; l != "ERROR" {
+		t.Errorf("default log level %q; want ERROR", l)
+	}
+	if len(conf.Apps.HTTP.Servers) != 1 {
+		t.Fatalf("%d servers; want 1:\n%s", len(conf.Apps.HTTP.Servers), b)
+	}
+	for name, srv := range conf.Apps.HTTP.Servers {
+		if strings.Join(srv.Listen, ",") != "127.0.0.1:8001" {
+			t.Errorf("server %s listens on %q; want 127.0.0.1:8001 alone", name, srv.Listen)
+		}
+		if !srv.AutomaticHTTPS.Disable {
+			t.Errorf("server %s: automatic HTTPS not disabled", name)
+		}
+		if srv.Logs != nil {
+			t.Errorf("server %s has access logs: %s", name, srv.Logs)
+		}
+		if len(srv.Routes) != 1 || srv.Routes[0].Match != nil || len(srv.Routes[0].Handle) != 1 {
+			t.Fatalf("server %s: routes %s; want one unmatched route with one handler", name, b)
+		}
+		h := srv.Routes[0].Handle[0]
+		if h.Handler != "reverse_proxy" || len(h.Upstreams) != 1 || h.Upstreams[0].Dial != "127.0.0.1:9001" {
+			t.Errorf("handler %q to %+v; want reverse_proxy to 127.0.0.1:9001", h.Handler, h.Upstreams)
+		}
+		if h.FlushInterval == nil || *h.FlushInterval != -1 {
+			t.Errorf("flush_interval %v; want -1", h.FlushInterval)
+		}
+		if ka := h.Transport.KeepAlive; h.Transport.Protocol != "http" || ka.Enabled == nil || !*ka.Enabled || ka.MaxIdleConnsPerHost < 64 {
+			t.Errorf("transport %+v; want http with keep-alive and a pool of idle connections", h.Transport)
+		}
+	}
+	dir := t.TempDir()
+	path, err := writeCaddyConf(dir, "127.0.0.1:8001", "127.0.0.1:9001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(bytes.TrimSpace(got), b) {
+		t.Errorf("written configuration differs (%v)", err)
+	}
+	cmd := caddyCmd("/bin/caddy", path, dir)
+	if got := strings.Join(cmd.Args, " "); got != "/bin/caddy run --config "+path {
+		t.Errorf("command %q", got)
+	}
+}
+
+func TestPortkeyRequest(t *testing.T) {
+	r := &runner{}
+	srv := &server{addr: "127.0.0.1:8002", headers: portkeyHeaders("127.0.0.1:9002")}
+	req := string(r.requestTo(srv, reqSpec{tokens: 5, delay: time.Millisecond}))
+	head, body, _ := strings.Cut(req, "\r\n\r\n")
+	for _, want := range []string{
+		"\r\nx-portkey-provider: openai\r\n",
+		"\r\nx-portkey-custom-host: http://127.0.0.1:9002/v1\r\n",
+		"\r\nx-portkey-forward-headers: x-mock-tokens,x-mock-delay\r\n",
+		"\r\nX-Mock-Tokens: 5\r\n",
+	} {
+		if !strings.Contains(head+"\r\n", want) {
+			t.Errorf("request head lacks %q:\n%s", want, head)
+		}
+	}
+	if body != requestBody {
+		t.Errorf("body %q; want %q", body, requestBody)
+	}
+	plain := string(r.requestTo(&server{addr: "127.0.0.1:8003"}, reqSpec{tokens: 5}))
+	if strings.Contains(plain, "x-portkey") {
+		t.Errorf("a request to another peer has Portkey's headers:\n%s", plain)
+	}
+	cmd, err := portkeyCmd("/cache/pk", "127.0.0.1:8002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cmd.Args, " "); got != "node -r /cache/pk/loopback.cjs /cache/pk/"+portkeyMain+" --port=8002 --headless" {
+		t.Errorf("command %q", got)
+	}
+	if _, err := portkeyCmd("/cache/pk", "0.0.0.0:8002"); err == nil {
+		t.Error("portkey started off loopback")
+	}
+}
+
+func TestPeerSummary(t *testing.T) {
+	rep := fakeReport()
+	if strings.Contains(rep.markdown(), "### ssegate against caddy") {
+		t.Error("a report without caddy rows has a caddy summary")
+	}
+	for round := 1; round <= 2; round++ {
+		m := newMeasurement("a", "8 streams", round, pathCaddy, 8)
+		m.EventsPerSec, m.CPUusPerEvent = num(250*float64(round)), 4
+		rep.Measurements = append(rep.Measurements, m)
+	}
+	md := rep.markdown()
+	for _, want := range []string{
+		"### ssegate against caddy and nginx\n",
+		"| a | 8 streams | ssegate | caddy | events/s | 750 | 375 | 2.00× | 2.00 | 4.00 | 0.50× |",
+		"| a | 8 streams | ssegate | nginx | events/s | 750 | — | — | 2.00 | — | — |", // nginx failed: said, not left out
+		"| caddy | 375 | 0.25× |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if i, j := strings.Index(md, "### ssegate against caddy"), strings.Index(md, "### (a)"); i < 0 || i > j {
+		t.Error("the summary is not above the tables")
+	}
+}
+
+// checkPeerRuns checks that peer k was measured in every scenario of a
+// quick run that measures peers, each stream whole.
+func checkPeerRuns(t *testing.T, rep report, k kind, events map[string]int64) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, m := range rep.Measurements {
+		if m.Server != k {
+			continue
+		}
+		name := m.Scenario + " " + m.Step + " " + m.Path
+		seen[m.Scenario] = true
+		if m.Error != "" {
+			t.Errorf("%s: %s", name, m.Error)
+			continue
+		}
+		if m.Errors > 0 || m.OK == 0 || m.OK != m.Streams || m.Events != m.Streams*events[m.Scenario] {
+			t.Errorf("%s: %d of %d streams whole, %d events (%d a stream); errors %v", name, m.OK, m.Streams, m.Events, events[m.Scenario], m.ErrorSamples)
+		}
+		if !(m.CPUSec >= 0) || m.PeakRSS <= 0 {
+			t.Errorf("%s: proxy CPU %v, peak RSS %d; want numbers", name, m.CPUSec, m.PeakRSS)
+		}
+	}
+	for scn := range events {
+		if !seen[scn] {
+			t.Errorf("scenario %s has no %s measurement", scn, k)
+		}
+	}
+}
+
+// TestCaddyRun builds Caddy from bench/caddy (the Go module proxy serves
+// it on the first build) and runs a short suite with it beside ssegate:
+// every stream through caddy whole, its version in the report and its
+// rows in the summary.
+func TestCaddyRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds caddy, starts processes and runs load")
+	}
+	rep, md, _ := runQuick(t, "-scenarios", "a,b,c,e,sweep", "-peers", "caddy,ssegate",
+		"-duration", "150ms", "-conc", "8", "-slow", "16@5ms:20", "-sweep", "4", "-fanout-pace", "3ms", "-events", "40")
+	for _, n := range rep.Notes {
+		t.Logf("note: %s", n)
+	}
+	checkPeerRuns(t, rep, kindCaddy, map[string]int64{"a": 40, "b": 10, "c": 20, "e": 40, "sweep": 40})
+	if !strings.HasPrefix(rep.Caddy, "v2.") || !strings.Contains(md, ", caddy "+rep.Caddy) {
+		t.Errorf("caddy version %q not in the report's header", rep.Caddy)
+	}
+	if !strings.Contains(md, "### ssegate against caddy") {
+		t.Errorf("no caddy summary:\n%s", md)
+	}
+	for _, scn := range []string{"a", "b", "c", "e", "sweep"} {
+		for _, p := range []string{"ssegate", "ssegate+key"} {
+			if !strings.Contains(md, "| "+scn+" | ") || !peerSummaryHas(md, scn, p, "caddy") {
+				t.Errorf("summary lacks the %s row of %s against caddy", p, scn)
+			}
+		}
+	}
+}
+
+// peerSummaryHas reports whether md's peer summary has a row of path p in
+// scenario scn against peer with both ratios measured.
+func peerSummaryHas(md, scn, p, peer string) bool {
+	for _, line := range strings.Split(md, "\n") {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) == 11 && cells[0] == scn && cells[2] == p && cells[3] == peer && strings.HasSuffix(cells[7], "×") && strings.HasSuffix(cells[10], "×") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPortkeyRun installs the Portkey gateway from bench/portkey (npm ci
+// from the npm registry on the first run, then from the cache) and runs a
+// short suite through it: its routing headers must bring every stream
+// whole from the mock.
+func TestPortkeyRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("installs the Portkey gateway, starts processes and runs load")
+	}
+	if err := haveNode(); err != nil {
+		t.Skipf("the Portkey gateway needs node and npm: %v", err)
+	}
+	rep, md, _ := runQuick(t, "-scenarios", "a,b,c,e,sweep", "-peers", "portkey",
+		"-duration", "150ms", "-conc", "4", "-slow", "8@10ms:20", "-sweep", "2", "-fanout-pace", "3ms", "-events", "20")
+	for _, n := range rep.Notes {
+		t.Logf("note: %s", n)
+	}
+	checkPeerRuns(t, rep, kindPortkey, map[string]int64{"a": 20, "b": 10, "c": 20, "e": 20, "sweep": 20})
+	if !strings.HasPrefix(rep.Portkey, "1.15.2") || !strings.Contains(md, ", Portkey gateway "+rep.Portkey) {
+		t.Errorf("Portkey version %q not in the report's header", rep.Portkey)
 	}
 }

@@ -2,7 +2,7 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-profile DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-profile DIR]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
@@ -28,16 +28,57 @@
 //   - nginx: proxy_buffering off, upstream keep-alive, when nginx is on PATH
 //     (a generated configuration in a temporary prefix, in the foreground,
 //     stopped after each measurement);
+//   - caddy: Caddy's reverse_proxy with flush_interval -1, keep-alive to
+//     the upstream (up to 1024 idle connections), the admin endpoint off,
+//     automatic HTTPS off, no access log, errors only in its log: a
+//     generated JSON configuration (caddy.go) in a temporary directory,
+//     started with caddy run per measurement. It is built at the start
+//     with go build -C bench/caddy, a module of its own (the current
+//     release, v2.11.9, with only the reverse proxy), so that ssegate's
+//     go.mod does not carry Caddy's dependencies; the Go module proxy
+//     serves them on the first build, which takes a few minutes on two
+//     cores (later ones come from the build cache). A distribution's
+//     caddy is not used: Debian's 2.6.2 truncates streams under load;
+//   - portkey: the Portkey gateway (@portkey-ai/gateway 1.15.2, Node),
+//     when node and npm are on PATH (skipped with a note otherwise). It
+//     is installed with npm ci from bench/portkey (package.json and its
+//     package-lock.json) into the user's cache directory, once per
+//     content of those files, over the npm registry on the first run. A
+//     plain npm install of the gateway answers 500 to every stream: the
+//     newest @hono/node-server makes response headers immutable, which
+//     the gateway's ResponseService trips on (Portkey-AI/gateway#1389);
+//     the lockfile pins @hono/node-server at 1.13.5, the version of the
+//     gateway's own patches/@hono+node-server+1.13.5.patch (its
+//     lockfile's pin), and resolves the rest as of the gateway's release
+//     (npm install --before 2026-08-23). The gateway's requests carry
+//     its routing headers, which the load generator adds for this peer
+//     alone: x-portkey-provider: openai, x-portkey-custom-host:
+//     http://<mock>/v1, and x-portkey-forward-headers: x-mock-tokens,
+//     x-mock-delay, without which it would not pass the mock's length
+//     and pace on. It listens on every interface and has no option for
+//     the host; bench/portkey/loopback.cjs, preloaded with node -r, binds
+//     it to 127.0.0.1. It is slow (about 0.05× direct saturated, and at
+//     hundreds of paced streams it cannot keep the pace): its rows say
+//     what it did, streams not whole counted as errors as for any peer;
 //   - ssegate, without Idempotency-Key, and ssegate+key with a unique key
 //     per stream (the recording path), built from ./cmd/ssegate at the start
 //     (or -ssegate BIN);
 //   - with -baseline BIN, ssegate@baseline and ssegate@baseline+key: the
 //     same two paths through a second ssegate binary (Baseline below).
 //
+// -peers picks the peers beside direct; by default all of them (httputil,
+// fasthttp, nginx, caddy, portkey, ssegate), less those that cannot run
+// here, each with a note in the report. Each peer starts in a process
+// group of its own, on loopback, and is stopped after the measurement.
+//
 // Each measurement starts a fresh peer process, so that its idle RSS, CPU
 // time and peak RSS (VmHWM) belong to that measurement; the CPU is
-// utime+stime of /proc/<pid>/stat, summed with the process's children
-// (nginx's workers). The paths are interleaved, every path once a round,
+// utime+stime of /proc/<pid>/stat, summed with the process's descendants
+// (nginx's workers, whatever Node spawns). The report's header names the
+// versions of nginx, caddy and the Portkey gateway, and a summary at its
+// top puts ssegate and ssegate+key beside caddy and nginx in every step
+// where they ran (a, b, c, e and sweep): the scenario's main metric and
+// CPU per event of both, and the medians of their per-round ratios. The paths are interleaved, every path once a round,
 // and the tables show medians over rounds, with ratios to direct computed
 // within each round.
 //

@@ -67,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
 	fs.StringVar(&o.baseline, "baseline", "", "a second ssegate binary to measure beside ssegate, e.g. one built from the commit before a change: paths ssegate@baseline and ssegate@baseline+key, started with the same flags and environment (-ssegate-args, -ssegate-env), each measured right after its ssegate counterpart in every round of a, b, c, e and sweep; in every table, the JSON, the SVG, and a summary of ssegate against it at the top of the report. Needs ssegate in -peers")
 	fs.StringVar(&o.profile, "profile", "", "a directory for ssegate's CPU and heap profiles: every ssegate (and -baseline) measurement starts ssegate with -pprof on an admin listener of its own, fetches a CPU profile over the first -duration of the load (at least 1s) and a heap profile after it, and writes SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof there (go tool pprof reads them)")
-	peers := fs.String("peers", "httputil,fasthttp,nginx,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx, ssegate")
+	peers := fs.String("peers", "httputil,fasthttp,nginx,caddy,portkey,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx (when on PATH), caddy (built from the bench/caddy module with go build at the start; the Go module proxy serves it on the first build), portkey (the Portkey gateway, installed with npm ci from bench/portkey into the user's cache directory on first use; only when node and npm are on PATH, skipped with a note otherwise), ssegate")
 	o.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -120,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.peers = map[kind]bool{kindDirect: true}
 	for _, p := range strings.Split(*peers, ",") {
 		switch k := kind(strings.TrimSpace(p)); k {
-		case kindHTTPUtil, kindFastHTTP, kindNginx, kindSsegate:
+		case kindHTTPUtil, kindFastHTTP, kindNginx, kindCaddy, kindPortkey, kindSsegate:
 			o.peers[k] = true
 		case "":
 		default:
@@ -234,6 +234,9 @@ type env struct {
 	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
 	nginxSeq    int
+	caddyBin    string // built at the start when caddy is in -peers; "" otherwise or when the build failed
+	caddySeq    int
+	portkeyDir  string // the Portkey installation when portkey is in -peers; "" otherwise or when it failed
 	tmp         string
 	logDir      string
 
@@ -365,7 +368,7 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		}
 	}
 	root := ""
-	if opt.out == "" || opt.ssegateBin == "" {
+	if opt.out == "" || opt.ssegateBin == "" || opt.peers[kindCaddy] || opt.peers[kindPortkey] {
 		if root, err = moduleRoot(); err != nil {
 			return err
 		}
@@ -399,10 +402,30 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		e.profile = true
 	}
 	e.ssegateEnv = strings.Fields(opt.ssegateEnv)
-	if p, err := exec.LookPath("nginx"); err == nil {
-		e.nginxBin = p
-	} else {
-		r.notes = append(r.notes, "nginx is not on PATH: its baseline was skipped (install nginx, e.g. apt-get install nginx-light, to include it)")
+	if opt.peers[kindNginx] {
+		if p, err := exec.LookPath("nginx"); err == nil {
+			e.nginxBin = p
+		} else {
+			r.notes = append(r.notes, "nginx is not on PATH: its baseline was skipped (install nginx, e.g. apt-get install nginx-light, to include it)")
+		}
+	}
+	if opt.peers[kindCaddy] {
+		bin := filepath.Join(tmp, "caddy")
+		r.logf("building caddy from %s/%s", root, caddyModuleDir)
+		if err := buildCaddy(root, bin, stderr); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("caddy could not be built (%v): its rows were skipped", err))
+		} else {
+			e.caddyBin = bin
+		}
+	}
+	if opt.peers[kindPortkey] {
+		if err := haveNode(); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("%v: the Portkey gateway was skipped (it needs node and npm)", err))
+		} else {
+			if e.portkeyDir, err = installPortkey(root, r.logf, stderr); err != nil {
+				r.notes = append(r.notes, fmt.Sprintf("the Portkey gateway could not be installed (%v): its rows were skipped", err))
+			}
+		}
 	}
 
 	// The peers run in process groups of their own, out of reach of the

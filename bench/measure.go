@@ -115,7 +115,7 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 	defer srv.stop()
 
 	warm := newClientConn(srv.addr)
-	res := warm.roundTrip(r.request(srv.addr, reqSpec{tokens: 2}), time.Now().Add(10*time.Second), false, nil, nil)
+	res := warm.roundTrip(r.requestTo(srv, reqSpec{tokens: 2}), time.Now().Add(10*time.Second), false, nil, nil)
 	warm.close()
 	if !res.ok(5) {
 		m.Error = "warm-up stream failed: " + res.problem(5)

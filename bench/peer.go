@@ -20,6 +20,8 @@ const (
 	kindHTTPUtil kind = "httputil" // httputil.ReverseProxy, a child of the bench binary
 	kindFastHTTP kind = "fasthttp" // the minimal fasthttp relay, a child of the bench binary
 	kindNginx    kind = "nginx"    // nginx, proxy_buffering off
+	kindCaddy    kind = "caddy"    // Caddy's reverse_proxy, built from bench/caddy
+	kindPortkey  kind = "portkey"  // the Portkey gateway (Node), installed from bench/portkey
 	kindSsegate  kind = "ssegate"  // the ssegate binary built at the start of the run
 	kindBaseline kind = "baseline" // the -baseline ssegate binary, run as ssegate is
 	kindMock     kind = "mock"     // the upstream, a child of the bench binary
@@ -34,11 +36,14 @@ type server struct {
 	pids []int // the process and its descendants; none for direct
 	// admin is ssegate's admin listener with /debug/pprof (-profile), or "".
 	admin string
-	cmd   *exec.Cmd
-	dir   string
-	exit  chan error // receives cmd.Wait's result
-	log   *os.File
-	env   *env
+	// headers are header lines (CRLF-terminated) every request to this
+	// server carries: the Portkey gateway's routing headers.
+	headers string
+	cmd     *exec.Cmd
+	dir     string
+	exit    chan error // receives cmd.Wait's result
+	log     *os.File
+	env     *env
 }
 
 // freeAddr returns a loopback address with a port free at the time of the
@@ -115,6 +120,24 @@ func (e *env) start(k kind) (*server, error) {
 			return nil, err
 		}
 		cmd = exec.Command(e.nginxBin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	case kindCaddy:
+		if e.caddyBin == "" {
+			return nil, errors.New("caddy was not built (see the notes)")
+		}
+		e.caddySeq++
+		dir = filepath.Join(e.tmp, fmt.Sprintf("caddy-%d", e.caddySeq))
+		conf, err := writeCaddyConf(dir, addr, e.mockAddr)
+		if err != nil {
+			return nil, err
+		}
+		cmd = caddyCmd(e.caddyBin, conf, dir)
+	case kindPortkey:
+		if e.portkeyDir == "" {
+			return nil, errNoPortkey
+		}
+		if cmd, err = portkeyCmd(e.portkeyDir, addr); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("unknown server kind %q", k)
 	}
@@ -123,6 +146,9 @@ func (e *env) start(k kind) (*server, error) {
 		return nil, err
 	}
 	s.dir, s.admin = dir, admin
+	if k == kindPortkey {
+		s.headers = portkeyHeaders(e.mockAddr)
+	}
 	// nginx forks its workers after it listens; wait for them.
 	for i := 0; i < 50; i++ {
 		s.pids = procTree(cmd.Process.Pid)
@@ -155,7 +181,11 @@ func (e *env) launch(k kind, addr string, cmd *exec.Cmd) (*server, error) {
 	s.cmd = cmd
 	e.track(s, true)
 	go func() { s.exit <- cmd.Wait() }()
-	if err := s.waitReady(10 * time.Second); err != nil {
+	ready := 10 * time.Second
+	if k == kindPortkey || k == kindCaddy {
+		ready = 30 * time.Second // Node loads the gateway's modules first; a busy machine is slow at it
+	}
+	if err := s.waitReady(ready); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("%s did not come up on %s: %w (see %s)", k, addr, err, s.log.Name())
 	}
@@ -225,8 +255,9 @@ func (s *server) stop() {
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-s.exit
 	}
-	if s.kind == kindNginx {
-		// Workers leave with the master; make sure none lingers.
+	if s.kind == kindNginx || s.kind == kindPortkey {
+		// nginx's workers leave with the master, and whatever Node may
+		// have spawned with the gateway; make sure none lingers.
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	}
 	s.cmd = nil

@@ -20,6 +20,8 @@ type report struct {
 	Kernel       string        `json:"kernel"`
 	GoVersion    string        `json:"go_version"`
 	Nginx        string        `json:"nginx,omitempty"`
+	Caddy        string        `json:"caddy,omitempty"`
+	Portkey      string        `json:"portkey,omitempty"`
 	NoFile       uint64        `json:"rlimit_nofile"`
 	Rounds       int           `json:"rounds"`
 	Measure      string        `json:"measurement_duration"`
@@ -43,6 +45,8 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		Kernel:       strings.TrimSpace(string(kernel)),
 		GoVersion:    runtime.Version(),
 		Nginx:        nginxVersion(r.env.nginxBin),
+		Caddy:        caddyVersion(r.env.caddyBin),
+		Portkey:      portkeyVersion(r.env.portkeyDir),
 		NoFile:       r.noFile,
 		Rounds:       r.opt.rounds,
 		Measure:      r.opt.duration.String(),
@@ -332,13 +336,19 @@ func (rep *report) markdown() string {
 	if rep.Nginx != "" {
 		fmt.Fprintf(&b, ", nginx %s", rep.Nginx)
 	}
+	if rep.Caddy != "" {
+		fmt.Fprintf(&b, ", caddy %s", rep.Caddy)
+	}
+	if rep.Portkey != "" {
+		fmt.Fprintf(&b, ", Portkey gateway %s", rep.Portkey)
+	}
 	fmt.Fprintf(&b, ". Medians of %d interleaved rounds (every path once per round, in turn) of %s measurements; ratios are medians of the per-round ratios to direct from the same round; errors are summed over rounds. ", rep.Rounds, rep.Measure)
 	fmt.Fprintf(&b, "Each measurement starts a fresh peer process; proxy CPU (utime+stime) and RSS come from /proc of that process and its children. The mock upstream and the load generator share the machine with the proxy. ")
 	env := ""
 	if rep.SsegateEnv != "" {
 		env = " and the environment `" + rep.SsegateEnv + "`"
 	}
-	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first; fasthttp is a minimal relay on ssegate's libraries (HostClient with StreamResponseBody, SetBodyStreamWriter, a flush per upstream read), parsing and recording nothing.\n\n", rep.SsegateFlags, env)
+	fmt.Fprintf(&b, "ssegate ran with `%s`%s; nginx with `proxy_buffering off`, upstream keep-alive, no access log; httputil.ReverseProxy with `FlushInterval: -1`, reading the request body first; fasthttp is a minimal relay on ssegate's libraries (HostClient with StreamResponseBody, SetBodyStreamWriter, a flush per upstream read), parsing and recording nothing; caddy (built from its module) with `reverse_proxy` and `flush_interval -1`, upstream keep-alive, no admin endpoint, no access log; portkey is the Portkey gateway on Node, each request carrying its routing headers (`x-portkey-provider: openai`, `x-portkey-custom-host` to the mock).\n\n", rep.SsegateFlags, env)
 	if rep.Baseline != "" {
 		fmt.Fprintf(&b, "ssegate@baseline is `%s`%s, run with the same flags and environment as ssegate%s.\n\n", rep.Baseline, built(rep.BaselineRev), built(rep.SsegateRev))
 	}
@@ -349,6 +359,7 @@ func (rep *report) markdown() string {
 	if len(rep.Notes) > 0 {
 		b.WriteString("\n")
 	}
+	rep.peerSummary(&b)
 	rep.baselineSummary(&b)
 	for _, t := range tables {
 		rows := rep.rows(t.scn, t.main)
@@ -409,12 +420,14 @@ func built(rev string) string {
 	return " (built from " + short + ")"
 }
 
-// baselineSummary writes, when the run measured a -baseline, one row for
-// each of ssegate's paths in every step where its baseline path ran too:
-// the table's main metric and the proxy CPU per event of both, and the
-// medians of their per-round ratios.
-func (rep *report) baselineSummary(b *strings.Builder) {
-	var lines []string
+// pairRows returns, for every table, one row of cells for each of
+// ssegate's rows that has a counterpart in the same step, the paths of the
+// counterparts being others(path): scenario, step, path, counterpart,
+// metric, the table's main metric of both and the median of their
+// per-round ratios, the proxy CPU per event of both and the median of its
+// ratios.
+func (rep *report) pairRows(others func(path string) []string) [][]string {
+	var out [][]string
 	for _, t := range tables {
 		rows := rep.rows(t.scn, t.main)
 		byKey := map[[2]string]*agg{}
@@ -426,28 +439,90 @@ func (rep *report) baselineSummary(b *strings.Builder) {
 			metric = "TTFE p50 µs"
 		}
 		for _, a := range rows {
-			name, ok := baselineOf[a.path]
-			if !ok || a.server != kindSsegate {
+			if a.server != kindSsegate {
 				continue
 			}
-			base := byKey[[2]string{a.step, name}]
-			if base == nil {
-				continue
+			for _, name := range others(a.path) {
+				o := byKey[[2]string{a.step, name}]
+				if o == nil {
+					continue
+				}
+				out = append(out, []string{t.scn, a.step, a.path, name, metric,
+					fmtNum(a.med(t.main), 0), fmtNum(o.med(t.main), 0), fmtRatio(pairRatio(a, o, t.main)),
+					fmtNum(a.med(cpuEv), 2), fmtNum(o.med(cpuEv), 2), fmtRatio(pairRatio(a, o, cpuEv))})
 			}
-			lines = append(lines, fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
-				t.scn, a.step, a.path, metric,
-				fmtNum(a.med(t.main), 0), fmtNum(base.med(t.main), 0), fmtRatio(pairRatio(a, base, t.main)),
-				fmtNum(a.med(cpuEv), 2), fmtNum(base.med(cpuEv), 2), fmtRatio(pairRatio(a, base, cpuEv))))
 		}
 	}
-	if len(lines) == 0 {
+	return out
+}
+
+// writeSummary writes a summary table: its heading, what it says, the
+// header row and the rows.
+func writeSummary(b *strings.Builder, heading, about string, head []string, rows [][]string) {
+	if len(rows) == 0 {
 		return
 	}
-	b.WriteString("### ssegate against ssegate@baseline\n\n" +
-		"Each of ssegate's paths beside the same path through the baseline binary, measured right after it in every round: the median over rounds of the scenario's main metric and of proxy CPU per event, and the median of the per-round ratios ssegate / ssegate@baseline (1.00× is no change; above it ssegate has more events/s, a longer TTFE or more CPU than its baseline). Errors are in the scenarios' tables.\n\n")
-	b.WriteString("| scenario | step | path | metric | ssegate | @baseline | ratio | CPU µs/event | @baseline | CPU ratio |\n")
-	b.WriteString("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	b.WriteString(strings.Join(lines, "\n") + "\n\n")
+	fmt.Fprintf(b, "### %s\n\n%s\n\n", heading, about)
+	aligns := make([]string, len(head))
+	for i := range head {
+		aligns[i] = "---:"
+		if i < len(head)-6 {
+			aligns[i] = "---"
+		}
+	}
+	fmt.Fprintf(b, "| %s |\n| %s |\n", strings.Join(head, " | "), strings.Join(aligns, " | "))
+	for _, r := range rows {
+		fmt.Fprintf(b, "| %s |\n", strings.Join(r, " | "))
+	}
+	b.WriteString("\n")
+}
+
+// summaryPeers are the peers the summary at the top of the report puts
+// ssegate's paths beside, in its order.
+var summaryPeers = []string{pathCaddy.name, pathNginx.name}
+
+// peerSummary writes, when the run measured caddy or nginx beside ssegate,
+// one row for each of ssegate's two paths and each of those peers in every
+// step where both ran: the table's main metric and the proxy CPU per event
+// of both, and the medians of their per-round ratios.
+func (rep *report) peerSummary(b *strings.Builder) {
+	rows := rep.pairRows(func(p string) []string {
+		if p != pathSsegate.name && p != pathSsegateKey.name {
+			return nil
+		}
+		return summaryPeers
+	})
+	var against []string
+	for _, name := range summaryPeers {
+		for _, r := range rows {
+			if r[3] == name {
+				against = append(against, name)
+				break
+			}
+		}
+	}
+	writeSummary(b, "ssegate against "+strings.Join(against, " and "),
+		"Each of ssegate's two paths (ssegate+key records every stream) beside the general-purpose proxies in the same step: the median over rounds of the scenario's main metric and of proxy CPU per event, and the median of the per-round ratios ssegate / peer (above 1.00× ssegate has more events/s, a longer TTFE or more CPU than the peer). Errors are in the scenarios' tables.",
+		[]string{"scenario", "step", "path", "against", "metric", "ssegate", "peer", "ratio", "CPU µs/event", "peer", "CPU ratio"}, rows)
+}
+
+// baselineSummary writes, when the run measured a -baseline, one row for
+// each of ssegate's paths in every step where its baseline path ran too:
+// the table's main metric and the proxy CPU per event of both, and the
+// medians of their per-round ratios.
+func (rep *report) baselineSummary(b *strings.Builder) {
+	rows := rep.pairRows(func(p string) []string {
+		if name, ok := baselineOf[p]; ok {
+			return []string{name}
+		}
+		return nil
+	})
+	for i, r := range rows {
+		rows[i] = append(r[:3:3], r[4:]...) // the counterpart is always the path's baseline
+	}
+	writeSummary(b, "ssegate against ssegate@baseline",
+		"Each of ssegate's paths beside the same path through the baseline binary, measured right after it in every round: the median over rounds of the scenario's main metric and of proxy CPU per event, and the median of the per-round ratios ssegate / ssegate@baseline (1.00× is no change; above it ssegate has more events/s, a longer TTFE or more CPU than its baseline). Errors are in the scenarios' tables.",
+		[]string{"scenario", "step", "path", "metric", "ssegate", "@baseline", "ratio", "CPU µs/event", "@baseline", "CPU ratio"}, rows)
 }
 
 // pairRatio returns the median, over the rounds that measured both a and

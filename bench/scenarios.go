@@ -21,6 +21,8 @@ var (
 	pathHTTPUtil   = path{name: "httputil", kind: kindHTTPUtil}
 	pathFastHTTP   = path{name: "fasthttp", kind: kindFastHTTP}
 	pathNginx      = path{name: "nginx", kind: kindNginx}
+	pathCaddy      = path{name: "caddy", kind: kindCaddy}
+	pathPortkey    = path{name: "portkey", kind: kindPortkey}
 	pathSsegate    = path{name: "ssegate", kind: kindSsegate}
 	pathSsegateKey = path{name: "ssegate+key", kind: kindSsegate, keyed: true}
 	// With -baseline: the same two paths through the baseline binary.
@@ -39,6 +41,9 @@ type reqSpec struct {
 	delay  time.Duration
 	key    string
 	lastID string
+	// headers are more header lines, CRLF-terminated: a peer's own (the
+	// Portkey gateway's routing headers).
+	headers string
 }
 
 // eventsFor returns the events of a chat answer of tokens content tokens:
@@ -50,6 +55,13 @@ func tokensFor(n int) int { return max(n-3, 1) }
 
 // requestBody is the body of every model request.
 const requestBody = `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Write a short story about a lighthouse keeper."}]}`
+
+// requestTo renders q as an HTTP/1.1 request to srv, with the headers that
+// server needs.
+func (r *runner) requestTo(srv *server, q reqSpec) []byte {
+	q.headers += srv.headers
+	return r.request(srv.addr, q)
+}
 
 // request renders q as an HTTP/1.1 request to host.
 func (r *runner) request(host string, q reqSpec) []byte {
@@ -75,6 +87,7 @@ func (r *runner) request(host string, q reqSpec) []byte {
 	if q.lastID != "" {
 		fmt.Fprintf(&b, "Last-Event-ID: %s\r\n", q.lastID)
 	}
+	b.WriteString(q.headers)
 	if method == "POST" {
 		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(requestBody), requestBody)
 	} else {
@@ -88,7 +101,7 @@ func (r *runner) request(host string, q reqSpec) []byte {
 func (r *runner) streamJob(p path, conc int, m mode, events int, pace time.Duration, prefix string) prepareFunc {
 	return func(srv *server) (*job, error) {
 		spec := reqSpec{tokens: tokensFor(events), delay: pace}
-		fixed := r.request(srv.addr, spec)
+		fixed := r.requestTo(srv, spec)
 		return &job{
 			conc: conc, mode: m, duration: r.opt.duration,
 			build: func(w, i int) ([]byte, int) {
@@ -97,29 +110,45 @@ func (r *runner) streamJob(p path, conc int, m mode, events int, pace time.Durat
 				}
 				s := spec
 				s.key = fmt.Sprintf("%s-%d-%d-%d", prefix, r.nonce, w, i)
-				return r.request(srv.addr, s), events
+				return r.requestTo(srv, s), events
 			},
 		}, nil
 	}
 }
 
-// allPaths returns the six paths, less the peers not asked for and nginx
-// when it is missing; with -baseline, each of ssegate's two paths is
-// followed by its baseline path, so that the two are measured next to
-// each other in every round.
+// allPaths returns the eight paths, less the peers not asked for and
+// those missing (nginx not on PATH, caddy not built, Portkey not
+// installed); with -baseline, each of ssegate's two paths is followed by
+// its baseline path, so that the two are measured next to each other in
+// every round.
 func (r *runner) allPaths() []path {
-	return r.only(pathDirect, pathHTTPUtil, pathFastHTTP, pathNginx, pathSsegate, pathBaseline, pathSsegateKey, pathBaselineKey)
+	return r.only(pathDirect, pathHTTPUtil, pathFastHTTP, pathNginx, pathCaddy, pathPortkey,
+		pathSsegate, pathBaseline, pathSsegateKey, pathBaselineKey)
 }
 
 // only returns the paths whose peers are measured in this run.
 func (r *runner) only(ps ...path) []path {
 	var out []path
 	for _, p := range ps {
-		if r.opt.peers[p.kind] && (p.kind != kindNginx || r.env.nginxBin != "") {
+		if r.opt.peers[p.kind] && r.env.available(p.kind) {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// available reports whether the peer k can run: the external ones need
+// their binary or installation.
+func (e *env) available(k kind) bool {
+	switch k {
+	case kindNginx:
+		return e.nginxBin != ""
+	case kindCaddy:
+		return e.caddyBin != ""
+	case kindPortkey:
+		return e.portkeyDir != ""
+	}
+	return true
 }
 
 // interleave measures every path once per round, round after round
@@ -208,7 +237,7 @@ func (r *runner) slow() {
 func (r *runner) prime(srv *server, key string, events int) ([]string, error) {
 	c := newClientConn(srv.addr)
 	defer c.close()
-	res := c.roundTrip(r.request(srv.addr, reqSpec{tokens: tokensFor(events), key: key}), time.Now().Add(time.Minute), true, nil, nil)
+	res := c.roundTrip(r.requestTo(srv, reqSpec{tokens: tokensFor(events), key: key}), time.Now().Add(time.Minute), true, nil, nil)
 	if !res.ok(events) {
 		return nil, fmt.Errorf("priming %q: %s", key, res.problem(events))
 	}
@@ -232,7 +261,7 @@ func (r *runner) replay() {
 			if _, err := r.prime(srv, key, r.opt.events); err != nil {
 				return nil, err
 			}
-			req := r.request(srv.addr, reqSpec{tokens: tokensFor(r.opt.events), key: key})
+			req := r.requestTo(srv, reqSpec{tokens: tokensFor(r.opt.events), key: key})
 			return &job{conc: r.opt.conc, mode: modeLoop, duration: r.opt.duration,
 				build: func(int, int) ([]byte, int) { return req, r.opt.events }}, nil
 		}
@@ -246,7 +275,7 @@ func (r *runner) fanout() {
 	r.interleave("e", step, r.opt.conc, r.allPaths(), func(p path, round int) prepareFunc {
 		return func(srv *server) (*job, error) {
 			spec := reqSpec{tokens: tokensFor(r.opt.events), delay: r.opt.fanoutPace}
-			fixed := r.request(srv.addr, spec)
+			fixed := r.requestTo(srv, spec)
 			return &job{conc: r.opt.conc, mode: modeLockstep, duration: r.opt.duration,
 				build: func(w, i int) ([]byte, int) {
 					if !p.keyed {
@@ -254,7 +283,7 @@ func (r *runner) fanout() {
 					}
 					s := spec
 					s.key = fmt.Sprintf("fan-%d-%d-%d", r.nonce, round, i)
-					return r.request(srv.addr, s), r.opt.events
+					return r.requestTo(srv, s), r.opt.events
 				}}, nil
 		}
 	})
@@ -277,7 +306,7 @@ func (r *runner) resume() {
 			if !p.keyed {
 				j.build = func(w, i int) ([]byte, int) {
 					rest := events - pos(w, i) - 1
-					return r.request(srv.addr, reqSpec{tokens: tokensFor(rest)}), rest
+					return r.requestTo(srv, reqSpec{tokens: tokensFor(rest)}), rest
 				}
 				return j, nil
 			}
@@ -294,7 +323,7 @@ func (r *runner) resume() {
 				} else {
 					s.key, s.tokens = key, tokensFor(events)
 				}
-				return r.request(srv.addr, s), events - k - 1
+				return r.requestTo(srv, s), events - k - 1
 			}
 			return j, nil
 		}

@@ -54,7 +54,7 @@ func (s byX) Swap(i, j int) {
 // palette colours the series; dashes tell them apart without colour.
 var palette = []struct{ color, dash string }{
 	{"#444444", ""}, {"#1f77b4", "6 3"}, {"#2ca02c", "2 3"}, {"#ff7f0e", ""}, {"#d62728", "8 3 2 3"},
-	{"#9467bd", "4 4"}, {"#8c564b", ""}, {"#e377c2", "1 3"},
+	{"#9467bd", "4 4"}, {"#8c564b", ""}, {"#e377c2", "1 3"}, {"#17becf", "6 2 1 2"}, {"#bcbd22", "3 1"},
 }
 
 // svg draws the sweep as a line chart of events/s (linear) against
