@@ -49,6 +49,8 @@ type Detector struct {
 
 	usageSeen     bool
 	input, output int64
+
+	memo prefixMemo // the previous event's leading members (fields.scan)
 }
 
 // NewDetector returns a Detector for one stream whose request expects e
@@ -94,7 +96,7 @@ func (d *Detector) observe(ev Event) {
 		return
 	}
 	var f fields
-	f.scan(ev.Data)
+	f.scan(ev.Data, &d.memo)
 	if f.errorSet {
 		d.errSeen = true
 	}

@@ -1,6 +1,10 @@
 package sse
 
-import "github.com/tidwall/gjson"
+import (
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
 
 // fields holds the top-level members of one event's JSON data that the
 // Detector looks at, as raw JSON text pointing into the event's data (nothing
@@ -36,13 +40,24 @@ const maxReadChoices = 4
 // empty, and malformed data yields the members before the fault. It is
 // members with the Detector's keys picked out inline, and "choices" read
 // in the same pass (scanChoices).
-func (f *fields) scan(s string) {
+//
+// m remembers where the previous event's leading members ended (see
+// prefixMemo): when this event starts with the same bytes, the scan
+// resumes there with the state m kept instead of walking them again.
+func (f *fields) scan(s string, m *prefixMemo) {
 	f.closed = false
-	i := skipSpace(s, 0)
-	if i >= len(s) || s[i] != '{' {
-		return
+	i := 0
+	typAt, objAt := 0, 0 // where the text of "type" and "object" starts, while m is not nil
+	if m.n > 0 && len(s) >= m.n && s[:m.n] == string(m.buf[:m.n]) {
+		i = m.resume(f, s)
+		m = nil // it holds this prefix already
+	} else {
+		i = skipSpace(s, 0)
+		if i >= len(s) || s[i] != '{' {
+			return
+		}
+		i++
 	}
-	i++
 	for {
 		i = skipSpace(s, i)
 		if i >= len(s) || s[i] != '"' {
@@ -57,6 +72,7 @@ func (f *fields) scan(s string) {
 		if esc {
 			key = gjson.Parse(s[i:ke]).Str // rare: an escaped key
 		}
+		ks := i
 		i = skipSpace(s, ke)
 		if i >= len(s) || s[i] != ':' {
 			return
@@ -67,9 +83,26 @@ func (f *fields) scan(s string) {
 		}
 		var ve int
 		if key == "choices" {
+			if m != nil {
+				m.remember(f, s, ks, typAt, objAt)
+				m = nil
+			}
 			ve = f.scanChoices(s, i)
 		} else {
 			ve = valueEnd(s, i)
+			if m != nil {
+				if esc || !m.plain(key, s[i:ve]) {
+					// The leading members end here: remember them, as they
+					// were before this one, for the next event, which is
+					// likely to repeat them.
+					m.remember(f, s, ks, typAt, objAt)
+					m = nil
+				} else if key == "type" {
+					typAt = i + 1
+				} else if key == "object" {
+					objAt = i + 1
+				}
+			}
 			f.member(key, s[i:ve])
 		}
 		i = skipSpace(s, ve)
@@ -79,6 +112,66 @@ func (f *fields) scan(s string) {
 		}
 		i++
 	}
+}
+
+// prefixMemo remembers the leading members of the previous event's data:
+// its bytes up to the first member that is not plain, and what scan had
+// gathered from them. Chat chunks repeat their id, object, created, model
+// and system_fingerprint in every chunk of a stream, a good half of a
+// content chunk, and Anthropic and Responses events start with the same
+// "type" event after event; comparing those bytes with the previous
+// event's costs far less than walking them.
+//
+// A plain member is one whose only effect on fields is through "type" and
+// "object" as unescaped strings (or as no string at all): scan's state at
+// the start of the next member is then the start state, plus typ, object
+// and errorSet, whatever the bytes before were, so any data that begins
+// with the same bytes reaches the same state there.
+type prefixMemo struct {
+	n           int // bytes of buf in use: the prefix ends before a member's key; 0: none
+	typ, object span
+	errorSet    bool
+	buf         [maxMemo]byte
+}
+
+// maxMemo bounds the prefix a prefixMemo keeps.
+const maxMemo = 256
+
+// span is where a string lies in the prefix.
+type span struct{ off, len uint16 }
+
+func (sp span) in(s string) string { return s[sp.off : sp.off+sp.len] }
+
+// plain reports whether member k: v, already given to fields.member, may be
+// part of the remembered prefix. An escaped key never is (the caller checks).
+func (m *prefixMemo) plain(k, v string) bool {
+	switch k {
+	case "type", "object":
+		return v == "" || v[0] != '"' || strings.IndexByte(v, '\\') < 0
+	case "choices", "error", "usage", "sequence_number", "response", "message", "delta":
+		return false
+	}
+	return true
+}
+
+// remember keeps s[:end], and f's state there, for the next event; the
+// text of f.typ and f.object, unescaped, starts at s[typAt] and s[objAt].
+func (m *prefixMemo) remember(f *fields, s string, end, typAt, objAt int) {
+	m.n = 0
+	if end > maxMemo {
+		return
+	}
+	m.typ = span{uint16(typAt), uint16(len(f.typ))}
+	m.object = span{uint16(objAt), uint16(len(f.object))}
+	m.errorSet = f.errorSet
+	m.n = copy(m.buf[:], s[:end])
+}
+
+// resume sets f to the state scan had at the end of the remembered prefix,
+// which s starts with, and returns that index.
+func (m *prefixMemo) resume(f *fields, s string) int {
+	f.typ, f.object, f.errorSet = m.typ.in(s), m.object.in(s), m.errorSet
+	return m.n
 }
 
 // member records one top-level member other than "choices".
@@ -144,7 +237,10 @@ func (f *fields) readChoices(s string, i int) (end int, ok bool) {
 			if f.nChoices == maxReadChoices {
 				return 0, false
 			}
-			if e, ok = f.readChoice(s, i); !ok {
+			if idx, fin, ce, fast := openAIChoice(s, i); fast {
+				f.addChoice(idx, fin)
+				e = ce
+			} else if e, ok = f.readChoice(s, i); !ok {
 				return 0, false
 			}
 		} else if e, ok = plainValueEnd(s, i); !ok {
@@ -216,6 +312,95 @@ func (f *fields) readChoice(s string, i int) (end int, ok bool) {
 			return 0, false
 		}
 	}
+}
+
+// openAIChoice reads the choice object starting at s[i] when it is laid
+// out exactly as OpenAI sends it, without white space:
+//
+//	{"index":0,"delta":{...},"logprobs":null,"finish_reason":null}
+//
+// with a delta of {"content":"..."} or any other container, and a
+// finish_reason of null or a string. Matching those bytes as they are
+// costs much less than reading each key and skipping each value, and it
+// reads what readChoice would: the same index and finish_reason, the same
+// end. Any other layout (ok false) is left to readChoice.
+//
+// The literals are compared inline (s[i:i+n] == "..." of at most 16
+// bytes compiles to a few loads; through a helper it would call memequal).
+func openAIChoice(s string, i int) (idx int64, fin bool, end int, ok bool) {
+	if len(s)-i < len(`{"index":`) || s[i:i+len(`{"index":`)] != `{"index":` {
+		return 0, false, 0, false
+	}
+	i += len(`{"index":`)
+	idx, i, ok = digits(s, i)
+	if !ok || len(s)-i < len(`,"delta":`) || s[i:i+len(`,"delta":`)] != `,"delta":` {
+		return 0, false, 0, false
+	}
+	i += len(`,"delta":`)
+	fin, end, ok = openAIChoiceRest(s, i)
+	return idx, fin, end, ok
+}
+
+// openAIChoiceRest is openAIChoice from the delta's value at s[i] on.
+func openAIChoiceRest(s string, i int) (fin bool, end int, ok bool) {
+	switch {
+	case len(s)-i >= len(`{"content":"`) && s[i:i+len(`{"content":"`)] == `{"content":"`:
+		// As containerEnd would: the key, then the string value, then the
+		// closing brace.
+		i, ok = contentEnd(s, i+len(`{"content":`))
+		if !ok {
+			return false, 0, false
+		}
+	case i < len(s) && (s[i] == '{' || s[i] == '['):
+		if i, ok = plainValueEnd(s, i); !ok {
+			return false, 0, false
+		}
+	default:
+		return false, 0, false
+	}
+	return openAIChoiceTail(s, i)
+}
+
+// contentEnd returns the index just past the delta {"content":"..."}
+// whose string value starts at s[i].
+func contentEnd(s string, i int) (end int, ok bool) {
+	e, _ := scanString(s, i)
+	if e < 0 || e >= len(s) || s[e] != '}' {
+		return 0, false
+	}
+	return e + 1, true
+}
+
+// openAIChoiceTail is openAIChoice after the delta, at s[i].
+func openAIChoiceTail(s string, i int) (fin bool, end int, ok bool) {
+	if len(s)-i < len(`,"logprobs":null,"finish_reason":`) ||
+		s[i:i+len(`,"logprobs":null`)] != `,"logprobs":null` ||
+		s[i+len(`,"logprobs":null`):i+len(`,"logprobs":null,"fi`)] != `,"fi` ||
+		s[i+len(`,"logprobs":null,"fi`):i+len(`,"logprobs":null,"finish_reason":`)] != `nish_reason":` {
+		return false, 0, false
+	}
+	i += len(`,"logprobs":null,"finish_reason":`)
+	switch {
+	case len(s)-i >= len(`null}`) && s[i:i+len(`null}`)] == `null}`:
+		return false, i + len(`null}`), true
+	case i < len(s) && s[i] == '"':
+		e, _ := scanString(s, i)
+		if e < 0 || e >= len(s) || s[e] != '}' {
+			return false, 0, false
+		}
+		return isSet(s[i:e]), e + 1, true
+	}
+	return false, 0, false
+}
+
+// digits reads the plain decimal number (at most 18 digits, so that it
+// cannot overflow) at s[i]; ok is false when there is none.
+func digits(s string, i int) (n int64, end int, ok bool) {
+	j := i
+	for ; j < len(s) && j-i < 18 && s[j] >= '0' && s[j] <= '9'; j++ {
+		n = n*10 + int64(s[j]-'0')
+	}
+	return n, j, j > i && j-i < 18
 }
 
 func (f *fields) addChoice(idx int64, fin bool) {
