@@ -223,3 +223,19 @@ func parseDetectorSeed(s string) (n uint8, usage bool, body []byte, ok bool) {
 	}
 	return b[0], usage, []byte(p), true
 }
+
+// TestPrefixMemo: on the bench mock's stream, every content chunk after
+// the first resumes from the previous chunk's prefix, down into the first
+// choice, and the verdict is still refDetector's.
+func TestPrefixMemo(t *testing.T) {
+	t.Parallel()
+	evs := readAll(t, mockStream(), 0)
+	d := NewDetector(Expect{})
+	for i, ev := range evs[:len(evs)-1] {
+		d.Observe(ev)
+		if d.memo.deep == 0 || ev.Data[:d.memo.deep] != string(d.memo.buf[:d.memo.deep]) {
+			t.Fatalf("after event %d: deep prefix %d, %q; want the chunk up to its delta", i, d.memo.deep, d.memo.buf[:d.memo.deep])
+		}
+	}
+	compareDetectors(t, Expect{}, evs)
+}

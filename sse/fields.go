@@ -26,7 +26,11 @@ type fields struct {
 	// choicesRead is false the Detector walks f.choices itself.
 	choicesRead bool
 	nChoices    int
-	choice      [maxReadChoices]struct {
+	// delta0 is where the first choice's delta value starts when
+	// openAIChoice read that choice, else 0; idx0 is its index.
+	delta0 int
+	idx0   int64
+	choice [maxReadChoices]struct {
 		idx int64
 		fin bool
 	}
@@ -47,16 +51,29 @@ const maxReadChoices = 4
 func (f *fields) scan(s string, m *prefixMemo) {
 	f.closed = false
 	i := 0
-	typAt, objAt := 0, 0 // where the text of "type" and "object" starts, while m is not nil
-	if m.n > 0 && len(s) >= m.n && s[:m.n] == string(m.buf[:m.n]) {
+	record := false      // whether the leading members are to be remembered
+	deepAt := -1         // where a "choices" key may extend m's prefix (prefixMemo.deep)
+	typAt, objAt := 0, 0 // where the text of "type" and "object" starts, while recording
+	switch {
+	case m.deep > 0 && len(s) >= m.deep && s[:m.deep] == string(m.buf[:m.deep]):
+		if e, ok := m.resumeDeep(f, s); ok {
+			var more bool
+			if i, more = f.next(s, e); !more {
+				return
+			}
+			break
+		}
+		i = m.resume(f, s) // the first choice is not as in the previous event
+	case m.n > 0 && len(s) >= m.n && s[:m.n] == string(m.buf[:m.n]):
 		i = m.resume(f, s)
-		m = nil // it holds this prefix already
-	} else {
+		deepAt = m.n
+	default:
 		i = skipSpace(s, 0)
 		if i >= len(s) || s[i] != '{' {
 			return
 		}
 		i++
+		record = true
 	}
 	for {
 		i = skipSpace(s, i)
@@ -83,20 +100,23 @@ func (f *fields) scan(s string, m *prefixMemo) {
 		}
 		var ve int
 		if key == "choices" {
-			if m != nil {
+			if record {
 				m.remember(f, s, ks, typAt, objAt)
-				m = nil
+				record, deepAt = false, ks
 			}
 			ve = f.scanChoices(s, i)
+			if ks == deepAt && !esc {
+				m.rememberDeep(f, s, i)
+			}
 		} else {
 			ve = valueEnd(s, i)
-			if m != nil {
+			if record {
 				if esc || !m.plain(key, s[i:ve]) {
 					// The leading members end here: remember them, as they
 					// were before this one, for the next event, which is
 					// likely to repeat them.
 					m.remember(f, s, ks, typAt, objAt)
-					m = nil
+					record = false
 				} else if key == "type" {
 					typAt = i + 1
 				} else if key == "object" {
@@ -105,13 +125,23 @@ func (f *fields) scan(s string, m *prefixMemo) {
 			}
 			f.member(key, s[i:ve])
 		}
-		i = skipSpace(s, ve)
-		if i >= len(s) || s[i] != ',' {
-			f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
+		var more bool
+		if i, more = f.next(s, ve); !more {
 			return
 		}
-		i++
 	}
+}
+
+// next moves past the member value that ended at s[ve]: more says that
+// another member follows, at s[i]; otherwise the object ended there, and
+// f.closed tells whether it did so properly.
+func (f *fields) next(s string, ve int) (i int, more bool) {
+	i = skipSpace(s, ve)
+	if i >= len(s) || s[i] != ',' {
+		f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
+		return i, false
+	}
+	return i + 1, true
 }
 
 // prefixMemo remembers the leading members of the previous event's data:
@@ -127,10 +157,20 @@ func (f *fields) scan(s string, m *prefixMemo) {
 // the start of the next member is then the start state, plus typ, object
 // and errorSet, whatever the bytes before were, so any data that begins
 // with the same bytes reaches the same state there.
+//
+// When that first other member is "choices" and its first choice has
+// OpenAI's layout (openAIChoice), the prefix goes on to the start of that
+// choice's delta value (deep): up to there, the same bytes give the same
+// choices array start and the same index, and the scan resumes in
+// openAIChoiceRest. Should the rest not match (ok false), the scan
+// resumes at the "choices" key instead (n), which always agrees.
 type prefixMemo struct {
 	n           int // bytes of buf in use: the prefix ends before a member's key; 0: none
 	typ, object span
 	errorSet    bool
+	deep        int   // 0, or n and then the bytes up to the first choice's delta value
+	choices     int   // where the "choices" array starts, when deep is set
+	idx         int64 // the first choice's index, when deep is set
 	buf         [maxMemo]byte
 }
 
@@ -157,7 +197,7 @@ func (m *prefixMemo) plain(k, v string) bool {
 // remember keeps s[:end], and f's state there, for the next event; the
 // text of f.typ and f.object, unescaped, starts at s[typAt] and s[objAt].
 func (m *prefixMemo) remember(f *fields, s string, end, typAt, objAt int) {
-	m.n = 0
+	m.n, m.deep = 0, 0
 	if end > maxMemo {
 		return
 	}
@@ -165,6 +205,38 @@ func (m *prefixMemo) remember(f *fields, s string, end, typAt, objAt int) {
 	m.object = span{uint16(objAt), uint16(len(f.object))}
 	m.errorSet = f.errorSet
 	m.n = copy(m.buf[:], s[:end])
+}
+
+// rememberDeep extends the prefix of m, which s starts with and which ends
+// at a "choices" key, to the first choice's delta value, when scanChoices
+// read that choice with openAIChoice; the array starts at s[choices].
+func (m *prefixMemo) rememberDeep(f *fields, s string, choices int) {
+	m.deep = 0
+	if m.n == 0 || f.delta0 == 0 || f.delta0 > maxMemo {
+		return
+	}
+	copy(m.buf[m.n:], s[m.n:f.delta0])
+	m.deep, m.choices, m.idx = f.delta0, choices, f.idx0
+}
+
+// resumeDeep sets f to the state scan has after the choices array of s,
+// which starts with m's deep prefix, and returns the index past the array;
+// ok is false when the array does not go on as openAIChoiceRest and
+// restChoices read it, and then f is to be scanned from m.n.
+func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
+	fin, e, ok := openAIChoiceRest(s, m.deep)
+	if !ok {
+		return 0, false
+	}
+	f.nChoices = 0
+	f.addChoice(m.idx, fin)
+	if end, ok = f.restChoices(s, e); !ok {
+		f.nChoices = 0
+		return 0, false
+	}
+	f.typ, f.object, f.errorSet = m.typ.in(s), m.object.in(s), m.errorSet
+	f.choices, f.choicesRead = s[m.choices:end], true
+	return end, true
 }
 
 // resume sets f to the state scan had at the end of the remembered prefix,
@@ -207,7 +279,7 @@ func (f *fields) member(k, v string) {
 // bracket matching stops at the same ']', and elements and members see
 // the same elements and members.
 func (f *fields) scanChoices(s string, i int) int {
-	f.choicesRead, f.nChoices = false, 0
+	f.choicesRead, f.nChoices, f.delta0 = false, 0, 0
 	if e, ok := f.readChoices(s, i); ok {
 		f.choices = s[i:e]
 		f.choicesRead = true
@@ -228,25 +300,17 @@ func (f *fields) readChoices(s string, i int) (end int, ok bool) {
 	if i < len(s) && s[i] == ']' {
 		return i + 1, true
 	}
+	e, ok := f.readElement(s, i)
+	if !ok {
+		return 0, false
+	}
+	return f.restChoices(s, e)
+}
+
+// restChoices is readChoices after an element that ended at s[e].
+func (f *fields) restChoices(s string, e int) (end int, ok bool) {
 	for {
-		if i >= len(s) {
-			return 0, false
-		}
-		var e int
-		if s[i] == '{' {
-			if f.nChoices == maxReadChoices {
-				return 0, false
-			}
-			if idx, fin, ce, fast := openAIChoice(s, i); fast {
-				f.addChoice(idx, fin)
-				e = ce
-			} else if e, ok = f.readChoice(s, i); !ok {
-				return 0, false
-			}
-		} else if e, ok = plainValueEnd(s, i); !ok {
-			return 0, false
-		}
-		i = skipSpace(s, e)
+		i := skipSpace(s, e)
 		if i >= len(s) {
 			return 0, false
 		}
@@ -258,7 +322,34 @@ func (f *fields) readChoices(s string, i int) (end int, ok bool) {
 		default:
 			return 0, false
 		}
+		if e, ok = f.readElement(s, i); !ok {
+			return 0, false
+		}
 	}
+}
+
+// readElement reads the element of "choices" at s[i], a choice (with
+// openAIChoice when it can, else readChoice) or a value that is skipped.
+func (f *fields) readElement(s string, i int) (end int, ok bool) {
+	if i >= len(s) {
+		return 0, false
+	}
+	if s[i] != '{' {
+		return plainValueEnd(s, i)
+	}
+	if f.nChoices == maxReadChoices {
+		return 0, false
+	}
+	if idx, at, ok := openAIChoice(s, i); ok {
+		if fin, e, ok := openAIChoiceRest(s, at); ok {
+			if f.nChoices == 0 {
+				f.delta0, f.idx0 = at, idx
+			}
+			f.addChoice(idx, fin)
+			return e, true
+		}
+	}
+	return f.readChoice(s, i)
 }
 
 // readChoice reads the choice object starting at s[i] into the next slot
@@ -314,8 +405,9 @@ func (f *fields) readChoice(s string, i int) (end int, ok bool) {
 	}
 }
 
-// openAIChoice reads the choice object starting at s[i] when it is laid
-// out exactly as OpenAI sends it, without white space:
+// openAIChoice reads the start of the choice object at s[i], up to its
+// delta value (at s[delta]), when it is laid out exactly as OpenAI sends
+// it, without white space; openAIChoiceRest reads the rest:
 //
 //	{"index":0,"delta":{...},"logprobs":null,"finish_reason":null}
 //
@@ -323,22 +415,20 @@ func (f *fields) readChoice(s string, i int) (end int, ok bool) {
 // finish_reason of null or a string. Matching those bytes as they are
 // costs much less than reading each key and skipping each value, and it
 // reads what readChoice would: the same index and finish_reason, the same
-// end. Any other layout (ok false) is left to readChoice.
+// end. Any other layout (ok false from either) is left to readChoice.
 //
 // The literals are compared inline (s[i:i+n] == "..." of at most 16
 // bytes compiles to a few loads; through a helper it would call memequal).
-func openAIChoice(s string, i int) (idx int64, fin bool, end int, ok bool) {
+func openAIChoice(s string, i int) (idx int64, delta int, ok bool) {
 	if len(s)-i < len(`{"index":`) || s[i:i+len(`{"index":`)] != `{"index":` {
-		return 0, false, 0, false
+		return 0, 0, false
 	}
 	i += len(`{"index":`)
 	idx, i, ok = digits(s, i)
 	if !ok || len(s)-i < len(`,"delta":`) || s[i:i+len(`,"delta":`)] != `,"delta":` {
-		return 0, false, 0, false
+		return 0, 0, false
 	}
-	i += len(`,"delta":`)
-	fin, end, ok = openAIChoiceRest(s, i)
-	return idx, fin, end, ok
+	return idx, i + len(`,"delta":`), true
 }
 
 // openAIChoiceRest is openAIChoice from the delta's value at s[i] on.
