@@ -14,7 +14,7 @@ type fields struct {
 	typ      string // "type", when a string
 	object   string // "object", when a string
 	errorSet bool   // an "error" member is not null, or a "type" is "error" (any duplicate counts)
-	choices  string // chat: "choices"
+	choices  string // chat: "choices", when choicesRead is false
 	usage    string // chat, Anthropic message_delta: "usage"
 	seq      string // Responses: "sequence_number"
 	response string // Responses lifecycle events: "response"
@@ -234,16 +234,30 @@ func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
 		f.nChoices = 0
 		return 0, false
 	}
-	f.typ, f.object, f.errorSet = m.typ.in(s), m.object.in(s), m.errorSet
-	f.choices, f.choicesRead = s[m.choices:end], true
+	f.choicesRead = true
+	m.restore(f, s)
 	return end, true
 }
 
 // resume sets f to the state scan had at the end of the remembered prefix,
 // which s starts with, and returns that index.
 func (m *prefixMemo) resume(f *fields, s string) int {
-	f.typ, f.object, f.errorSet = m.typ.in(s), m.object.in(s), m.errorSet
+	m.restore(f, s)
 	return m.n
+}
+
+// restore sets what the prefix gave f.
+func (m *prefixMemo) restore(f *fields, s string) {
+	f.errorSet = m.errorSet
+	// Strings are stored only when they change f: a pointer stored through
+	// f costs a write barrier while the GC runs, which under load is often,
+	// and most prefixes have no "type" or no "object".
+	if m.typ.len > 0 || f.typ != "" {
+		f.typ = m.typ.in(s)
+	}
+	if m.object.len > 0 || f.object != "" {
+		f.object = m.object.in(s)
+	}
 }
 
 // member records one top-level member other than "choices".
@@ -281,7 +295,6 @@ func (f *fields) member(k, v string) {
 func (f *fields) scanChoices(s string, i int) int {
 	f.choicesRead, f.nChoices, f.delta0 = false, 0, 0
 	if e, ok := f.readChoices(s, i); ok {
-		f.choices = s[i:e]
 		f.choicesRead = true
 		return e
 	}
