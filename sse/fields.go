@@ -182,8 +182,8 @@ type span struct{ off, len uint16 }
 
 func (sp span) in(s string) string { return s[sp.off : sp.off+sp.len] }
 
-// plain reports whether member k: v, already given to fields.member, may be
-// part of the remembered prefix. An escaped key never is (the caller checks).
+// plain reports whether member k: v may be part of the remembered prefix.
+// A member with an escaped key never is (the caller checks).
 func (m *prefixMemo) plain(k, v string) bool {
 	switch k {
 	case "type", "object":
