@@ -49,6 +49,8 @@ type Detector struct {
 
 	usageSeen     bool
 	input, output int64
+
+	memo prefixMemo // the previous event's leading members (fields.scan)
 }
 
 // NewDetector returns a Detector for one stream whose request expects e
@@ -94,7 +96,7 @@ func (d *Detector) observe(ev Event) {
 		return
 	}
 	var f fields
-	f.scan(ev.Data)
+	f.scan(ev.Data, &d.memo)
 	if f.errorSet {
 		d.errSeen = true
 	}
@@ -182,8 +184,9 @@ func (d *Detector) markChoice(idx int64, fin bool) {
 func (d *Detector) observeResponses(name string, f *fields) {
 	// Name and data type are checked separately: should they disagree, a
 	// failure signal must not be hidden by a completion signal.
-	is := func(s string) bool { return name == s || f.typ == s }
-	completed, failed, incomplete := is("response.completed"), is("response.failed"), is("response.incomplete")
+	completed := is(name, f, "response.completed")
+	failed := is(name, f, "response.failed")
+	incomplete := is(name, f, "response.incomplete")
 	if !completed && !failed && !incomplete {
 		return
 	}
@@ -197,12 +200,15 @@ func (d *Detector) observeResponses(name string, f *fields) {
 	}
 }
 
+// is reports whether an event named name with fields f is of type t, by
+// its name or by its data's "type".
+func is(name string, f *fields, t string) bool { return name == t || f.typ == t }
+
 func (d *Detector) observeAnthropic(name string, f *fields) {
-	is := func(s string) bool { return name == s || f.typ == s }
 	switch {
-	case is("message_stop"):
+	case is(name, f, "message_stop"):
 		d.stopped = true
-	case is("message_delta"):
+	case is(name, f, "message_delta"):
 		if isSet(gjson.Parse(f.delta).Get("stop_reason").Raw) {
 			d.stopReason = true
 		}
@@ -218,7 +224,7 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 				d.input = v.Int()
 			}
 		}
-	case is("message_start"):
+	case is(name, f, "message_start"):
 		if u := gjson.Parse(f.message).Get("usage"); u.IsObject() {
 			d.usageSeen = true
 			d.input = u.Get("input_tokens").Int()

@@ -1,6 +1,10 @@
 package sse
 
-import "github.com/tidwall/gjson"
+import (
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
 
 // fields holds the top-level members of one event's JSON data that the
 // Detector looks at, as raw JSON text pointing into the event's data (nothing
@@ -10,7 +14,7 @@ type fields struct {
 	typ      string // "type", when a string
 	object   string // "object", when a string
 	errorSet bool   // an "error" member is not null, or a "type" is "error" (any duplicate counts)
-	choices  string // chat: "choices"
+	choices  string // chat: "choices", when choicesRead is false
 	usage    string // chat, Anthropic message_delta: "usage"
 	seq      string // Responses: "sequence_number"
 	response string // Responses lifecycle events: "response"
@@ -22,7 +26,11 @@ type fields struct {
 	// choicesRead is false the Detector walks f.choices itself.
 	choicesRead bool
 	nChoices    int
-	choice      [maxReadChoices]struct {
+	// delta0 is where the first choice's delta value starts when
+	// openAIChoice read that choice, else 0; idx0 is its index.
+	delta0 int
+	idx0   int64
+	choice [maxReadChoices]struct {
 		idx int64
 		fin bool
 	}
@@ -36,13 +44,37 @@ const maxReadChoices = 4
 // empty, and malformed data yields the members before the fault. It is
 // members with the Detector's keys picked out inline, and "choices" read
 // in the same pass (scanChoices).
-func (f *fields) scan(s string) {
+//
+// m remembers where the previous event's leading members ended (see
+// prefixMemo): when this event starts with the same bytes, the scan
+// resumes there with the state m kept instead of walking them again.
+func (f *fields) scan(s string, m *prefixMemo) {
 	f.closed = false
-	i := skipSpace(s, 0)
-	if i >= len(s) || s[i] != '{' {
-		return
+	i := 0
+	record := false      // whether the leading members are to be remembered
+	deepAt := -1         // where a "choices" key may extend m's prefix (prefixMemo.deep)
+	typAt, objAt := 0, 0 // where the text of "type" and "object" starts, while recording
+	switch {
+	case m.deep > 0 && len(s) >= m.deep && s[:m.deep] == string(m.buf[:m.deep]):
+		if e, ok := m.resumeDeep(f, s); ok {
+			var more bool
+			if i, more = f.next(s, e); !more {
+				return
+			}
+			break
+		}
+		i = m.resume(f, s) // the first choice is not as in the previous event
+	case m.n > 0 && len(s) >= m.n && s[:m.n] == string(m.buf[:m.n]):
+		i = m.resume(f, s)
+		deepAt = m.n
+	default:
+		i = skipSpace(s, 0)
+		if i >= len(s) || s[i] != '{' {
+			return
+		}
+		i++
+		record = true
 	}
-	i++
 	for {
 		i = skipSpace(s, i)
 		if i >= len(s) || s[i] != '"' {
@@ -57,6 +89,7 @@ func (f *fields) scan(s string) {
 		if esc {
 			key = gjson.Parse(s[i:ke]).Str // rare: an escaped key
 		}
+		ks := i
 		i = skipSpace(s, ke)
 		if i >= len(s) || s[i] != ':' {
 			return
@@ -67,17 +100,163 @@ func (f *fields) scan(s string) {
 		}
 		var ve int
 		if key == "choices" {
+			if record {
+				m.remember(f, s, ks, typAt, objAt)
+				record, deepAt = false, ks
+			}
 			ve = f.scanChoices(s, i)
+			if ks == deepAt && !esc {
+				m.rememberDeep(f, s, i)
+			}
 		} else {
 			ve = valueEnd(s, i)
+			if record {
+				if esc || !m.plain(key, s[i:ve]) {
+					// The leading members end here: remember them, as they
+					// were before this one, for the next event, which is
+					// likely to repeat them.
+					m.remember(f, s, ks, typAt, objAt)
+					record = false
+				} else if key == "type" {
+					typAt = i + 1
+				} else if key == "object" {
+					objAt = i + 1
+				}
+			}
 			f.member(key, s[i:ve])
 		}
-		i = skipSpace(s, ve)
-		if i >= len(s) || s[i] != ',' {
-			f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
+		var more bool
+		if i, more = f.next(s, ve); !more {
 			return
 		}
-		i++
+	}
+}
+
+// next moves past the member value that ended at s[ve]: more says that
+// another member follows, at s[i]; otherwise the object ended there, and
+// f.closed tells whether it did so properly.
+func (f *fields) next(s string, ve int) (i int, more bool) {
+	i = skipSpace(s, ve)
+	if i >= len(s) || s[i] != ',' {
+		f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
+		return i, false
+	}
+	return i + 1, true
+}
+
+// prefixMemo remembers the leading members of the previous event's data:
+// its bytes up to the first member that is not plain, and what scan had
+// gathered from them. Chat chunks repeat their id, object, created, model
+// and system_fingerprint in every chunk of a stream, a good half of a
+// content chunk, and Anthropic and Responses events start with the same
+// "type" event after event; comparing those bytes with the previous
+// event's costs far less than walking them.
+//
+// A plain member is one whose only effect on fields is through "type" and
+// "object" as unescaped strings (or as no string at all): scan's state at
+// the start of the next member is then the start state, plus typ, object
+// and errorSet, whatever the bytes before were, so any data that begins
+// with the same bytes reaches the same state there.
+//
+// When that first other member is "choices" and its first choice has
+// OpenAI's layout (openAIChoice), the prefix goes on to the start of that
+// choice's delta value (deep): up to there, the same bytes give the same
+// choices array start and the same index, and the scan resumes in
+// openAIChoiceRest. Should the rest not match (ok false), the scan
+// resumes at the "choices" key instead (n), which always agrees.
+type prefixMemo struct {
+	n           int // bytes of buf in use: the prefix ends before a member's key; 0: none
+	typ, object span
+	errorSet    bool
+	deep        int   // 0, or n and then the bytes up to the first choice's delta value
+	choices     int   // where the "choices" array starts, when deep is set
+	idx         int64 // the first choice's index, when deep is set
+	buf         [maxMemo]byte
+}
+
+// maxMemo bounds the prefix a prefixMemo keeps.
+const maxMemo = 256
+
+// span is where a string lies in the prefix.
+type span struct{ off, len uint16 }
+
+func (sp span) in(s string) string { return s[sp.off : sp.off+sp.len] }
+
+// plain reports whether member k: v may be part of the remembered prefix.
+// A member with an escaped key never is (the caller checks).
+func (m *prefixMemo) plain(k, v string) bool {
+	switch k {
+	case "type", "object":
+		return v == "" || v[0] != '"' || strings.IndexByte(v, '\\') < 0
+	case "choices", "error", "usage", "sequence_number", "response", "message", "delta":
+		return false
+	}
+	return true
+}
+
+// remember keeps s[:end], and f's state there, for the next event; the
+// text of f.typ and f.object, unescaped, starts at s[typAt] and s[objAt].
+func (m *prefixMemo) remember(f *fields, s string, end, typAt, objAt int) {
+	m.n, m.deep = 0, 0
+	if end > maxMemo {
+		return
+	}
+	m.typ = span{uint16(typAt), uint16(len(f.typ))}
+	m.object = span{uint16(objAt), uint16(len(f.object))}
+	m.errorSet = f.errorSet
+	m.n = copy(m.buf[:], s[:end])
+}
+
+// rememberDeep extends the prefix of m, which s starts with and which ends
+// at a "choices" key, to the first choice's delta value, when scanChoices
+// read that choice with openAIChoice; the array starts at s[choices].
+func (m *prefixMemo) rememberDeep(f *fields, s string, choices int) {
+	m.deep = 0
+	if m.n == 0 || f.delta0 == 0 || f.delta0 > maxMemo {
+		return
+	}
+	copy(m.buf[m.n:], s[m.n:f.delta0])
+	m.deep, m.choices, m.idx = f.delta0, choices, f.idx0
+}
+
+// resumeDeep sets f to the state scan has after the choices array of s,
+// which starts with m's deep prefix, and returns the index past the array;
+// ok is false when the array does not go on as openAIChoiceRest and
+// restChoices read it, and then f is to be scanned from m.n.
+func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
+	fin, e, ok := openAIChoiceRest(s, m.deep)
+	if !ok {
+		return 0, false
+	}
+	f.nChoices = 0
+	f.addChoice(m.idx, fin)
+	if end, ok = f.restChoices(s, e); !ok {
+		f.nChoices = 0
+		return 0, false
+	}
+	f.choicesRead = true
+	m.restore(f, s)
+	return end, true
+}
+
+// resume sets f to the state scan had at the end of the remembered prefix,
+// which s starts with, and returns that index.
+func (m *prefixMemo) resume(f *fields, s string) int {
+	m.restore(f, s)
+	return m.n
+}
+
+// restore sets what the prefix gave f.
+func (m *prefixMemo) restore(f *fields, s string) {
+	f.errorSet = m.errorSet
+	// Strings are stored only when they change f: a pointer stored through
+	// f costs a write barrier while the GC runs, which under load is often,
+	// and most prefixes have no "type" or no "object".
+	if m.typ.len > 0 || f.typ != "" {
+		f.typ = m.typ.in(s)
+	}
+	if m.object.len > 0 || f.object != "" {
+		f.object = m.object.in(s)
 	}
 }
 
@@ -114,9 +293,8 @@ func (f *fields) member(k, v string) {
 // bracket matching stops at the same ']', and elements and members see
 // the same elements and members.
 func (f *fields) scanChoices(s string, i int) int {
-	f.choicesRead, f.nChoices = false, 0
+	f.choicesRead, f.nChoices, f.delta0 = false, 0, 0
 	if e, ok := f.readChoices(s, i); ok {
-		f.choices = s[i:e]
 		f.choicesRead = true
 		return e
 	}
@@ -135,22 +313,17 @@ func (f *fields) readChoices(s string, i int) (end int, ok bool) {
 	if i < len(s) && s[i] == ']' {
 		return i + 1, true
 	}
+	e, ok := f.readElement(s, i)
+	if !ok {
+		return 0, false
+	}
+	return f.restChoices(s, e)
+}
+
+// restChoices is readChoices after an element that ended at s[e].
+func (f *fields) restChoices(s string, e int) (end int, ok bool) {
 	for {
-		if i >= len(s) {
-			return 0, false
-		}
-		var e int
-		if s[i] == '{' {
-			if f.nChoices == maxReadChoices {
-				return 0, false
-			}
-			if e, ok = f.readChoice(s, i); !ok {
-				return 0, false
-			}
-		} else if e, ok = plainValueEnd(s, i); !ok {
-			return 0, false
-		}
-		i = skipSpace(s, e)
+		i := skipSpace(s, e)
 		if i >= len(s) {
 			return 0, false
 		}
@@ -162,7 +335,34 @@ func (f *fields) readChoices(s string, i int) (end int, ok bool) {
 		default:
 			return 0, false
 		}
+		if e, ok = f.readElement(s, i); !ok {
+			return 0, false
+		}
 	}
+}
+
+// readElement reads the element of "choices" at s[i], a choice (with
+// openAIChoice when it can, else readChoice) or a value that is skipped.
+func (f *fields) readElement(s string, i int) (end int, ok bool) {
+	if i >= len(s) {
+		return 0, false
+	}
+	if s[i] != '{' {
+		return plainValueEnd(s, i)
+	}
+	if f.nChoices == maxReadChoices {
+		return 0, false
+	}
+	if idx, at, ok := openAIChoice(s, i); ok {
+		if fin, e, ok := openAIChoiceRest(s, at); ok {
+			if f.nChoices == 0 {
+				f.delta0, f.idx0 = at, idx
+			}
+			f.addChoice(idx, fin)
+			return e, true
+		}
+	}
+	return f.readChoice(s, i)
 }
 
 // readChoice reads the choice object starting at s[i] into the next slot
@@ -216,6 +416,94 @@ func (f *fields) readChoice(s string, i int) (end int, ok bool) {
 			return 0, false
 		}
 	}
+}
+
+// openAIChoice reads the start of the choice object at s[i], up to its
+// delta value (at s[delta]), when it is laid out exactly as OpenAI sends
+// it, without white space; openAIChoiceRest reads the rest:
+//
+//	{"index":0,"delta":{...},"logprobs":null,"finish_reason":null}
+//
+// with a delta of {"content":"..."} or any other container, and a
+// finish_reason of null or a string. Matching those bytes as they are
+// costs much less than reading each key and skipping each value, and it
+// reads what readChoice would: the same index and finish_reason, the same
+// end. Any other layout (ok false from either) is left to readChoice.
+//
+// The literals are compared inline (s[i:i+n] == "..." of at most 16
+// bytes compiles to a few loads; through a helper it would call memequal).
+func openAIChoice(s string, i int) (idx int64, delta int, ok bool) {
+	if len(s)-i < len(`{"index":`) || s[i:i+len(`{"index":`)] != `{"index":` {
+		return 0, 0, false
+	}
+	i += len(`{"index":`)
+	idx, i, ok = digits(s, i)
+	if !ok || len(s)-i < len(`,"delta":`) || s[i:i+len(`,"delta":`)] != `,"delta":` {
+		return 0, 0, false
+	}
+	return idx, i + len(`,"delta":`), true
+}
+
+// openAIChoiceRest is openAIChoice from the delta's value at s[i] on.
+func openAIChoiceRest(s string, i int) (fin bool, end int, ok bool) {
+	switch {
+	case len(s)-i >= len(`{"content":"`) && s[i:i+len(`{"content":"`)] == `{"content":"`:
+		// As containerEnd would: the key, then the string value, then the
+		// closing brace.
+		i, ok = contentEnd(s, i+len(`{"content":`))
+		if !ok {
+			return false, 0, false
+		}
+	case i < len(s) && (s[i] == '{' || s[i] == '['):
+		if i, ok = plainValueEnd(s, i); !ok {
+			return false, 0, false
+		}
+	default:
+		return false, 0, false
+	}
+	return openAIChoiceTail(s, i)
+}
+
+// contentEnd returns the index just past the delta {"content":"..."}
+// whose string value starts at s[i].
+func contentEnd(s string, i int) (end int, ok bool) {
+	e, _ := scanString(s, i)
+	if e < 0 || e >= len(s) || s[e] != '}' {
+		return 0, false
+	}
+	return e + 1, true
+}
+
+// openAIChoiceTail is openAIChoice after the delta, at s[i].
+func openAIChoiceTail(s string, i int) (fin bool, end int, ok bool) {
+	if len(s)-i < len(`,"logprobs":null,"finish_reason":`) ||
+		s[i:i+len(`,"logprobs":null`)] != `,"logprobs":null` ||
+		s[i+len(`,"logprobs":null`):i+len(`,"logprobs":null,"fi`)] != `,"fi` ||
+		s[i+len(`,"logprobs":null,"fi`):i+len(`,"logprobs":null,"finish_reason":`)] != `nish_reason":` {
+		return false, 0, false
+	}
+	i += len(`,"logprobs":null,"finish_reason":`)
+	switch {
+	case len(s)-i >= len(`null}`) && s[i:i+len(`null}`)] == `null}`:
+		return false, i + len(`null}`), true
+	case i < len(s) && s[i] == '"':
+		e, _ := scanString(s, i)
+		if e < 0 || e >= len(s) || s[e] != '}' {
+			return false, 0, false
+		}
+		return isSet(s[i:e]), e + 1, true
+	}
+	return false, 0, false
+}
+
+// digits reads the plain decimal number (at most 18 digits, so that it
+// cannot overflow) at s[i]; ok is false when there is none.
+func digits(s string, i int) (n int64, end int, ok bool) {
+	j := i
+	for ; j < len(s) && j-i < 18 && s[j] >= '0' && s[j] <= '9'; j++ {
+		n = n*10 + int64(s[j]-'0')
+	}
+	return n, j, j > i && j-i < 18
 }
 
 func (f *fields) addChoice(idx int64, fin bool) {
