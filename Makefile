@@ -28,9 +28,10 @@ check:
 	$(GOFMT_CHECK)
 	$(GO) test -race -count=1 -timeout 5m $(CHECKPKGS)
 
-# Everything CI runs: vet, formatting, and the whole suite with the race detector.
+# Everything CI runs: vet (bench/firstevent is a module of its own), formatting, and the whole suite with the race detector.
 test:
 	$(GO) vet ./...
+	$(GO) -C bench/firstevent vet .
 	$(GOFMT_CHECK)
 	$(GO) test -race -count=1 -timeout 15m ./...
 
