@@ -115,7 +115,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
 	fs.IntVar(&o.sealStream, "seal-stream-bytes", 128<<10, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
 	fs.DurationVar(&o.sealAge, "seal-age", time.Minute, "a live keyed stream this old compresses its journal's full blocks from then on (see -seal-stream-bytes)")
-	fs.Int64Var(&o.sealLive, "seal-live-bytes", 8<<20, "while all live journals together hold this many raw bytes, every keyed stream compresses its full blocks (see -seal-stream-bytes): many live streams trade a little CPU for about a tenth of their journals' memory (0: 8 MiB or half of -max-live-bytes, whichever is less)")
+	fs.Int64Var(&o.sealLive, "seal-live-bytes", 0, "while all live journals together hold this many raw bytes, every keyed stream compresses its full blocks (see -seal-stream-bytes): many live streams trade a little CPU for about a tenth of their journals' memory; at most -max-live-bytes (0: 8 MiB, or half of -max-live-bytes if that is less)")
 	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
@@ -187,8 +187,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if r.BreakerOpen <= 0 || r.BreakerOpenMax < r.BreakerOpen {
 		return nil, errors.New("-breaker-open must be positive, -breaker-open-max at least -breaker-open")
 	}
-	if o.sealStream < 1 || o.sealAge <= 0 || o.sealLive < 0 {
-		return nil, errors.New("-seal-stream-bytes and -seal-age must be positive, -seal-live-bytes 0 (the default share) or more")
+	if o.sealStream < 1 || o.sealAge <= 0 || o.sealLive < 0 || o.sealLive > o.maxLiveBytes {
+		return nil, errors.New("-seal-stream-bytes and -seal-age must be positive, -seal-live-bytes from 0 (the default share) to -max-live-bytes")
 	}
 	if o.maxTenantKeys < 0 {
 		return nil, errors.New("-max-keys-per-tenant must be 0 (a tenth of -max-keys) or more")
