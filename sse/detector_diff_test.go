@@ -1,7 +1,6 @@
 package sse
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -148,13 +147,7 @@ func FuzzDetectorDifferential(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, n uint8, usage bool, body []byte) {
 		e := Expect{N: int(n), Usage: usage}
-		var evs []Event
-		for ev, err := range Read(bytes.NewReader(body), 0) {
-			if err != nil {
-				break
-			}
-			evs = append(evs, ev)
-		}
+		evs := readUntilError(body)
 		compareDetectors(t, e, evs)
 		evs = evs[:0]
 		for line := range strings.SplitSeq(string(body), "\n") {

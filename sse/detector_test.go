@@ -1,7 +1,6 @@
 package sse
 
 import (
-	"bytes"
 	"slices"
 	"strconv"
 	"strings"
@@ -451,13 +450,7 @@ func FuzzDetector(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, n uint8, usage bool, body []byte) {
 		e := Expect{N: int(n), Usage: usage}
-		var evs []Event
-		for ev, err := range Read(bytes.NewReader(body), 0) {
-			if err != nil {
-				break
-			}
-			evs = append(evs, ev)
-		}
+		evs := readUntilError(body)
 		d := NewDetector(e)
 		end := len(evs) // the events up to the terminal one
 		for i, ev := range evs {

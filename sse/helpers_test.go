@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,19 @@ func readAll(tb testing.TB, body string, maxEventSize int) []Event {
 	for ev, err := range Read(strings.NewReader(body), maxEventSize) {
 		if err != nil {
 			tb.Fatalf("Read: got error %v; want none", err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// readUntilError reads the events of body up to its first read error:
+// what a fuzzed body yields.
+func readUntilError(body []byte) []Event {
+	var evs []Event
+	for ev, err := range Read(bytes.NewReader(body), 0) {
+		if err != nil {
+			break
 		}
 		evs = append(evs, ev)
 	}

@@ -71,18 +71,13 @@ func TestOpenAISDKResume(t *testing.T) {
 	mock, upstream := startMock(t, mockllm.Config{Tokens: 30, Delay: 15 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
 	f := newForwarder(t, g.Addr)
-	c := openai.NewClient(
-		openaiopt.WithBaseURL("http://"+f.addr()+"/v1/"),
-		openaiopt.WithAPIKey("sk-e2e"),
-		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{MinBackoff: 10 * time.Millisecond}}),
-		openaiopt.WithMaxRetries(0),
-	)
+	c := openAIClient("http://"+f.addr(), &client.Transport{MinBackoff: 10 * time.Millisecond}, openaiopt.WithMaxRetries(0))
 	key := fmt.Sprintf("openai-resume-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
 	defer cancel()
 	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:         "gpt-4o-mini",
-		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+		Messages:      joke,
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
 	})
 	defer stream.Close()
@@ -162,17 +157,13 @@ func TestAnthropicSDKResume(t *testing.T) {
 func TestOpenAISDKPinnedKeyJoins(t *testing.T) {
 	mock, upstream := startMock(t, mockllm.Config{Tokens: 40, Delay: 20 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
-	c := openai.NewClient(
-		openaiopt.WithBaseURL(g.URL+"/v1/"),
-		openaiopt.WithAPIKey("sk-e2e"),
-		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{}}),
-	)
+	c := openAIClient(g.URL, &client.Transport{})
 	key := fmt.Sprintf("openai-pinned-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
 	defer cancel()
 	params := openai.ChatCompletionNewParams{
 		Model:    "gpt-4o-mini",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+		Messages: joke,
 	}
 	var (
 		wg    sync.WaitGroup
@@ -220,12 +211,7 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	mock, upstream := startMock(t, mockllm.Config{Tokens: 8, Delay: 150 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
 	f := newForwarder(t, g.Addr)
-	c := openai.NewClient(
-		openaiopt.WithBaseURL("http://"+f.addr()+"/v1/"),
-		openaiopt.WithAPIKey("sk-e2e"),
-		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{MaxAttempts: 1}}),
-		openaiopt.WithMaxRetries(2),
-	)
+	c := openAIClient("http://"+f.addr(), &client.Transport{MaxAttempts: 1}, openaiopt.WithMaxRetries(2))
 	key := fmt.Sprintf("openai-retry-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
 	defer cancel()
@@ -237,7 +223,7 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	var resp *http.Response
 	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:    "gpt-4o-mini",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+		Messages: joke,
 	}, openaiopt.WithResponseInto(&resp))
 	defer stream.Close()
 	var got []string
@@ -266,18 +252,12 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 func TestOpenAISDKAborted(t *testing.T) {
 	_, upstream := startMock(t, mockllm.Config{Tokens: 20, Delay: 5 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
-	c := openai.NewClient(
-		openaiopt.WithBaseURL(g.URL+"/v1/"),
-		openaiopt.WithAPIKey("sk-e2e"),
-		openaiopt.WithHTTPClient(&http.Client{Transport: &client.Transport{}}),
-		openaiopt.WithMaxRetries(0),
-		openaiopt.WithHeader("X-Mock-Fault", "reset-after=5"),
-	)
+	c := openAIClient(g.URL, &client.Transport{}, openaiopt.WithMaxRetries(0), openaiopt.WithHeader("X-Mock-Fault", "reset-after=5"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:    "gpt-4o-mini",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")},
+		Messages: joke,
 	})
 	defer stream.Close()
 	n := 0
@@ -295,3 +275,16 @@ func TestOpenAISDKAborted(t *testing.T) {
 		t.Errorf("a reconnection was made after stream_aborted:\n%s", logs)
 	}
 }
+
+// openAIClient is openai-go with base URL base+"/v1/", the test's API key
+// and client.Transport tr, plus opts.
+func openAIClient(base string, tr *client.Transport, opts ...openaiopt.RequestOption) openai.Client {
+	return openai.NewClient(append([]openaiopt.RequestOption{
+		openaiopt.WithBaseURL(base + "/v1/"),
+		openaiopt.WithAPIKey("sk-e2e"),
+		openaiopt.WithHTTPClient(&http.Client{Transport: tr}),
+	}, opts...)...)
+}
+
+// joke is the messages of the tests' chat requests.
+var joke = []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a joke")}
