@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/ssegate/ssegate/sse"
 )
 
 // maxEvent bounds the bytes of one event held while it arrives.
@@ -30,20 +32,22 @@ type resumeBody struct {
 	closed bool
 
 	buf        []byte
-	pending    []byte // the event being received
-	scan       int    // how far pending was searched for a line end
-	out        []byte // whole events not yet read
-	off        int    // read position in out
-	err        error  // what ends the body once out is read
-	lastID     string // the id of the last whole event passed on
-	idless     bool   // an event without an id was passed on: no position to resume from
-	ended      bool   // a terminal event was passed on
+	pending    []byte        // the event being received
+	scan       int           // how far pending was searched for a line end
+	out        []byte        // whole events not yet read
+	off        int           // read position in out
+	err        error         // what ends the body once out is read
+	lastID     string        // the id of the last whole event passed on
+	idless     bool          // an event without an id was passed on: no position to resume from
+	ended      bool          // a terminal event was passed on
+	det        *sse.Detector // tells the terminal event as the proxy does
 	reconnects int
 	bo         *fullJitter
 }
 
 func newResumeBody(t *Transport, req *http.Request, key string, rc io.ReadCloser) *resumeBody {
 	return &resumeBody{t: t, req: req, key: key, rc: rc, buf: make([]byte, 32<<10), bo: t.backoff(),
+		det: sse.NewDetector(sse.Expect{}),
 		// A request that resumed itself starts after its own Last-Event-ID.
 		lastID: req.Header.Get("Last-Event-ID")}
 }
@@ -129,10 +133,6 @@ func (b *resumeBody) feed(p []byte) {
 	}
 }
 
-var terminal = map[string]bool{
-	"message_stop": true, "response.completed": true, "response.failed": true, "response.incomplete": true,
-}
-
 // event takes one whole event, its blank line included.
 func (b *resumeBody) event(ev []byte) {
 	var id, typ string
@@ -166,9 +166,8 @@ func (b *resumeBody) event(ev []byte) {
 	} else if fields {
 		b.idless = true
 	}
-	if d == "[DONE]" || terminal[typ] || (len(data) > 0 && terminal[gjson.Get(d, "type").String()]) {
-		b.ended = true
-	}
+	b.det.Observe(sse.Event{Type: typ, Data: d})
+	b.ended = b.det.Terminal()
 }
 
 // reconnect replaces the broken connection with GET /streams/{key} from the
