@@ -233,10 +233,9 @@ type env struct {
 	profile     bool   // -profile: ssegate serves its profiler on an admin listener
 	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
-	nginxSeq    int
-	caddyBin    string // built at the start when caddy is in -peers; "" otherwise or when the build failed
-	caddySeq    int
-	portkeyDir  string // the Portkey installation when portkey is in -peers; "" otherwise or when it failed
+	caddyBin    string       // built at the start when caddy is in -peers; "" otherwise or when the build failed
+	dirs        map[kind]int // measurements of each peer that has a directory of its own (peerDir)
+	portkeyDir  string       // the Portkey installation when portkey is in -peers; "" otherwise or when it failed
 	tmp         string
 	logDir      string
 

@@ -113,8 +113,7 @@ func (e *env) start(k kind) (*server, error) {
 		if e.nginxBin == "" {
 			return nil, errors.New("nginx not found on PATH")
 		}
-		e.nginxSeq++
-		dir = filepath.Join(e.tmp, fmt.Sprintf("nginx-%d", e.nginxSeq))
+		dir = e.peerDir(k)
 		conf, err := writeNginxConf(dir, addr, e.mockAddr)
 		if err != nil {
 			return nil, err
@@ -124,8 +123,7 @@ func (e *env) start(k kind) (*server, error) {
 		if e.caddyBin == "" {
 			return nil, errors.New("caddy was not built (see the notes)")
 		}
-		e.caddySeq++
-		dir = filepath.Join(e.tmp, fmt.Sprintf("caddy-%d", e.caddySeq))
+		dir = e.peerDir(k)
 		conf, err := writeCaddyConf(dir, addr, e.mockAddr)
 		if err != nil {
 			return nil, err
@@ -158,6 +156,16 @@ func (e *env) start(k kind) (*server, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return s, nil
+}
+
+// peerDir returns a new directory name under the run's temporary one for
+// a measurement of k: KIND-N, N counting k's measurements.
+func (e *env) peerDir(k kind) string {
+	if e.dirs == nil {
+		e.dirs = map[kind]int{}
+	}
+	e.dirs[k]++
+	return filepath.Join(e.tmp, fmt.Sprintf("%s-%d", k, e.dirs[k]))
 }
 
 // launch starts cmd as a peer of kind k listening on addr, in a process
