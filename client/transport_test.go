@@ -441,18 +441,33 @@ func TestReconnectsBounded(t *testing.T) {
 	}
 }
 
-// TestNoResumeAfterTerminal: a cut after [DONE] is the stream's end: the
-// body ends cleanly, with no reconnection.
+// TestNoResumeAfterTerminal: a cut after the terminal event of each
+// dialect ([DONE], Anthropic's message_stop, the Responses API's
+// response.completed) is the stream's end: the body ends cleanly, with no
+// reconnection. A cut after an event that only looks like one (a chunk
+// whose text says message_stop) is resumed.
 func TestNoResumeAfterTerminal(t *testing.T) {
-	srv, rs, _ := streamServer(t,
-		func(w http.ResponseWriter, r *http.Request) { cut(w, events(1, 3, 2)) },
-		func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusGone) })
-	got, err := stream(t, fast(), srv.URL, "k")
-	if err != nil || got != events(1, 3, 2) {
-		t.Errorf("got %q, %v; want the whole stream, nil", got, err)
-	}
-	if len(rs.paths) != 0 {
-		t.Errorf("resumes: got %d; want none", len(rs.paths))
+	for _, c := range []struct {
+		name, body string
+		resumes    int
+	}{
+		{"done", events(1, 3, 2), 0},
+		{"message_stop", "id: 7-1\nevent: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nid: 7-2\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", 0},
+		{"response.completed", "id: 7-1\nevent: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\nid: 7-2\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{}}\n\n", 0},
+		{"not terminal", "id: 7-1\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"message_stop\"}}]}\n\n", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, rs, _ := streamServer(t,
+				func(w http.ResponseWriter, r *http.Request) { cut(w, c.body) },
+				func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusGone) })
+			got, err := stream(t, fast(), srv.URL, "k")
+			if c.resumes == 0 && (err != nil || got != c.body) {
+				t.Errorf("got %q, %v; want the whole stream, nil", got, err)
+			}
+			if len(rs.paths) != c.resumes {
+				t.Errorf("resumes: got %d; want %d", len(rs.paths), c.resumes)
+			}
+		})
 	}
 }
 
