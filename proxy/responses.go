@@ -76,7 +76,13 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !ok {
 		return false
 	}
-	tenant, _ := p.tenant(ctx)
+	tenant, cred := p.tenant(ctx)
+	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
+		// As for /streams/{key} (scope): no key of the shared anonymous
+		// tenant is served to a request without a credential, whatever a
+		// replica that allowed them left in a shared store.
+		return false
+	}
 	a, ok := as.ResolveAlias(tenant, id)
 	if !ok {
 		return false

@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/tidwall/gjson"
 )
 
@@ -199,4 +200,32 @@ func TestResponsesAliasTenantCredentials(t *testing.T) {
 			e.wantCalls(1)
 		})
 	}
+}
+
+// TestResponsesAliasAnonymousDeny: an anonymous keyed stream's id, left in
+// a store shared with a replica that allowed anonymous keys, is served
+// from the journal to a credential-less GET there, and not by a replica
+// under AnonymousDeny (as its /streams/{key} is not).
+func TestResponsesAliasAnonymousDeny(t *testing.T) {
+	t.Parallel()
+	mock, upURL := startMock(t, mockllm.Config{Tokens: 8})
+	allow := newEnvUpstream(t, upURL, mock, Config{}, cache.Config{})
+	deny := newEnvUpstream(t, upURL, mock, Config{AnonymousKeys: AnonymousDeny, Store: allow.store}, cache.Config{})
+	key := newKey("responses-anon")
+	r := allow.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`})
+	if r.status != 200 || len(r.events) == 0 {
+		t.Fatalf("POST: got %d; want a stream", r.status)
+	}
+	allow.waitState(key, "", cache.StateCommitted)
+	path := "/v1/responses/" + gjson.Get(r.events[0].Data, "response.id").String() + "?stream=true&starting_after=2"
+	if got := allow.fetch(req{method: http.MethodGet, path: path}); got.status != 200 || !got.replayed {
+		t.Fatalf("allow: got %d replayed=%v; want the stored stream", got.status, got.replayed)
+	}
+	if got := deny.fetch(req{method: http.MethodGet, path: path}); got.replayed || got.status == 200 && len(got.events) > 0 {
+		t.Fatalf("deny: got %d replayed=%v; want it not served from the journal", got.status, got.replayed)
+	}
+	if got := deny.fetch(req{method: http.MethodGet, path: "/streams/" + key}); got.status != http.StatusUnauthorized {
+		t.Errorf("deny /streams/{key}: got %d; want 401", got.status)
+	}
+	allow.wantCalls(1)
 }
