@@ -60,3 +60,32 @@ func TestRedisAlias(t *testing.T) {
 		t.Fatal("another tenant resolved the alias")
 	}
 }
+
+// TestMemoryAliasReplaced: a key's stream has one alias, so a second name
+// replaces the first; and a regeneration of the key takes the old
+// generation's name away.
+func TestMemoryAliasReplaced(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t, Config{TTL: time.Minute})
+	a := Scope{Tenant: "t1", Key: "a"}
+	b, err := m.Begin(a, "fp")
+	if err != nil || b.Decision != Miss {
+		t.Fatalf("Begin: %v %v", b.Decision, err)
+	}
+	m.SetAlias(a, b.Flight.Gen, "resp_1", 0)
+	m.SetAlias(a, b.Flight.Gen, "resp_2", 0)
+	if _, ok := m.ResolveAlias("t1", "resp_1"); ok {
+		t.Error("the first name still resolves; want it replaced")
+	}
+	if got, ok := m.ResolveAlias("t1", "resp_2"); !ok || got != (Alias{Key: "a", Gen: b.Flight.Gen}) {
+		t.Fatalf("second name: %+v %v; want key a, generation %d", got, ok, b.Flight.Gen)
+	}
+	b.Flight.Fail(StateFailedRetryable, "test", nil)
+	again, err := m.Begin(a, "fp")
+	if err != nil || again.Decision != Miss || again.Flight.Gen == b.Flight.Gen {
+		t.Fatalf("regeneration: %v %v; want a new generation", again.Decision, err)
+	}
+	if got, ok := m.ResolveAlias("t1", "resp_2"); ok {
+		t.Fatalf("after the regeneration: %+v; want the old name gone", got)
+	}
+}

@@ -608,7 +608,7 @@ read:
 		}
 		det.Observe(ev)
 		if !begun && ev.Type == "response.created" {
-			g.responseCreated(ev, h)
+			g.responseCreated(ev, det, h)
 		}
 		if !begun {
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {

@@ -83,16 +83,15 @@ func (e *healRefused) Error() string {
 	return "the upstream refused to resume the stream: status " + strconv.Itoa(e.status)
 }
 
-// heal reconnects a healable stream whose read failed with readErr after
-// its first event. It returns the resumed answer, now the generation's
-// resp, or nil and the error the stream ends with: readErr when the
-// stream cannot be healed or every reconnect failed, a *healRefused when
-// the upstream answered otherwise than with the stream.
+// heal reconnects the stream of h (not nil) whose read failed with
+// readErr after its first event. It returns the resumed answer, now the
+// generation's resp, or nil and the error the stream ends with: readErr
+// when the stream cannot be healed or every reconnect failed, a
+// *healRefused when the upstream answered otherwise than with the stream.
 func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Response, error) {
-	if h == nil || h.id == "" || h.heals >= maxHeals || det.Dialect() != sse.DialectOpenAIResponses || g.cutShort() != causeNone {
-		return nil, readErr
-	}
-	if c := readFailure(readErr); c != causeUpstreamReadError && c != causeUpstreamIdleTimeout {
+	reason := readFailure(readErr)
+	if (reason != causeUpstreamReadError && reason != causeUpstreamIdleTimeout) ||
+		h.id == "" || h.heals >= maxHeals || det.Dialect() != sse.DialectOpenAIResponses || g.cutShort() != causeNone {
 		return nil, readErr
 	}
 	seq, ok := det.LastSequence()
@@ -137,7 +136,7 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 		h.heals++
 		p.m.resumes.WithLabelValues("resumed").Inc()
 		p.log.Info("upstream resumed", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-			"after", seq, "upstream", h.up.name, "reason", readFailure(readErr).String())
+			"after", seq, "upstream", h.up.name, "reason", reason.String())
 		return resp, nil
 	}
 	p.m.resumes.WithLabelValues("failed").Inc()

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +307,147 @@ func TestHealReconnectFails(t *testing.T) {
 	wantCount(t, "upstream requests", fs.calls.Load(), 1+healAttempts)
 	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="failed"}`); v != 1 {
 		t.Errorf("resumes failed: %v; want 1", v)
+	}
+}
+
+// TestHealClientLeaves: the client that started a background stream
+// closes or resets its connection while the heal's reconnect is still
+// waiting for the upstream's answer. Whether the upstream then resumes
+// the stream or refuses it (404), the generation ends, keyed or not: a
+// keyed one is committed (and replays whole) or failed with heal_refused;
+// no generation stays live, no goroutine is left behind, and the
+// upstream got one POST (one paid generation) and one resume, never a
+// second generation.
+func TestHealClientLeaves(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		for _, how := range []string{"close", "reset"} {
+			for _, refuse := range []bool{false, true} {
+				t.Run(fmt.Sprintf("keyed=%v/%s/refuse=%v", keyed, how, refuse), func(t *testing.T) {
+					t.Parallel()
+					testHealClientLeaves(t, keyed, how, refuse)
+				})
+			}
+		}
+	}
+}
+
+func testHealClientLeaves(t *testing.T, keyed bool, how string, refuse bool) {
+	goroutines := ownGoroutines(t) // before the servers: their goroutines are the test's
+	var posts, resumes atomic.Int64
+	resuming, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	broken := false // the first POST after the warm-up breaks after 3 events
+	fs := newFaultServer(t, nil)
+	fs.set(bgScript())
+	e := retryEnv(t, []string{fs.url}, nil)
+	addr := strings.TrimPrefix(e.url, "http://")
+	// A first whole stream starts what lives as long as the servers (their
+	// pools' cleaners).
+	warm := rawResponses(t, addr, "")
+	io.Copy(io.Discard, warm) //nolint:errcheck // to the end of the stream
+	warm.Close()
+	within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
+	closeUpstreamIdle(e.proxy)
+	before, _ := goroutines()
+
+	whole := bgScript()
+	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+			if !broken {
+				broken = true
+				bgScript(3)(1, w, r)
+				return
+			}
+			whole(1, w, r)
+			return
+		}
+		resumes.Add(1)
+		close(resuming)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		if refuse {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":{"message":"No response found","type":"invalid_request_error"}}`)
+			return
+		}
+		whole(n, w, r)
+	})
+	key := ""
+	if keyed {
+		key = newKey("heal-leave")
+	}
+	conn := rawResponses(t, addr, key)
+	select {
+	case <-resuming:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no resume within 10s of the drop")
+	}
+	if how == "reset" {
+		conn.SetLinger(0) //nolint:errcheck
+	}
+	conn.Close()
+	releaseOnce.Do(func() { close(release) })
+
+	switch {
+	case keyed && refuse:
+		if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.Reason != "heal_refused" {
+			t.Errorf("reason %q; want heal_refused", ki.Reason)
+		}
+	case keyed:
+		e.waitState(key, "", cache.StateCommitted)
+		got := e.fetch(req{path: "/v1/responses", key: key, body: bgBody})
+		if !got.replayed {
+			t.Errorf("the key's stream again: replayed %v; want the journal's", got.replayed)
+		}
+		wantWholeResponses(t, got, len(bgEvents))
+		e.client.CloseIdleConnections()
+	}
+	if !within(5*time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+		t.Fatalf("live generations: got %d after the client left; want 0", e.proxy.streams.Load())
+	}
+	outcome := "resumed"
+	if refuse {
+		outcome = "refused"
+	}
+	if v := metricValue(t, e.scrape(), `ssegate_upstream_resumes_total{outcome="`+outcome+`"}`); v != 1 {
+		t.Errorf("resumes %s: got %v; want 1", outcome, v)
+	}
+	e.client.CloseIdleConnections()
+	closeUpstreamIdle(e.proxy)
+	if !within(5*time.Second, func() bool { n, _ := goroutines(); return n <= before+2 }) {
+		n, stacks := goroutines()
+		t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s", n, before+2, stacks)
+	}
+	wantCount(t, "POSTs (generations)", posts.Load(), 1)
+	wantCount(t, "resumes", resumes.Load(), 1)
+}
+
+// rawResponses sends a background Responses stream request (keyed when
+// key is not "") on a connection of its own, and reads its first event.
+func rawResponses(t *testing.T, addr, key string) *net.TCPConn {
+	t.Helper()
+	conn := dialSmallBuffer(t, addr, 4096)
+	keyHdr := ""
+	if key != "" {
+		keyHdr = "Idempotency-Key: " + key + "\r\n"
+	}
+	fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		keyHdr, len(bgBody), bgBody)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before the first event: %v", err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			return conn
+		}
 	}
 }

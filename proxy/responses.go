@@ -33,8 +33,14 @@ type aliasStore interface {
 // response.created event ev, once for both of its uses: the healer h
 // (nil unless the stream can be healed) resumes the response by it, and
 // for a keyed flight it becomes an alias of the key (unkeyed flights have
-// nothing to resume by).
-func (g *gen) responseCreated(ev sse.Event, h *healer) {
+// nothing to resume by). A stream with neither use is not read at all.
+// The event's sequence number is det's, which has just observed ev.
+func (g *gen) responseCreated(ev sse.Event, det *sse.Detector, h *healer) {
+	as, alias := g.p.store.(aliasStore)
+	alias = alias && g.f.Gen != 0
+	if h == nil && !alias {
+		return
+	}
 	v := gjson.Get(ev.Data, "response.id")
 	if v.Type != gjson.String || v.Str == "" || len(v.Str) > 256 {
 		return
@@ -43,9 +49,9 @@ func (g *gen) responseCreated(ev sse.Event, h *healer) {
 	if h != nil {
 		h.id = id
 	}
-	f := g.f
-	if as, ok := g.p.store.(aliasStore); ok && f.Gen != 0 {
-		as.SetAlias(f.Scope, f.Gen, id, gjson.Get(ev.Data, "sequence_number").Int())
+	if alias {
+		base, _ := det.LastSequence()
+		as.SetAlias(g.f.Scope, g.f.Gen, id, base)
 	}
 }
 
@@ -70,7 +76,13 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !ok {
 		return false
 	}
-	tenant, _ := p.tenant(ctx)
+	tenant, cred := p.tenant(ctx)
+	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
+		// As for /streams/{key} (scope): no key of the shared anonymous
+		// tenant is served to a request without a credential, whatever a
+		// replica that allowed them left in a shared store.
+		return false
+	}
 	a, ok := as.ResolveAlias(tenant, id)
 	if !ok {
 		return false

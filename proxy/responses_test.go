@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/tidwall/gjson"
 )
 
@@ -138,4 +139,93 @@ func TestResponsesAliasTenantByAPIKey(t *testing.T) {
 		t.Fatalf("another credential: got %d replayed=%v; want it not served from the journal", other.status, other.replayed)
 	}
 	e.wantCalls(1)
+}
+
+// TestResponsesAliasTenantCredentials: whatever carries the tenant (each
+// credential header, Gemini's ?key=, a -tenant-header), a GET of the id
+// with the same one is served from the journal, and one with another
+// value, an extra credential, or none at all is not.
+func TestResponsesAliasTenantCredentials(t *testing.T) {
+	t.Parallel()
+	type cred struct {
+		header map[string]string
+		query  string // appended to the path, after ?
+	}
+	h := func(kv ...string) cred {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return cred{header: m}
+	}
+	for _, tc := range []struct {
+		name   string
+		own    cred
+		others []cred
+	}{
+		{"api-key", h("api-key", "k-one"), []cred{h("api-key", "k-two"), h("x-api-key", "k-one"), h()}},
+		{"x-goog-api-key", h("x-goog-api-key", "k-one"), []cred{h("x-goog-api-key", "k-two"), h("authorization", "k-one"), h()}},
+		{"query key", cred{query: "key=k-one"}, []cred{{query: "key=k-two"}, h("x-api-key", "k-one"), h()}},
+		{"tenant header", h("Authorization", "Bearer sk", "X-Org-Id", "org-a"), []cred{h("Authorization", "Bearer sk", "X-Org-Id", "org-b"), h("Authorization", "Bearer sk"), h("X-Org-Id", "org-a")}},
+		{"extra credential", h("x-api-key", "k-one"), []cred{h("x-api-key", "k-one", "Authorization", "Bearer other")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, slowMock(time.Millisecond, 8), withConfig(func(pc *Config) { pc.TenantHeaders = []string{"X-Org-Id"} }))
+			withQuery := func(path string, c cred, sep string) string {
+				if c.query == "" {
+					return path
+				}
+				return path + sep + c.query
+			}
+			r := e.fetch(req{key: newKey("responses-cred"), path: withQuery("/v1/responses", tc.own, "?"),
+				body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`, header: tc.own.header})
+			if r.status != 200 || len(r.events) == 0 {
+				t.Fatalf("POST: got %d; want a stream", r.status)
+			}
+			id := gjson.Get(r.events[0].Data, "response.id").String()
+			get := func(c cred) result {
+				return e.fetch(req{method: http.MethodGet, header: c.header,
+					path: withQuery("/v1/responses/"+id+"?stream=true&starting_after=2", c, "&")})
+			}
+			if own := get(tc.own); own.status != 200 || !own.replayed || len(own.events) == 0 ||
+				!strings.Contains(own.events[0].Data, `"sequence_number":3`) {
+				t.Fatalf("own credential: got %d replayed=%v; want the stored stream from sequence number 3", own.status, own.replayed)
+			}
+			for i, c := range tc.others {
+				if other := get(c); other.replayed || other.status == 200 && len(other.events) > 0 {
+					t.Errorf("other %d (%v %q): got %d replayed=%v; want it not served from the journal", i, c.header, c.query, other.status, other.replayed)
+				}
+			}
+			e.wantCalls(1)
+		})
+	}
+}
+
+// TestResponsesAliasAnonymousDeny: an anonymous keyed stream's id, left in
+// a store shared with a replica that allowed anonymous keys, is served
+// from the journal to a credential-less GET there, and not by a replica
+// under AnonymousDeny (as its /streams/{key} is not).
+func TestResponsesAliasAnonymousDeny(t *testing.T) {
+	t.Parallel()
+	mock, upURL := startMock(t, mockllm.Config{Tokens: 8})
+	allow := newEnvUpstream(t, upURL, mock, Config{}, cache.Config{})
+	deny := newEnvUpstream(t, upURL, mock, Config{AnonymousKeys: AnonymousDeny, Store: allow.store}, cache.Config{})
+	key := newKey("responses-anon")
+	r := allow.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`})
+	if r.status != 200 || len(r.events) == 0 {
+		t.Fatalf("POST: got %d; want a stream", r.status)
+	}
+	allow.waitState(key, "", cache.StateCommitted)
+	path := "/v1/responses/" + gjson.Get(r.events[0].Data, "response.id").String() + "?stream=true&starting_after=2"
+	if got := allow.fetch(req{method: http.MethodGet, path: path}); got.status != 200 || !got.replayed {
+		t.Fatalf("allow: got %d replayed=%v; want the stored stream", got.status, got.replayed)
+	}
+	if got := deny.fetch(req{method: http.MethodGet, path: path}); got.replayed || got.status == 200 && len(got.events) > 0 {
+		t.Fatalf("deny: got %d replayed=%v; want it not served from the journal", got.status, got.replayed)
+	}
+	if got := deny.fetch(req{method: http.MethodGet, path: "/streams/" + key}); got.status != http.StatusUnauthorized {
+		t.Errorf("deny /streams/{key}: got %d; want 401", got.status)
+	}
+	allow.wantCalls(1)
 }
