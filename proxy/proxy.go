@@ -299,11 +299,20 @@ func fpPrefix(fp string) string {
 	return hex.EncodeToString([]byte(fp[:6]))
 }
 
+// keyTenant returns the tenant whose keys the request may use: ok is
+// false for a request without a credential under AnonymousKeys deny, which
+// may use none, not even what a replica that allowed them left in a
+// shared store.
+func (p *Proxy) keyTenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
+	t, cred := p.tenant(ctx)
+	return t, cred || p.cfg.AnonymousKeys != AnonymousDeny
+}
+
 // scope returns the scope of key for the request's tenant. A request
 // without a credential, under AnonymousKeys deny, gets 401 and ok false.
 func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
-	t, cred := p.tenant(ctx)
-	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
+	t, ok := p.keyTenant(ctx)
+	if !ok {
 		p.refuse(ctx, causeCredentialRequired, "")
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
 		return cache.Scope{}, false

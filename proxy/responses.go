@@ -76,12 +76,9 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !ok {
 		return false
 	}
-	tenant, cred := p.tenant(ctx)
-	if !cred && p.cfg.AnonymousKeys == AnonymousDeny {
-		// As for /streams/{key} (scope): no key of the shared anonymous
-		// tenant is served to a request without a credential, whatever a
-		// replica that allowed them left in a shared store.
-		return false
+	tenant, ok := p.keyTenant(ctx)
+	if !ok {
+		return false // the upstream answers it, as any id unknown here
 	}
 	a, ok := as.ResolveAlias(tenant, id)
 	if !ok {
