@@ -454,3 +454,34 @@ func TestFallbackJoinByAPIKey(t *testing.T) {
 	wantModelCalls(t, e, "primary", 6)
 	wantModelCalls(t, e, "backup", 2)
 }
+
+// TestCutAfterAmbiguousStaysUnknown: an upstream known to deduplicate
+// (-retry-ambiguous) takes the request and hangs up; the proxy shuts down
+// while the repeat waits out its backoff. The first call may still be
+// generating, so the key ends commit_unknown, not free as failed_retryable.
+func TestCutAfterAmbiguousStaysUnknown(t *testing.T) {
+	t.Parallel()
+	up := newFaultServer(t, hangUp)
+	e := retryEnv(t, []string{up.url}, func(pc *Config) {
+		pc.RetryAmbiguous = []string{up.url}
+		pc.Retry.BaseBackoff = 5 * time.Second
+		pc.Retry.MaxBackoff = 5 * time.Second
+		pc.Retry.Attempts = 2
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
+	})
+	key := newKey("cut-after-ambiguous")
+	done := make(chan result, 1)
+	go func() { done <- e.fetch(req{key: key, body: modelBody("primary")}) }()
+	if !within(2*time.Second, func() bool { return up.calls.Load() == 1 }) {
+		t.Fatal("the upstream was never called")
+	}
+	time.Sleep(50 * time.Millisecond) // into the backoff (the draw may be short: then the repeat is made)
+	e.proxy.Abort()
+	if r := <-done; r.status < 500 {
+		t.Fatalf("got %d; want an error", r.status)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
+	if n := up.calls.Load(); n > 2 {
+		t.Fatalf("upstream calls: got %d; want at most 2", n)
+	}
+}

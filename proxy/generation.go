@@ -33,7 +33,8 @@ type gen struct {
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
 	// cause's state is commit_unknown): from then on there is no
-	// fallback, and a failed end stays commit_unknown.
+	// fallback, and a failed end, a cut during a retry's wait included,
+	// stays commit_unknown (gen.fail).
 	mayRun bool
 
 	mu       sync.Mutex // guards resp, finished and cause
@@ -270,12 +271,15 @@ const (
 // before it) say how. more says that another model may follow, so that a
 // 400 that names a -fallback-on-code is not recorded as the answer.
 func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *int) (a, last attempt, end attemptsEnd) {
-	p, f := g.p, g.f
+	p := g.p
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	rt := route{model: modelKey(model)}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
-			c.fail(f, 0, nil)
+			if g.mayRun {
+				p.m.commitUnknowns.Inc()
+			}
+			g.fail(c, 0, nil)
 			return attempt{cause: c}, last, settled
 		}
 		up, idx, done, ok := rt.pick(p.ups)
@@ -550,12 +554,19 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
-	if state != causes[a.cause].state {
-		a.cause.failUnknown(f, a.head.Status, a.body)
-	} else {
-		a.cause.fail(f, a.head.Status, a.body)
-	}
+	g.fail(a.cause, a.head.Status, a.body)
 	g.logEnd(a.head.Status)
+}
+
+// fail ends the flight for c (cause.fail), but as commit_unknown, whatever
+// c's own state, once an earlier attempt may still be running upstream
+// (mayRun): the key must not look free while that call may be generating.
+func (g *gen) fail(c cause, status int, body []byte) {
+	if g.mayRun {
+		g.f.Fail(cache.StateCommitUnknown, c.reason(status), body)
+		return
+	}
+	c.fail(g.f, status, body)
 }
 
 // pump reads the upstream's events into the flight. The head goes to the
