@@ -485,3 +485,32 @@ func TestCutAfterAmbiguousStaysUnknown(t *testing.T) {
 		t.Fatalf("upstream calls: got %d; want at most 2", n)
 	}
 }
+
+// TestNoFallbackAfterGarbage: an upstream known to deduplicate
+// (-retry-ambiguous) answers 200 text/event-stream with no event in it,
+// then 503s to the pinned repeats. The first answer may have been a
+// generation, so no other model is called.
+func TestNoFallbackAfterGarbage(t *testing.T) {
+	t.Parallel()
+	up := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			garbage(n, w, r)
+			return
+		}
+		status(503)(n, w, r)
+	})
+	e := retryEnv(t, []string{up.url}, func(pc *Config) {
+		pc.RetryAmbiguous = []string{up.url}
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
+	})
+	key := newKey("garbage-then-503")
+	if r := e.fetch(req{key: key, body: modelBody("primary")}); r.status < 500 {
+		t.Fatalf("got %d; want an error", r.status)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 3) // the first and the pinned repeats, none for the backup
+	// failed_retryable, as for any answer that came and was not a stream
+	// (docs/design.md, Retries).
+	if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.Model != "primary" || len(ki.Fallbacks) != 0 {
+		t.Fatalf("key info: model %q, fallbacks %+v; want primary and none", ki.Model, ki.Fallbacks)
+	}
+}

@@ -32,9 +32,10 @@ type gen struct {
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
-	// cause's state is commit_unknown): from then on there is no
-	// fallback, and a failed end, a cut during a retry's wait included,
-	// stays commit_unknown (gen.fail).
+	// cause's state is commit_unknown): from then on a failed end, a cut
+	// during a retry's wait included, stays commit_unknown (gen.fail).
+	// No fallback follows it either: its model's route is pinned
+	// (mayHaveRun).
 	mayRun bool
 
 	mu       sync.Mutex // guards resp, finished and cause
@@ -244,7 +245,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		case settled:
 			return
 		}
-		if i+1 < len(models) && g.fallBack(a, model, models[i+1], calls) {
+		if end == failedAll && i+1 < len(models) && g.fallBack(a, model, models[i+1], calls) {
 			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
 			given = a
 			continue
@@ -262,6 +263,7 @@ type attemptsEnd uint8
 
 const (
 	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
+	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
 	settled                       // the flight has its answer (or its cut), and ended with it
 	handedOver                    // the answer went to the origin as it is (handOff)
 )
@@ -284,7 +286,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		}
 		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
-			return attempt{cause: causeUpstreamUnavailable}, last, failedAll
+			return attempt{cause: causeUpstreamUnavailable}, last, rt.failedEnd()
 		}
 		*calls++
 		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
@@ -303,7 +305,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		g.drop()
 		wait := max(jitter.next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
-			return a, last, failedAll
+			return a, last, rt.failedEnd()
 		}
 		last = a
 		rt.failed(a, up, idx)
@@ -335,6 +337,16 @@ func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error),
 		return nil, 0, nil, false
 	}
 	return up, idx, done, ok
+}
+
+// failedEnd is how a model's attempts ended when they all failed: after
+// an ambiguous one (the route is pinned to its upstream), the model may
+// have run the request, whatever the later ones came to.
+func (rt *route) failedEnd() attemptsEnd {
+	if rt.pinned != nil {
+		return mayHaveRun
+	}
+	return failedAll
 }
 
 // failed moves the route on after attempt a on up (ups[idx]) failed and
