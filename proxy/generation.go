@@ -351,12 +351,15 @@ func (rt *route) failedEnd() attemptsEnd {
 
 // failed moves the route on after attempt a on up (ups[idx]) failed and
 // is to be made again: to the next upstream, unless the upstream may be
-// running the request (-retry-ambiguous): only it can tell the repeat
-// apart, so it gets it.
+// running the request (-retry-ambiguous), now or since an earlier attempt:
+// only it can tell the repeat apart, so it gets every repeat.
 func (rt *route) failed(a attempt, up *upstream, idx int) {
-	rt.next = idx + 1
 	if a.verdict() == ambiguous {
-		rt.next, rt.pinned = idx, up
+		rt.pinned = up
+	}
+	rt.next = idx + 1
+	if rt.pinned != nil {
+		rt.next = idx
 	}
 }
 
