@@ -237,7 +237,8 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if model != "" {
 			f.SetModel(model, tried)
 		}
-		a, last, end := g.attempts(req, model, i+1 < len(models), &calls)
+		more := i+1 < len(models)
+		a, last, end := g.attempts(req, model, more, &calls)
 		switch end {
 		case handedOver:
 			handedOff = true
@@ -245,7 +246,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		case settled:
 			return
 		}
-		if end == failedAll && i+1 < len(models) && g.fallBack(a, model, models[i+1], calls) {
+		if end == failedAll && more && g.fallBack(a, model, models[i+1], calls) {
 			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
 			given = a
 			continue
