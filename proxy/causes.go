@@ -302,9 +302,3 @@ func (c cause) fail(f *cache.Flight, status int, body []byte) {
 	}
 	f.Fail(state, c.reason(status), body)
 }
-
-// failUnknown ends f for c when an earlier attempt of the generation may
-// still be running upstream: commit_unknown, whatever c's own state.
-func (c cause) failUnknown(f *cache.Flight, status int, body []byte) {
-	f.Fail(cache.StateCommitUnknown, c.reason(status), body)
-}

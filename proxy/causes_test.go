@@ -35,6 +35,9 @@ func TestCauseTable(t *testing.T) {
 		if r.verdict != final && r.state == "" {
 			t.Errorf("%v: an attempt's cause without the key state it leaves", c)
 		}
+		if r.fallback && (r.verdict == ambiguous || r.state != cache.StateFailedRetryable) {
+			t.Errorf("%v: falls back, yet the model may have run the request (verdict %v, state %q)", c, r.verdict, r.state)
+		}
 		if prev, dup := seen[r.name]; dup && !(prev == causeUpstreamRefused && c == causeUpstreamFailed) {
 			t.Errorf("%v: name used by cause %d too", c, prev)
 		}

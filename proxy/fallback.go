@@ -41,13 +41,14 @@ func (g *gen) models(body []byte) []string {
 // attempts for model failed as a says: only for a failure that says the
 // model did not run the request (causeRow.fallback: a 429 or 5xx, a
 // connect error, an error event before any other, every circuit open) or
-// a 400 with one of -fallback-on-code's codes; never after an ambiguous
-// failure, which may have left a generation running. A fallback after a
+// a 400 with one of -fallback-on-code's codes. run never asks after an
+// ambiguous failure of any attempt (mayHaveRun), which may have left a
+// generation running or run: a fallback would be a second. A fallback after a
 // call is a retry: it is bounded by -retry-max-elapsed and the budget.
 func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	p, f := g.p, g.f
-	if g.mayRun || (!causes[a.cause].fallback && a.fallbackCode == "") {
-		return false // an earlier attempt may still be generating: a fallback would be a second generation
+	if !causes[a.cause].fallback && a.fallbackCode == "" {
+		return false
 	}
 	why := ""
 	switch {

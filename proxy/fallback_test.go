@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -279,8 +281,6 @@ func TestFallbackRules(t *testing.T) {
 // stays commit_unknown.
 func TestNoFallbackAfterAmbiguous(t *testing.T) {
 	t.Parallel()
-	var models []string
-	var mu sync.Mutex
 	first := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			hangUp(n, w, r)
@@ -288,12 +288,7 @@ func TestNoFallbackAfterAmbiguous(t *testing.T) {
 		}
 		status(503)(n, w, r)
 	})
-	second := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		models = append(models, r.URL.Path)
-		mu.Unlock()
-		okStream(w)
-	})
+	second := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
 	e := retryEnv(t, []string{first.url, second.url}, func(pc *Config) {
 		pc.RetryAmbiguous = []string{first.url}
 		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
@@ -303,6 +298,213 @@ func TestNoFallbackAfterAmbiguous(t *testing.T) {
 	if got.status < 500 {
 		t.Fatalf("got %d; want an error: nothing may answer while the first call may be running", got.status)
 	}
+	wantCount(t, "first upstream calls", first.calls.Load(), 3) // the call and its pinned repeats, no backup
 	wantCount(t, "second upstream calls", second.calls.Load(), 0)
 	e.waitState(key, "", cache.StateCommitUnknown)
+}
+
+// TestNoFallbackAfterHangUp: the primary reads the request and closes the
+// connection with no answer (non-streaming), or sends a stream's head and
+// resets it before any event: either way the model may be generating. No
+// other model is called; the primary is called once, or -retry-attempts
+// times on the same upstream with the same key under -retry-ambiguous; the
+// key ends commit_unknown (its outcome unknown), not failed_retryable.
+func TestNoFallbackAfterHangUp(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, fault, body string
+	}{
+		{"closed before any answer", "eof-after=0", `{"model":"primary","messages":[{"role":"user","content":"hi"}]}`},
+		{"head then reset", "reset-after=0", modelBody("primary")},
+	} {
+		for _, dedup := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/retry-ambiguous=%v", c.name, dedup), func(t *testing.T) {
+				t.Parallel()
+				e := fallbackEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+					if dedup {
+						pc.RetryAmbiguous = []string{"*"}
+					}
+				})
+				e.mock.SetModelFault("primary", c.fault) //nolint:errcheck // a valid spec
+				key := newKey("hang-up")
+				r := e.fetch(req{key: key, body: c.body})
+				if r.status != 502 || r.errType != "upstream_error" || !strings.Contains(string(r.raw), "unknown") {
+					t.Fatalf("got %d %q (%s); want 502 upstream_error saying the outcome is unknown", r.status, r.errType, r.raw)
+				}
+				want := int64(1)
+				if dedup {
+					want = 3 // -retry-attempts, all on the one upstream
+				}
+				wantModelCalls(t, e, "primary", want)
+				wantModelCalls(t, e, "backup", 0)
+				ki := e.waitState(key, "", cache.StateCommitUnknown)
+				if ki.Model != "primary" || len(ki.Fallbacks) != 0 {
+					t.Fatalf("key info: model %q, fallbacks %+v; want primary and none", ki.Model, ki.Fallbacks)
+				}
+			})
+		}
+	}
+}
+
+// TestFallbackClientLeaves: the client closes its connection while the
+// primary is being retried (503s, 50 ms apart). With a key the generation
+// outlives it: it falls back and commits, and a repeat replays that with
+// no call. Without one it ends with no more calls than the fallback's.
+// Either way the slot of -max-streams comes back and no goroutine is left.
+func TestFallbackClientLeaves(t *testing.T) {
+	t.Parallel()
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
+			t.Parallel()
+			goroutines := ownGoroutines(t)
+			e := fallbackEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				pc.Retry.BaseBackoff = 50 * time.Millisecond
+				pc.Retry.MaxBackoff = 50 * time.Millisecond
+			})
+			addr := strings.TrimPrefix(e.url, "http://")
+			rawStream(t, addr, "", 3, 2).Close() // what lives as long as the server
+			within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
+			before, _ := goroutines()
+			base := e.mock.CallsFor("backup")
+			e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
+			key, keyHdr := "", ""
+			if keyed {
+				key = newKey("fallback-leave")
+				keyHdr = "Idempotency-Key: " + key + "\r\n"
+			}
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := modelBody("primary")
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(body), body)
+			if !within(2*time.Second, func() bool { return e.mock.CallsFor("primary") >= 1 }) {
+				t.Fatal("the primary was never called")
+			}
+			conn.Close() // during the primary's retries
+			if keyed {
+				e.waitState(key, "", cache.StateCommitted)
+			}
+			if !within(3*time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+				t.Fatalf("live generations: got %d after the client left; want 0", e.proxy.streams.Load())
+			}
+			if !within(5*time.Second, func() bool { n, _ := goroutines(); return n <= before+2 }) {
+				n, stacks := goroutines()
+				t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s", n, before+2, stacks)
+			}
+			wantModelCalls(t, e, "primary", 3)
+			if got := e.mock.CallsFor("backup") - base; got > 1 || (keyed && got != 1) {
+				t.Fatalf("backup calls: got %d; want 1 (at most 1 without a key)", got)
+			}
+			if keyed {
+				r := e.fetch(req{key: key, body: body})
+				wantWhole(t, r, "backup")
+				if !r.replayed {
+					t.Fatal("repeat after the commit: not replayed; want the fallback's answer replayed")
+				}
+				wantModelCalls(t, e, "primary", 3)
+				wantModelCalls(t, e, "backup", base+1)
+			}
+		})
+	}
+}
+
+// TestFallbackJoinByAPIKey: keyed duplicates whose credential is in
+// x-api-key (not Authorization) join the one generation that is falling
+// back; the same key under another x-api-key is another tenant's, and
+// gets a generation of its own.
+func TestFallbackJoinByAPIKey(t *testing.T) {
+	t.Parallel()
+	e := fallbackEnv(t, func(pc *Config, _ *cache.Config, mc *mockllm.Config) {
+		pc.Retry.BaseBackoff = 50 * time.Millisecond
+		pc.Retry.MaxBackoff = 50 * time.Millisecond
+		pc.Retry.BreakerFailures = 100 // every generation calls the primary
+		mc.Delay = 5 * time.Millisecond
+	})
+	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
+	key := newKey("fallback-x-api-key")
+	var wg sync.WaitGroup
+	results := make([]result, 3)
+	for i := range results {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 20 * time.Millisecond) // during the primary's retries
+			results[i] = e.fetch(req{key: key, body: modelBody("primary"), header: map[string]string{"x-api-key": "tenant-one"}})
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		wantWhole(t, r, "backup")
+		if i > 0 && string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
+			t.Fatalf("client %d got another stream than client 0", i)
+		}
+	}
+	wantModelCalls(t, e, "primary", 3)
+	wantModelCalls(t, e, "backup", 1)
+	r := e.fetch(req{key: key, body: modelBody("primary"), header: map[string]string{"x-api-key": "tenant-two"}})
+	wantWhole(t, r, "backup")
+	if r.replayed {
+		t.Fatal("another tenant's request was replayed the first tenant's answer")
+	}
+	wantModelCalls(t, e, "primary", 6)
+	wantModelCalls(t, e, "backup", 2)
+}
+
+// TestCutAfterAmbiguousStaysUnknown: an upstream known to deduplicate
+// (-retry-ambiguous) takes the request and hangs up; the proxy shuts down
+// while the repeat waits out its backoff. The first call may still be
+// generating, so the key ends commit_unknown, not free as failed_retryable.
+func TestCutAfterAmbiguousStaysUnknown(t *testing.T) {
+	t.Parallel()
+	up := newFaultServer(t, hangUp)
+	e := retryEnv(t, []string{up.url}, func(pc *Config) {
+		pc.RetryAmbiguous = []string{up.url}
+		pc.Retry.BaseBackoff = 5 * time.Second
+		pc.Retry.MaxBackoff = 5 * time.Second
+		pc.Retry.Attempts = 2
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
+	})
+	key := newKey("cut-after-ambiguous")
+	done := make(chan result, 1)
+	go func() { done <- e.fetch(req{key: key, body: modelBody("primary")}) }()
+	if !within(2*time.Second, func() bool { return up.calls.Load() == 1 }) {
+		t.Fatal("the upstream was never called")
+	}
+	time.Sleep(50 * time.Millisecond) // into the backoff (the draw may be short: then the repeat is made)
+	e.proxy.Abort()
+	if r := <-done; r.status < 500 {
+		t.Fatalf("got %d; want an error", r.status)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
+	if n := up.calls.Load(); n > 2 {
+		t.Fatalf("upstream calls: got %d; want at most 2", n)
+	}
+}
+
+// TestNoFallbackAfterGarbage: an upstream known to deduplicate
+// (-retry-ambiguous) answers 200 text/event-stream with no event in it,
+// then 503s to the pinned repeats. The first answer may have been a
+// generation, so no other model is called.
+func TestNoFallbackAfterGarbage(t *testing.T) {
+	t.Parallel()
+	up := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			garbage(n, w, r)
+			return
+		}
+		status(503)(n, w, r)
+	})
+	e := retryEnv(t, []string{up.url}, func(pc *Config) {
+		pc.RetryAmbiguous = []string{up.url}
+		pc.Fallbacks = map[string][]string{"primary": {"backup"}}
+	})
+	key := newKey("garbage-then-503")
+	if r := e.fetch(req{key: key, body: modelBody("primary")}); r.status < 500 {
+		t.Fatalf("got %d; want an error", r.status)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 3) // the first and the pinned repeats, none for the backup
+	// failed_retryable, as for any answer that came and was not a stream
+	// (docs/design.md, Retries).
+	if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.Model != "primary" || len(ki.Fallbacks) != 0 {
+		t.Fatalf("key info: model %q, fallbacks %+v; want primary and none", ki.Model, ki.Fallbacks)
+	}
 }

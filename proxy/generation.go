@@ -32,8 +32,10 @@ type gen struct {
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
-	// cause's state is commit_unknown): from then on there is no
-	// fallback, and a failed end stays commit_unknown.
+	// cause's state is commit_unknown): from then on a failed end, a cut
+	// during a retry's wait included, stays commit_unknown (gen.fail).
+	// No fallback follows it either: its model's route is pinned
+	// (mayHaveRun).
 	mayRun bool
 
 	mu       sync.Mutex // guards resp, finished and cause
@@ -235,7 +237,8 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if model != "" {
 			f.SetModel(model, tried)
 		}
-		a, last, end := g.attempts(req, model, i+1 < len(models), &calls)
+		more := i+1 < len(models)
+		a, last, end := g.attempts(req, model, more, &calls)
 		switch end {
 		case handedOver:
 			handedOff = true
@@ -243,7 +246,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		case settled:
 			return
 		}
-		if i+1 < len(models) && g.fallBack(a, model, models[i+1], calls) {
+		if end == failedAll && more && g.fallBack(a, model, models[i+1], calls) {
 			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
 			given = a
 			continue
@@ -261,6 +264,7 @@ type attemptsEnd uint8
 
 const (
 	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
+	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
 	settled                       // the flight has its answer (or its cut), and ended with it
 	handedOver                    // the answer went to the origin as it is (handOff)
 )
@@ -270,17 +274,20 @@ const (
 // before it) say how. more says that another model may follow, so that a
 // 400 that names a -fallback-on-code is not recorded as the answer.
 func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *int) (a, last attempt, end attemptsEnd) {
-	p, f := g.p, g.f
+	p := g.p
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	rt := route{model: modelKey(model)}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
-			c.fail(f, 0, nil)
+			if g.mayRun {
+				p.m.commitUnknowns.Inc()
+			}
+			g.fail(c, 0, nil)
 			return attempt{cause: c}, last, settled
 		}
 		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
-			return attempt{cause: causeUpstreamUnavailable}, last, failedAll
+			return attempt{cause: causeUpstreamUnavailable}, last, rt.failedEnd()
 		}
 		*calls++
 		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
@@ -299,7 +306,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		g.drop()
 		wait := max(jitter.next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
-			return a, last, failedAll
+			return a, last, rt.failedEnd()
 		}
 		last = a
 		rt.failed(a, up, idx)
@@ -333,14 +340,27 @@ func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error),
 	return up, idx, done, ok
 }
 
+// failedEnd is how a model's attempts ended when they all failed: after
+// an ambiguous one (the route is pinned to its upstream), the model may
+// have run the request, whatever the later ones came to.
+func (rt *route) failedEnd() attemptsEnd {
+	if rt.pinned != nil {
+		return mayHaveRun
+	}
+	return failedAll
+}
+
 // failed moves the route on after attempt a on up (ups[idx]) failed and
 // is to be made again: to the next upstream, unless the upstream may be
-// running the request (-retry-ambiguous): only it can tell the repeat
-// apart, so it gets it.
+// running the request (-retry-ambiguous), now or since an earlier attempt:
+// only it can tell the repeat apart, so it gets every repeat.
 func (rt *route) failed(a attempt, up *upstream, idx int) {
-	rt.next = idx + 1
 	if a.verdict() == ambiguous {
-		rt.next, rt.pinned = idx, up
+		rt.pinned = up
+	}
+	rt.next = idx + 1
+	if rt.pinned != nil {
+		rt.next = idx
 	}
 }
 
@@ -550,12 +570,19 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
-	if state != causes[a.cause].state {
-		a.cause.failUnknown(f, a.head.Status, a.body)
-	} else {
-		a.cause.fail(f, a.head.Status, a.body)
-	}
+	g.fail(a.cause, a.head.Status, a.body)
 	g.logEnd(a.head.Status)
+}
+
+// fail ends the flight for c (cause.fail), but as commit_unknown, whatever
+// c's own state, once an earlier attempt may still be running upstream
+// (mayRun): the key must not look free while that call may be generating.
+func (g *gen) fail(c cause, status int, body []byte) {
+	if g.mayRun {
+		g.f.Fail(cache.StateCommitUnknown, c.reason(status), body)
+		return
+	}
+	c.fail(g.f, status, body)
 }
 
 // pump reads the upstream's events into the flight. The head goes to the
