@@ -75,7 +75,12 @@ func (d *Detector) Observe(ev Event) {
 		return
 	}
 	d.observe(ev)
-	d.terminal = d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped ||
+	d.terminal = d.ended()
+}
+
+// ended reports whether what has been observed ends the stream (Terminal).
+func (d *Detector) ended() bool {
+	return d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped ||
 		(d.malformed && d.dialect != DialectUnknown)
 }
 
