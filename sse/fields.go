@@ -27,9 +27,8 @@ type fields struct {
 	choicesRead bool
 	nChoices    int
 	// delta0 is where the first choice's delta value starts when
-	// openAIChoice read that choice, else 0; idx0 is its index.
+	// openAIChoice read that choice (choice[0]), else 0.
 	delta0 int
-	idx0   int64
 	choice [maxReadChoices]struct {
 		idx int64
 		fin bool
@@ -49,7 +48,6 @@ const maxReadChoices = 4
 // prefixMemo): when this event starts with the same bytes, the scan
 // resumes there with the state m kept instead of walking them again.
 func (f *fields) scan(s string, m *prefixMemo) {
-	f.closed = false
 	i := 0
 	record := false      // whether the leading members are to be remembered
 	deepAt := -1         // where a "choices" key may extend m's prefix (prefixMemo.deep)
@@ -106,7 +104,7 @@ func (f *fields) scan(s string, m *prefixMemo) {
 			}
 			ve = f.scanChoices(s, i)
 			if ks == deepAt && !esc {
-				m.rememberDeep(f, s, i)
+				m.rememberDeep(f, s)
 			}
 		} else {
 			ve = valueEnd(s, i)
@@ -169,7 +167,6 @@ type prefixMemo struct {
 	typ, object span
 	errorSet    bool
 	deep        int   // 0, or n and then the bytes up to the first choice's delta value
-	choices     int   // where the "choices" array starts, when deep is set
 	idx         int64 // the first choice's index, when deep is set
 	buf         [maxMemo]byte
 }
@@ -209,29 +206,28 @@ func (m *prefixMemo) remember(f *fields, s string, end, typAt, objAt int) {
 
 // rememberDeep extends the prefix of m, which s starts with and which ends
 // at a "choices" key, to the first choice's delta value, when scanChoices
-// read that choice with openAIChoice; the array starts at s[choices].
-func (m *prefixMemo) rememberDeep(f *fields, s string, choices int) {
+// read that choice with openAIChoice.
+func (m *prefixMemo) rememberDeep(f *fields, s string) {
 	m.deep = 0
 	if m.n == 0 || f.delta0 == 0 || f.delta0 > maxMemo {
 		return
 	}
 	copy(m.buf[m.n:], s[m.n:f.delta0])
-	m.deep, m.choices, m.idx = f.delta0, choices, f.idx0
+	m.deep, m.idx = f.delta0, f.choice[0].idx
 }
 
 // resumeDeep sets f to the state scan has after the choices array of s,
 // which starts with m's deep prefix, and returns the index past the array;
 // ok is false when the array does not go on as openAIChoiceRest and
-// restChoices read it, and then f is to be scanned from m.n.
+// restChoices read it, and then f is to be scanned from m.n (where
+// scanChoices starts the choices afresh).
 func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
 	fin, e, ok := openAIChoiceRest(s, m.deep)
 	if !ok {
 		return 0, false
 	}
-	f.nChoices = 0
 	f.addChoice(m.idx, fin)
 	if end, ok = f.restChoices(s, e); !ok {
-		f.nChoices = 0
 		return 0, false
 	}
 	f.choicesRead = true
@@ -300,7 +296,6 @@ func (f *fields) scanChoices(s string, i int) int {
 	}
 	e := valueEnd(s, i)
 	f.choices = s[i:e]
-	f.nChoices = 0
 	return e
 }
 
@@ -356,7 +351,7 @@ func (f *fields) readElement(s string, i int) (end int, ok bool) {
 	if idx, at, ok := openAIChoice(s, i); ok {
 		if fin, e, ok := openAIChoiceRest(s, at); ok {
 			if f.nChoices == 0 {
-				f.delta0, f.idx0 = at, idx
+				f.delta0 = at
 			}
 			f.addChoice(idx, fin)
 			return e, true
