@@ -445,7 +445,7 @@ func openAIChoiceRest(s string, i int) (fin bool, end int, ok bool) {
 	case len(s)-i >= len(`{"content":"`) && s[i:i+len(`{"content":"`)] == `{"content":"`:
 		// As containerEnd would: the key, then the string value, then the
 		// closing brace.
-		i, ok = contentEnd(s, i+len(`{"content":`))
+		i, ok = stringBraceEnd(s, i+len(`{"content":`))
 		if !ok {
 			return false, 0, false
 		}
@@ -459,9 +459,10 @@ func openAIChoiceRest(s string, i int) (fin bool, end int, ok bool) {
 	return openAIChoiceTail(s, i)
 }
 
-// contentEnd returns the index just past the delta {"content":"..."}
-// whose string value starts at s[i].
-func contentEnd(s string, i int) (end int, ok bool) {
+// stringBraceEnd returns the index just past the string starting at s[i]
+// (a '"') and the '}' right after it, which ends a delta
+// {"content":"..."} or a choice's "finish_reason":"...".
+func stringBraceEnd(s string, i int) (end int, ok bool) {
 	e, _ := scanString(s, i)
 	if e < 0 || e >= len(s) || s[e] != '}' {
 		return 0, false
@@ -482,11 +483,8 @@ func openAIChoiceTail(s string, i int) (fin bool, end int, ok bool) {
 	case len(s)-i >= len(`null}`) && s[i:i+len(`null}`)] == `null}`:
 		return false, i + len(`null}`), true
 	case i < len(s) && s[i] == '"':
-		e, _ := scanString(s, i)
-		if e < 0 || e >= len(s) || s[e] != '}' {
-			return false, 0, false
-		}
-		return isSet(s[i:e]), e + 1, true
+		e, ok := stringBraceEnd(s, i)
+		return ok && isSet(s[i:e-1]), e, ok
 	}
 	return false, 0, false
 }
