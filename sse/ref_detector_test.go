@@ -5,9 +5,10 @@ package sse
 // checks that both give the same verdict on every input.
 //
 // Only the logic that rewrite replaced is copied here, in its old form:
-// the scan of an event's top-level members (refScan), observe, which calls
-// it, observeChat's walk of the choices, and the JSON walker under them
-// (refMembers, refElements, refSkipSpace, refStringEnd, refValueEnd).
+// the scan of an event's top-level members (refScan, which shares only
+// fields.member's switch), observe, which calls it, observeChat's walk of
+// the choices, and the JSON walker under them (refMembers, refElements,
+// refSkipSpace, refStringEnd, refValueEnd).
 // refElements reads as elements still does, but it is kept because it
 // calls the old refValueEnd. Everything else the rewrite left as it was,
 // so refDetector uses the package's: it embeds a Detector for its state,
@@ -117,31 +118,16 @@ func (d *refDetector) observeChat(f *fields) {
 
 // refScan fills f from data when data is a JSON object; anything else
 // leaves f empty, and malformed data yields the members before the fault.
-// It sets only what fields held before the rewrite: "choices" is left to
-// observeChat to walk.
+// It is the old scan: every member through refMembers, "choices" kept for
+// observeChat to walk, the others recorded by fields.member, which holds
+// the old scan's switch unchanged.
 func refScan(f *fields, data string) {
 	f.closed = refMembers(data, func(k, v string) {
-		switch k {
-		case "type":
-			f.typ, _ = jsonString(v)
-			f.errorSet = f.errorSet || f.typ == "error"
-		case "object":
-			f.object, _ = jsonString(v)
-		case "error":
-			f.errorSet = f.errorSet || v != "null"
-		case "choices":
+		if k == "choices" {
 			f.choices = v
-		case "usage":
-			f.usage = v
-		case "sequence_number":
-			f.seq = v
-		case "response":
-			f.response = v
-		case "message":
-			f.message = v
-		case "delta":
-			f.delta = v
+			return
 		}
+		f.member(k, v)
 	})
 }
 
