@@ -23,6 +23,8 @@ func TestZeroAllocs(t *testing.T) {
 		{"ID.Append", func() { buf = ID{1764403200123, 42}.Append(buf[:0]) }},
 		{"ParseID", func() { _, _ = ParseID("1764403200123-42") }},
 		{"Detector.Observe", func() { d.Observe(chunk) }},
+		// After a Reset the prefix memo is empty: the whole chunk is scanned.
+		{"Detector.Observe after Reset", func() { d.Reset(Expect{Usage: true}); d.Observe(chunk) }},
 		{"ParseRequest without model", func() { _ = ParseRequest(req) }},
 	}
 	for _, tt := range tests {
