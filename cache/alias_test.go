@@ -12,30 +12,32 @@ import (
 func TestMemoryAlias(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	m := newMemory(t, Config{TTL: time.Minute, FailedTTL: time.Second, Now: clk.Now})
+	// At the MaxKeys bound, a new key deletes an expired one (roomLocked).
+	m := newMemory(t, Config{TTL: time.Minute, FailedTTL: time.Second, Now: clk.Now, MaxKeys: 2,
+		Limits: Limits{MaxKeysPerTenant: 2}})
 	a := Scope{Tenant: "t1", Key: "a"}
-	b, err := m.Begin(a, "fp")
-	if err != nil || b.Decision != Miss {
-		t.Fatalf("Begin: %v %v", b.Decision, err)
+	fa := claim(t, m, a, "fp")
+	m.SetAlias(a, fa.Gen, "resp_1", 0)
+	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got != (Alias{Key: "a", Gen: fa.Gen}) {
+		t.Fatalf("resolve: got %+v (found %v); want key a, generation %d", got, ok, fa.Gen)
 	}
-	m.SetAlias(a, b.Flight.Gen, "resp_1", 0)
-	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got != (Alias{Key: "a", Gen: b.Flight.Gen}) {
-		t.Fatalf("resolve: %+v %v", got, ok)
-	}
-	m.SetAlias(a, b.Flight.Gen+1, "resp_other", 0) // not the key's generation
+	m.SetAlias(a, fa.Gen+1, "resp_other", 0) // not the key's generation
 	if _, ok := m.ResolveAlias("t1", "resp_other"); ok {
 		t.Fatal("an alias of a generation the key does not have resolved")
 	}
-	b.Flight.Fail(StateFailedRetryable, "test", nil)
+	fa.Fail(StateFailedRetryable, "test", nil)
 	c := Scope{Tenant: "t1", Key: "c"}
-	bc, _ := m.Begin(c, "fp")
-	m.SetAlias(c, bc.Flight.Gen, "resp_1", 4)        // an upstream that reuses an id
-	clk.Advance(2 * time.Second)                     // a's failure expired
-	m.Begin(Scope{Tenant: "t1", Key: "sweep"}, "fp") //nolint:errcheck // a new key, to make room
-	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got.Key != "c" || got.Base != 4 {
-		t.Fatalf("after the move: %+v %v; want key c, base 4", got, ok)
+	fc := claim(t, m, c, "fp")
+	m.SetAlias(c, fc.Gen, "resp_1", 4) // an upstream that reuses an id
+	clk.Advance(2 * time.Second)       // a's failure expired
+	claim(t, m, Scope{Tenant: "t1", Key: "sweep"}, "fp")
+	if _, ok := m.keys[a.id()]; ok {
+		t.Fatal("key a is still in the ledger; want it deleted to make room")
 	}
-	bc.Flight.Fail(StateFailedRetryable, "test", nil)
+	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got.Key != "c" || got.Base != 4 {
+		t.Fatalf("after the move: got %+v (found %v); want key c, base 4", got, ok)
+	}
+	fc.Fail(StateFailedRetryable, "test", nil)
 	clk.Advance(2 * time.Second)
 	if _, ok := m.ResolveAlias("t1", "resp_1"); ok {
 		t.Fatal("an alias of an expired key resolved")
@@ -49,22 +51,18 @@ func TestMemoryAliasReplaced(t *testing.T) {
 	t.Parallel()
 	m := newMemory(t, Config{TTL: time.Minute})
 	a := Scope{Tenant: "t1", Key: "a"}
-	b, err := m.Begin(a, "fp")
-	if err != nil || b.Decision != Miss {
-		t.Fatalf("Begin: %v %v", b.Decision, err)
-	}
-	m.SetAlias(a, b.Flight.Gen, "resp_1", 0)
-	m.SetAlias(a, b.Flight.Gen, "resp_2", 0)
+	f := claim(t, m, a, "fp")
+	m.SetAlias(a, f.Gen, "resp_1", 0)
+	m.SetAlias(a, f.Gen, "resp_2", 0)
 	if _, ok := m.ResolveAlias("t1", "resp_1"); ok {
 		t.Error("the first name still resolves; want it replaced")
 	}
-	if got, ok := m.ResolveAlias("t1", "resp_2"); !ok || got != (Alias{Key: "a", Gen: b.Flight.Gen}) {
-		t.Fatalf("second name: %+v %v; want key a, generation %d", got, ok, b.Flight.Gen)
+	if got, ok := m.ResolveAlias("t1", "resp_2"); !ok || got != (Alias{Key: "a", Gen: f.Gen}) {
+		t.Fatalf("second name: got %+v (found %v); want key a, generation %d", got, ok, f.Gen)
 	}
-	b.Flight.Fail(StateFailedRetryable, "test", nil)
-	again, err := m.Begin(a, "fp")
-	if err != nil || again.Decision != Miss || again.Flight.Gen == b.Flight.Gen {
-		t.Fatalf("regeneration: %v %v; want a new generation", again.Decision, err)
+	f.Fail(StateFailedRetryable, "test", nil)
+	if again := claim(t, m, a, "fp"); again.Gen == f.Gen {
+		t.Fatalf("regeneration: got generation %d again; want a new one", again.Gen)
 	}
 	if got, ok := m.ResolveAlias("t1", "resp_2"); ok {
 		t.Fatalf("after the regeneration: %+v; want the old name gone", got)
