@@ -1,8 +1,6 @@
 package cache
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"strconv"
 	"strings"
 )
@@ -22,7 +20,9 @@ type Alias struct {
 	Base int64
 }
 
-func aliasID(tenant, name string) string { return tenant + "\x00" + name }
+// aliasID identifies tenant's alias name (in Memory.aliases; hashed, in
+// Redis) the way Scope.id identifies a key: per tenant.
+func aliasID(tenant, name string) string { return Scope{Tenant: tenant, Key: name}.id() }
 
 // SetAlias records that generation gen of sc is known upstream as name.
 // A key's stream has at most one alias: a second replaces the first.
@@ -71,8 +71,7 @@ func (m *Memory) ResolveAlias(tenant, name string) (Alias, bool) {
 // aliasKey is the Redis key of an alias: a hash of tenant and name, so
 // that neither is in Redis in clear.
 func (r *Redis) aliasKey(tenant, name string) string {
-	sum := sha256.Sum256([]byte(aliasID(tenant, name)))
-	return r.cfg.Prefix + ":alias:" + base64.RawURLEncoding.EncodeToString(sum[:])[:22]
+	return r.cfg.Prefix + ":alias:" + digest(aliasID(tenant, name))
 }
 
 // SetAlias records that generation gen of sc is known upstream as name,

@@ -60,11 +60,9 @@ type Flight struct {
 	fallback []Fallback
 	// The journal's read blocks are sealed while sealNow is set. It is
 	// decided again each time a block fills (asked: the number of blocks
-	// when it last was); sealAll, once the stream is large or old, keeps
-	// it set for good.
+	// when it last was).
 	asked   int
 	sealNow bool
-	sealAll bool
 }
 
 // SetModel records the model of the attempts to come, and the models
@@ -219,21 +217,16 @@ func (f *Flight) settleLocked() {
 }
 
 // sealWantedLocked reports whether the journal is to seal the full blocks
-// its readers have read: once it holds Limits.SealStreamBytes, or its
-// generation began Limits.SealAge ago (from then on), or while the live
-// journals together hold Limits.SealLiveBytes. It asks only when a block
-// has filled since it last did: one comparison per append otherwise.
+// its readers have read (sealPolicy.wants). It asks only when a block has
+// filled since it last did: one comparison per append otherwise.
 func (f *Flight) sealWantedLocked() bool {
-	p := f.seal
-	if p == nil || f.sealAll || len(f.j.blocks) == f.asked {
-		return p != nil && (f.sealAll || f.sealNow)
+	if f.seal == nil {
+		return false
 	}
-	f.asked = len(f.j.blocks)
-	if f.j.size >= p.streamBytes || p.now().Sub(f.started) >= p.age {
-		f.sealAll = true
-		return true
+	if n := len(f.j.blocks); n != f.asked {
+		f.asked = n
+		f.sealNow = f.seal.wants(f.j.size, f.started)
 	}
-	f.sealNow = p.pressed()
 	return f.sealNow
 }
 

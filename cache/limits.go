@@ -85,6 +85,10 @@ func newSealPolicy(l Limits, now func() time.Time, live *atomic.Int64) *sealPoli
 	return &sealPolicy{streamBytes: l.SealStreamBytes, age: l.SealAge, now: now, live: live, liveBytes: l.SealLiveBytes}
 }
 
-// pressed reports whether the live journals together passed the share
-// of the bound at which all of them seal.
-func (p *sealPolicy) pressed() bool { return p.live.Load() >= p.liveBytes }
+// wants reports whether a journal that holds size bytes, of a generation
+// that began at started, is to seal: once it holds streamBytes, or began
+// age ago, or while the live journals together hold liveBytes. The first
+// two, once true, stay true.
+func (p *sealPolicy) wants(size int, started time.Time) bool {
+	return size >= p.streamBytes || p.now().Sub(started) >= p.age || p.live.Load() >= p.liveBytes
+}

@@ -19,7 +19,7 @@ type swapClient struct {
 
 	mu     sync.Mutex // guards closed and old
 	closed bool
-	old    []rueidis.Client // replaced clients, closed after a grace period or at Close
+	old    rueidis.Client // the replaced client until it is closed, after a grace period or at Close
 }
 
 func newSwapClient(c rueidis.Client) *swapClient {
@@ -52,32 +52,31 @@ func (s *swapClient) redial(ctx context.Context, opt rueidis.ClientOption, inter
 			c.Close()
 			return
 		}
-		prev := s.get()
+		s.old = s.get()
 		s.cur.Store(&c)
-		s.old = append(s.old, prev)
 		s.mu.Unlock()
 		connected()
-		time.AfterFunc(grace, func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if !s.closed {
-				prev.Close()
-				s.old = s.old[:0]
-			}
-		})
+		time.AfterFunc(grace, s.closeOld)
 		return
+	}
+}
+
+// closeOld closes the replaced client, if it is not closed yet.
+func (s *swapClient) closeOld() {
+	s.mu.Lock()
+	old := s.old
+	s.old = nil
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
 	}
 }
 
 func (s *swapClient) Close() {
 	s.mu.Lock()
 	s.closed = true
-	old := s.old
-	s.old = nil
 	s.mu.Unlock()
-	for _, c := range old {
-		c.Close()
-	}
+	s.closeOld()
 	s.get().Close()
 }
 

@@ -1,8 +1,6 @@
 package cache
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"strconv"
 	"time"
@@ -41,8 +39,7 @@ import (
 // a hash of a credential, is hashed again so that the set's name does not
 // repeat what the ledger's records are named by.
 func (r *Redis) tenantKey(sc Scope) string {
-	sum := sha256.Sum256([]byte("tenant\x00" + sc.Tenant))
-	return r.cfg.Prefix + ":tenant:{" + base64.RawURLEncoding.EncodeToString(sum[:])[:22] + "}"
+	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+sc.Tenant) + "}"
 }
 
 // setTTL is the expiry of a tenant's set, renewed at each write: past any

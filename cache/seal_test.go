@@ -64,6 +64,18 @@ func (x *sealFixture) fillBlock() {
 	}
 }
 
+// allSealed fails the test unless every block but the open one is
+// sealed: packed, and no longer held raw.
+func (x *sealFixture) allSealed(when string) {
+	x.t.Helper()
+	j := x.f.j
+	open := len(j.blocks) - 1
+	if raw, packed := j.held(); j.sealed != open || raw != len(j.blocks[open]) || packed == 0 {
+		x.t.Fatalf("%s: %d of %d blocks sealed, %d bytes raw (the open block %d), %d packed; want all but the open one sealed",
+			when, j.sealed, len(j.blocks), raw, len(j.blocks[open]), packed)
+	}
+}
+
 // check holds everything a reader got, from the start and from the
 // middle, to every event exactly once, sealed blocks or not.
 func (x *sealFixture) check() {
@@ -97,7 +109,6 @@ func TestSealUnderPressure(t *testing.T) {
 	if raw, packed := x.f.j.held(); packed != 0 || x.f.j.sealed != 0 || raw < x.f.j.size {
 		t.Fatalf("without pressure: %d blocks sealed, %d bytes packed, %d raw of %d; want none sealed", x.f.j.sealed, packed, raw, x.f.j.size)
 	}
-	rawBefore, _ := x.f.j.held()
 
 	// Another flight, which no one reads, brings the live bytes past
 	// SealLiveBytes.
@@ -107,11 +118,7 @@ func TestSealUnderPressure(t *testing.T) {
 		appendN(t, g, seq, 1)
 	}
 	x.fillBlock()
-	raw, packed := x.f.j.held()
-	if x.f.j.sealed != len(x.f.j.blocks)-1 || raw*4 > rawBefore || packed == 0 {
-		t.Fatalf("under pressure: %d of %d blocks sealed, %d bytes raw (%d before), %d packed; want all but the open one sealed",
-			x.f.j.sealed, len(x.f.j.blocks), raw, rawBefore, packed)
-	}
+	x.allSealed("under pressure")
 	if got, want := m.Stats().LiveBytes, int64(x.f.j.size+g.j.size); got != want {
 		t.Fatalf("live bytes: got %d; want %d, the raw bytes of both journals", got, want)
 	}
@@ -148,17 +155,11 @@ func TestSealStreamBytes(t *testing.T) {
 		}
 		x.add()
 	}
-	rawBefore, _ := x.f.j.held()
 	x.fillBlock()
-	if raw, packed := x.f.j.held(); x.f.j.sealed != len(x.f.j.blocks)-1 || raw*4 > rawBefore || packed == 0 {
-		t.Fatalf("past the bound: %d of %d blocks sealed, %d bytes raw (%d before), %d packed; want all but the open one sealed",
-			x.f.j.sealed, len(x.f.j.blocks), raw, rawBefore, packed)
-	}
+	x.allSealed("past the bound")
 	for range 3 {
 		x.fillBlock()
-		if x.f.j.sealed != len(x.f.j.blocks)-1 {
-			t.Fatalf("%d of %d blocks sealed; want all but the open one", x.f.j.sealed, len(x.f.j.blocks))
-		}
+		x.allSealed("later")
 	}
 	x.check()
 }
@@ -179,12 +180,10 @@ func TestSealAge(t *testing.T) {
 	}
 	clk.Advance(20 * time.Second)
 	x.fillBlock()
-	if _, packed := x.f.j.held(); x.f.j.sealed != len(x.f.j.blocks)-1 || packed == 0 {
-		t.Fatalf("at a minute: %d of %d blocks sealed; want all but the open one", x.f.j.sealed, len(x.f.j.blocks))
-	}
-	x.fillBlock()
-	if x.f.j.sealed != len(x.f.j.blocks)-1 {
-		t.Fatalf("%d of %d blocks sealed; want all but the open one", x.f.j.sealed, len(x.f.j.blocks))
+	x.allSealed("at a minute")
+	for range 3 {
+		x.fillBlock()
+		x.allSealed("later")
 	}
 	x.check()
 }
@@ -213,9 +212,7 @@ func TestSealBehindSlowReader(t *testing.T) {
 	checkSeq(t, parseWire(t, keepUp(slow)), x.f.Gen, from, uint64(x.seq-1))
 	slow.Close()
 	x.fillBlock()
-	if x.f.j.sealed != len(x.f.j.blocks)-1 {
-		t.Fatalf("once the slow reader caught up: %d of %d blocks sealed; want all but the open one", x.f.j.sealed, len(x.f.j.blocks))
-	}
+	x.allSealed("once the slow reader caught up")
 	x.check()
 }
 

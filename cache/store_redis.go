@@ -305,14 +305,20 @@ type rkeys struct {
 // keys derives a scope's keys. The hash keeps tenants and keys out of
 // Redis in clear and puts all of a scope's keys in one Cluster slot.
 func (r *Redis) keys(sc Scope) rkeys {
-	sum := sha256.Sum256([]byte(sc.id()))
-	h := base64.RawURLEncoding.EncodeToString(sum[:])[:22]
+	h := digest(sc.id())
 	p := r.cfg.Prefix + ":{" + h + "}:"
 	k := rkeys{h: h, st: p + "st", lease: p + "lease", j: p + "j", res: p + "res"}
 	k.all = []string{k.st, k.lease, k.j, k.res}
 	k.withoutResult = k.all[:3]
 	k.journal = []string{k.st, k.j}
 	return k
+}
+
+// digest is the 22-character (132-bit) hash that names s in Redis keys,
+// so that tenants, keys and aliases are not in Redis in clear.
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return base64.RawURLEncoding.EncodeToString(sum[:])[:22]
 }
 
 // opCtx bounds one Redis operation.
