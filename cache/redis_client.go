@@ -32,10 +32,14 @@ func (s *swapClient) get() rueidis.Client { return *s.cur.Load() }
 
 // redial tries rueidis.NewClient(opt) every interval until it succeeds or
 // ctx ends, then swaps the new client in. The replaced one is closed
-// after grace, so that operations already on it finish there.
-func (s *swapClient) redial(ctx context.Context, opt rueidis.ClientOption, interval, grace time.Duration, connected func()) {
+// after grace, so that operations already on it finish there. failed
+// hears each failure whose message differs from the one before, so that
+// a server that comes up refusing the client (a wrong password, say)
+// is said once rather than never or every interval.
+func (s *swapClient) redial(ctx context.Context, opt rueidis.ClientOption, interval, grace time.Duration, failed func(error), connected func()) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	last := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -44,6 +48,10 @@ func (s *swapClient) redial(ctx context.Context, opt rueidis.ClientOption, inter
 		}
 		c, err := rueidis.NewClient(opt)
 		if err != nil {
+			if msg := err.Error(); msg != last {
+				last = msg
+				failed(err)
+			}
 			continue
 		}
 		s.mu.Lock()

@@ -227,7 +227,9 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		// Once Redis answers, the client rueidis picks from the server
 		// (a cluster client on a Cluster) replaces the single-node one.
 		r.wg.Go(func() {
-			swap.redial(r.ctx, opt, 500*time.Millisecond, 2*cfg.Timeout+r.idle, func() {
+			swap.redial(r.ctx, opt, 500*time.Millisecond, 2*cfg.Timeout+r.idle, func(err error) {
+				cfg.Logger.Warn("redis not connected yet; will keep trying", "err", err.Error())
+			}, func() {
 				cfg.Logger.Info("redis reachable; connected", "mode", fmt.Sprint(swap.Mode()))
 			})
 		})
