@@ -636,10 +636,10 @@ read:
 			continue
 		}
 		det.Observe(ev)
-		if !begun && ev.Type == "response.created" {
-			g.responseCreated(ev, det, h)
-		}
 		if !begun {
+			if ev.Type == "response.created" {
+				g.responseCreated(ev, det, h)
+			}
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
 				return causeErrorEvent, false // an upstream error before any event: a failed call
 			}
