@@ -307,12 +307,20 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		}
 		last = a
 		rt.failed(a, up, idx)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-g.stop:
-			t.Stop()
-		}
+		g.pause(wait) // a cut is seen at the loop's top
+	}
+}
+
+// pause waits d, or until the generation is cut short (g.stop); it
+// reports whether all of d passed.
+func (g *gen) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-g.stop:
+		return false
 	}
 }
 

@@ -104,12 +104,7 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 	wait := healBackoff
 	for n := 1; n <= healAttempts; n++ {
 		if n > 1 {
-			wait = min(wait, time.Until(deadline))
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-g.stop:
-				t.Stop()
+			if !g.pause(min(wait, time.Until(deadline))) {
 				return nil, errCancelled
 			}
 			wait *= 2
