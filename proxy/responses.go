@@ -116,11 +116,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		p.responseObject(ctx, f, r)
 		return true
 	}
-	if f != nil {
-		p.serveFlight(ctx, f, after, true)
-	} else {
-		p.replay(ctx, r, after)
-	}
+	p.serveAttached(ctx, f, r, after)
 	return true
 }
 
