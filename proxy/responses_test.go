@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -228,4 +231,64 @@ func TestResponsesAliasAnonymousDeny(t *testing.T) {
 		t.Errorf("deny /streams/{key}: got %d; want 401", got.status)
 	}
 	allow.wantCalls(1)
+}
+
+// TestResponsesObjectLive: a GET without stream=true of a live stream's
+// id answers the object of the latest journaled event that carries one,
+// even when the journal holds more than one block before it (here a
+// response.created whose instructions take 6 KiB, then
+// response.in_progress); after the commit it answers response.completed's.
+// The upstream got one call.
+func TestResponsesObjectLive(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	instr := strings.Repeat("x", 6<<10)
+	up := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		send := func(typ, data string) {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, data)
+			fl.Flush()
+		}
+		send("response.created", `{"type":"response.created","response":{"id":"resp_big","status":"queued","instructions":"`+instr+`"},"sequence_number":0}`)
+		send("response.in_progress", `{"type":"response.in_progress","response":{"id":"resp_big","status":"in_progress"},"sequence_number":1}`)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		send("response.output_text.delta", `{"type":"response.output_text.delta","delta":"a","sequence_number":2}`)
+		send("response.completed", `{"type":"response.completed","response":{"id":"resp_big","status":"completed"},"sequence_number":3}`)
+	})
+	e := retryEnv(t, []string{up.url}, nil)
+	key := newKey("responses-object")
+	resp := e.do(req{path: "/v1/responses", key: key, auth: "Bearer sk-a", body: `{"model":"gpt-4o","input":"hi","stream":true}`})
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before response.in_progress: %v", err)
+		}
+		if strings.HasPrefix(line, "event: response.in_progress") {
+			break
+		}
+	}
+	object := func() string {
+		r := e.fetch(req{method: http.MethodGet, path: "/v1/responses/resp_big", auth: "Bearer sk-a"})
+		if r.status != 200 {
+			t.Fatalf("GET: got %d (%s); want 200", r.status, r.raw)
+		}
+		return gjson.GetBytes(r.raw, "status").String()
+	}
+	if got := object(); got != "in_progress" {
+		t.Errorf("live GET: status %q; want in_progress (response.in_progress's object)", got)
+	}
+	close(release)
+	io.Copy(io.Discard, br) //nolint:errcheck // to the end of the stream
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	if got := object(); got != "completed" {
+		t.Errorf("stored GET: status %q; want completed", got)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 1)
 }
