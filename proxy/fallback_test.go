@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -367,17 +366,12 @@ func TestFallbackClientLeaves(t *testing.T) {
 			before, _ := goroutines()
 			base := e.mock.CallsFor("backup")
 			e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
-			key, keyHdr := "", ""
+			key := ""
 			if keyed {
 				key = newKey("fallback-leave")
-				keyHdr = "Idempotency-Key: " + key + "\r\n"
-			}
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
 			}
 			body := modelBody("primary")
-			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(body), body)
+			conn := rawPost(t, addr, "/v1/chat/completions", keyHeader(key), body, 0)
 			if !within(2*time.Second, func() bool { return e.mock.CallsFor("primary") >= 1 }) {
 				t.Fatal("the primary was never called")
 			}

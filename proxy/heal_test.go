@@ -432,22 +432,5 @@ func testHealClientLeaves(t *testing.T, keyed bool, how string, refuse bool) {
 // key is not "") on a connection of its own, and reads its first event.
 func rawResponses(t *testing.T, addr, key string) *net.TCPConn {
 	t.Helper()
-	conn := dialSmallBuffer(t, addr, 4096)
-	keyHdr := ""
-	if key != "" {
-		keyHdr = "Idempotency-Key: " + key + "\r\n"
-	}
-	fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		keyHdr, len(bgBody), bgBody)
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-	br := bufio.NewReader(conn)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("before the first event: %v", err)
-		}
-		if strings.HasPrefix(line, "data: ") {
-			return conn
-		}
-	}
+	return rawPost(t, addr, "/v1/responses", "Connection: close\r\n"+keyHeader(key), bgBody, 1)
 }
