@@ -226,41 +226,53 @@ func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Reques
 
 // TestHealRequest: the resume is a GET of the same upstream's
 // /v1/responses/{id}?stream=true&starting_after=N, N the last sequence
-// number journaled, with the original request's credential and without
-// its body headers; a stream dropped twice is healed twice, contiguous.
+// number journaled, with the original request's credential, whichever
+// header carries it (Authorization, OpenAI's; x-api-key; api-key, Azure
+// OpenAI's), and without its body headers; a stream dropped twice is
+// healed twice, contiguous, and the key then replays it with no call.
 func TestHealRequest(t *testing.T) {
-	var mu sync.Mutex
-	var seen []*http.Request
-	fs := newFaultServer(t, nil)
-	script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
-	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.Clone(r.Context()))
-		mu.Unlock()
-		script(n, w, r)
-	})
-	e := retryEnv(t, []string{fs.url}, nil)
-	key := newKey("heal-req")
-	got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
-		body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
-	wantWholeResponses(t, got, len(bgEvents))
-	e.waitState(key, "Bearer sk-test", cache.StateCommitted)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 3 {
-		t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
-	}
-	for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
-		r := seen[i+1]
-		if r.Method != http.MethodGet || r.URL.RequestURI() != want {
-			t.Errorf("resume %d: %s %s; want GET %s", i+1, r.Method, r.URL.RequestURI(), want)
-		}
-		if r.Header.Get("Authorization") != "Bearer sk-test" || r.Header.Get("Idempotency-Key") != key {
-			t.Errorf("resume %d: Authorization %q, Idempotency-Key %q; want the original's", i+1, r.Header.Get("Authorization"), r.Header.Get("Idempotency-Key"))
-		}
-		if r.Header.Get("Content-Type") != "" || r.ContentLength > 0 {
-			t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, r.Header.Get("Content-Type"), r.ContentLength)
-		}
+	for _, cred := range []struct{ name, value string }{
+		{"Authorization", "Bearer sk-test"},
+		{"x-api-key", "k-test"},
+		{"api-key", "k-azure"},
+	} {
+		t.Run(cred.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var seen []*http.Request
+			fs := newFaultServer(t, nil)
+			script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
+			fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				seen = append(seen, r.Clone(r.Context()))
+				mu.Unlock()
+				script(n, w, r)
+			})
+			e := retryEnv(t, []string{fs.url}, nil)
+			r := req{path: "/v1/responses", key: newKey("heal-req"), header: map[string]string{cred.name: cred.value},
+				body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`}
+			got := e.fetch(r)
+			wantWholeResponses(t, got, len(bgEvents))
+			if again := e.fetch(r); !again.replayed || string(eventBytes(again.raw)) != string(eventBytes(got.raw)) {
+				t.Errorf("repeat: replayed %v; want the healed stream replayed", again.replayed)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(seen) != 3 {
+				t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
+			}
+			for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
+				hr := seen[i+1]
+				if hr.Method != http.MethodGet || hr.URL.RequestURI() != want {
+					t.Errorf("resume %d: %s %s; want GET %s", i+1, hr.Method, hr.URL.RequestURI(), want)
+				}
+				if hr.Header.Get(cred.name) != cred.value || hr.Header.Get("Idempotency-Key") != r.key {
+					t.Errorf("resume %d: %s %q, Idempotency-Key %q; want the original's", i+1, cred.name, hr.Header.Get(cred.name), hr.Header.Get("Idempotency-Key"))
+				}
+				if hr.Header.Get("Content-Type") != "" || hr.ContentLength > 0 {
+					t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, hr.Header.Get("Content-Type"), hr.ContentLength)
+				}
+			}
+		})
 	}
 }
 
