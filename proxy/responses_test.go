@@ -267,3 +267,73 @@ func TestResponsesObjectLive(t *testing.T) {
 	}
 	wantCount(t, "upstream calls", up.calls.Load(), 1)
 }
+
+// TestResponsesGetClientLeaves: the client that made a keyed Responses
+// stream leaves after its first event, and a client that resumed it by
+// GET /v1/responses/{id}?stream=true closes or resets its connection a
+// few events in. Neither stops the generation: it commits, a later GET
+// from sequence number 0 replays the rest of it, contiguous to
+// response.completed, no generation stays live, and the upstream was
+// called once.
+func TestResponsesGetClientLeaves(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"close", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, slowMock(3*time.Millisecond, 120))
+			key := newKey("responses-get-leave")
+			resp := e.do(req{path: "/v1/responses", key: key, auth: "Bearer sk-a", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`})
+			br := bufio.NewReader(resp.Body)
+			id := ""
+			for id == "" {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("before the first event: %v", err)
+				}
+				if data, ok := strings.CutPrefix(line, "data: "); ok {
+					id = gjson.Get(data, "response.id").String()
+				}
+			}
+			resp.Body.Close() // the first client leaves
+
+			conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 4096)
+			fmt.Fprintf(conn, "GET /v1/responses/%s?stream=true&starting_after=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\n\r\n", id)
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+			gr := bufio.NewReader(conn)
+			for seen := 0; seen < 3; {
+				line, err := gr.ReadString('\n')
+				if err != nil {
+					t.Fatalf("GET, after %d events: %v", seen, err)
+				}
+				if strings.HasPrefix(line, "data: ") {
+					seen++
+				}
+			}
+			if e.proxy.streams.Load() == 0 {
+				t.Fatal("the generation ended before the GET's client left; want it live")
+			}
+			if how == "reset" {
+				conn.SetLinger(0) //nolint:errcheck
+			}
+			conn.Close()
+
+			e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+			got := e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=0", auth: "Bearer sk-a"})
+			if got.status != 200 || !got.replayed || len(got.events) == 0 {
+				t.Fatalf("GET after the commit: got %d replayed=%v, %d events; want the stored stream", got.status, got.replayed, len(got.events))
+			}
+			for i, ev := range got.events {
+				if seq := gjson.Get(ev.Data, "sequence_number").Int(); seq != int64(i+1) {
+					t.Fatalf("event %d: sequence_number %d; want %d", i, seq, i+1)
+				}
+			}
+			if last := gjson.Get(got.events[len(got.events)-1].Data, "type").String(); last != "response.completed" {
+				t.Fatalf("last event %s; want response.completed", last)
+			}
+			if !within(5*time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+				t.Fatalf("live generations: got %d; want 0", e.proxy.streams.Load())
+			}
+			e.wantCalls(1)
+		})
+	}
+}
