@@ -231,10 +231,11 @@ func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Reques
 // OpenAI's), and without its body headers; a stream dropped twice is
 // healed twice, contiguous, and the key then replays it with no call.
 func TestHealRequest(t *testing.T) {
-	for _, cred := range []struct{ name, value string }{
-		{"Authorization", "Bearer sk-test"},
-		{"x-api-key", "k-test"},
-		{"api-key", "k-azure"},
+	for _, cred := range []struct{ name, value, query string }{
+		{"Authorization", "Bearer sk-test", ""},
+		{"x-api-key", "k-test", ""},
+		{"api-key", "k-azure", "api-version=2025-04-01-preview"},
+		{"query key", "", "key=k-query"},
 	} {
 		t.Run(cred.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -248,8 +249,16 @@ func TestHealRequest(t *testing.T) {
 				script(n, w, r)
 			})
 			e := retryEnv(t, []string{fs.url}, nil)
-			r := req{path: "/v1/responses", key: newKey("heal-req"), header: map[string]string{cred.name: cred.value},
+			r := req{path: "/v1/responses", key: newKey("heal-req"),
 				body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`}
+			if cred.value != "" {
+				r.header = map[string]string{cred.name: cred.value}
+			}
+			query := ""
+			if cred.query != "" {
+				r.path += "?" + cred.query
+				query = cred.query + "&"
+			}
 			got := e.fetch(r)
 			wantWholeResponses(t, got, len(bgEvents))
 			if again := e.fetch(r); !again.replayed || string(eventBytes(again.raw)) != string(eventBytes(got.raw)) {
@@ -260,8 +269,9 @@ func TestHealRequest(t *testing.T) {
 			if len(seen) != 3 {
 				t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
 			}
-			for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
+			for i, after := range []string{"2", "3"} {
 				hr := seen[i+1]
+				want := "/v1/responses/resp_abc?" + query + "stream=true&starting_after=" + after
 				if hr.Method != http.MethodGet || hr.URL.RequestURI() != want {
 					t.Errorf("resume %d: %s %s; want GET %s", i+1, hr.Method, hr.URL.RequestURI(), want)
 				}
