@@ -456,3 +456,34 @@ func rawResponses(t *testing.T, addr, key string) *net.TCPConn {
 	t.Helper()
 	return rawPost(t, addr, "/v1/responses", "Connection: close\r\n"+keyHeader(key), bgBody, 1)
 }
+
+// TestHealNotBeforeFirstEvent: a background Responses request whose
+// upstream reads it and hangs up, with no answer or with a stream's head
+// and no event, has no response id to resume by and may be generating:
+// it is neither healed nor repeated (one upstream request), the client
+// gets 502, and the key ends commit_unknown.
+func TestHealNotBeforeFirstEvent(t *testing.T) {
+	headThenDrop := func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	for _, c := range []struct {
+		name   string
+		script func(int64, http.ResponseWriter, *http.Request)
+	}{{"hang up", hangUp}, {"head then drop", headThenDrop}} {
+		t.Run(c.name, func(t *testing.T) {
+			fs := newFaultServer(t, c.script)
+			e := retryEnv(t, []string{fs.url}, nil)
+			key := newKey("heal-none")
+			got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
+				body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
+			if got.status != http.StatusBadGateway {
+				t.Errorf("got %d (%s); want 502", got.status, got.raw)
+			}
+			e.waitState(key, "Bearer sk-test", cache.StateCommitUnknown)
+			wantCount(t, "upstream requests", fs.calls.Load(), 1)
+		})
+	}
+}
