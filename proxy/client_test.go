@@ -157,17 +157,22 @@ func TestHTTP10Client(t *testing.T) {
 }
 
 // rawStream sends a streaming chat request on a connection of its own
-// (with a small receive buffer, so that a client that stops reading is
-// felt at once) and reads until n events arrived.
+// (rawPost) and reads until n events arrived.
 func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 	t.Helper()
+	return rawPost(t, addr, "/v1/chat/completions",
+		keyHeader(key)+fmt.Sprintf("X-Mock-Tokens: %d\r\nX-Mock-Chunk-Bytes: 8000\r\n", tokens), chatBody, n)
+}
+
+// rawPost sends a POST of a JSON body to path, with the header lines
+// extra (each ended by CRLF), on a connection of its own with a small
+// receive buffer, so that a client that stops reading is felt at once,
+// and reads until n events arrived.
+func rawPost(t *testing.T, addr, path, extra, body string, n int) *net.TCPConn {
+	t.Helper()
 	conn := dialSmallBuffer(t, addr, 4096)
-	keyHdr := ""
-	if key != "" {
-		keyHdr = "Idempotency-Key: " + key + "\r\n"
-	}
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sX-Mock-Tokens: %d\r\nX-Mock-Chunk-Bytes: 8000\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		keyHdr, tokens, len(chatBody), chatBody)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		path, extra, len(body), body)
 	br := bufio.NewReader(conn)
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
 	for seen := 0; seen < n; {
@@ -180,6 +185,14 @@ func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 		}
 	}
 	return conn
+}
+
+// keyHeader is the Idempotency-Key header line of key, or "" for none.
+func keyHeader(key string) string {
+	if key == "" {
+		return ""
+	}
+	return "Idempotency-Key: " + key + "\r\n"
 }
 
 // TestClientLeavesMidStream: a client that closes, resets or stops reading

@@ -35,9 +35,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.storeError(ctx, err)
 		return
 	}
-	if b.Decision != cache.Miss {
-		p.offerResume(ctx, sc) // every answer of the key's stream carries it: miss, join, hit
-	}
+	// Every answer of the key's stream carries its resume URL (offerResume):
+	// hit, join and miss; a refusal has no stream to resume.
 	switch b.Decision {
 	case cache.Conflict:
 		p.logDecision(ctx, "conflict", sc, fp)
@@ -48,6 +47,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	case cache.Hit:
 		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
 		p.saved(b.Result.Usage)
+		p.offerResume(ctx, sc)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
@@ -56,6 +56,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
+		p.offerResume(ctx, sc)
 		p.serveFlight(ctx, b.Flight, 0, true)
 	case cache.Miss:
 		f := b.Flight

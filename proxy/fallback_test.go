@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -216,30 +215,39 @@ func TestFallbackJoinAndReplay(t *testing.T) {
 	})
 	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
 	key := newKey("fallback-join")
-	var wg sync.WaitGroup
-	results := make([]result, 4)
-	for i := range results {
-		wg.Go(func() {
-			time.Sleep(time.Duration(i) * 20 * time.Millisecond) // during the primary's retries
-			results[i] = e.fetch(req{key: key, body: modelBody("primary")})
-		})
-	}
-	wg.Wait()
-	for i, r := range results {
-		wantWhole(t, r, "backup")
-		if i > 0 && string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
-			t.Fatalf("client %d got another stream than client 0", i)
-		}
-	}
+	stream := fetchStaggered(t, e, req{key: key, body: modelBody("primary")}, 4)
 	wantModelCalls(t, e, "primary", 3) // -retry-attempts
 	wantModelCalls(t, e, "backup", 1)
 	e.waitState(key, "", cache.StateCommitted)
 	r := e.fetch(req{key: key, body: modelBody("primary")})
-	if !r.replayed || string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
+	if !r.replayed || string(eventBytes(r.raw)) != stream {
 		t.Fatalf("repeat after the commit: replayed=%v; want the backup's answer replayed", r.replayed)
 	}
 	wantModelCalls(t, e, "primary", 3)
 	wantModelCalls(t, e, "backup", 1)
+}
+
+// fetchStaggered sends n copies of r, 20 ms apart (during the primary's
+// retries), and checks that every one got the same whole stream of the
+// backup; it returns that stream's events.
+func fetchStaggered(t *testing.T, e *env, r req, n int) string {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]result, n)
+	for i := range results {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 20 * time.Millisecond)
+			results[i] = e.fetch(r)
+		})
+	}
+	wg.Wait()
+	for i, got := range results {
+		wantWhole(t, got, "backup")
+		if i > 0 && string(eventBytes(got.raw)) != string(eventBytes(results[0].raw)) {
+			t.Fatalf("client %d got another stream than client 0", i)
+		}
+	}
+	return string(eventBytes(results[0].raw))
 }
 
 // TestFallbackRules: a model's own rule, "*" for the others, no fallback
@@ -367,17 +375,12 @@ func TestFallbackClientLeaves(t *testing.T) {
 			before, _ := goroutines()
 			base := e.mock.CallsFor("backup")
 			e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
-			key, keyHdr := "", ""
+			key := ""
 			if keyed {
 				key = newKey("fallback-leave")
-				keyHdr = "Idempotency-Key: " + key + "\r\n"
-			}
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
 			}
 			body := modelBody("primary")
-			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(body), body)
+			conn := rawPost(t, addr, "/v1/chat/completions", keyHeader(key), body, 0)
 			if !within(2*time.Second, func() bool { return e.mock.CallsFor("primary") >= 1 }) {
 				t.Fatal("the primary was never called")
 			}
@@ -423,21 +426,7 @@ func TestFallbackJoinByAPIKey(t *testing.T) {
 	})
 	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
 	key := newKey("fallback-x-api-key")
-	var wg sync.WaitGroup
-	results := make([]result, 3)
-	for i := range results {
-		wg.Go(func() {
-			time.Sleep(time.Duration(i) * 20 * time.Millisecond) // during the primary's retries
-			results[i] = e.fetch(req{key: key, body: modelBody("primary"), header: map[string]string{"x-api-key": "tenant-one"}})
-		})
-	}
-	wg.Wait()
-	for i, r := range results {
-		wantWhole(t, r, "backup")
-		if i > 0 && string(eventBytes(r.raw)) != string(eventBytes(results[0].raw)) {
-			t.Fatalf("client %d got another stream than client 0", i)
-		}
-	}
+	fetchStaggered(t, e, req{key: key, body: modelBody("primary"), header: map[string]string{"x-api-key": "tenant-one"}}, 3)
 	wantModelCalls(t, e, "primary", 3)
 	wantModelCalls(t, e, "backup", 1)
 	r := e.fetch(req{key: key, body: modelBody("primary"), header: map[string]string{"x-api-key": "tenant-two"}})

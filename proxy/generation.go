@@ -279,9 +279,6 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 	rt := route{model: modelKey(model)}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
-			if g.mayRun {
-				p.m.commitUnknowns.Inc()
-			}
 			g.fail(c, 0, nil)
 			return attempt{cause: c}, last, settled
 		}
@@ -310,12 +307,20 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		}
 		last = a
 		rt.failed(a, up, idx)
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-g.stop:
-			t.Stop()
-		}
+		g.pause(wait) // a cut is seen at the loop's top
+	}
+}
+
+// pause waits d, or until the generation is cut short (g.stop); it
+// reports whether all of d passed.
+func (g *gen) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-g.stop:
+		return false
 	}
 }
 
@@ -552,16 +557,7 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous {
 		a = prev // relay the upstream's own last answer rather than a connect error
 	}
-	state := causes[a.cause].state
-	if g.mayRun {
-		// An earlier attempt may be running upstream (a pinned repeat,
-		// -retry-ambiguous, ended in another failure or answer): its
-		// outcome is still unknown.
-		state = cache.StateCommitUnknown
-	}
-	if state == cache.StateCommitUnknown {
-		g.p.m.commitUnknowns.Inc()
-	}
+	state := g.failState(a.cause)
 	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; fail records the state
 	if f.Gen != 0 {
 		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
@@ -574,10 +570,24 @@ func (g *gen) end(attempts int, a, prev attempt) {
 	g.logEnd(a.head.Status)
 }
 
-// fail ends the flight for c (cause.fail), but as commit_unknown, whatever
-// c's own state, once an earlier attempt may still be running upstream
-// (mayRun): the key must not look free while that call may be generating.
+// failState is the state a failed end for c leaves: c's own, but
+// commit_unknown once an earlier attempt may still be running upstream
+// (mayRun: a pinned repeat, -retry-ambiguous, ended in another failure or
+// answer), whose outcome is still unknown.
+func (g *gen) failState(c cause) cache.State {
+	if g.mayRun {
+		return cache.StateCommitUnknown
+	}
+	return causes[c].state
+}
+
+// fail ends the flight for c (cause.fail), as failState says: the key
+// must not look free while an earlier call may be generating. It counts
+// the ends whose outcome is unknown.
 func (g *gen) fail(c cause, status int, body []byte) {
+	if g.failState(c) == cache.StateCommitUnknown {
+		g.p.m.commitUnknowns.Inc()
+	}
 	if g.mayRun {
 		g.f.Fail(cache.StateCommitUnknown, c.reason(status), body)
 		return
@@ -634,10 +644,10 @@ read:
 			continue
 		}
 		det.Observe(ev)
-		if !begun && ev.Type == "response.created" {
-			g.responseCreated(ev, det, h)
-		}
 		if !begun {
+			if ev.Type == "response.created" {
+				g.responseCreated(ev, det, h)
+			}
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
 				return causeErrorEvent, false // an upstream error before any event: a failed call
 			}

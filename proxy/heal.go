@@ -59,8 +59,9 @@ func isResponsesPath(path []byte) bool {
 }
 
 // request is the resume of the stream after sequence number seq: GET
-// {upstream}{path}/{id}?stream=true&starting_after=seq, with the original
-// request's headers (its credentials) less those of its body.
+// {upstream}{path}/{id}?{query}&stream=true&starting_after=seq, with the
+// original request's headers and query (its credentials, an Azure
+// api-version) less the headers of its body.
 func (h *healer) request(seq int64) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -70,7 +71,11 @@ func (h *healer) request(seq int64) *fasthttp.Request {
 	}
 	req.Header.SetMethod(fasthttp.MethodGet)
 	path := strings.TrimSuffix(string(h.tmpl.URI().PathOriginal()), "/")
-	req.SetRequestURI(path + "/" + url.PathEscape(h.id) + "?stream=true&starting_after=" + strconv.FormatInt(seq, 10))
+	req.SetRequestURI(path + "/" + url.PathEscape(h.id))
+	q := req.URI().QueryArgs()
+	h.tmpl.URI().QueryArgs().CopyTo(q)
+	q.Set("stream", "true")
+	q.Set("starting_after", strconv.FormatInt(seq, 10))
 	return h.up.prepare(req)
 }
 
@@ -104,12 +109,7 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 	wait := healBackoff
 	for n := 1; n <= healAttempts; n++ {
 		if n > 1 {
-			wait = min(wait, time.Until(deadline))
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-g.stop:
-				t.Stop()
+			if !g.pause(min(wait, time.Until(deadline))) {
 				return nil, errCancelled
 			}
 			wait *= 2

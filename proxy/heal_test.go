@@ -226,41 +226,63 @@ func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Reques
 
 // TestHealRequest: the resume is a GET of the same upstream's
 // /v1/responses/{id}?stream=true&starting_after=N, N the last sequence
-// number journaled, with the original request's credential and without
-// its body headers; a stream dropped twice is healed twice, contiguous.
+// number journaled, with the original request's credential, whichever
+// header carries it (Authorization, OpenAI's; x-api-key; api-key, Azure
+// OpenAI's), and without its body headers; a stream dropped twice is
+// healed twice, contiguous, and the key then replays it with no call.
 func TestHealRequest(t *testing.T) {
-	var mu sync.Mutex
-	var seen []*http.Request
-	fs := newFaultServer(t, nil)
-	script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
-	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.Clone(r.Context()))
-		mu.Unlock()
-		script(n, w, r)
-	})
-	e := retryEnv(t, []string{fs.url}, nil)
-	key := newKey("heal-req")
-	got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
-		body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
-	wantWholeResponses(t, got, len(bgEvents))
-	e.waitState(key, "Bearer sk-test", cache.StateCommitted)
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 3 {
-		t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
-	}
-	for i, want := range []string{"/v1/responses/resp_abc?stream=true&starting_after=2", "/v1/responses/resp_abc?stream=true&starting_after=3"} {
-		r := seen[i+1]
-		if r.Method != http.MethodGet || r.URL.RequestURI() != want {
-			t.Errorf("resume %d: %s %s; want GET %s", i+1, r.Method, r.URL.RequestURI(), want)
-		}
-		if r.Header.Get("Authorization") != "Bearer sk-test" || r.Header.Get("Idempotency-Key") != key {
-			t.Errorf("resume %d: Authorization %q, Idempotency-Key %q; want the original's", i+1, r.Header.Get("Authorization"), r.Header.Get("Idempotency-Key"))
-		}
-		if r.Header.Get("Content-Type") != "" || r.ContentLength > 0 {
-			t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, r.Header.Get("Content-Type"), r.ContentLength)
-		}
+	for _, cred := range []struct{ name, value, query string }{
+		{"Authorization", "Bearer sk-test", ""},
+		{"x-api-key", "k-test", ""},
+		{"api-key", "k-azure", "api-version=2025-04-01-preview"},
+		{"query key", "", "key=k-query"},
+	} {
+		t.Run(cred.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var seen []*http.Request
+			fs := newFaultServer(t, nil)
+			script := bgScript(3, 1) // 0..2, drop; 3, drop; 4..5
+			fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				seen = append(seen, r.Clone(r.Context()))
+				mu.Unlock()
+				script(n, w, r)
+			})
+			e := retryEnv(t, []string{fs.url}, nil)
+			r := req{path: "/v1/responses", key: newKey("heal-req"),
+				body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`}
+			if cred.value != "" {
+				r.header = map[string]string{cred.name: cred.value}
+			}
+			query := ""
+			if cred.query != "" {
+				r.path += "?" + cred.query
+				query = cred.query + "&"
+			}
+			got := e.fetch(r)
+			wantWholeResponses(t, got, len(bgEvents))
+			if again := e.fetch(r); !again.replayed || string(eventBytes(again.raw)) != string(eventBytes(got.raw)) {
+				t.Errorf("repeat: replayed %v; want the healed stream replayed", again.replayed)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(seen) != 3 {
+				t.Fatalf("%d upstream requests; want 3 (the POST, two resumes)", len(seen))
+			}
+			for i, after := range []string{"2", "3"} {
+				hr := seen[i+1]
+				want := "/v1/responses/resp_abc?" + query + "stream=true&starting_after=" + after
+				if hr.Method != http.MethodGet || hr.URL.RequestURI() != want {
+					t.Errorf("resume %d: %s %s; want GET %s", i+1, hr.Method, hr.URL.RequestURI(), want)
+				}
+				if hr.Header.Get(cred.name) != cred.value || hr.Header.Get("Idempotency-Key") != r.key {
+					t.Errorf("resume %d: %s %q, Idempotency-Key %q; want the original's", i+1, cred.name, hr.Header.Get(cred.name), hr.Header.Get("Idempotency-Key"))
+				}
+				if hr.Header.Get("Content-Type") != "" || hr.ContentLength > 0 {
+					t.Errorf("resume %d: Content-Type %q, Content-Length %d; want none", i+1, hr.Header.Get("Content-Type"), hr.ContentLength)
+				}
+			}
+		})
 	}
 }
 
@@ -432,22 +454,36 @@ func testHealClientLeaves(t *testing.T, keyed bool, how string, refuse bool) {
 // key is not "") on a connection of its own, and reads its first event.
 func rawResponses(t *testing.T, addr, key string) *net.TCPConn {
 	t.Helper()
-	conn := dialSmallBuffer(t, addr, 4096)
-	keyHdr := ""
-	if key != "" {
-		keyHdr = "Idempotency-Key: " + key + "\r\n"
+	return rawPost(t, addr, "/v1/responses", "Connection: close\r\n"+keyHeader(key), bgBody, 1)
+}
+
+// TestHealNotBeforeFirstEvent: a background Responses request whose
+// upstream reads it and hangs up, with no answer or with a stream's head
+// and no event, has no response id to resume by and may be generating:
+// it is neither healed nor repeated (one upstream request), the client
+// gets 502, and the key ends commit_unknown.
+func TestHealNotBeforeFirstEvent(t *testing.T) {
+	headThenDrop := func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
 	}
-	fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		keyHdr, len(bgBody), bgBody)
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-	br := bufio.NewReader(conn)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("before the first event: %v", err)
-		}
-		if strings.HasPrefix(line, "data: ") {
-			return conn
-		}
+	for _, c := range []struct {
+		name   string
+		script func(int64, http.ResponseWriter, *http.Request)
+	}{{"hang up", hangUp}, {"head then drop", headThenDrop}} {
+		t.Run(c.name, func(t *testing.T) {
+			fs := newFaultServer(t, c.script)
+			e := retryEnv(t, []string{fs.url}, nil)
+			key := newKey("heal-none")
+			got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-test",
+				body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
+			if got.status != http.StatusBadGateway {
+				t.Errorf("got %d (%s); want 502", got.status, got.raw)
+			}
+			e.waitState(key, "Bearer sk-test", cache.StateCommitUnknown)
+			wantCount(t, "upstream requests", fs.calls.Load(), 1)
+		})
 	}
 }

@@ -116,33 +116,35 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		p.responseObject(ctx, f, r)
 		return true
 	}
-	if f != nil {
-		p.serveFlight(ctx, f, after, true)
-	} else {
-		p.replay(ctx, r, after)
-	}
+	p.serveAttached(ctx, f, r, after)
 	return true
 }
 
 // responseObject answers the response object of the latest journaled
 // event that carries one: response.completed's once the stream is
 // committed, response.created's or response.in_progress's while it runs.
+// A live journal is read span by span (Sub.Read gives one block at a
+// time) to its end.
 func (p *Proxy) responseObject(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result) {
-	var journal []byte
-	if r != nil {
-		journal, _ = r.After(0)
-	} else if sub, err := f.Subscribe(0); err == nil {
-		journal, _ = sub.Read()
-		sub.Close()
-	}
 	var last string
-	for ev, err := range sse.Read(bytes.NewReader(journal), len(journal)+1) {
-		if err != nil {
-			break
+	scan := func(journal []byte) {
+		for ev, err := range sse.Read(bytes.NewReader(journal), len(journal)+1) {
+			if err != nil {
+				break
+			}
+			if o := gjson.Get(ev.Data, "response"); o.IsObject() {
+				last = o.Raw
+			}
 		}
-		if o := gjson.Get(ev.Data, "response"); o.IsObject() {
-			last = o.Raw
+	}
+	if r != nil {
+		journal, _ := r.After(0)
+		scan(journal)
+	} else if sub, err := f.Subscribe(0); err == nil {
+		for span, _ := sub.Read(); len(span) > 0; span, _ = sub.Read() {
+			scan(span)
 		}
+		sub.Close()
 	}
 	if last == "" {
 		p.writeError(ctx, causeStreamNotFound.err("no event of this response carries its object yet"))

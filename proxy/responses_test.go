@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -115,32 +118,6 @@ func TestResponsesUnknownIDRelayed(t *testing.T) {
 	}
 }
 
-// TestResponsesAliasTenantByAPIKey: the alias is scoped by whatever
-// credential the request carries (x-api-key here, not Authorization):
-// the same key's GET is served from the journal, another key's is not.
-func TestResponsesAliasTenantByAPIKey(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, slowMock(time.Millisecond, 8))
-	key := newKey("responses-api-key")
-	r := e.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`,
-		header: map[string]string{"x-api-key": "k-one"}})
-	if r.status != 200 || len(r.events) == 0 {
-		t.Fatalf("POST: got %d", r.status)
-	}
-	id := gjson.Get(r.events[0].Data, "response.id").String()
-	get := func(cred string) result {
-		return e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=2",
-			header: map[string]string{"x-api-key": cred}})
-	}
-	if own := get("k-one"); own.status != 200 || !own.replayed || len(own.events) == 0 {
-		t.Fatalf("own credential: got %d replayed=%v; want the stored stream", own.status, own.replayed)
-	}
-	if other := get("k-two"); other.replayed || other.status == 200 && len(other.events) > 0 {
-		t.Fatalf("another credential: got %d replayed=%v; want it not served from the journal", other.status, other.replayed)
-	}
-	e.wantCalls(1)
-}
-
 // TestResponsesAliasTenantCredentials: whatever carries the tenant (each
 // credential header, Gemini's ?key=, a -tenant-header), a GET of the id
 // with the same one is served from the journal, and one with another
@@ -163,6 +140,7 @@ func TestResponsesAliasTenantCredentials(t *testing.T) {
 		own    cred
 		others []cred
 	}{
+		{"x-api-key", h("x-api-key", "k-one"), []cred{h("x-api-key", "k-two"), h("api-key", "k-one"), h()}},
 		{"api-key", h("api-key", "k-one"), []cred{h("api-key", "k-two"), h("x-api-key", "k-one"), h()}},
 		{"x-goog-api-key", h("x-goog-api-key", "k-one"), []cred{h("x-goog-api-key", "k-two"), h("authorization", "k-one"), h()}},
 		{"query key", cred{query: "key=k-one"}, []cred{{query: "key=k-two"}, h("x-api-key", "k-one"), h()}},
@@ -228,4 +206,134 @@ func TestResponsesAliasAnonymousDeny(t *testing.T) {
 		t.Errorf("deny /streams/{key}: got %d; want 401", got.status)
 	}
 	allow.wantCalls(1)
+}
+
+// TestResponsesObjectLive: a GET without stream=true of a live stream's
+// id answers the object of the latest journaled event that carries one,
+// even when the journal holds more than one block before it (here a
+// response.created whose instructions take 6 KiB, then
+// response.in_progress); after the commit it answers response.completed's.
+// The upstream got one call.
+func TestResponsesObjectLive(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	instr := strings.Repeat("x", 6<<10)
+	up := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		send := func(typ, data string) {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, data)
+			fl.Flush()
+		}
+		send("response.created", `{"type":"response.created","response":{"id":"resp_big","status":"queued","instructions":"`+instr+`"},"sequence_number":0}`)
+		send("response.in_progress", `{"type":"response.in_progress","response":{"id":"resp_big","status":"in_progress"},"sequence_number":1}`)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		send("response.output_text.delta", `{"type":"response.output_text.delta","delta":"a","sequence_number":2}`)
+		send("response.completed", `{"type":"response.completed","response":{"id":"resp_big","status":"completed"},"sequence_number":3}`)
+	})
+	e := retryEnv(t, []string{up.url}, nil)
+	key := newKey("responses-object")
+	resp := e.do(req{path: "/v1/responses", key: key, auth: "Bearer sk-a", body: `{"model":"gpt-4o","input":"hi","stream":true}`})
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before response.in_progress: %v", err)
+		}
+		if strings.HasPrefix(line, "event: response.in_progress") {
+			break
+		}
+	}
+	object := func() string {
+		r := e.fetch(req{method: http.MethodGet, path: "/v1/responses/resp_big", auth: "Bearer sk-a"})
+		if r.status != 200 {
+			t.Fatalf("GET: got %d (%s); want 200", r.status, r.raw)
+		}
+		return gjson.GetBytes(r.raw, "status").String()
+	}
+	if got := object(); got != "in_progress" {
+		t.Errorf("live GET: status %q; want in_progress (response.in_progress's object)", got)
+	}
+	close(release)
+	io.Copy(io.Discard, br) //nolint:errcheck // to the end of the stream
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	if got := object(); got != "completed" {
+		t.Errorf("stored GET: status %q; want completed", got)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 1)
+}
+
+// TestResponsesGetClientLeaves: the client that made a keyed Responses
+// stream leaves after its first event, and a client that resumed it by
+// GET /v1/responses/{id}?stream=true closes or resets its connection a
+// few events in. Neither stops the generation: it commits, a later GET
+// from sequence number 0 replays the rest of it, contiguous to
+// response.completed, no generation stays live, and the upstream was
+// called once.
+func TestResponsesGetClientLeaves(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"close", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, slowMock(3*time.Millisecond, 120))
+			key := newKey("responses-get-leave")
+			resp := e.do(req{path: "/v1/responses", key: key, auth: "Bearer sk-a", body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`})
+			br := bufio.NewReader(resp.Body)
+			id := ""
+			for id == "" {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("before the first event: %v", err)
+				}
+				if data, ok := strings.CutPrefix(line, "data: "); ok {
+					id = gjson.Get(data, "response.id").String()
+				}
+			}
+			resp.Body.Close() // the first client leaves
+
+			conn := dialSmallBuffer(t, strings.TrimPrefix(e.url, "http://"), 4096)
+			fmt.Fprintf(conn, "GET /v1/responses/%s?stream=true&starting_after=0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\n\r\n", id)
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+			gr := bufio.NewReader(conn)
+			for seen := 0; seen < 3; {
+				line, err := gr.ReadString('\n')
+				if err != nil {
+					t.Fatalf("GET, after %d events: %v", seen, err)
+				}
+				if strings.HasPrefix(line, "data: ") {
+					seen++
+				}
+			}
+			if e.proxy.streams.Load() == 0 {
+				t.Fatal("the generation ended before the GET's client left; want it live")
+			}
+			if how == "reset" {
+				conn.SetLinger(0) //nolint:errcheck
+			}
+			conn.Close()
+
+			e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+			got := e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=0", auth: "Bearer sk-a"})
+			if got.status != 200 || !got.replayed || len(got.events) == 0 {
+				t.Fatalf("GET after the commit: got %d replayed=%v, %d events; want the stored stream", got.status, got.replayed, len(got.events))
+			}
+			for i, ev := range got.events {
+				if seq := gjson.Get(ev.Data, "sequence_number").Int(); seq != int64(i+1) {
+					t.Fatalf("event %d: sequence_number %d; want %d", i, seq, i+1)
+				}
+			}
+			if last := gjson.Get(got.events[len(got.events)-1].Data, "type").String(); last != "response.completed" {
+				t.Fatalf("last event %s; want response.completed", last)
+			}
+			if !within(5*time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+				t.Fatalf("live generations: got %d; want 0", e.proxy.streams.Load())
+			}
+			e.wantCalls(1)
+		})
+	}
 }

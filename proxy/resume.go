@@ -24,11 +24,17 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 		return
 	}
 	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
+	p.serveAttached(ctx, f, r, id.Seq)
+}
+
+// serveAttached serves what Attach found, after journal position after:
+// the live generation f, followed to its end, or else the stored r.
+func (p *Proxy) serveAttached(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result, after uint64) {
 	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true)
+		p.serveFlight(ctx, f, after, true)
 		return
 	}
-	p.replay(ctx, r, id.Seq)
+	p.replay(ctx, r, after)
 }
 
 // serveStreamGet serves GET /streams/{key}: the key's stream, from the
@@ -67,11 +73,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 		return
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
-	if f != nil {
-		p.serveFlight(ctx, f, id.Seq, true)
-		return
-	}
-	p.replay(ctx, r, id.Seq)
+	p.serveAttached(ctx, f, r, id.Seq)
 }
 
 // attachError maps the store's answer to a resume onto the errors of docs/design.md, Errors;
