@@ -243,11 +243,19 @@ func answerError(resp *http.Response) error {
 	return &ResumeError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
 }
 
+// credentialParam is the query parameter that carries a credential
+// (Gemini's ?key=); ssegate scopes keys by it as by the credential headers.
+const credentialParam = "key"
+
 // resumeRequest is GET {scheme://host}/streams/{key} with the original
-// request's headers, content headers and the key header left out.
+// request's headers, content headers and the key header left out, and its
+// credential query parameter, so that it reaches the same tenant's stream.
 func (b *resumeBody) resumeRequest() *http.Request {
 	u := &url.URL{Scheme: b.req.URL.Scheme, User: b.req.URL.User, Host: b.req.URL.Host,
 		Path: "/streams/" + b.key, RawPath: "/streams/" + url.PathEscape(b.key)}
+	if vs := b.req.URL.Query()[credentialParam]; len(vs) > 0 {
+		u.RawQuery = url.Values{credentialParam: vs}.Encode()
+	}
 	r, _ := http.NewRequestWithContext(b.req.Context(), http.MethodGet, u.String(), nil)
 	r.Host = b.req.Host
 	for k, vs := range b.req.Header {

@@ -607,3 +607,41 @@ func TestCallerLeaves(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeCarriesCredentials: a reconnection carries every credential
+// ssegate scopes keys by, not only Authorization: Anthropic's x-api-key,
+// Azure's api-key, Gemini's x-goog-api-key and its ?key= query parameter,
+// so that it reaches the same tenant's stream.
+func TestResumeCarriesCredentials(t *testing.T) {
+	type creds struct{ xAPIKey, apiKey, goog, query string }
+	got := make(chan creds, 4)
+	srv, _, _ := streamServer(t,
+		func(w http.ResponseWriter, r *http.Request) { cut(w, events(1, 1, 2)) },
+		func(w http.ResponseWriter, r *http.Request) {
+			got <- creds{r.Header.Get("X-Api-Key"), r.Header.Get("Api-Key"), r.Header.Get("X-Goog-Api-Key"), r.URL.Query().Get("key")}
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, events(2, 3, 2))
+		})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages?key=g-1", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Set("X-Api-Key", "sk-ant-1")
+	req.Header.Set("Api-Key", "az-1")
+	req.Header.Set("X-Goog-Api-Key", "goog-1")
+	resp, err := (&http.Client{Transport: fast()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != events(1, 3, 2) {
+		t.Fatalf("got %q, %v; want the whole stream, nil", b, err)
+	}
+	want := creds{"sk-ant-1", "az-1", "goog-1", "g-1"}
+	select {
+	case c := <-got:
+		if c != want {
+			t.Errorf("reconnection's credentials: got %+v; want %+v", c, want)
+		}
+	default:
+		t.Fatal("no reconnection")
+	}
+}
