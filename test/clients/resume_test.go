@@ -102,14 +102,16 @@ func TestOpenAISDKResume(t *testing.T) {
 }
 
 // TestAnthropicSDKResume: the same with anthropic-sdk-go and the Messages
-// dialect.
+// dialect, with the credential in x-api-key, the header Anthropic's API
+// reads (the SDK's WithAPIKey sends Authorization): the reconnections
+// carry it, and reach the same tenant's stream.
 func TestAnthropicSDKResume(t *testing.T) {
 	mock, upstream := startMock(t, mockllm.Config{Tokens: 30, Delay: 15 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
 	f := newForwarder(t, g.Addr)
 	c := anthropic.NewClient(
 		anthropicopt.WithBaseURL("http://"+f.addr()+"/"),
-		anthropicopt.WithAPIKey("sk-ant-e2e"),
+		anthropicopt.WithHeader("X-Api-Key", "sk-ant-e2e"),
 		anthropicopt.WithHTTPClient(&http.Client{Transport: &client.Transport{MinBackoff: 10 * time.Millisecond}}),
 		anthropicopt.WithMaxRetries(0),
 	)
@@ -144,7 +146,7 @@ func TestAnthropicSDKResume(t *testing.T) {
 	if msg.StopReason != "end_turn" || msg.Usage.OutputTokens != 30 {
 		t.Errorf("message: stop_reason %q, output_tokens %d; want end_turn, 30", msg.StopReason, msg.Usage.OutputTokens)
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-ant-e2e"))
+	sameEvents(t, got, storedData(t, g.URL, key, "X-Api-Key", "sk-ant-e2e"))
 	if n := mock.Calls(); n != 1 {
 		t.Errorf("upstream calls: got %d; want 1", n)
 	}
