@@ -48,17 +48,23 @@ func storedData(t *testing.T, gate, key, header, credential string) []string {
 	return data
 }
 
-// sameEvents reports where got and want first differ.
-func sameEvents(t *testing.T, got, want []string) {
+// wantStoredOnce checks what every resume and join test promises: got
+// (the data of the events an SDK handed its caller) is key's stream as
+// ssegate stored it, event for event, and the upstream was called once.
+func wantStoredOnce(t *testing.T, got []string, mock *mockllm.Server, gate, key, header, credential string) {
 	t.Helper()
+	want := storedData(t, gate, key, header, credential)
 	if len(got) != len(want) {
 		t.Errorf("events: got %d; want %d, the stored stream's", len(got), len(want))
 	}
 	for i := range min(len(got), len(want)) {
 		if got[i] != want[i] {
 			t.Errorf("event %d: got %s; want %s", i+1, got[i], want[i])
-			return
+			break
 		}
+	}
+	if n := mock.Calls(); n != 1 {
+		t.Errorf("upstream calls: got %d; want 1", n)
 	}
 }
 
@@ -95,10 +101,7 @@ func TestOpenAISDKResume(t *testing.T) {
 	if severed != 2 {
 		t.Errorf("severed: got %d connections; want 2", severed)
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
-	if n := mock.Calls(); n != 1 {
-		t.Errorf("upstream calls: got %d; want 1", n)
-	}
+	wantStoredOnce(t, got, mock, g.URL, key, "Authorization", "Bearer sk-e2e")
 }
 
 // TestAnthropicSDKResume: the same with anthropic-sdk-go and the Messages
@@ -146,10 +149,7 @@ func TestAnthropicSDKResume(t *testing.T) {
 	if msg.StopReason != "end_turn" || msg.Usage.OutputTokens != 30 {
 		t.Errorf("message: stop_reason %q, output_tokens %d; want end_turn, 30", msg.StopReason, msg.Usage.OutputTokens)
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "X-Api-Key", "sk-ant-e2e"))
-	if n := mock.Calls(); n != 1 {
-		t.Errorf("upstream calls: got %d; want 1", n)
-	}
+	wantStoredOnce(t, got, mock, g.URL, key, "X-Api-Key", "sk-ant-e2e")
 }
 
 // TestOpenAISDKPinnedKeyJoins: two openai-go calls with the SDK's own
@@ -241,10 +241,7 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	if resp == nil || resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("the retry's answer: want Idempotent-Replayed: true (it joined)")
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
-	if n := mock.Calls(); n != 1 {
-		t.Errorf("upstream calls: got %d; want 1", n)
-	}
+	wantStoredOnce(t, got, mock, g.URL, key, "Authorization", "Bearer sk-e2e")
 }
 
 // TestOpenAISDKAborted: an upstream reset mid-stream makes ssegate end the
