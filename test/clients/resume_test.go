@@ -152,6 +152,66 @@ func TestAnthropicSDKResume(t *testing.T) {
 	wantStoredOnce(t, got, mock, g.URL, key, "X-Api-Key", "sk-ant-e2e")
 }
 
+// TestQueryCredentialResume: a stream whose only credential is the key
+// query parameter (Gemini's ?key=), through client.Transport, on a
+// connection the forwarder severs mid-stream: the reconnection carries
+// ?key= and reaches the same tenant's stream, so the caller reads the
+// stored stream whole, from one upstream call.
+func TestQueryCredentialResume(t *testing.T) {
+	mock, upstream := startMock(t, mockllm.Config{Tokens: 20, Delay: 15 * time.Millisecond})
+	g := startGate(t, "-upstream", upstream)
+	f := newForwarder(t, g.Addr)
+	key := fmt.Sprintf("query-resume-%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
+	defer cancel()
+	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Tell me a joke"}]}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr()+"/v1/chat/completions?key=g-e2e", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: &client.Transport{MinBackoff: 10 * time.Millisecond}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status: got %s; want 200", resp.Status)
+	}
+	var got []string
+	severed := 0
+	_, err = readEvents(resp.Body, func(ev event) {
+		got = append(got, ev.data)
+		if len(got) == 5 {
+			severed += f.sever()
+		}
+	})
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if severed != 1 {
+		t.Errorf("severed: got %d connections; want 1", severed)
+	}
+	stored, _ := http.NewRequest(http.MethodGet, g.URL+"/streams/"+key+"?key=g-e2e", nil)
+	sr, err := http.DefaultClient.Do(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sr.Body.Close()
+	want, err := readEvents(sr.Body, nil)
+	if err != nil || sr.StatusCode != 200 {
+		t.Fatalf("GET /streams/%s?key=: %s, %v", key, sr.Status, err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("events: got %d; want %d, the stored stream's", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i].data {
+			t.Fatalf("event %d: got %s; want %s", i+1, got[i], want[i].data)
+		}
+	}
+	if n := mock.Calls(); n != 1 {
+		t.Errorf("upstream calls: got %d; want 1", n)
+	}
+}
+
 // TestOpenAISDKPinnedKeyJoins: two openai-go calls with the SDK's own
 // retries on and one key pinned to their context, made at the same
 // moment through the Transport: the second joins the first's generation,
