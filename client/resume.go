@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	gosse "github.com/tmaxmax/go-sse"
 
 	"github.com/ssegate/ssegate/sse"
 )
@@ -133,41 +134,37 @@ func (b *resumeBody) feed(p []byte) {
 	}
 }
 
-// event takes one whole event, its blank line included.
+// event takes one whole event, its blank line included. Its fields are
+// read by go-sse's parser, as sse.Read reads the upstream's, but here the id
+// is kept: it is the position a reconnection resumes from.
 func (b *resumeBody) event(ev []byte) {
-	var id, typ string
-	var data []string
-	hasID, fields := false, false
-	for _, line := range strings.Split(strings.TrimRight(string(ev), "\r\n"), "\n") {
-		line = strings.TrimSuffix(line, "\r")
-		if line == "" || line[0] == ':' {
-			continue
+	var e gosse.Event
+	dispatched := false
+	// The bound only has to admit ev itself: feed has bounded it already.
+	for r, err := range gosse.Read(bytes.NewReader(ev), &gosse.ReadConfig{MaxEventSize: len(ev) + 4<<10}) {
+		if err != nil {
+			b.err = fmt.Errorf("client: reading an event: %w", err)
+			return
 		}
-		name, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		fields = true
-		switch name {
-		case "id":
-			id, hasID = value, true
-		case "event":
-			typ = value
-		case "data":
-			data = append(data, value)
-		}
+		e, dispatched = r, true
 	}
-	d := strings.Join(data, "\n")
-	if typ == "error" && gjson.Get(d, "error.type").String() == "stream_aborted" {
-		b.err = &AbortedError{Code: gjson.Get(d, "error.code").String(), Message: gjson.Get(d, "error.message").String()}
+	if e.Type == "error" && gjson.Get(e.Data, "error.type").String() == "stream_aborted" {
+		b.err = &AbortedError{Code: gjson.Get(e.Data, "error.code").String(), Message: gjson.Get(e.Data, "error.message").String()}
 		return
 	}
 	b.out = append(b.out, ev...)
-	if hasID {
-		b.lastID = id
-	} else if fields {
+	if !dispatched {
+		return // comments only, such as ": ping"
+	}
+	if e.LastEventID != "" {
+		b.lastID = e.LastEventID
+	} else {
 		b.idless = true
 	}
-	b.det.Observe(sse.Event{Type: typ, Data: d})
-	b.ended = b.det.Terminal()
+	if e.Type != "" || e.Data != "" { // as sse.Read, which skips id-only blocks
+		b.det.Observe(sse.Event{Type: e.Type, Data: e.Data})
+		b.ended = b.det.Terminal()
+	}
 }
 
 // reconnect replaces the broken connection with GET /streams/{key} from the
@@ -246,11 +243,19 @@ func answerError(resp *http.Response) error {
 	return &ResumeError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(msg))}
 }
 
+// credentialParam is the query parameter that carries a credential
+// (Gemini's ?key=); ssegate scopes keys by it as by the credential headers.
+const credentialParam = "key"
+
 // resumeRequest is GET {scheme://host}/streams/{key} with the original
-// request's headers, content headers and the key header left out.
+// request's headers, content headers and the key header left out, and its
+// credential query parameter, so that it reaches the same tenant's stream.
 func (b *resumeBody) resumeRequest() *http.Request {
 	u := &url.URL{Scheme: b.req.URL.Scheme, User: b.req.URL.User, Host: b.req.URL.Host,
 		Path: "/streams/" + b.key, RawPath: "/streams/" + url.PathEscape(b.key)}
+	if vs := b.req.URL.Query()[credentialParam]; len(vs) > 0 {
+		u.RawQuery = url.Values{credentialParam: vs}.Encode()
+	}
 	r, _ := http.NewRequestWithContext(b.req.Context(), http.MethodGet, u.String(), nil)
 	r.Host = b.req.Host
 	for k, vs := range b.req.Header {

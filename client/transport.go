@@ -80,7 +80,8 @@ type Transport struct {
 	// response.incomplete), the body reconnects by itself with
 	// GET {scheme://host}/streams/{key}, Last-Event-ID set to the id of the
 	// last whole event it passed on and the original request's headers
-	// (credentials included, content headers left out), with backoff, and
+	// (credentials included, content headers left out) and its
+	// ?key= credential parameter, with backoff, and
 	// goes on: the reader sees one stream with no gap and no duplicate. A
 	// body that ends cleanly (the chunked body's last chunk, or the end of
 	// an unframed one) is the server's end of the stream, and is passed on

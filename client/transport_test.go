@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -537,5 +538,110 @@ func TestLargeBodySentOnce(t *testing.T) {
 	keys, bodies := rec.snapshot()
 	if len(keys) != 1 || bodies[0] != "0123456789" {
 		t.Errorf("attempts: got bodies %q; want one, whole", bodies)
+	}
+}
+
+// TestCallerLeaves: a caller that stops reading mid-stream, by closing
+// the body from another goroutine while a Read waits or by cancelling the
+// request's context, ends the body with an error, and nothing reconnects.
+func TestCallerLeaves(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		leave func(body io.Closer, cancel func())
+	}{
+		{"close", func(body io.Closer, _ func()) { body.Close() }},
+		{"cancel", func(_ io.Closer, cancel func()) { cancel() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			left := make(chan struct{})
+			srv, rs, rec := streamServer(t,
+				func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, events(1, 1, 8))
+					w.(http.Flusher).Flush()
+					select {
+					case <-r.Context().Done(): // the caller's connection went away
+					case <-time.After(10 * time.Second):
+						t.Error("the connection stayed open after the caller left")
+					}
+					close(left)
+				},
+				func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusGone) })
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
+			req.Header.Set("Idempotency-Key", "k")
+			resp, err := (&http.Client{Transport: fast()}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b := make([]byte, 100)
+			if n, err := resp.Body.Read(b); err != nil || string(b[:n]) != events(1, 1, 8) {
+				t.Fatalf("first read: got %q, %v; want the first event", b[:n], err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := resp.Body.Read(b)
+				done <- err
+			}()
+			time.Sleep(20 * time.Millisecond) // let the Read wait
+			c.leave(resp.Body, cancel)
+			select {
+			case err := <-done:
+				if err == nil || err == io.EOF {
+					t.Errorf("read after leaving: got %v; want an error", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting Read did not return after the caller left")
+			}
+			<-left
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			if len(rs.paths) != 0 {
+				t.Errorf("reconnections: got %d; want none", len(rs.paths))
+			}
+			if keys, _ := rec.snapshot(); len(keys) != 1 {
+				t.Errorf("requests: got %d; want 1", len(keys))
+			}
+		})
+	}
+}
+
+// TestResumeCarriesCredentials: a reconnection carries every credential
+// ssegate scopes keys by, not only Authorization: Anthropic's x-api-key,
+// Azure's api-key, Gemini's x-goog-api-key and its ?key= query parameter,
+// so that it reaches the same tenant's stream.
+func TestResumeCarriesCredentials(t *testing.T) {
+	type creds struct{ xAPIKey, apiKey, goog, query string }
+	got := make(chan creds, 4)
+	srv, _, _ := streamServer(t,
+		func(w http.ResponseWriter, r *http.Request) { cut(w, events(1, 1, 2)) },
+		func(w http.ResponseWriter, r *http.Request) {
+			got <- creds{r.Header.Get("X-Api-Key"), r.Header.Get("Api-Key"), r.Header.Get("X-Goog-Api-Key"), r.URL.Query().Get("key")}
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, events(2, 3, 2))
+		})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages?key=g-1", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Set("X-Api-Key", "sk-ant-1")
+	req.Header.Set("Api-Key", "az-1")
+	req.Header.Set("X-Goog-Api-Key", "goog-1")
+	resp, err := (&http.Client{Transport: fast()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != events(1, 3, 2) {
+		t.Fatalf("got %q, %v; want the whole stream, nil", b, err)
+	}
+	want := creds{"sk-ant-1", "az-1", "goog-1", "g-1"}
+	select {
+	case c := <-got:
+		if c != want {
+			t.Errorf("reconnection's credentials: got %+v; want %+v", c, want)
+		}
+	default:
+		t.Fatal("no reconnection")
 	}
 }

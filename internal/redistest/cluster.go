@@ -66,7 +66,7 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range all {
 		for {
-			info, err := command(s.Addr, time.Second, "CLUSTER", "INFO")
+			info, err := Command(s.Addr, time.Second, "CLUSTER", "INFO")
 			if err == nil && strings.Contains(info, "cluster_state:ok") &&
 				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(all))) &&
 				strings.Contains(info, "cluster_slots_ok:16384") {
@@ -84,7 +84,7 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	var nodes string
 	for {
 		var err error
-		nodes, err = command(all[0].Addr, time.Second, "CLUSTER", "NODES")
+		nodes, err = Command(all[0].Addr, time.Second, "CLUSTER", "NODES")
 		if err == nil && strings.Count(nodes, "slave") == n*r {
 			break
 		}
@@ -125,7 +125,7 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	}
 	for _, s := range c.Replicas {
 		for {
-			info, err := command(s.Addr, time.Second, "INFO", "replication")
+			info, err := Command(s.Addr, time.Second, "INFO", "replication")
 			if err == nil && strings.Contains(info, "master_link_status:up") {
 				break
 			}
@@ -141,13 +141,6 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 // ReplicasOf returns the replicas the cluster was created with for
 // primary p.
 func (c *Cluster) ReplicasOf(p *Server) []*Server { return c.replicaOf[p] }
-
-// Command sends one command (inline, arguments without spaces) to the
-// node at addr and returns its reply: a status, an integer, an error or a
-// bulk string.
-func Command(addr string, timeout time.Duration, args ...string) (string, error) {
-	return command(addr, timeout, args...)
-}
 
 // Addrs returns the primaries' addresses.
 func (c *Cluster) Addrs() []string {
@@ -172,9 +165,10 @@ func (c *Cluster) URL() string {
 	return u
 }
 
-// command sends one command (inline, arguments without spaces) to addr
-// and returns its reply: a status, an error or a bulk string.
-func command(addr string, timeout time.Duration, args ...string) (string, error) {
+// Command sends one command (inline, arguments without spaces) to the
+// node at addr and returns its reply: a status, an integer, an error or a
+// bulk string.
+func Command(addr string, timeout time.Duration, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return "", err

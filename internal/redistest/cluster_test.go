@@ -11,7 +11,7 @@ import (
 func TestStartCluster(t *testing.T) {
 	c := StartCluster(t, 3)
 	for _, s := range c.Nodes {
-		nodes, err := command(s.Addr, 2*time.Second, "CLUSTER", "NODES")
+		nodes, err := Command(s.Addr, 2*time.Second, "CLUSTER", "NODES")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +37,7 @@ func TestStartClusterReplicas(t *testing.T) {
 		if len(rs) != 1 {
 			t.Fatalf("primary %s: %d replicas; want 1", p.Addr, len(rs))
 		}
-		info, err := command(rs[0].Addr, 2*time.Second, "INFO", "replication")
+		info, err := Command(rs[0].Addr, 2*time.Second, "INFO", "replication")
 		if err != nil {
 			t.Fatal(err)
 		}

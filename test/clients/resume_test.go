@@ -48,17 +48,23 @@ func storedData(t *testing.T, gate, key, header, credential string) []string {
 	return data
 }
 
-// sameEvents reports where got and want first differ.
-func sameEvents(t *testing.T, got, want []string) {
+// wantStoredOnce checks what every resume and join test promises: got
+// (the data of the events an SDK handed its caller) is key's stream as
+// ssegate stored it, event for event, and the upstream was called once.
+func wantStoredOnce(t *testing.T, got []string, mock *mockllm.Server, gate, key, header, credential string) {
 	t.Helper()
+	want := storedData(t, gate, key, header, credential)
 	if len(got) != len(want) {
 		t.Errorf("events: got %d; want %d, the stored stream's", len(got), len(want))
 	}
 	for i := range min(len(got), len(want)) {
 		if got[i] != want[i] {
 			t.Errorf("event %d: got %s; want %s", i+1, got[i], want[i])
-			return
+			break
 		}
+	}
+	if n := mock.Calls(); n != 1 {
+		t.Errorf("upstream calls: got %d; want 1", n)
 	}
 }
 
@@ -95,21 +101,20 @@ func TestOpenAISDKResume(t *testing.T) {
 	if severed != 2 {
 		t.Errorf("severed: got %d connections; want 2", severed)
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
-	if n := mock.Calls(); n != 1 {
-		t.Errorf("upstream calls: got %d; want 1", n)
-	}
+	wantStoredOnce(t, got, mock, g.URL, key, "Authorization", "Bearer sk-e2e")
 }
 
 // TestAnthropicSDKResume: the same with anthropic-sdk-go and the Messages
-// dialect.
+// dialect, with the credential in x-api-key, the header Anthropic's API
+// reads (the SDK's WithAPIKey sends Authorization): the reconnections
+// carry it, and reach the same tenant's stream.
 func TestAnthropicSDKResume(t *testing.T) {
 	mock, upstream := startMock(t, mockllm.Config{Tokens: 30, Delay: 15 * time.Millisecond})
 	g := startGate(t, "-upstream", upstream)
 	f := newForwarder(t, g.Addr)
 	c := anthropic.NewClient(
 		anthropicopt.WithBaseURL("http://"+f.addr()+"/"),
-		anthropicopt.WithAPIKey("sk-ant-e2e"),
+		anthropicopt.WithHeader("X-Api-Key", "sk-ant-e2e"),
 		anthropicopt.WithHTTPClient(&http.Client{Transport: &client.Transport{MinBackoff: 10 * time.Millisecond}}),
 		anthropicopt.WithMaxRetries(0),
 	)
@@ -144,7 +149,64 @@ func TestAnthropicSDKResume(t *testing.T) {
 	if msg.StopReason != "end_turn" || msg.Usage.OutputTokens != 30 {
 		t.Errorf("message: stop_reason %q, output_tokens %d; want end_turn, 30", msg.StopReason, msg.Usage.OutputTokens)
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-ant-e2e"))
+	wantStoredOnce(t, got, mock, g.URL, key, "X-Api-Key", "sk-ant-e2e")
+}
+
+// TestQueryCredentialResume: a stream whose only credential is the key
+// query parameter (Gemini's ?key=), through client.Transport, on a
+// connection the forwarder severs mid-stream: the reconnection carries
+// ?key= and reaches the same tenant's stream, so the caller reads the
+// stored stream whole, from one upstream call.
+func TestQueryCredentialResume(t *testing.T) {
+	mock, upstream := startMock(t, mockllm.Config{Tokens: 20, Delay: 15 * time.Millisecond})
+	g := startGate(t, "-upstream", upstream)
+	f := newForwarder(t, g.Addr)
+	key := fmt.Sprintf("query-resume-%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
+	defer cancel()
+	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Tell me a joke"}]}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr()+"/v1/chat/completions?key=g-e2e", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: &client.Transport{MinBackoff: 10 * time.Millisecond}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status: got %s; want 200", resp.Status)
+	}
+	var got []string
+	severed := 0
+	_, err = readEvents(resp.Body, func(ev event) {
+		got = append(got, ev.data)
+		if len(got) == 5 {
+			severed += f.sever()
+		}
+	})
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if severed != 1 {
+		t.Errorf("severed: got %d connections; want 1", severed)
+	}
+	stored, _ := http.NewRequest(http.MethodGet, g.URL+"/streams/"+key+"?key=g-e2e", nil)
+	sr, err := http.DefaultClient.Do(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sr.Body.Close()
+	want, err := readEvents(sr.Body, nil)
+	if err != nil || sr.StatusCode != 200 {
+		t.Fatalf("GET /streams/%s?key=: %s, %v", key, sr.Status, err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("events: got %d; want %d, the stored stream's", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i].data {
+			t.Fatalf("event %d: got %s; want %s", i+1, got[i], want[i].data)
+		}
+	}
 	if n := mock.Calls(); n != 1 {
 		t.Errorf("upstream calls: got %d; want 1", n)
 	}
@@ -239,10 +301,7 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	if resp == nil || resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("the retry's answer: want Idempotent-Replayed: true (it joined)")
 	}
-	sameEvents(t, got, storedData(t, g.URL, key, "Authorization", "Bearer sk-e2e"))
-	if n := mock.Calls(); n != 1 {
-		t.Errorf("upstream calls: got %d; want 1", n)
-	}
+	wantStoredOnce(t, got, mock, g.URL, key, "Authorization", "Bearer sk-e2e")
 }
 
 // TestOpenAISDKAborted: an upstream reset mid-stream makes ssegate end the

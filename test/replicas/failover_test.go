@@ -182,6 +182,11 @@ func failover(t *testing.T, forced bool) {
 	if got := e.atMostOneCommit(); got != n {
 		t.Errorf("commits: %d; want %d (one per key)", got, n)
 	}
+	// One generation per key's first request, and one per retry that did
+	// not replay: no retry or replay paid for another.
+	if got := e.mock.Calls(); got != int64(n+regenerated) {
+		t.Errorf("upstream calls: got %d; want %d (%d keys, %d retries regenerated)", got, n+regenerated, n, regenerated)
+	}
 	onPromoted := 0
 	if ks, err := e.nodes[0].Do(context.Background(), e.nodes[0].B().Keys().Pattern("ssg:{*}:st").Build()).AsStrSlice(); err == nil {
 		onPromoted = len(ks)
