@@ -599,6 +599,22 @@ func TestProfileRun(t *testing.T) {
 	}
 }
 
+func TestProfileBase(t *testing.T) {
+	for _, c := range []struct {
+		scn, step  string
+		round      int
+		path, want string
+	}{
+		{"a", "64 streams × 200 events", 1, "ssegate+key", "a-64_streams_200_events-r1-ssegate_key"},
+		{"b", "512 streams × 20 events @ 50ms", 3, "ssegate", "b-512_streams_20_events_50ms-r3-ssegate"},
+		{"c", "", 2, "ssegate@baseline+key", "c-r2-ssegate_baseline_key"},
+	} {
+		if got := profileBase(c.scn, c.step, c.round, c.path); got != c.want {
+			t.Errorf("profileBase(%q, %q, %d, %q) = %q; want %q", c.scn, c.step, c.round, c.path, got, c.want)
+		}
+	}
+}
+
 func TestCaddyConfig(t *testing.T) {
 	b, err := caddyConfig("127.0.0.1:8001", "127.0.0.1:9001")
 	if err != nil {

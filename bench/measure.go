@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -315,22 +316,8 @@ func profileBase(scn, step string, round int, path string) string {
 // letters, digits, '.', '-' and '_' becomes one '_' (ssegate+key,
 // ssegate@baseline, steps like "64 streams × 200 events").
 func profileName(s string) string {
-	var b strings.Builder
-	sep := false
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '-', c == '_':
-			if sep {
-				b.WriteByte('_')
-				sep = false
-			}
-			b.WriteRune(c)
-		default:
-			sep = true
-		}
-	}
-	if sep {
-		b.WriteByte('_')
-	}
-	return b.String()
+	return notInFileName.ReplaceAllString(s, "_")
 }
+
+// notInFileName matches a run of the characters profileName replaces.
+var notInFileName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
