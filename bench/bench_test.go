@@ -269,6 +269,16 @@ func fakeReport() *report {
 	return rep
 }
 
+// addRounds adds to a fakeReport the two rounds of its step of scenario
+// a through p: round N at N×eventsPerSec, cpu µs an event.
+func addRounds(rep *report, p path, eventsPerSec, cpu float64) {
+	for round := 1; round <= 2; round++ {
+		m := newMeasurement("a", "8 streams", round, p, 8)
+		m.EventsPerSec, m.CPUusPerEvent = num(eventsPerSec*float64(round)), num(cpu)
+		rep.Measurements = append(rep.Measurements, m)
+	}
+}
+
 func TestMarkdown(t *testing.T) {
 	md := fakeReport().markdown()
 	for _, want := range []string{
@@ -290,11 +300,7 @@ func TestBaselineSummary(t *testing.T) {
 	if strings.Contains(rep.markdown(), "@baseline") {
 		t.Error("a report without baseline rows has a baseline summary")
 	}
-	for round := 1; round <= 2; round++ {
-		m := newMeasurement("a", "8 streams", round, pathBaseline, 8)
-		m.EventsPerSec, m.CPUusPerEvent = num(400*float64(round)), 2.5
-		rep.Measurements = append(rep.Measurements, m)
-	}
+	addRounds(rep, pathBaseline, 400, 2.5)
 	rep.Baseline, rep.BaselineRev = "/old/ssegate", "0123456789abcdef (modified)"
 	md := rep.markdown()
 	for _, want := range []string{
@@ -748,11 +754,7 @@ func TestPeerSummary(t *testing.T) {
 	if strings.Contains(rep.markdown(), "### ssegate against caddy") {
 		t.Error("a report without caddy rows has a caddy summary")
 	}
-	for round := 1; round <= 2; round++ {
-		m := newMeasurement("a", "8 streams", round, pathCaddy, 8)
-		m.EventsPerSec, m.CPUusPerEvent = num(250*float64(round)), 4
-		rep.Measurements = append(rep.Measurements, m)
-	}
+	addRounds(rep, pathCaddy, 250, 4)
 	md := rep.markdown()
 	for _, want := range []string{
 		"### ssegate against caddy and nginx\n",
