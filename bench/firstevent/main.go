@@ -101,7 +101,7 @@ func read(r io.Reader) ([]*request, error) {
 		id := st.Resource.Goroutine()
 		from, to := st.Goroutine()
 		if from == trace.GoNotExist && to == trace.GoRunnable {
-			if startsGeneration(ev.Stack()) {
+			if onStack(ev.Stack(), "(*gen).launch") {
 				p := ev.Goroutine()
 				gens[id] = &request{woken: woken[p], running: running[p], created: at}
 			}
@@ -126,7 +126,7 @@ func read(r io.Reader) ([]*request, error) {
 			g.wakes, g.phase = at, 3
 		case g.phase == 3 && to == trace.GoRunning:
 			g.runs, g.phase = at, 4
-		case g.phase == 4 && to == trace.GoSyscall && writesClient(st.Stack):
+		case g.phase == 4 && to == trace.GoSyscall && onStack(st.Stack, "(*client).writeFD"):
 			g.written, g.phase = at, 5
 		}
 	}
@@ -139,21 +139,12 @@ func read(r io.Reader) ([]*request, error) {
 	return done, nil
 }
 
-// startsGeneration reports whether a goroutine was created where a miss
-// or a relay starts its generation.
-func startsGeneration(s trace.Stack) bool {
+// onStack reports whether a frame of s is in a function whose name ends
+// in fn: "(*gen).launch" where a miss or a relay starts its generation,
+// "(*client).writeFD" for a write to the client.
+func onStack(s trace.Stack, fn string) bool {
 	for fr := range s.Frames() {
-		if strings.HasSuffix(fr.Func, "(*gen).launch") {
-			return true
-		}
-	}
-	return false
-}
-
-// writesClient reports whether a system call is a write to the client.
-func writesClient(s trace.Stack) bool {
-	for fr := range s.Frames() {
-		if strings.HasSuffix(fr.Func, "(*client).writeFD") {
+		if strings.HasSuffix(fr.Func, fn) {
 			return true
 		}
 	}
