@@ -524,13 +524,7 @@ func soakWorker(o *soakOptions, r *runner, addr string, w int, seed uint64, dead
 // collect makes ssegate collect its garbage: a heap profile with gc=1
 // runs a collection first.
 func collect(admin string) {
-	c := http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + admin + "/debug/pprof/heap?gc=1")
-	if err != nil {
-		return
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	_, _ = fetchProfile(admin, "heap?gc=1", 30*time.Second)
 }
 
 // meanSample averages the gauges of samples.
