@@ -420,10 +420,8 @@ func run(opt *options, stdout, stderr io.Writer) error {
 	if opt.peers[kindPortkey] {
 		if err := haveNode(); err != nil {
 			r.notes = append(r.notes, fmt.Sprintf("%v: the Portkey gateway was skipped (it needs node and npm)", err))
-		} else {
-			if e.portkeyDir, err = installPortkey(root, r.logf, stderr); err != nil {
-				r.notes = append(r.notes, fmt.Sprintf("the Portkey gateway could not be installed (%v): its rows were skipped", err))
-			}
+		} else if e.portkeyDir, err = installPortkey(root, r.logf, stderr); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("the Portkey gateway could not be installed (%v): its rows were skipped", err))
 		}
 	}
 
