@@ -131,7 +131,7 @@ func (e *env) start(k kind) (*server, error) {
 		cmd = caddyCmd(e.caddyBin, conf, dir)
 	case kindPortkey:
 		if e.portkeyDir == "" {
-			return nil, errNoPortkey
+			return nil, errors.New("the Portkey gateway is not installed (see the notes)")
 		}
 		if cmd, err = portkeyCmd(e.portkeyDir, addr); err != nil {
 			return nil, err

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -165,7 +164,3 @@ func portkeyVersion(dir string) string {
 	}
 	return v
 }
-
-// errNoPortkey is the start error of the portkey peer when it could not be
-// installed.
-var errNoPortkey = errors.New("the Portkey gateway is not installed (see the notes)")
