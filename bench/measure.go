@@ -165,7 +165,7 @@ func (r *runner) measure(scn, step string, round int, p path, conc int, prepare 
 	}
 	calls0 := r.env.upstreamCalls()
 	var cpuProfile <-chan profileResult
-	if r.opt.profile != "" && srv.admin != "" {
+	if srv.admin != "" { // only with -profile
 		cpuProfile = fetchCPUProfile(srv.admin, r.opt.duration)
 	}
 	lr := j.run()
