@@ -102,6 +102,7 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock", "-breaker-open-max", "100ms"}, nil, "-breaker-open-max"},
 		{[]string{"-upstream", "mock", "-gc-percent", "-2"}, nil, "-gc-percent"},
 		{[]string{"-upstream", "mock", "-memory-limit", "-5"}, nil, "-memory-limit"},
+		{[]string{"-upstream", "mock", "-seal-stream-bytes", "0"}, nil, "-seal-stream-bytes"},
 		{[]string{"-upstream", "mock", "-seal-age", "0s"}, nil, "-seal-age"},
 		{[]string{"-upstream", "mock", "-seal-live-bytes", "-1"}, nil, "-seal-live-bytes"},
 		{[]string{"-upstream", "mock", "-max-live-bytes", "4194304", "-seal-live-bytes", "8388608"}, nil, "-seal-live-bytes"},
