@@ -54,6 +54,11 @@ type Flight struct {
 	state    State
 	reason   string
 	body     []byte // non-streaming answer, for joiners
+	// whole: Commit was called, so the answer came whole (a stream's
+	// journal ends with its clean end, a non-streaming body was read
+	// whole). A flight that then ended uncommitted (the store refused the
+	// commit) is Unstored: its clients get the answer, not an abort.
+	whole    bool
 	usage    Usage
 	first    time.Time // when the first event was journaled
 	model    string
@@ -258,6 +263,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		res.Data = body
 		f.body = body
 	}
+	f.whole = true
 	f.mu.Unlock()
 
 	// The ledger and body store learn of the commit before any subscriber
@@ -269,14 +275,18 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 }
 
 // Fail ends the flight without a result. body, when not nil, is the
-// upstream's own (non-2xx) answer, which joiners receive as it was.
+// upstream's own (non-2xx) answer, which joiners receive as it was. A
+// store that refuses a commit fails the flight from inside Commit: the
+// non-streaming body Commit was given stays the flight's (Unstored).
 func (f *Flight) Fail(state State, reason string, body []byte) {
 	f.mu.Lock()
 	if f.ended {
 		f.mu.Unlock()
 		return
 	}
-	f.body = body
+	if body != nil || !f.whole {
+		f.body = body
+	}
 	f.mu.Unlock()
 	f.be.fail(f, state, reason)
 	f.end(state, reason)
@@ -312,6 +322,17 @@ func (f *Flight) Outcome() (state State, reason string, body []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.state, f.reason, f.body
+}
+
+// Unstored reports whether the flight ended with a whole answer that the
+// store did not keep: Commit was called, and the store refused it (the
+// flight ended failed, commit_unknown where the store may hold it after
+// all). Its clients get the answer; the key has no result. Valid once
+// Done is closed.
+func (f *Flight) Unstored() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.whole && f.ended && f.state != StateCommitted
 }
 
 // Events returns the number of events journaled so far.

@@ -38,8 +38,10 @@ const (
 //     otherwise, for a POST, a fresh random key, which the Transport's own
 //     retries and resumes reuse;
 //   - retries, before the response head, connection errors, 429, 500 and
-//     503 (never 502 or 504: ssegate's answers when an outcome is unknown)
-//     answers (never another 4xx), with full-jitter exponential backoff
+//     503 answers (never another 4xx, never 502 or 504, and never an
+//     answer carrying Ssegate-Outcome: unknown, whatever its status: ssegate
+//     marks so every answer whose request went upstream and whose outcome
+//     is unknown), with full-jitter exponential backoff
 //     and Retry-After honoured, at most MaxAttempts attempts within
 //     MaxElapsed; once retries are exhausted, the last answer (or error)
 //     is returned as it came;
@@ -192,8 +194,26 @@ func retryable(code int) bool { return code == http.StatusTooManyRequests || cod
 // capacity, shutdown and store answers are 503s). Never 502 or 504:
 // ssegate answers those when the upstream's outcome is unknown, and the
 // key is then free, so a repeat could be a second paid generation.
-func retryableAnswer(code int) bool {
+//
+// An answer marked with OutcomeHeader is never retried, whatever its
+// status: the request went upstream and its outcome is unknown.
+func retryableAnswer(resp *http.Response) bool {
+	if OutcomeUnknown(resp) {
+		return false
+	}
+	code := resp.StatusCode
 	return code == http.StatusTooManyRequests || code == http.StatusInternalServerError || code == http.StatusServiceUnavailable
+}
+
+// OutcomeHeader is the header ssegate sets, to "unknown", on every answer
+// whose request went upstream and whose outcome cannot be known (the key
+// is left commit_unknown): repeating it could run the request twice.
+const OutcomeHeader = "Ssegate-Outcome"
+
+// OutcomeUnknown reports whether resp carries ssegate's outcome-unknown
+// marker.
+func OutcomeUnknown(resp *http.Response) bool {
+	return strings.EqualFold(strings.TrimSpace(resp.Header.Get(OutcomeHeader)), "unknown")
 }
 
 // RoundTrip implements [http.RoundTripper].
@@ -248,7 +268,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
-		if !retryableAnswer(resp.StatusCode) {
+		if !retryableAnswer(resp) {
 			return resp, nil
 		}
 		e := &retryStatus{resp: resp}

@@ -281,8 +281,36 @@ func relayEnd(reason string) bool { return causes[causeOf(reason)].relayEnd }
 
 // failedAnswer is the answer to a client whose flight ended with no
 // answer to relay (state, reason): no head came, or the head of an answer
-// that is not an event stream and whose body could not be read whole.
-func failedAnswer(reason string) *apiError { return causeOf(reason).err("") }
+// that is not an event stream and whose body could not be read whole. A
+// flight that ended commit_unknown gets the outcome-unknown answer
+// (unknownErr), whatever ended it.
+func failedAnswer(state cache.State, reason string) *apiError {
+	if state == cache.StateCommitUnknown {
+		return causeOf(reason).unknownErr("")
+	}
+	return causeOf(reason).err("")
+}
+
+// unknownErr is the answer of c once the request was sent upstream and
+// no answer can be known (the key is left commit_unknown): 504
+// upstream_timeout where the cause is a timeout, 502 upstream_error
+// otherwise, marked with outcomeHeader and without Retry-After, whatever
+// the cause's own answer before any call would be (503 store_unavailable,
+// shutting_down, upstream_unavailable): those say "try again", and a
+// repeat could be a second paid generation.
+func (c cause) unknownErr(detail string) *apiError {
+	e := c.err(detail)
+	if e.status != s504 {
+		e.status, e.typ = s502, tUpstream
+	} else {
+		e.typ = tTimeout
+	}
+	if !strings.Contains(e.message, "outcome is unknown") {
+		e.message += "; the request was sent upstream" + notSentAgain
+	}
+	e.retryAfter, e.unknown = 0, true
+	return e
+}
 
 // abortFrame is the event that ends a stream whose flight ended
 // uncommitted for reason.

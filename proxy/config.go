@@ -116,6 +116,16 @@ type Config struct {
 	// real providers do not deduplicate, so a repeat may be a second paid
 	// generation.
 	RetryAmbiguous []string
+	// AmbiguousStatus are the upstream statuses (5xx) that say the
+	// request may be running or have run behind the upstream, so that a
+	// repeat could be a second paid generation: never repeated, never
+	// fallen back from, and the key ends commit_unknown, except that
+	// RetryAmbiguous still repeats them to an upstream that deduplicates.
+	// nil means the default, 504 (a gateway timed out waiting for the
+	// backend that has the request); an empty slice names none. An answer
+	// carrying the outcome-unknown marker (Ssegate-Outcome: unknown) is
+	// ambiguous whatever its status, and never repeated.
+	AmbiguousStatus []int
 	// Fallbacks maps a model to the models tried after it, in order, when
 	// it cannot answer (-fallback): every attempt for it ended in a
 	// failure the upstream said it did not run (429, 5xx, a connect
@@ -194,6 +204,14 @@ func (c *Config) setDefaults() error {
 	defInt(&c.UpstreamMaxConns, c.MaxStreams)
 	if len(c.Upstreams) == 0 {
 		return fmt.Errorf("no upstream")
+	}
+	if c.AmbiguousStatus == nil {
+		c.AmbiguousStatus = []int{504} // Gateway Timeout
+	}
+	for _, st := range c.AmbiguousStatus {
+		if st < 500 || st > 599 {
+			return fmt.Errorf("ambiguous-status: %d is not a 5xx status", st)
+		}
 	}
 	for _, u := range c.RetryAmbiguous {
 		if u != "*" && !slices.Contains(c.Upstreams, u) {

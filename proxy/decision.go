@@ -98,21 +98,21 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
-		_, reason, _ := f.Outcome()
-		p.writeError(ctx, failedAnswer(reason))
+		state, reason, _ := f.Outcome()
+		p.writeError(ctx, failedAnswer(state, reason))
 		return
 	}
 	if !h.Stream {
 		<-f.Done()
 		state, reason, body := f.Outcome()
 		if body == nil && state != cache.StateCommitted {
-			p.writeError(ctx, failedAnswer(reason))
+			p.writeError(ctx, failedAnswer(state, reason))
 			return
 		}
 		if replayed && state == cache.StateCommitted {
 			p.saved(f.Usage())
 		}
-		p.whole(ctx, h, replayed, body)
+		p.whole(ctx, h, replayed, body, state, f.Unstored())
 		return
 	}
 	sub, err := f.Subscribe(after)
@@ -125,6 +125,12 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		return
 	}
 	writeHead(ctx, h, replayed)
+	select {
+	case <-f.Done(): // ended before this answer's head: it can say how
+		state, _, _ := f.Outcome()
+		outcomeHead(&ctx.Response.Header, state, f.Unstored())
+	default:
+	}
 	p.stream(ctx, func(c *client) bool {
 		ok := p.follow(c, sub, f, !replayed)
 		if ok && replayed {
@@ -151,7 +157,7 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 		return
 	}
 	if !r.Head.Stream {
-		p.whole(ctx, r.Head, true, data)
+		p.whole(ctx, r.Head, true, data, cache.StateCommitted, false)
 		return
 	}
 	writeHead(ctx, r.Head, true)
@@ -163,9 +169,10 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 // -slow-client-timeout (client.answerWhole), so that a client that stops
 // reading a large stored body is dropped rather than held, and one that
 // reads it steadily gets it whole.
-func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte) {
+func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte, state cache.State, unstored bool) {
 	resp := fasthttp.AcquireResponse()
 	setHead(&resp.Header, h, replayed)
+	outcomeHead(&resp.Header, state, unstored)
 	if u := resumeURL(ctx); u != "" {
 		resp.Header.Set(resumeURLHeader, u)
 	}
@@ -183,6 +190,19 @@ func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
 	setHead(&ctx.Response.Header, h, replayed)
 	if u := resumeURL(ctx); u != "" {
 		ctx.Response.Header.Set(resumeURLHeader, u)
+	}
+}
+
+// outcomeHead marks the head of an answer from a flight that ended in
+// state: the outcome-unknown marker when the key is commit_unknown, and
+// storedHeader when the answer came whole and the store did not keep it
+// (unstored: Flight.Unstored).
+func outcomeHead(rh *fasthttp.ResponseHeader, state cache.State, unstored bool) {
+	if state == cache.StateCommitUnknown {
+		markUnknown(rh)
+	}
+	if unstored {
+		rh.Set(storedHeader, "false")
 	}
 }
 

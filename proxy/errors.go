@@ -17,6 +17,28 @@ type apiError struct {
 	typ        string
 	message    string
 	retryAfter int // seconds; 0 for none
+	// unknown: the request went upstream and its outcome is unknown; the
+	// answer carries outcomeHeader and never Retry-After.
+	unknown bool
+}
+
+// outcomeHeader, set to "unknown", marks every answer whose request was
+// sent upstream and whose outcome cannot be known (the key is left
+// commit_unknown). A client, an ssegate in front, never repeats such an
+// answer: the upstream may have run the request, and a repeat may be a
+// second paid generation (docs/design.md, Upstream retries).
+const outcomeHeader = "Ssegate-Outcome"
+
+// storedHeader, set to "false", marks an answer received whole from the
+// upstream that the store could not keep: the client that caused it gets
+// it, and a repeat of the key will not find it.
+const storedHeader = "Ssegate-Stored"
+
+// markUnknown sets the outcome-unknown marker on an answer's head, and
+// takes away any Retry-After: nothing about it says "try again".
+func markUnknown(rh *fasthttp.ResponseHeader) {
+	rh.Set(outcomeHeader, "unknown")
+	rh.Del("Retry-After")
 }
 
 func (e *apiError) Error() string { return e.typ + ": " + e.message }
@@ -53,7 +75,9 @@ func fillError(resp *fasthttp.Response, e *apiError) {
 	resp.Reset()
 	resp.SetStatusCode(e.status)
 	resp.Header.SetContentType("application/json")
-	if e.retryAfter > 0 {
+	if e.unknown {
+		markUnknown(&resp.Header)
+	} else if e.retryAfter > 0 {
 		resp.Header.Set("Retry-After", strconv.Itoa(e.retryAfter))
 	}
 	b, _ := json.Marshal(errorBody{Error: errorFields{Type: e.typ, Message: e.message}})

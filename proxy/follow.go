@@ -47,8 +47,10 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 				}
 			}
 			if ended {
+				// An answer that came whole and was not kept (its commit
+				// refused) ends as it came: the client has it.
 				state, reason, _ := f.Outcome()
-				if state != cache.StateCommitted {
+				if state != cache.StateCommitted && !f.Unstored() {
 					return c.write(abortFrame(reason)) == nil
 				}
 				return true

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"runtime"
@@ -145,10 +146,31 @@ func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, err
 	cut := g.cause
 	g.mu.Unlock()
 	if cut != causeNone {
-		g.drop() // cancelled while waiting: nothing of it is read
+		// Cancelled while waiting: nothing of the answer is read. Unless
+		// its head says the upstream did not run the request, it may
+		// have: the flight's end is commit_unknown (gen.fail).
+		if !g.p.saidNotRun(resp) {
+			g.mayRun = true
+		}
+		g.drop()
 		return nil, errCancelled
 	}
 	return resp, nil
+}
+
+// saidNotRun reports whether an upstream's answer says the request did not
+// run: an error status that neither carries the outcome-unknown marker
+// nor is one of -ambiguous-status.
+func (p *Proxy) saidNotRun(resp *fasthttp.Response) bool {
+	st := resp.StatusCode()
+	return st >= 400 && !markedUnknown(resp) && !slices.Contains(p.cfg.AmbiguousStatus, st)
+}
+
+// markedUnknown reports whether an upstream's answer carries the
+// outcome-unknown marker: an ssegate behind (or anything that speaks its
+// marker) says the request went on from it and its outcome is unknown.
+func markedUnknown(resp *fasthttp.Response) bool {
+	return bytes.EqualFold(bytes.TrimSpace(resp.Header.Peek(outcomeHeader)), []byte("unknown"))
 }
 
 // errCancelled is call's answer when the generation was cut short while
@@ -176,6 +198,23 @@ type attempt struct {
 	// fallbackCode is the error code of a 400 that -fallback-on-code
 	// names (context_length_exceeded): another model may take it.
 	fallbackCode string
+	// marked: the upstream's error answer carries the outcome-unknown
+	// marker (an ssegate behind, whose key is now commit_unknown and free:
+	// a repeat would be a new generation there). Never repeated, never
+	// fallen back from, -retry-ambiguous or not.
+	marked bool
+	// ambiguousStatus: the upstream's error status is one of
+	// -ambiguous-status (504 by default: a gateway timed out, and the
+	// request may be running behind it). Ambiguous: repeated only to an
+	// upstream -retry-ambiguous names.
+	ambiguousStatus bool
+}
+
+// unknown reports whether the attempt may have left the request running
+// or run upstream: its cause leaves commit_unknown, or the upstream's
+// answer said its outcome is unknown.
+func (a attempt) unknown() bool {
+	return causes[a.cause].state == cache.StateCommitUnknown || a.marked || a.ambiguousStatus
 }
 
 // reason names what the attempt came to, for logs, metrics and the
@@ -192,6 +231,12 @@ func (a attempt) reason() string {
 func (a attempt) verdict() verdict {
 	switch a.cause {
 	case causeNone, causeUpstreamRefused, causeUpstreamFailed:
+		switch {
+		case a.marked:
+			return final
+		case a.ambiguousStatus:
+			return ambiguous
+		}
 		return statusVerdict(a.head.Status)
 	}
 	return causes[a.cause].verdict
@@ -282,6 +327,14 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 			g.fail(c, 0, nil)
 			return attempt{cause: c}, last, settled
 		}
+		select {
+		case <-g.f.Done():
+			// The store ended the flight meanwhile (fenced, or
+			// unreachable for a lease): no call is made for it.
+			_, reason, _ := g.f.Outcome()
+			return attempt{cause: causeOf(reason)}, last, settled
+		default:
+		}
 		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
 			return attempt{cause: causeUpstreamUnavailable}, last, rt.failedEnd()
@@ -289,7 +342,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 		*calls++
 		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
 		a, ok := g.try(up, tmpl, done, more)
-		if causes[a.cause].state == cache.StateCommitUnknown {
+		if a.unknown() {
 			g.mayRun = true
 		}
 		if ok {
@@ -446,6 +499,8 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 	a = attempt{head: head}
 	if head.Status >= 400 {
 		a.cause = upstreamStatus(head.Status)
+		a.marked = markedUnknown(resp)
+		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
 	}
 	switch {
 	case head.Status >= 500:
@@ -466,7 +521,9 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		g.settle(resp, head, body, err)
 		return a, true
 	}
-	if a.verdict() == safe {
+	if a.verdict() == safe || a.marked || a.ambiguousStatus {
+		// An answer that may be repeated, or one whose outcome is
+		// unknown: the attempts decide, and the last is relayed (end).
 		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
 		a.body, _ = readBody(resp, 64<<10)
 		return a, false
@@ -554,8 +611,11 @@ func isJSON(ct string) bool {
 // prev) brought no answer worth recording as a result.
 func (g *gen) end(attempts int, a, prev attempt) {
 	f := g.f
-	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous {
-		a = prev // relay the upstream's own last answer rather than a connect error
+	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
+		// Relay the upstream's own last answer rather than a connect
+		// error; not after a call that may have run (its answer said
+		// "not run", a later call's outcome is unknown).
+		a = prev
 	}
 	state := g.failState(a.cause)
 	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; fail records the state
@@ -799,6 +859,12 @@ func (g *gen) skipped(stored bool) {
 		g.p.m.cacheSkipped.WithLabelValues("no_key").Inc()
 	case !stored:
 		g.p.m.cacheSkipped.WithLabelValues("store_refused").Inc()
+		if f := g.f; f.Unstored() {
+			state, reason, _ := f.Outcome()
+			g.p.log.Warn("answer not stored", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+				"state", state, "reason", reason, "events", f.Events(),
+				"msg", "the answer came whole and went to its clients; the store refused its commit, so a repeat of the key will not find it")
+		}
 	}
 }
 

@@ -192,11 +192,12 @@ func (o *origin) answerRest() {
 	var refused *apiError
 	state, reason, body := f.Outcome()
 	if h, ok := f.Head(); !ok {
-		refused = failedAnswer(reason)
+		refused = failedAnswer(state, reason)
 	} else if body == nil && state != cache.StateCommitted {
-		refused = failedAnswer(reason)
+		refused = failedAnswer(state, reason)
 	} else {
 		setHead(&resp.Header, h, false)
+		outcomeHead(&resp.Header, state, f.Unstored())
 		resp.SetBody(body)
 	}
 	if refused != nil {
@@ -244,7 +245,7 @@ func (o *origin) flushLocked() {
 		var at [maxParts][]byte
 		spans, ended := o.sub.ReadSpans(at[:0])
 		if ended {
-			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted {
+			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted && !o.f.Unstored() {
 				spans = append(spans, abortFrame(reason))
 			}
 			if o.offer(true, spans...) {

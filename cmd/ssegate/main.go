@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -47,6 +48,8 @@ type options struct {
 	anonymousKeys string
 	secret        string
 	retryAmbig    listFlag
+	ambigStatus   string
+	ambigStatuses []int // parsed from ambigStatus
 	fallbacks     fallbackFlag
 	fallbackCodes listFlag
 	upstreams     listFlag
@@ -96,6 +99,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
+	fs.StringVar(&o.ambigStatus, "ambiguous-status", "504", "upstream statuses (5xx, comma-separated, or none) that say the request may be running or have run behind the upstream (a gateway that timed out waiting for it): never retried nor fallen back from, the key ends commit_unknown, and the client gets the answer with Ssegate-Outcome: unknown; -retry-ambiguous still retries them to an upstream that deduplicates. An answer carrying Ssegate-Outcome: unknown is ambiguous whatever its status, and never retried")
 	fs.Var(&o.fallbacks, "fallback", "FROM=TO[,TO...]: when model FROM cannot answer (429, 5xx, connect errors or an error event before any other, after -retry-attempts; its circuits open; or a 400 naming a -fallback-on-code), the request goes to model TO, then the next, on the same upstreams and path; FROM * is every model without a rule of its own. Repeatable; SSEGATE_FALLBACK takes rules separated by semicolons. Never after the first event, nor after a failure that may have left a generation running")
 	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated. Default context_length_exceeded (Anthropic's \"prompt is too long\" counts as it)")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
@@ -208,6 +212,10 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
 	}
+	var err error
+	if o.ambigStatuses, err = statusList(o.ambigStatus); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -292,7 +300,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
-		Fallbacks: o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
+		AmbiguousStatus: o.ambigStatuses,
+		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
 		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
 	})
@@ -379,6 +388,26 @@ func (f *fallbackFlag) Set(v string) error {
 		f.rules[from] = tos // a later rule for FROM (the command line after SSEGATE_FALLBACK) wins
 	}
 	return nil
+}
+
+// statusList parses -ambiguous-status: comma-separated statuses, or none
+// (an empty list, not the default).
+func statusList(v string) ([]int, error) {
+	out := []int{}
+	if strings.TrimSpace(v) == "none" {
+		return out, nil
+	}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 500 || n > 599 {
+			return nil, fmt.Errorf("-ambiguous-status: %q is not a 5xx status", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // listFlag is a flag that may be repeated, each value a comma-separated list.

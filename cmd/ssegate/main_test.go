@@ -104,6 +104,8 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock", "-memory-limit", "-5"}, nil, "-memory-limit"},
 		{[]string{"-upstream", "mock", "-seal-stream-bytes", "0"}, nil, "-seal-stream-bytes"},
 		{[]string{"-upstream", "mock", "-seal-age", "0s"}, nil, "-seal-age"},
+		{[]string{"-upstream", "mock", "-ambiguous-status", "404"}, nil, "-ambiguous-status"},
+		{[]string{"-upstream", "mock"}, map[string]string{"SSEGATE_AMBIGUOUS_STATUS": "50x"}, "-ambiguous-status"},
 		{[]string{"-upstream", "mock", "-seal-live-bytes", "-1"}, nil, "-seal-live-bytes"},
 		{[]string{"-upstream", "mock", "-max-live-bytes", "4194304", "-seal-live-bytes", "8388608"}, nil, "-seal-live-bytes"},
 		{nil, nil, "-upstream is required"},

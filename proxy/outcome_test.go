@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+)
+
+// unknownAnswer fails the test unless got is the outcome-unknown answer:
+// status, the marker, no Retry-After.
+func unknownAnswer(t *testing.T, who string, got result, status int) {
+	t.Helper()
+	if got.status != status || got.header.Get(outcomeHeader) != "unknown" || got.header.Get("Retry-After") != "" {
+		t.Fatalf("%s: got %d %s: %q, Retry-After %q (%s); want %d with %s: unknown and no Retry-After",
+			who, got.status, outcomeHeader, got.header.Get(outcomeHeader), got.header.Get("Retry-After"), got.raw, status, outcomeHeader)
+	}
+}
+
+// settle lets a wrong retry or fallback happen before calls are counted:
+// the backoffs of these proxies are milliseconds long.
+func settle() { time.Sleep(200 * time.Millisecond) }
+
+// TestChainOutcomeUnknown: two ssegates in a chain, the outer one with
+// -retry-ambiguous naming the inner one and a -fallback for the model,
+// in front of an upstream that takes the request and then fails (a reset
+// after reading it, or no answer within the inner one's budget). The
+// inner one answers its outcome-unknown 502 or 504 with the marker; the
+// outer one neither repeats nor falls back: one upstream call, and the
+// client gets the outer one's outcome-unknown answer, both keys
+// commit_unknown.
+func TestChainOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	plain := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		name   string
+		script func(*rawUpstream, net.Conn)
+		body   string
+		status int
+	}{
+		{"reset after reading, stream", hangUpRaw, chatBody, 502},
+		{"reset after reading, not streaming", hangUpRaw, plain, 502},
+		{"no answer in time, stream", stallRaw, chatBody, 504},
+		{"no answer in time, not streaming", stallRaw, plain, 504},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := newRawUpstream(t, c.script)
+			fallback := map[string][]string{"gpt-4o-mini": {"gpt-4o"}}
+			inner := retryEnv(t, []string{up.url}, func(pc *Config) {
+				shortBudgets(pc)
+				pc.Fallbacks = fallback
+			})
+			outer := retryEnv(t, []string{inner.url}, func(pc *Config) {
+				pc.RetryAmbiguous = []string{inner.url}
+				pc.Fallbacks = fallback
+			})
+			key := newKey("chain")
+			got := outer.fetch(req{key: key, body: c.body})
+			settle()
+			wantCount(t, "upstream calls", up.calls.Load(), 1)
+			unknownAnswer(t, "client of the outer ssegate", got, c.status)
+			outer.waitState(key, "", cache.StateCommitUnknown)
+			inner.waitState(key, "", cache.StateCommitUnknown)
+		})
+	}
+}
+
+// hangUpRaw reads the request and closes the connection.
+func hangUpRaw(_ *rawUpstream, c net.Conn) { readRequest(c) }
+
+// stallRaw reads the request and answers nothing until the test ends.
+func stallRaw(u *rawUpstream, c net.Conn) {
+	readRequest(c)
+	u.stall()
+}
+
+// TestAmbiguousUpstreamAnswers: an upstream's answer that says the
+// request may have run is never repeated nor fallen back from: a 504 (a
+// balancer that timed out waiting for its backend, after reading the
+// request), and any answer carrying the outcome-unknown marker. The
+// client gets the answer with the marker, and the key is commit_unknown.
+// -retry-ambiguous repeats the 504 to an upstream that deduplicates, but
+// never a marked answer; -ambiguous-status none makes 504 safe again.
+func TestAmbiguousUpstreamAnswers(t *testing.T) {
+	t.Parallel()
+	marked := func(code int) func(int64, http.ResponseWriter, *http.Request) {
+		return func(_ int64, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set(outcomeHeader, "unknown")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			fmt.Fprint(w, `{"error":{"type":"upstream_error","message":"its outcome is unknown"}}`)
+		}
+	}
+	plain := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		name    string
+		script  func(int64, http.ResponseWriter, *http.Request)
+		body    string
+		keyed   bool
+		tune    func(pc *Config, url string)
+		calls   int64
+		status  int
+		unknown bool
+	}{
+		{"balancer 504, stream", status(504), chatBody, true, nil, 1, 504, true},
+		{"balancer 504, not streaming", status(504), plain, true, nil, 1, 504, true},
+		{"balancer 504, no key", status(504), chatBody, false, nil, 1, 504, true},
+		{"marked 502", marked(502), chatBody, true, nil, 1, 502, true},
+		{"marked 503", marked(503), chatBody, true, nil, 1, 503, true},
+		{"marked 502, no key", marked(502), plain, false, nil, 1, 502, true},
+		{"marked 502, -retry-ambiguous", marked(502), chatBody, true, func(pc *Config, url string) { pc.RetryAmbiguous = []string{url} }, 1, 502, true},
+		{"balancer 504, -retry-ambiguous", status(504), chatBody, true, func(pc *Config, url string) {
+			pc.RetryAmbiguous = []string{url}
+			pc.Fallbacks = nil
+		}, 3, 504, true},
+		{"balancer 504, -ambiguous-status none", status(504), chatBody, true, func(pc *Config, _ string) {
+			pc.AmbiguousStatus = []int{}
+			pc.Fallbacks = nil
+		}, 3, 504, false},
+		{"balancer 502 named by -ambiguous-status", status(502), chatBody, true, func(pc *Config, _ string) { pc.AmbiguousStatus = []int{502, 504} }, 1, 502, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			fs := newFaultServer(t, c.script)
+			e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+				pc.Fallbacks = map[string][]string{"gpt-4o-mini": {"gpt-4o"}}
+				if c.tune != nil {
+					c.tune(pc, fs.url)
+				}
+			})
+			key := ""
+			if c.keyed {
+				key = newKey("ambiguous-answer")
+			}
+			got := e.fetch(req{key: key, body: c.body})
+			settle()
+			wantCount(t, "upstream calls", fs.calls.Load(), c.calls)
+			if got.status != c.status || (got.header.Get(outcomeHeader) == "unknown") != c.unknown {
+				t.Fatalf("client: got %d %s %q (%s); want %d, marked %v", got.status, outcomeHeader, got.header.Get(outcomeHeader), got.raw, c.status, c.unknown)
+			}
+			if c.unknown && got.header.Get("Retry-After") != "" {
+				t.Fatalf("client: Retry-After %q on an answer whose outcome is unknown", got.header.Get("Retry-After"))
+			}
+			if !strings.Contains(string(got.raw), `"error"`) {
+				t.Fatalf("client: got %s; want the upstream's own error body", got.raw)
+			}
+			if c.keyed {
+				want := cache.StateFailedRetryable
+				if c.unknown {
+					want = cache.StateCommitUnknown
+				}
+				e.waitState(key, "", want)
+			}
+		})
+	}
+}
+
+// TestNoRetryAfterTheCall: once the request was written upstream, no
+// answer is a 503 or carries Retry-After, whatever ended it: it is the
+// outcome-unknown answer, and the key ends commit_unknown.
+func TestNoRetryAfterTheCall(t *testing.T) {
+	t.Parallel()
+	t.Run("shutdown while the head is awaited", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+			readRequest(c)
+			select {
+			case <-release:
+			case <-u.done:
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
+			u.stall()
+		})
+		e := retryEnv(t, []string{up.url}, nil)
+		key := newKey("shutdown")
+		done := make(chan result, 1)
+		go func() { done <- e.fetch(req{key: key}) }()
+		waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
+		time.Sleep(50 * time.Millisecond) // the request is read by now
+		e.proxy.Abort()                   // what Shutdown does once the drain's time is up
+		close(release)
+		got := <-done
+		unknownAnswer(t, "client", got, 502)
+		e.waitState(key, "", cache.StateCommitUnknown)
+		wantCount(t, "upstream calls", up.calls.Load(), 1)
+	})
+	t.Run("shutdown before the call", func(t *testing.T) {
+		t.Parallel()
+		fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+		e := retryEnv(t, []string{fs.url}, nil)
+		e.proxy.Abort()
+		got := e.fetch(req{key: newKey("shutdown-before")})
+		if got.status != 503 || got.errType != "shutting_down" || got.header.Get(outcomeHeader) != "" {
+			t.Fatalf("client: got %d %q marker %q; want 503 shutting_down, unmarked: nothing was sent", got.status, got.errType, got.header.Get(outcomeHeader))
+		}
+		wantCount(t, "upstream calls", fs.calls.Load(), 0)
+	})
+	t.Run("ambiguous attempt, then an open circuit, -retry-ambiguous", func(t *testing.T) {
+		t.Parallel()
+		fs := newFaultServer(t, hangUp)
+		e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+			pc.RetryAmbiguous = []string{fs.url}
+			pc.Retry.BreakerFailures = 1
+			pc.Retry.BreakerOpen = time.Minute
+			pc.Retry.BreakerOpenMax = time.Minute
+		})
+		key := newKey("circuit")
+		got := e.fetch(req{key: key})
+		wantCount(t, "upstream calls", fs.calls.Load(), 1)
+		unknownAnswer(t, "client", got, 502)
+		e.waitState(key, "", cache.StateCommitUnknown)
+		// A new key meets the open circuit before any call: 503 is right.
+		got = e.fetch(req{key: newKey("circuit-after")})
+		if got.status != 503 || got.header.Get(outcomeHeader) != "" {
+			t.Fatalf("new key: got %d marker %q; want 503 upstream_unavailable, unmarked", got.status, got.header.Get(outcomeHeader))
+		}
+	})
+	t.Run("joiner of a flight whose outcome is unknown", func(t *testing.T) {
+		t.Parallel()
+		release := make(chan struct{})
+		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+			readRequest(c)
+			select {
+			case <-release:
+			case <-u.done:
+			}
+		})
+		e := retryEnv(t, []string{up.url}, nil)
+		key := newKey("joiner")
+		first := make(chan result, 1)
+		go func() { first <- e.fetch(req{key: key}) }()
+		waitFor(t, func() bool { return up.calls.Load() == 1 })
+		joined := make(chan result, 1)
+		go func() { joined <- e.fetch(req{key: key}) }()
+		waitFor(t, func() bool { return strings.Contains(e.scrape(), `ssegate_requests_total{decision="join"} 1`) })
+		close(release)
+		unknownAnswer(t, "first client", <-first, 502)
+		unknownAnswer(t, "joiner", <-joined, 502)
+		wantCount(t, "upstream calls", up.calls.Load(), 1)
+	})
+}
