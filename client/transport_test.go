@@ -165,6 +165,31 @@ func TestNoRetryOn400(t *testing.T) {
 	}
 }
 
+// TestNoRetryOnOutcomeUnknown: an answer carrying Ssegate-Outcome:
+// unknown is returned at once whatever its status, even one the Transport
+// otherwise retries (500, 503, with Retry-After or not): the request went
+// upstream and may have run.
+func TestNoRetryOnOutcomeUnknown(t *testing.T) {
+	for _, code := range []int{http.StatusInternalServerError, http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		var rec recorder
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rec.add(r)
+			w.Header().Set(client.OutcomeHeader, "unknown")
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(code)
+		}))
+		resp := post(t, fast(), srv.URL, "x")
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != code || !client.OutcomeUnknown(resp) {
+			t.Errorf("%d: got %d, marked %v; want the marked answer as it came", code, resp.StatusCode, client.OutcomeUnknown(resp))
+		}
+		if keys, _ := rec.snapshot(); len(keys) != 1 {
+			t.Errorf("%d: attempts: got %d; want 1", code, len(keys))
+		}
+	}
+}
+
 // TestKeyPinned: a key pinned to the context is sent on every request made
 // with it (the retries included); a request's own header wins; two POSTs
 // without either get two different keys.
