@@ -285,10 +285,28 @@ func relayEnd(reason string) bool { return causes[causeOf(reason)].relayEnd }
 // flight that ended commit_unknown gets the outcome-unknown answer
 // (unknownErr), whatever ended it.
 func failedAnswer(state cache.State, reason string) *apiError {
-	if state == cache.StateCommitUnknown {
-		return causeOf(reason).unknownErr("")
+	c := causeOf(reason)
+	if state == cache.StateCommitUnknown || c.sentUnknown() {
+		return c.unknownErr("")
 	}
-	return causeOf(reason).err("")
+	return c.err("")
+}
+
+// sentUnknown reports whether a flight that failed for c before any byte
+// reached its clients had its request written upstream, with no word from
+// the upstream that it did not run it: a failure the proxy does not repeat
+// (an ambiguous verdict: a timeout, a reset, an answer that is no valid
+// stream), or an answer the proxy cut or could not take whole (its bounds,
+// a body cut where its connection closed). The upstream may have run the
+// request, and billed it, even where the key is left free
+// (failed_retryable): a repeat by a client or an ssegate in front must be
+// a decision, not an automatic retry, so the answer carries the marker.
+func (c cause) sentUnknown() bool {
+	switch c {
+	case causeUnframedBody, causeMaxStreamBytes, causeMaxEventBytes, causeMaxStreamDuration:
+		return true
+	}
+	return causes[c].verdict == ambiguous
 }
 
 // unknownErr is the answer of c once the request was sent upstream and
