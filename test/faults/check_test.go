@@ -212,23 +212,36 @@ func (c *checker) body(x *exchange, calls []call, bad func(string, ...any)) {
 
 // jsonError checks an error answer before any byte.
 func (c *checker) jsonError(x *exchange, calls []call, bad func(string, ...any)) {
+	for _, cl := range calls {
+		if cl.status == x.status && cl.status != 0 && bytes.Equal(cl.body, x.body) {
+			// The upstream's own error, relayed; one that says the request
+			// may have run keeps saying so.
+			if cl.class == failed && !x.unknown {
+				bad("the upstream's %d, which says the request may have run, relayed without Ssegate-Outcome: unknown", cl.status)
+			}
+			return
+		}
+	}
 	if !strings.HasPrefix(x.ctype, "application/json") {
 		bad("an error answer that is not JSON")
 		return
 	}
 	typ := x.errType()
 	if want, ok := allowedErrors[typ]; ok && want == x.status {
+		if x.kind == fresh && !x.unknown && len(calls) > 0 && calls[len(calls)-1].class == failed && lastFor(calls, x.origin) {
+			bad("%d %s after a call the upstream did not refuse, without Ssegate-Outcome: unknown", x.status, typ)
+		}
 		return
 	}
 	if typ == "stream_gone" && x.status == 410 && x.kind != fresh {
 		return
 	}
-	for _, cl := range calls {
-		if cl.status == x.status && cl.status != 0 && bytes.Equal(cl.body, x.body) {
-			return // the upstream's own error, relayed
-		}
-	}
 	bad("error %d %q is not an answer this round allows (upstream_error 502, upstream_timeout 504, stream_gone 410 to a resume, or the upstream's own error relayed)", x.status, typ)
+}
+
+// lastFor reports whether the last call was made for the request origin.
+func lastFor(calls []call, origin string) bool {
+	return len(calls) > 0 && calls[len(calls)-1].origin == origin
 }
 
 // prefixOfSome reports whether evs is a prefix of some call's events from

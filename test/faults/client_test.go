@@ -36,6 +36,7 @@ type exchange struct {
 	status   int
 	ctype    string
 	replayed bool // Idempotent-Replayed: true
+	unknown  bool // Ssegate-Outcome: unknown
 
 	// A stream: its events and their bytes as received, without keep-alive
 	// comments. A body: the body.
@@ -205,6 +206,7 @@ func (cl *clients) do(x *exchange) {
 	x.status = resp.StatusCode
 	x.ctype = resp.Header.Get("Content-Type")
 	x.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	x.unknown = resp.Header.Get("Ssegate-Outcome") == "unknown"
 	if !strings.HasPrefix(x.ctype, "text/event-stream") {
 		x.body, x.readErr = io.ReadAll(resp.Body)
 		if x.readErr != nil && leaving && errors.Is(x.readErr, context.Canceled) {

@@ -58,12 +58,16 @@ const (
 	fCutBody                        // a non-streaming 200 whose body is shorter than its Content-Length
 	fCutChunked                     // a non-streaming 200, chunked, closed before its last chunk
 	fCutClose                       // a non-streaming 200 without length or chunks, closed inside its JSON
+	fMarked502                      // the request is read, then an ssegate's outcome-unknown 502 (Ssegate-Outcome: unknown)
+	fMarked504                      // the request is read, then an ssegate's outcome-unknown 504 (Ssegate-Outcome: unknown)
+	fBalancer504                    // the request is read, then a load balancer's 504 page (its backend may be running it)
 )
 
 var faultNames = [...]string{
 	"none", "slow-first-token", "429+retry-after", "429", "500", "503", "error-event-first",
 	"reset-before-head", "hang", "reset-after", "cut", "stall", "error-event-mid", "malformed-event",
 	"bad-chunk", "no-done", "no-done-no-usage", "garbage-200", "cut-body", "cut-chunked-body", "cut-body-close",
+	"marked-502", "marked-504", "balancer-504",
 }
 
 // class is what a call cost, as the upstream knows it.
@@ -119,10 +123,11 @@ var finishReasons = []string{"stop", "length", "tool_calls", "content_filter", "
 // faultsFor lists the faults that apply to a spec's requests.
 func faultsFor(d dialect, usage bool) []faultKind {
 	if d == chatBody {
-		return []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fResetHead, fHang, fCutBody, fCutChunked, fCutClose}
+		return []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fResetHead, fHang, fCutBody, fCutChunked, fCutClose,
+			fMarked502, fMarked504, fBalancer504}
 	}
 	ks := []faultKind{fSlowFirst, f429RetryAfter, f429, f500, f503, fErrorFirst, fResetHead, fHang,
-		fResetAfter, fCut, fStall, fErrorMid, fMalformed, fBadChunk, fGarbage200}
+		fResetAfter, fCut, fStall, fErrorMid, fMalformed, fBadChunk, fGarbage200, fMarked502, fMarked504, fBalancer504}
 	if d == chatStream {
 		ks = append(ks, fNoDone, fNoDone)
 		if usage {

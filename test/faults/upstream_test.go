@@ -300,6 +300,27 @@ func (u *upstream) handle(ctx *fasthttp.RequestCtx) {
 			half := ref.body[:len(ref.body)/2]
 			fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(half), half)
 		})
+	case fMarked502, fMarked504:
+		// What an ssegate answers when the request went on from it and no
+		// answer can be known: the upstream behind it may be running it.
+		code, typ := fasthttp.StatusBadGateway, "upstream_error"
+		if f.kind == fMarked504 {
+			code, typ = fasthttp.StatusGatewayTimeout, "upstream_timeout"
+		}
+		body := []byte(`{"error":{"type":"` + typ + `","message":"the upstream took the request and did not answer; its outcome is unknown, and it was not sent again"}}`)
+		ctx.Response.Header.Set("Ssegate-Outcome", "unknown")
+		ctx.SetStatusCode(code)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(body)
+		u.setError(c, code, body)
+	case fBalancer504:
+		// A balancer that read the request, passed it on and gave up
+		// waiting for its backend (nginx's proxy_read_timeout).
+		body := []byte("<html>\r\n<head><title>504 Gateway Time-out</title></head>\r\n<body>\r\n<center><h1>504 Gateway Time-out</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+		ctx.SetStatusCode(fasthttp.StatusGatewayTimeout)
+		ctx.SetContentType("text/html")
+		ctx.SetBody(body)
+		u.setError(c, fasthttp.StatusGatewayTimeout, body)
 	case fCutClose:
 		// The body's end is the connection's: by HTTP's framing the
 		// answer is complete, and only its JSON shows it is cut.
