@@ -95,6 +95,10 @@ const (
 	causeUpstreamIdleTimeout
 	causeUpstreamReadError
 	causeHealRefused // a background Responses stream's resume, refused by the upstream
+	// An ssegate upstream's stream_aborted before any other event: its
+	// word that the outcome is unknown, as its marker is (final: never
+	// repeated, -retry-ambiguous or not, since its key may now be free).
+	causeUpstreamAborted
 
 	// The stream's end, as sse.Detector judges it.
 	causeErrorEvent
@@ -192,6 +196,7 @@ var causes = [numCauses]causeRow{
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
 	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
 	causeHealRefused:         {name: "heal_refused", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: "the upstream connection failed mid-stream and the upstream refused to resume the stream", abort: "the upstream connection failed mid-stream, and the upstream refused to resume it"},
+	causeUpstreamAborted:     {name: "upstream_aborted", state: unknown, status: s502, typ: tUpstream, msg: "the upstream (an ssegate) ended its stream with stream_aborted before any other event" + notSentAgain, abort: "the upstream ended its stream with stream_aborted"},
 	causeUpstreamReadError:   {name: "upstream_read_error", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
 
 	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},
@@ -303,7 +308,7 @@ func failedAnswer(state cache.State, reason string) *apiError {
 // a decision, not an automatic retry, so the answer carries the marker.
 func (c cause) sentUnknown() bool {
 	switch c {
-	case causeUnframedBody, causeMaxStreamBytes, causeMaxEventBytes, causeMaxStreamDuration:
+	case causeUnframedBody, causeMaxStreamBytes, causeMaxEventBytes, causeMaxStreamDuration, causeUpstreamAborted:
 		return true
 	}
 	return causes[c].verdict == ambiguous

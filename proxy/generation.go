@@ -709,6 +709,11 @@ read:
 				g.responseCreated(ev, det, h)
 			}
 			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
+				if ev.Type == "error" && gjson.Get(ev.Data, "error.type").Str == "stream_aborted" {
+					// An ssegate behind cut its stream: not the provider
+					// saying it did not run the request.
+					return causeUpstreamAborted, false
+				}
 				return causeErrorEvent, false // an upstream error before any event: a failed call
 			}
 			f.SetHead(head)

@@ -51,6 +51,10 @@ func TestChainOutcomeUnknown(t *testing.T) {
 		// The inner one's key is free (an answer came, not a stream),
 		// but the upstream may have run the request: marked all the same.
 		{"200 that is not an event stream", answerRaw("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 20\r\n\r\n<html>error</html>\r\n"), chatBody, 502, cache.StateFailedRetryable},
+		// The inner one sends its head, then stream_aborted as its first
+		// event: the outer one neither takes it for the provider's "not
+		// run" error event nor repeats it.
+		{"malformed first event", answerRaw(withLength("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tru\n\n")), chatBody, 502, cache.StateFailedRetryable},
 		{"not streaming, body cut where the connection closed", answerRaw("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"id\":\"chatcmpl-1\",\"choi"), plain, 502, cache.StateFailedRetryable},
 	}
 	for _, c := range cases {
@@ -75,6 +79,12 @@ func TestChainOutcomeUnknown(t *testing.T) {
 			inner.waitState(key, "", c.inner)
 		})
 	}
+}
+
+// withLength is an HTTP answer of head (the status line and headers, each
+// ending in CRLF) and body, framed by a Content-Length.
+func withLength(head, body string) string {
+	return fmt.Sprintf("%sContent-Length: %d\r\n\r\n%s", head, len(body), body)
 }
 
 // hangUpRaw reads the request and closes the connection.

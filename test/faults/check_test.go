@@ -134,6 +134,9 @@ func (c *checker) stream(x *exchange, calls []call, bad func(string, ...any)) {
 	aborted := len(evs) > 0 && isAbort(evs[len(evs)-1])
 	if aborted {
 		evs = evs[:len(evs)-1]
+		if c.plan.chain && len(evs) > 0 && isAbort(evs[len(evs)-1]) {
+			evs = evs[:len(evs)-1] // the inner ssegate's, relayed as its upstream's failure event
+		}
 	}
 	for i, ev := range evs {
 		if isAbort(ev) {

@@ -17,6 +17,7 @@ import (
 var (
 	seedFlag   = flag.Int64("faults.seed", 0, "seed of the first round of TestFaults (0: $SSEGATE_FAULT_SEED, else from the clock)")
 	roundsFlag = flag.Int("faults.rounds", 0, "rounds of TestFaults, with seeds seed, seed+1, ... (0: $SSEGATE_FAULT_ROUNDS, else 2)")
+	chainFlag  = flag.Int("faults.chain-rounds", 1, "rounds of TestFaultsChain (two ssegates in a chain), with seeds seed, seed+1, ...")
 	skipFlag   = flag.String("faults.skip", "", "comma-separated faults to leave out of TestFaults's draw (e.g. garbage-200,no-done; unkeyed-drop: no unkeyed client leaves early), or $SSEGATE_FAULT_SKIP; a seed draws the same round only with the same list")
 )
 
@@ -148,14 +149,38 @@ func TestFaults(t *testing.T) {
 	t.Logf("seeds %d..%d (rerun one with -faults.seed=N -faults.rounds=1 or SSEGATE_FAULT_SEED=N)", seed, seed+int64(rounds)-1)
 	for i := range rounds {
 		s := seed + int64(i)
-		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { round(t, s, skip) })
+		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { round(t, s, skip, false) })
 	}
 }
 
-// round runs one seed's round and checks it.
-func round(t *testing.T, seed int64, skip map[string]bool) {
+// TestFaultsChain is TestFaults with two ssegates in a chain, as
+// docs/design.md recommends for one ssegate in front of another: the
+// clients' one, with -retry-ambiguous naming the other, in front of the
+// other, in front of the faulty upstream. Its invariants are TestFaults's,
+// its cost above all: each key costs at most 1 + its failed generations
+// in paid calls, across both. (A stream the inner ssegate aborted ends,
+// at the client, with the inner one's stream_aborted relayed as its
+// upstream's failure event, then the outer one's: two abort events count
+// as one end.) -faults.chain-rounds sets its rounds, 1 by default.
+func TestFaultsChain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the randomized fault test takes about 10 s a round")
+	}
+	seed, _ := seeds(t)
+	skip := skipped(t)
+	t.Logf("seeds %d..%d (rerun one with -faults.seed=N -faults.chain-rounds=1)", seed, seed+int64(*chainFlag)-1)
+	for i := range *chainFlag {
+		s := seed + int64(i)
+		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) { round(t, s, skip, true) })
+	}
+}
+
+// round runs one seed's round and checks it; chain puts two ssegates in a
+// chain (TestFaultsChain).
+func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 	began := time.Now()
 	p := newPlan(seed, skip)
+	p.chain = chain
 	w := newWorld(t, p)
 	if err := w.warmUp(); err != nil {
 		t.Fatal(err)

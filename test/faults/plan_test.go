@@ -217,6 +217,9 @@ type plan struct {
 	seed  int64
 	specs []*spec
 	byKey map[string]*spec // keyed specs by key, unkeyed by name
+	// chain: the clients' ssegate is in front of a second one, which is
+	// in front of the upstream (TestFaultsChain).
+	chain bool
 }
 
 // Plan sizes.

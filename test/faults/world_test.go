@@ -44,11 +44,12 @@ type world struct {
 	mock  *mockllm.Server
 	up    *upstream
 	store *cache.Memory
-	proxy *proxy.Proxy
+	proxy *proxy.Proxy // the one the clients talk to
 	srv   *fasthttp.Server
 	url   string
 	cl    *clients
 	logs  *gatetest.LogBuffer
+	inner *proxy.Proxy // in a chain, the one in front of the upstream
 }
 
 func newWorld(t *testing.T, p *plan) *world {
@@ -71,18 +72,46 @@ func newWorld(t *testing.T, p *plan) *world {
 	if w.store, err = cache.NewMemory(cache.Config{TTL: time.Hour, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
+	upURL, budget := w.up.url, upstreamTimeout
+	var retryAmbiguous []string
+	if p.chain {
+		// The inner ssegate, in front of the upstream, as the single one
+		// is; the outer one's budgets are twice its, so that the inner
+		// one's timeouts, not the outer one's, end a silent call.
+		innerURL := w.serve(t, "inner", w.up.url, upstreamTimeout, nil)
+		upURL, budget, retryAmbiguous = innerURL, 2*upstreamTimeout, []string{innerURL}
+	}
+	w.url = w.serve(t, "outer", upURL, budget, retryAmbiguous)
+	w.cl = newClients(w.url)
+	return w
+}
+
+// serve starts an ssegate in front of upURL, wired as cmd/ssegate wires
+// it, with budget as its -upstream-idle-timeout, -head-timeout and
+// -attempt-timeout, and returns its URL. The last one started is the
+// world's proxy (the one the clients talk to); the one before it, inner.
+func (w *world) serve(t *testing.T, name, upURL string, budget time.Duration, retryAmbiguous []string) string {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("ssegate", name)
+	store := w.store
+	if name == "inner" {
+		var err error
+		if store, err = cache.NewMemory(cache.Config{TTL: time.Hour, Logger: log}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// As cmd/ssegate's flags would set them: -heartbeat 250ms
 	// -upstream-idle-timeout 1.5s -attempt-timeout 1.5s
 	// -slow-client-timeout 1s -retry-backoff 20ms -retry-max-backoff 100ms
 	// -retry-after-max 2s; the retry budget and the circuit breaker out of
 	// the way (-retry-budget-min 100000 -breaker-failures 1000000000), since
 	// the round makes an outage of every third call on purpose.
-	w.proxy, err = proxy.New(proxy.Config{
-		Upstreams: []string{w.up.url}, Store: w.store, Logger: log,
-		Heartbeat: heartbeat, UpstreamIdleTimeout: upstreamTimeout, HeadTimeout: upstreamTimeout, SlowClientTimeout: slowClient,
+	px, err := proxy.New(proxy.Config{
+		Upstreams: []string{upURL}, Store: store, Logger: log, RetryAmbiguous: retryAmbiguous,
+		Heartbeat: heartbeat, UpstreamIdleTimeout: budget, HeadTimeout: budget, SlowClientTimeout: slowClient,
 		Retry: proxy.RetryConfig{
 			Attempts: 3, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-			RetryAfterMax: 2 * time.Second, AttemptTimeout: upstreamTimeout,
+			RetryAfterMax: 2 * time.Second, AttemptTimeout: budget,
 			BudgetMin: 100_000, BreakerFailures: 1_000_000_000,
 		},
 	})
@@ -93,22 +122,33 @@ func newWorld(t *testing.T, p *plan) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.srv = w.proxy.Server()
-	go w.srv.Serve(ln) //nolint:errcheck // ends with Shutdown
-	w.url = "http://" + ln.Addr().String()
-	w.cl = newClients(w.url)
+	srv := px.Server()
+	if name == "inner" {
+		// The outer one's keep-alive connections to it end soon after
+		// the load, as the clients' and the upstream's are closed
+		// (quiesce), so that their goroutines are not taken for leaks.
+		srv.IdleTimeout = 200 * time.Millisecond
+	}
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown
+	if name == "inner" {
+		w.inner = px
+	} else {
+		w.proxy, w.srv = px, srv
+	}
 	t.Cleanup(func() {
-		w.cl.closeIdle()
-		bounded(t, "ssegate's shutdown (Abort, Shutdown, Wait)", func() {
-			w.proxy.Abort()
+		if w.cl != nil {
+			w.cl.closeIdle()
+		}
+		bounded(t, "ssegate's shutdown (Abort, Shutdown, Wait) of the "+name+" one", func() {
+			px.Abort()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			_ = w.srv.ShutdownWithContext(ctx)
-			_ = w.proxy.Wait(ctx)
-			w.store.Close()
+			_ = srv.ShutdownWithContext(ctx)
+			_ = px.Wait(ctx)
+			store.Close()
 		})
 	})
-	return w
+	return "http://" + ln.Addr().String()
 }
 
 // teardownLimit bounds each step of a round's teardown.
