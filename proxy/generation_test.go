@@ -124,6 +124,8 @@ func TestUpstreamErrorNotStored(t *testing.T) {
 
 // TestAbortWhileAwaitingHead: a generation cut short (shutdown) while its
 // call waits for the head ends, with no read of the answer it then drops.
+// The request went upstream: its client gets the outcome-unknown answer,
+// not a 503 that says "try again".
 func TestAbortWhileAwaitingHead(t *testing.T) {
 	t.Parallel()
 	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
@@ -137,8 +139,8 @@ func TestAbortWhileAwaitingHead(t *testing.T) {
 	e.proxy.Abort()
 	select {
 	case got := <-done:
-		if got.status != http.StatusServiceUnavailable || got.errType != "shutting_down" {
-			t.Fatalf("got %d %q; want 503 shutting_down", got.status, got.errType)
+		if got.status != http.StatusBadGateway || got.errType != "upstream_error" || got.header.Get(outcomeHeader) != "unknown" {
+			t.Fatalf("got %d %q, %s %q; want 502 upstream_error, %s: unknown", got.status, got.errType, outcomeHeader, got.header.Get(outcomeHeader), outcomeHeader)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no answer 5 s after Abort")
