@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
@@ -204,6 +205,30 @@ func outcomeHead(rh *fasthttp.ResponseHeader, state cache.State, unstored bool) 
 	if unstored {
 		rh.Set(storedHeader, "false")
 	}
+}
+
+// endedHead is h with the headers outcomeHead sets for the ended flight
+// f, for a stream's head written once f had ended.
+func endedHead(f *cache.Flight, h cache.Head) cache.Head {
+	state, _, _ := f.Outcome()
+	unstored := f.Unstored()
+	if state != cache.StateCommitUnknown && !unstored {
+		return h
+	}
+	hs := make([]cache.Header, 0, len(h.Header)+2)
+	for _, kv := range h.Header {
+		if !strings.EqualFold(kv.Name, outcomeHeader) && !strings.EqualFold(kv.Name, storedHeader) {
+			hs = append(hs, kv)
+		}
+	}
+	if state == cache.StateCommitUnknown {
+		hs = append(hs, cache.Header{Name: outcomeHeader, Value: "unknown"})
+	}
+	if unstored {
+		hs = append(hs, cache.Header{Name: storedHeader, Value: "false"})
+	}
+	h.Header = hs
+	return h
 }
 
 func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {

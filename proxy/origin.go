@@ -140,6 +140,9 @@ func (o *origin) advanceLocked() bool {
 	h, hasHead, ended := o.f.HeadEnded()
 	if o.raw == nil {
 		if hasHead && h.Stream {
+			if ended {
+				h = endedHead(o.f, h)
+			}
 			o.startLocked(h)
 			return false
 		}
