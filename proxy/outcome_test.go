@@ -240,6 +240,26 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			t.Fatalf("new key: got %d marker %q; want 503 upstream_unavailable, unmarked", got.status, got.header.Get(outcomeHeader))
 		}
 	})
+	t.Run("max_streams refuses before any call", func(t *testing.T) {
+		t.Parallel()
+		up := newRawUpstream(t, stallRaw)
+		e := retryEnv(t, []string{up.url}, func(pc *Config) { pc.MaxStreams = 1 })
+		held, _ := http.NewRequest(http.MethodPost, e.url+"/v1/chat/completions", strings.NewReader(chatBody))
+		held.Header.Set("Idempotency-Key", newKey("held"))
+		go func() { // holds the one stream until the test ends
+			if resp, err := e.client.Do(held); err == nil {
+				io.Copy(io.Discard, resp.Body) //nolint:errcheck // only its end matters
+				resp.Body.Close()
+			}
+		}()
+		waitFor(t, func() bool { return up.calls.Load() == 1 })
+		got := e.fetch(req{key: newKey("refused")})
+		if got.status != 503 || got.errType != "capacity_exceeded" || got.header.Get("Retry-After") == "" || got.header.Get(outcomeHeader) != "" {
+			t.Fatalf("client: got %d %q, Retry-After %q, marker %q; want 503 capacity_exceeded with Retry-After, unmarked: nothing was sent",
+				got.status, got.errType, got.header.Get("Retry-After"), got.header.Get(outcomeHeader))
+		}
+		wantCount(t, "upstream calls", up.calls.Load(), 1)
+	})
 	t.Run("joiner of a flight whose outcome is unknown", func(t *testing.T) {
 		t.Parallel()
 		release := make(chan struct{})
