@@ -492,6 +492,15 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 			a.cause = causeUpstreamTimeout
 		}
 		m.attempts.WithLabelValues(a.cause.String()).Inc()
+		if cut := g.cutShort(); cut != causeNone {
+			// Cut short while it waited (Abort closed its connection):
+			// the cut ends the flight, commit_unknown when the request
+			// may have gone out.
+			if a.unknown() {
+				g.mayRun = true
+			}
+			return attempt{cause: cut}, false
+		}
 		return a, false
 	}
 	head := copyHead(resp)

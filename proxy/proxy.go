@@ -234,6 +234,14 @@ func (p *Proxy) Abort() {
 		g.cancel(causeShutdown)
 	}
 	p.liveMu.Unlock()
+	// A call that waits for its head is not interrupted by cancel (it
+	// has no answer to close yet): closing every upstream connection
+	// ends it now, rather than at its head or -head-timeout, so that its
+	// client gets its answer (the outcome-unknown one) before the process
+	// exits.
+	for _, u := range p.ups {
+		u.conns.closeAll()
+	}
 }
 
 // Wait waits until no generation runs and no streamed answer is being

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -44,6 +45,43 @@ type upstream struct {
 	// retryAmbiguous: the upstream deduplicates on Idempotency-Key
 	// (Config.RetryAmbiguous), so an ambiguous failure may be repeated.
 	retryAmbiguous bool
+	// conns holds the upstream's open connections, so that an abort can
+	// cut the calls that wait for a head (closeAll): fasthttp's Do has no
+	// cancellation of its own.
+	conns *connSet
+}
+
+// connSet is a set of open upstream connections.
+type connSet struct {
+	mu sync.Mutex // guards m
+	m  map[*idleConn]struct{}
+}
+
+func (s *connSet) add(c *idleConn) {
+	s.mu.Lock()
+	s.m[c] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *connSet) remove(c *idleConn) {
+	s.mu.Lock()
+	delete(s.m, c)
+	s.mu.Unlock()
+}
+
+// closeAll closes every open connection: a call waiting for its head, or
+// reading its answer, fails at once. Used when the proxy aborts.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	cs := make([]*idleConn, 0, len(s.m))
+	for c := range s.m {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, c := range cs {
+		c.interrupted.Store(true)
+		c.Conn.Close() //nolint:errcheck // interrupting a call
+	}
 }
 
 // budget names the time bound that cut an upstream connection.
@@ -117,6 +155,7 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			tlsCfg.ServerName = u.Hostname()
 		}
 	}
+	conns := &connSet{m: map[*idleConn]struct{}{}}
 	client := func(head time.Duration, b timeBudget) *fasthttp.HostClient {
 		return &fasthttp.HostClient{
 			Addr:               addr,
@@ -149,13 +188,15 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 					ic.timedOut = func(b timeBudget, bound time.Duration) { timedOut(name, b, bound) }
 				}
 				ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
+				ic.owner = conns
+				conns.add(ic)
 				return ic, nil
 			},
 		}
 	}
 	return &upstream{name: name, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
 		stream: client(cfg.HeadTimeout, budgetHead), whole: client(cfg.Retry.AttemptTimeout, budgetAttempt),
-		breaker:        newBreaker(name, &cfg.Retry, changed),
+		breaker: newBreaker(name, &cfg.Retry, changed), conns: conns,
 		retryAmbiguous: slices.Contains(cfg.RetryAmbiguous, raw) || slices.Contains(cfg.RetryAmbiguous, "*")}, nil
 }
 
@@ -261,6 +302,7 @@ type idleConn struct {
 	cut         bool       // a budget cut the connection; it is reported once
 	timedOut    func(b timeBudget, bound time.Duration)
 	laddr       *connAddr
+	owner       *connSet    // the upstream's open connections, which this one leaves on Close
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	reused      bool        // a request was written before: the next one's first write checks peerClosed
 	drainUntil  time.Time   // set by drainBy: what is left of the answer must come by then
@@ -281,6 +323,14 @@ type connAddr struct {
 }
 
 func (c *idleConn) LocalAddr() net.Addr { return c.laddr }
+
+// Close closes the connection and takes it out of its upstream's set.
+func (c *idleConn) Close() error {
+	if c.owner != nil {
+		c.owner.remove(c)
+	}
+	return c.Conn.Close()
+}
 
 // Handshake tells fasthttp that the connection needs no TLS of its own
 // (it wraps only connections without this method): dial did the

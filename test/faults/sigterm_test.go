@@ -18,8 +18,8 @@ func TestMain(m *testing.M) { gatetest.Main(m) }
 
 // TestSIGTERMWhileHeadAwaited: the built binary gets SIGTERM while the
 // upstream has a keyed request and no head came yet. The drain's time runs
-// out and the generation is cut; the upstream then answers a head, which is
-// dropped. The client gets the outcome-unknown answer (502, Ssegate-Outcome:
+// out and the generation is cut: the head that then comes is dropped, or
+// the call is cut at once when none comes. The client gets the outcome-unknown answer (502, Ssegate-Outcome:
 // unknown, no Retry-After), never a 503 shutting_down with Retry-After,
 // which it would send again: the upstream may be running the request. One
 // upstream call.
@@ -27,13 +27,27 @@ func TestSIGTERMWhileHeadAwaited(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the binary")
 	}
+	// The head comes after the drain's time ran out, and is dropped; or
+	// it never comes, and the call is cut at once rather than at
+	// -head-timeout, after the process is gone.
+	for _, late := range []bool{true, false} {
+		name := "head comes late"
+		if !late {
+			name = "head never comes"
+		}
+		t.Run(name, func(t *testing.T) { sigtermWhileHeadAwaited(t, late) })
+	}
+}
+
+func sigtermWhileHeadAwaited(t *testing.T, late bool) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	var calls atomic.Int64
-	release := make(chan struct{})
+	release, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -51,6 +65,10 @@ func TestSIGTERMWhileHeadAwaited(t *testing.T) {
 				select {
 				case <-release:
 				case <-time.After(20 * time.Second):
+					return
+				}
+				if !late {
+					<-done // silent until the test ends
 					return
 				}
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
@@ -93,6 +111,7 @@ func TestSIGTERMWhileHeadAwaited(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // past -shutdown-timeout: the generation is cut
 	close(release)
+	defer ln.Close()
 	var a answer
 	select {
 	case a = <-got:
