@@ -178,6 +178,32 @@ func TestAmbiguousUpstreamAnswers(t *testing.T) {
 	}
 }
 
+// TestUpstreamMarkersNotKept: a whole 2xx answer from an ssegate behind
+// that could not keep it (Ssegate-Stored: false, Ssegate-Outcome: unknown)
+// is stored here, and neither its first client nor its replays carry the
+// other one's markers: they spoke of the other one's key.
+func TestUpstreamMarkersNotKept(t *testing.T) {
+	t.Parallel()
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set(outcomeHeader, "unknown")
+		w.Header().Set(storedHeader, "false")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, plainJSON) //nolint:errcheck
+	})
+	e := retryEnv(t, []string{fs.url}, nil)
+	key := newKey("markers")
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	for i, who := range []string{"first client", "replay"} {
+		got := e.fetch(req{key: key, body: body})
+		if got.status != 200 || string(got.raw) != plainJSON || got.header.Get(outcomeHeader) != "" || got.header.Get(storedHeader) != "" || got.replayed != (i == 1) {
+			t.Fatalf("%s: got %d %s %q %s %q replayed %v (%s); want the 200 answer without the upstream's markers",
+				who, got.status, outcomeHeader, got.header.Get(outcomeHeader), storedHeader, got.header.Get(storedHeader), got.replayed, got.raw)
+		}
+	}
+	e.waitState(key, "", cache.StateCommitted)
+	wantCount(t, "upstream calls", fs.calls.Load(), 1)
+}
+
 // TestNoRetryAfterTheCall: once the request was written upstream, no
 // answer is a 503 or carries Retry-After, whatever ended it: it is the
 // outcome-unknown answer, and the key ends commit_unknown.

@@ -518,6 +518,11 @@ func skipResponseHeader(name string) bool {
 	switch strings.ToLower(name) {
 	case "content-length", "content-type", "content-encoding", "date", "server", "set-cookie":
 		return true
+	case "ssegate-outcome", "ssegate-stored":
+		// An ssegate behind speaks of its own key; this proxy says what
+		// became of its own (outcomeHead), and a stored answer replays
+		// without them.
+		return true
 	}
 	return false
 }
