@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -236,6 +237,15 @@ func gcPercent() int64 {
 	return int64(s[0].Value.Uint64())
 }
 
+// memoryLimit returns the Go memory limit in effect for the log: its
+// bytes, or "none" for the runtime's "no limit" (math.MaxInt64).
+func memoryLimit() any {
+	if n := debug.SetMemoryLimit(-1); n != math.MaxInt64 { // -1 reads it
+		return n
+	}
+	return "none"
+}
+
 // run starts ssegate and serves until ctx ends or a SIGTERM/SIGINT
 // arrives. ready, when not nil, receives the listening address.
 func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready chan<- string) error {
@@ -327,7 +337,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
 	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", upstreamsForLog(o.upstreams),
-		"gc_percent", gcPercent(), "memory_limit", debug.SetMemoryLimit(-1)) // -1 reads it
+		"gc_percent", gcPercent(), "memory_limit", memoryLimit())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
