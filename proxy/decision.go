@@ -188,6 +188,7 @@ func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
 
 func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {
 	rh.SetStatusCode(h.Status)
+	rh.SetServer(serverName)
 	for _, kv := range h.Header {
 		rh.Add(kv.Name, kv.Value)
 	}
