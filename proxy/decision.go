@@ -32,7 +32,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.relay(ctx)
 			return
 		}
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 		return
 	}
 	// Every answer of the key's stream carries its resume URL (offerResume):
@@ -78,18 +78,21 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 }
 
-// storeError answers a failure of the store itself, or a bound it holds.
-func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
+// storeError answers a failure of the store itself, or a bound it holds,
+// for the key of sc. The answer's message is the cause's fixed text: the
+// store's error (a Redis client's names addresses, users and the server's
+// own words) goes to the log only, beside the key and the tenant's hash.
+func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) {
+	c := causeStoreUnavailable
 	switch {
 	case errors.Is(err, cache.ErrTenantFull):
 		// Only this credential's new keys are refused: its known keys,
 		// and every other credential's, are decided as usual.
-		p.refuse(ctx, causeTenantFull, "")
+		c = causeTenantFull
 	case errors.Is(err, cache.ErrStoreFull):
-		p.refuse(ctx, causeStoreFull, err.Error())
-	default:
-		p.refuse(ctx, causeStoreUnavailable, err.Error())
+		c = causeStoreFull
 	}
+	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,

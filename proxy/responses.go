@@ -105,7 +105,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		p.refuse(ctx, causeInvalidStartingAfter, "it names an event this response never had")
 		return true
 	case err != nil:
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 		return true
 	}
 	p.offerResume(ctx, sc)
