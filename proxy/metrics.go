@@ -202,6 +202,7 @@ var (
 	descRTails   = redisDesc("tails_total", "Tails started: one per followed generation per replica.")
 	descRReads   = redisDesc("reads_total", "Journal reads (XREAD) of tails.")
 	descRUnavail = redisDesc("unavailable_total", "Operations that failed because Redis was unreachable.")
+	descRAbandon = redisDesc("claims_abandoned_total", "Generations of claims whose reply was lost, ended failed_retryable so that nobody waits a lease on them.")
 )
 
 func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -225,5 +226,6 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRTails, s.Tails)
 	k(descRReads, s.Reads)
 	k(descRUnavail, s.Unavailable)
+	k(descRAbandon, s.Abandoned)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 }

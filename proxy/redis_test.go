@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"log/slog"
 	"strings"
 	"testing"
@@ -89,6 +90,98 @@ func TestStoreErrorText(t *testing.T) {
 				}
 			}
 			t.Errorf("no log line of the refusal names %q:\n%s", want, logs.String())
+		})
+	}
+}
+
+// missReply is the start of the claim script's answer that gave the key
+// to its caller, as Redis sends it.
+const missReply = "$4\r\nmiss\r\n"
+
+// TestClaimReplyLost: a claim that ran in Redis but whose answer never
+// reached its replica makes one generation for the intent, and nobody
+// waits a lease on a generation that no replica runs. Replica A reaches
+// Redis through a relay that loses the claim's answer; replica B reaches
+// it directly; both call the same upstream.
+//
+//   - cut: the connection is cut once the claim ran. A's claim is sent
+//     again with its token, recognises its own claim and takes it: the
+//     client gets the whole stream, B's duplicate replays it.
+//   - timeout: the answer is held past A's timeout, then cut. A answers
+//     503 store_unavailable (nothing went upstream) and ends the
+//     generation its claim made; B, which joined it meanwhile, gets the
+//     same retryable 503 at once rather than after a lease; the retry
+//     makes the one generation.
+func TestClaimReplyLost(t *testing.T) {
+	t.Parallel()
+	const lease, timeout = 4 * time.Second, 300 * time.Millisecond
+	for _, hold := range []time.Duration{0, 2 * timeout} {
+		name := "cut"
+		if hold > 0 {
+			name = "timeout"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			relay := redistest.NewRelay(t, srv.Addr)
+			prefix := redistest.Prefix(t)
+			var logs gatetest.LogBuffer
+			store := func(addr string) *cache.Redis {
+				s, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: prefix,
+					Lease: lease, Timeout: timeout, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(s.Close)
+				return s
+			}
+			mock, upURL := startMock(t, mockllm.Config{Tokens: 16})
+			a := newEnvUpstream(t, upURL, mock, Config{Store: store(relay.Addr)}, cache.Config{})
+			b := newEnvUpstream(t, upURL, mock, Config{Store: store(srv.Addr)}, cache.Config{})
+			key := newKey("lost")
+
+			lost := relay.LoseReply(missReply, hold)
+			if hold == 0 {
+				got := a.fetch(req{key: key})
+				if !clean(got) || got.replayed {
+					t.Fatalf("A: got %d %q; want the whole stream of its own generation", got.status, got.errType)
+				}
+				if dup := b.fetch(req{key: key}); !clean(dup) || !dup.replayed || !bytes.Equal(eventBytes(dup.raw), eventBytes(got.raw)) {
+					t.Fatalf("B: got %d replayed %v; want A's stream replayed", dup.status, dup.replayed)
+				}
+				a.wantCalls(1)
+				return
+			}
+
+			first := make(chan result, 1)
+			go func() { first <- a.fetch(req{key: key}) }()
+			<-lost
+			start := time.Now()
+			joined := b.fetch(req{key: key})
+			if took := time.Since(start); joined.status != 503 || joined.errType != "store_unavailable" ||
+				joined.header.Get("Retry-After") == "" || took > lease/2 {
+				t.Fatalf("B, joined meanwhile: got %d %q after %v; want 503 store_unavailable with Retry-After, well within the lease (%v)",
+					joined.status, joined.errType, took, lease)
+			}
+			if got := <-first; got.status != 503 || got.errType != "store_unavailable" || got.header.Get("Retry-After") == "" {
+				t.Fatalf("A: got %d %q; want 503 store_unavailable with Retry-After", got.status, got.errType)
+			}
+			a.wantCalls(0)
+			// The client retries as it was told to, on either replica.
+			var got result
+			for i := range 20 {
+				if got = []*env{a, b}[i%2].fetch(req{key: key}); got.status != 503 {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !clean(got) {
+				t.Fatalf("the retry: got %d %q; want the whole stream", got.status, got.errType)
+			}
+			a.wantCalls(1)
+			if !strings.Contains(logs.String(), "reply was lost") {
+				t.Errorf("the log does not say a claim's reply was lost:\n%s", logs.String())
+			}
 		})
 	}
 }
