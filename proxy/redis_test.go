@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -184,4 +186,49 @@ func TestClaimReplyLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAppendReplyLost: a journal batch that Redis appended but whose
+// answer was lost (the connection cut after it ran) is sent again, finds
+// its own events in the journal and goes on: the stream ends whole and
+// is stored, with one upstream call, rather than the owner taking its
+// own events for another replica's and aborting a healthy stream.
+func TestAppendReplyLost(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	var logs gatetest.LogBuffer
+	e, _ := redisEnv(t, relay.Addr, &logs, slowMock(20*time.Millisecond, 30))
+	key := newKey("append")
+	resp := e.do(req{key: key})
+	br := bufio.NewReader(resp.Body)
+	var raw bytes.Buffer
+	for ids := 0; ids < 3; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d events: %v", ids, err)
+		}
+		raw.WriteString(line)
+		if strings.HasPrefix(line, "id: ") {
+			ids++
+		}
+	}
+	// The next "ok" is an append's: the stream has events to come.
+	lost := relay.LoseReply("*1\r\n$2\r\nok\r\n", 0)
+	rest, err := io.ReadAll(br)
+	resp.Body.Close()
+	raw.Write(rest)
+	got := parseResult(resp, raw.Bytes(), err)
+	select {
+	case <-lost:
+	default:
+		t.Fatal("no append's answer was lost")
+	}
+	if !clean(got) || got.aborted {
+		t.Fatalf("got %d, last event %q; want the whole stream", got.status, got.lastData())
+	}
+	if dup := e.fetch(req{key: key}); !clean(dup) || !dup.replayed || !bytes.Equal(eventBytes(dup.raw), eventBytes(got.raw)) {
+		t.Fatalf("duplicate: got %d replayed %v; want the stream replayed", dup.status, dup.replayed)
+	}
+	e.wantCalls(1)
 }
