@@ -465,6 +465,9 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		return // not sent: no connection
 	}
+	if r.ctx.Err() != nil {
+		return // closing: the lease ends it
+	}
 	if r.abandoning.Add(1) > maxAbandoning {
 		r.abandoning.Add(-1)
 		return
