@@ -96,11 +96,14 @@ return {'miss', gs, regenerated, reaped}
 // KEYS: st, lease, j
 // ARGV: tok, st ttl ms, journal ttl ms, now ms
 //
-// Returns 1 when it ended the generation, 0 when the key is not live
-// under that token (the claim never ran, or the generation ended).
+// Returns 1 when the generation is ended under that token (by this call,
+// or by one whose reply was lost), 0 when the key holds no generation of
+// that token (the claim never ran, or was reaped since).
 var abandonScript = rueidis.NewLuaScriptRetryable(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
-if s[1] ~= 'live' or s[3] ~= ARGV[1] then return 0 end
+if s[3] ~= ARGV[1] then return 0 end
+if s[1] == 'failed' then return 1 end
+if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
   'state', 'failed_retryable', 'reason', 'store_unavailable', 'h', '', 'b', '')
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
