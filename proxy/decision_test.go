@@ -361,6 +361,7 @@ func TestServerHeader(t *testing.T) {
 		{"whole, first", e.fetch(req{key: plain, body: whole})},
 		{"whole, replayed", e.fetch(req{key: plain, body: whole})},
 		{"unkeyed", e.fetch(req{})},
+		{"unkeyed, whole", e.fetch(req{body: whole})},
 		{"upstream error", e.fetch(req{key: newKey("server"), header: map[string]string{"X-Mock-Fault": "status=400"}})},
 		{"conflict", e.fetch(req{key: plain})},
 		{"invalid key", e.fetch(req{key: strings.Repeat("k", 1000)})},
