@@ -56,6 +56,11 @@ type RedisConfig struct {
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
+	// MaxAbandoning bounds the claims whose reply was lost that this
+	// replica is ending at once in the background (default 1024; a Redis
+	// that times out every claim makes one per keyed request). Past it,
+	// such a key waits for its lease to lapse.
+	MaxAbandoning int
 	// Limits bound this replica's live generations, owned and followed.
 	Limits
 	// MissingBody is the policy for a committed key whose body is gone
@@ -84,6 +89,9 @@ func (c *RedisConfig) setDefaults() {
 	def(&c.LiveTTL, time.Hour)
 	if c.MaxCacheBytes <= 0 {
 		c.MaxCacheBytes = 64 << 20
+	}
+	if c.MaxAbandoning <= 0 {
+		c.MaxAbandoning = 1024
 	}
 	c.Limits.setDefaults()
 	if c.Now == nil {
@@ -441,11 +449,6 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
 }
 
-// maxAbandoning bounds the claims being abandoned at once (a Redis that
-// times out every claim makes one per keyed request); past it, an
-// unknown claim is left to its lease.
-const maxAbandoning = 1024
-
 // abandon ends, in the background, the generation a claim may have made
 // although its caller never learnt it: a claim that failed without a
 // Redis error reply (a timeout, a connection cut after the command went
@@ -456,7 +459,7 @@ const maxAbandoning = 1024
 // soon as Redis answers, so that its joiners get a retryable error at
 // once and the caller's retry (told 503 store_unavailable, Retry-After)
 // claims the key. It gives up once the lease has lapsed: by then a
-// follower or the next claim reaps it.
+// follower or the next claim reaps it. At most MaxAbandoning run at once.
 func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error) {
 	if _, ok := rueidis.IsRedisErr(err); ok {
 		return // Redis answered: the script did not run
@@ -468,7 +471,7 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 	if r.ctx.Err() != nil {
 		return // closing: the lease ends it
 	}
-	if r.abandoning.Add(1) > maxAbandoning {
+	if r.abandoning.Add(1) > int64(r.cfg.MaxAbandoning) {
 		r.abandoning.Add(-1)
 		return
 	}

@@ -200,6 +200,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if o.redis.down != "reject" && o.redis.down != "relay" {
 		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
 	}
+	if o.redis.abandon < 1 {
+		return nil, fmt.Errorf("-redis-abandon-max: %d; want 1 or more", o.redis.abandon)
+	}
 	if o.anonymousKeys != "allow" && o.anonymousKeys != "deny" {
 		return nil, fmt.Errorf("-anonymous-keys: %q is neither allow nor deny", o.anonymousKeys)
 	}

@@ -98,6 +98,7 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock"}, map[string]string{"SSEGATE_MAX_BODY": "x"}, "SSEGATE_MAX_BODY (-max-body)"},
 		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
 		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
+		{[]string{"-upstream", "mock", "-redis-abandon-max", "0"}, nil, "-redis-abandon-max"},
 		{[]string{"-upstream", "mock", "-anonymous-keys", "maybe"}, nil, "-anonymous-keys"},
 		{[]string{"-upstream", "mock", "-secret", "short"}, nil, "-secret"},
 		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
