@@ -442,7 +442,7 @@ func TestRedisClaimReplyLost(t *testing.T) {
 	srv := redistest.Start(t)
 	relay := redistest.NewRelay(t, srv.Addr)
 	prefix := redistest.Prefix(t)
-	const lease, timeout = 4 * time.Second, 300 * time.Millisecond
+	const lease, timeout = 8 * time.Second, time.Second
 	mod := func(c *RedisConfig) { c.Lease, c.Timeout = lease, timeout }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
@@ -458,7 +458,11 @@ func TestRedisClaimReplyLost(t *testing.T) {
 		}
 		lost := relay.LoseReply("$4\r\nmiss\r\n", 0)
 		got := rbegin(t, a, sc, "fp")
-		<-lost
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no claim's reply was lost")
+		}
 		if got.Decision != Miss || !got.Regenerated {
 			t.Fatalf("got %v regenerated %v; want the claim's own miss, regenerated", got.Decision, got.Regenerated)
 		}
@@ -472,13 +476,17 @@ func TestRedisClaimReplyLost(t *testing.T) {
 	})
 	t.Run("timeout", func(t *testing.T) {
 		sc := Scope{Tenant: "t", Key: "timeout"}
-		lost := relay.LoseReply("$4\r\nmiss\r\n", 2*timeout)
+		lost := relay.LoseReply("$4\r\nmiss\r\n", timeout+200*time.Millisecond)
 		done := make(chan error, 1)
 		go func() {
 			_, err := a.Begin(sc, "fp")
 			done <- err
 		}()
-		<-lost
+		select {
+		case <-lost:
+		case err := <-done:
+			t.Fatalf("Begin ended (%v) before its claim's reply was lost", err)
+		}
 		j := rbegin(t, b, sc, "fp")
 		if j.Decision != Join {
 			t.Fatalf("duplicate meanwhile: got %v; want a join", j.Decision)

@@ -20,7 +20,7 @@ import (
 func redisEnv(t *testing.T, addr string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *cache.Redis) {
 	t.Helper()
 	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: redistest.Prefix(t),
-		Lease: 400 * time.Millisecond, Timeout: 500 * time.Millisecond,
+		Lease: 3 * time.Second, Timeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -116,8 +116,8 @@ const missReply = "$4\r\nmiss\r\n"
 //     makes the one generation.
 func TestClaimReplyLost(t *testing.T) {
 	t.Parallel()
-	const lease, timeout = 4 * time.Second, 300 * time.Millisecond
-	for _, hold := range []time.Duration{0, 2 * timeout} {
+	const lease, timeout = 8 * time.Second, time.Second
+	for _, hold := range []time.Duration{0, timeout + 200*time.Millisecond} {
 		name := "cut"
 		if hold > 0 {
 			name = "timeout"
@@ -145,6 +145,11 @@ func TestClaimReplyLost(t *testing.T) {
 			lost := relay.LoseReply(missReply, hold)
 			if hold == 0 {
 				got := a.fetch(req{key: key})
+				select {
+				case <-lost:
+				default:
+					t.Fatal("no claim's reply was lost")
+				}
 				if !clean(got) || got.replayed {
 					t.Fatalf("A: got %d %q; want the whole stream of its own generation", got.status, got.errType)
 				}
@@ -157,7 +162,11 @@ func TestClaimReplyLost(t *testing.T) {
 
 			first := make(chan result, 1)
 			go func() { first <- a.fetch(req{key: key}) }()
-			<-lost
+			select {
+			case <-lost:
+			case got := <-first:
+				t.Fatalf("A answered %d %q before its claim's reply was lost", got.status, got.errType)
+			}
 			start := time.Now()
 			joined := b.fetch(req{key: key})
 			if took := time.Since(start); joined.status != 503 || joined.errType != "store_unavailable" ||
