@@ -84,6 +84,11 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !ok {
 		return false
 	}
+	inBody := sse.ParseRequest(ctx.Request.Body())
+	if inBody.Duplicate != "" {
+		p.refuseDuplicate(ctx, inBody.Duplicate)
+		return true
+	}
 	q := ctx.QueryArgs()
 	var after uint64 // the journal's position: events after it are served
 	if v := q.Peek("starting_after"); v != nil {
@@ -112,7 +117,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	p.logDecision(ctx, "resume", sc, "", "generation", a.Gen, "after", after, "response_id", id)
 	// openai-go's GetStreaming says stream in a JSON body of its GET; the
 	// API documents it as a query parameter.
-	if !q.GetBool("stream") && !gjson.GetBytes(ctx.Request.Body(), "stream").Bool() {
+	if !q.GetBool("stream") && !inBody.Stream {
 		p.responseObject(ctx, f, r)
 		return true
 	}
