@@ -97,6 +97,11 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 			p.refuse(ctx, causeInvalidStartingAfter, "it is not a number")
 			return true
 		}
+		if n < 0 {
+			// OpenAI's answer too: a sequence number is never negative.
+			p.refuse(ctx, causeInvalidStartingAfter, "it is negative")
+			return true
+		}
 		if base := max(a.Base, 0); n >= base {
 			after = uint64(n-base) + 1 // no overflow: 0 <= n-base
 		}
@@ -120,6 +125,17 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !q.GetBool("stream") && !inBody.Stream {
 		p.responseObject(ctx, f, r)
 		return true
+	}
+	if r != nil && r.Head.Stream {
+		if rest, err := r.After(after); err == nil && len(rest) == 0 {
+			// starting_after names the last event: OpenAI answers the
+			// stream with the events after it, none, and its end. (GET
+			// /streams/{key} answers 204 there instead, which stops a
+			// browser's EventSource from reconnecting.)
+			writeHead(ctx, r.Head, true)
+			p.stream(ctx, func(c *client) bool { return c.write(nil) == nil }, nil)
+			return true
+		}
 	}
 	p.serveAttached(ctx, f, r, after)
 	return true
