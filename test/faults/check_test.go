@@ -11,7 +11,7 @@ import (
 
 // The invariants, as the failure messages name them.
 var invariantNames = map[int]string{
-	1: "every client gets one whole generation, a stream_aborted end, or a JSON error before any byte",
+	1: "every client gets one whole generation, a stream_aborted end, the provider's own failure as it sent it, or a JSON error before any byte",
 	2: "no stored result is cut: a replay is whole and byte-identical to the first whole answer",
 	3: "a key costs at most 1 + its failed generations in paid upstream calls",
 	4: "nothing is left running: goroutines back to the baseline, ssegate_live_generations 0",
@@ -175,7 +175,7 @@ func (c *checker) stream(x *exchange, calls []call, bad func(string, ...any)) {
 	case x.readErr != nil || x.partial:
 		bad("the stream just stopped: no terminal event, no stream_aborted, and the body did not end properly")
 	default:
-		if !wholeOfSome(calls, evs, from) {
+		if !wholeOfSome(calls, evs, from) && !statedOfSome(calls, evs, from) {
 			bad("it ended as if whole, but its events from %d on are no whole answer the upstream sent: %s", from+1, closest(calls, evs, from))
 		}
 	}
@@ -247,6 +247,23 @@ func prefixOfSome(calls []call, evs []event, from int) bool {
 func wholeOfSome(calls []call, evs []event, from int) bool {
 	for _, cl := range calls {
 		if cl.class == whole && matches(cl.sent, evs, from, true) {
+			return true
+		}
+	}
+	return false
+}
+
+// statedOfSome reports whether evs is a call's events from position from
+// to the end its provider stated with its own failure (an error event
+// mid-stream), which the proxy relays as it came and does not follow with
+// stream_aborted (docs/design.md, Clean end). Only a chat stream's [DONE]
+// after the error is not relayed: the error ends a chat stream.
+func statedOfSome(calls []call, evs []event, from int) bool {
+	for _, cl := range calls {
+		if cl.fault.kind != fErrorMid || !matches(cl.sent, evs, from, false) {
+			continue
+		}
+		if n := from + len(evs); n == len(cl.sent) || n == len(cl.sent)-1 && cl.sent[n].data == "[DONE]" {
 			return true
 		}
 	}
