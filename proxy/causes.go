@@ -31,16 +31,20 @@ import (
 //     not be read;
 //   - abort: the stream_aborted message after the first byte ("" where
 //     the cause cannot come after it);
-//   - relayEnd: the stream ended as the provider stated it (sse's
-//     reasons other than no_terminal_event and malformed_event): its own
-//     failure (an error event or member, response.failed), or its
-//     terminal event after something that cannot be proven whole (a
-//     choice the request did not ask for, a missing usage chunk, a
-//     sequence gap). Such a stream is relayed as it came, its terminal
-//     event included, and ends there: no stream_aborted follows, and it is
-//     not stored (ssegate_cache_skipped_total{reason}). stream_aborted is
-//     for the ends the provider did not state: a cut, a silence, a bound,
-//     bytes that are not a stream;
+//   - relayEnd: the stream ended as the provider stated it, and what
+//     reached its clients is the provider's whole word: its own failure
+//     (an error event or member, response.failed), or an answer whole for
+//     what the request asked that cannot be proven whole otherwise (a
+//     choice the request did not ask for, a missing usage chunk or
+//     stop_reason, a stream of no known dialect). Such a stream is relayed
+//     as it came, its terminal event included, and ends there: no
+//     stream_aborted follows, and it is not stored
+//     (ssegate_cache_skipped_total{reason}). stream_aborted is for the
+//     ends the provider did not state (a cut, a silence, a bound, bytes
+//     that are not a stream) and for a terminal event that would pass a
+//     half answer for a whole one (a [DONE] with a choice of n unfinished
+//     or missing, a response.completed after a sequence gap), which is
+//     not relayed;
 //   - fallback: when every attempt for a model ended so, the next model of
 //     its -fallback rule is tried: the upstream said the model did not run
 //     the request, or could not be asked.
@@ -205,12 +209,12 @@ var causes = [numCauses]causeRow{
 	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows", relayEnd: true},
 	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},
 	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for", relayEnd: true},
-	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice", relayEnd: true},
-	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for", relayEnd: true},
-	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished", relayEnd: true},
+	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice"},
+	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for"},
+	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished"},
 	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for", relayEnd: true},
 	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
-	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events", relayEnd: true},
+	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
 	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
 	causeUncleanEnd:          {name: "unclean_end", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
 }

@@ -53,10 +53,13 @@ func TestCauseTable(t *testing.T) {
 		}
 	}
 	// The provider's own ends are relayed as they came, without
-	// stream_aborted: every detector reason but the two that say the
-	// provider did not end the stream.
+	// stream_aborted: every detector reason but those that say the
+	// provider did not end the stream, or that its end would pass a half
+	// answer for a whole one.
+	half := []string{sse.ReasonNoTerminalEvent, sse.ReasonMalformedEvent, sse.ReasonNoChoices, sse.ReasonMissingChoice,
+		sse.ReasonMissingFinishReason, sse.ReasonSequenceGap}
 	for _, reason := range sse.Reasons {
-		stated := reason != sse.ReasonNoTerminalEvent && reason != sse.ReasonMalformedEvent
+		stated := !slices.Contains(half, reason)
 		if relayEnd(reason) != stated || (endFrame(cache.StateFailedRetryable, reason) == nil) != stated {
 			t.Errorf("detector reason %q: relayEnd %v; want %v", reason, relayEnd(reason), stated)
 		}

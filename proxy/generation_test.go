@@ -215,7 +215,7 @@ func TestCleanEnd(t *testing.T) {
 		{"whole without [DONE], cut", usageBody, sseAnswer(whole, "reset"), false, whole},
 		{"whole without [DONE], close-delimited", usageBody, sseAnswer(whole, "close"), false, whole},
 		{"without [DONE], usage missing", usageBody, sseAnswer(chatChunk(0, "Hi", "stop"), "framed"), false, chatChunk(0, "Hi", "stop")},
-		{"n=2, one choice only", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n", "framed"), false, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n"}, // relayed as it came, not stored: TestUnprovenEndRelayed
+		{"n=2, one choice only", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+"data: [DONE]\n\n", "framed"), false, chatChunk(0, "Hi", "stop")}, // [DONE] not relayed: TestFalseEndNotRelayed
 		{"n=2, both choices", n2Body, sseAnswer(chatChunk(0, "Hi", "stop")+chatChunk(1, "Yo", "stop")+"data: [DONE]\n\n", "framed"), true,
 			chatChunk(0, "Hi", "stop") + chatChunk(1, "Yo", "stop") + "data: [DONE]\n\n"},
 		{"chunks after [DONE] are not part of it", usageBody, sseAnswer(whole+"data: [DONE]\n\n"+chatChunk(0, "extra", "")+"data: {\"error\":{\"message\":\"late\"}}\n\n", "framed"), true,
@@ -228,9 +228,8 @@ func TestCleanEnd(t *testing.T) {
 			e := retryEnv(t, []string{fs.url}, nil)
 			key := newKey("clean")
 			got := e.fetch(req{key: key, body: c.body})
-			stated := strings.HasSuffix(c.want, "data: [DONE]\n\n") // the provider's end, relayed: no abort
-			if got.status != 200 || got.aborted != (!c.clean && !stated) {
-				t.Fatalf("got %d aborted %v (%q); want 200 aborted %v", got.status, got.aborted, got.raw, !c.clean && !stated)
+			if got.status != 200 || got.aborted == c.clean {
+				t.Fatalf("got %d aborted %v (%q); want 200 aborted %v", got.status, got.aborted, got.raw, !c.clean)
 			}
 			if evs := stripIDs(got.raw, got.aborted); evs != c.want {
 				t.Fatalf("events:\n%s\nwant:\n%s", evs, c.want)
@@ -274,31 +273,22 @@ func stripIDs(raw []byte, aborted bool) string {
 }
 
 // TestUnprovenEndRelayed: a stream whose provider ended it with its
-// terminal event, but which the proxy cannot prove whole ([DONE] with a
-// choice unfinished, or missing, or one the request did not ask for, or
-// without the usage it asked for; Anthropic message_stop without a
-// stop_reason; a Responses stream with a sequence gap; a stream of no
-// dialect the proxy knows), is relayed as it came, its terminal event
-// included, with no stream_aborted: the proxy turns nothing the upstream
-// sent into an error. It is not stored (failed_retryable, the skipped
-// metric says why), so the next request calls the upstream again.
+// terminal event, whole for what the request asked but which the proxy
+// cannot prove whole otherwise ([DONE] after a choice the request did not
+// ask for, or without the usage it asked for; Anthropic message_stop
+// without a stop_reason; a stream of no dialect the proxy knows), is
+// relayed as it came, its terminal event included, with no
+// stream_aborted: the proxy turns nothing the upstream sent into an
+// error. It is not stored (failed_retryable, the skipped metric says why),
+// so the next request calls the upstream again.
 func TestUnprovenEndRelayed(t *testing.T) {
 	t.Parallel()
-	resp := fixtureBody(t, "openai-responses-completed")
-	gap := strings.Replace(resp, `"sequence_number":5}`, `"sequence_number":50}`, 1)
-	if gap == resp {
-		t.Fatal("fixture: no sequence_number 5")
-	}
 	n1Two := chatChunk(0, "Hi", "stop") + `data: {"object":"chat.completion.chunk","choices":[{"index":1,"delta":{"content":"Yo"},"finish_reason":"stop"}]}` + "\n\n" + "data: [DONE]\n\n"
 	cases := []struct{ name, body, events, reason string }{
-		{"[DONE] with the finish_reason missing", chatBody, chatChunk(0, "Hi", "") + "data: [DONE]\n\n", "missing_finish_reason"},
-		{"[DONE] with a choice of n missing", `{"model":"m","stream":true,"n":2,"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", "missing_choice"},
 		{"[DONE] with a choice not asked for", chatBody, n1Two, "unexpected_choice"},
 		{"[DONE] without the usage asked for", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", "missing_usage"},
-		{"[DONE] alone", chatBody, "data: [DONE]\n\n", "no_choices"},
 		{"message_stop without stop_reason", chatBody,
 			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", "missing_stop_reason"},
-		{"responses with a sequence gap", `{"model":"m","stream":true,"input":"hi"}`, gap, "sequence_gap"},
 		{"no known dialect", chatBody, "data: hello\n\ndata: world\n\n", "unknown_dialect"},
 	}
 	for _, c := range cases {
@@ -329,6 +319,44 @@ func TestUnprovenEndRelayed(t *testing.T) {
 			}
 			if strings.Contains(scrape, `ssegate_streams_aborted_total{cause="`+c.reason+`"}`) {
 				t.Fatalf("aborted{%s}: counted; want it not counted as an abort", c.reason)
+			}
+		})
+	}
+}
+
+// TestFalseEndNotRelayed: a terminal event that claims a whole answer when
+// what reached the client is not one ([DONE] with a choice of n unfinished
+// or missing, or with no choice at all; response.completed after a
+// sequence_number gap: events are missing) is not relayed: a client that
+// stops reading at it would take a half stream for a whole one. The client
+// gets stream_aborted in its place, keyed or not.
+func TestFalseEndNotRelayed(t *testing.T) {
+	t.Parallel()
+	resp := fixtureBody(t, "openai-responses-completed")
+	gap := strings.Replace(resp, `"sequence_number":5}`, `"sequence_number":50}`, 1)
+	last := strings.LastIndex(gap, "event: response.completed\n")
+	if gap == resp || last < 0 {
+		t.Fatal("fixture: no sequence_number 5, or no response.completed")
+	}
+	cases := []struct{ name, body, events, want string }{
+		{"[DONE] with the finish_reason missing", chatBody, chatChunk(0, "Hi", "") + "data: [DONE]\n\n", chatChunk(0, "Hi", "")},
+		{"[DONE] with a choice of n missing", `{"model":"m","stream":true,"n":2,"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", chatChunk(0, "Hi", "stop")},
+		{"[DONE] with no choice", chatBody, usageChunk + "data: [DONE]\n\n", usageChunk},
+		{"response.completed after a sequence gap", `{"model":"m","stream":true,"input":"hi"}`, gap, gap[:last]},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			fs := newFaultServer(t, sseAnswer(c.events, "framed"))
+			e := retryEnv(t, []string{fs.url}, nil)
+			for _, key := range []string{newKey("false-end"), ""} {
+				got := e.fetch(req{key: key, body: c.body})
+				if got.status != 200 || !got.aborted {
+					t.Fatalf("key %q: got %d aborted %v (%q); want 200 and stream_aborted", key, got.status, got.aborted, got.raw)
+				}
+				if evs := stripIDs(got.raw, true); evs != c.want {
+					t.Fatalf("key %q: events before the abort:\n%s\nwant:\n%s", key, evs, c.want)
+				}
 			}
 		})
 	}
