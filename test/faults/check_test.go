@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"sort"
@@ -256,18 +257,33 @@ func wholeOfSome(calls []call, evs []event, from int) bool {
 // statedOfSome reports whether evs is a call's events from position from
 // to the end its provider stated with its own failure (an error event
 // mid-stream), which the proxy relays as it came and does not follow with
-// stream_aborted (docs/design.md, Clean end). Only a chat stream's [DONE]
-// after the error is not relayed: the error ends a chat stream.
+// stream_aborted (docs/design.md, Clean end): all of them, or up to the
+// error event, which ends a chat or Anthropic stream (what the upstream
+// sends after it is not relayed).
 func statedOfSome(calls []call, evs []event, from int) bool {
 	for _, cl := range calls {
 		if cl.fault.kind != fErrorMid || !matches(cl.sent, evs, from, false) {
 			continue
 		}
-		if n := from + len(evs); n == len(cl.sent) || n == len(cl.sent)-1 && cl.sent[n].data == "[DONE]" {
+		if from+len(evs) == len(cl.sent) || len(evs) > 0 && isProviderError(evs[len(evs)-1]) {
 			return true
 		}
 	}
 	return false
+}
+
+// isProviderError reports whether ev is an upstream's error event: named
+// error, or data whose top-level "error" is set or whose "type" is "error".
+func isProviderError(ev event) bool {
+	if ev.typ == "error" {
+		return true
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal([]byte(ev.data), &top) != nil {
+		return false
+	}
+	e, ok := top["error"]
+	return ok && string(e) != "null" || string(top["type"]) == `"error"`
 }
 
 func matches(sent, evs []event, from int, exact bool) bool {
