@@ -635,11 +635,17 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	begun := false // the first event was seen, and the head went to the flight
 	concluded := false
 	drained := 0
+	// failing: a Responses stream's error event came, and the
+	// response.failed the API sends after it is awaited, within the drain
+	// bounds: an upstream that sends no more ends the stream with its error.
+	failing := false
 	body := bodyOf(resp)
 read:
 	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
 		if err != nil {
-			readErr = err
+			if !failing || !isTimeout(err) {
+				readErr = err
+			}
 			break
 		}
 		if concluded {
@@ -682,6 +688,11 @@ read:
 			c, settled = g.conclude(det, head, nil, nil, false)
 			concluded = true
 			conn.drainBy(time.Now().Add(maxDrainTime))
+		} else if !failing && det.Dialect() == sse.DialectOpenAIResponses {
+			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
+				failing = true
+				conn.drainBy(time.Now().Add(maxDrainTime))
+			}
 		}
 	}
 	if concluded {

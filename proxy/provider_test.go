@@ -250,3 +250,33 @@ func TestErrorObject2xxNotStored(t *testing.T) {
 		})
 	}
 }
+
+// TestProviderFailureWithoutEnd: a Responses stream whose error event is
+// not followed by its response.failed (the upstream sends no more but
+// keeps the body open) ends with the error, as the provider left it, once
+// the short wait for response.failed is over: no stream_aborted, and no
+// wait for -upstream-idle-timeout.
+func TestProviderFailureWithoutEnd(t *testing.T) {
+	t.Parallel()
+	recorded := fixtureBody(t, "openai-responses-error-failed")
+	j := strings.Index(recorded, "event: response.failed\n")
+	if j < 0 {
+		t.Fatal("fixture: no response.failed")
+	}
+	body := recorded[:j]
+	fs := newFaultServer(t, sseGated(body, "", make(chan struct{})))
+	e := retryEnv(t, []string{fs.url}, func(pc *Config) { pc.UpstreamIdleTimeout = time.Minute })
+	key := newKey("failed-open")
+	start := time.Now()
+	got := e.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-5-nano","stream":true,"input":"hi"}`})
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("answered after %v; want the stream ended soon after the error event", took)
+	}
+	if got.status != 200 || got.aborted || stripIDs(got.raw, false) != body {
+		t.Fatalf("got %d aborted %v (%q); want 200 and the provider's events to its error, nothing added", got.status, got.aborted, got.raw)
+	}
+	if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.BodyStored || ki.Reason != "error_event" {
+		t.Fatalf("key: stored %v, reason %q; want not stored, error_event", ki.BodyStored, ki.Reason)
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 1)
+}
