@@ -670,8 +670,11 @@ read:
 		// The terminal event is relayed as it came when the stream is
 		// clean or ended as the provider stated it (causeRow.relayEnd:
 		// its response.failed, or its [DONE] after a choice the request
-		// did not ask for). A malformed one is not: stream_aborted ends
-		// the stream instead.
+		// did not ask for). A malformed one is not, nor one that claims
+		// a whole answer when the stream is not ([DONE] with a choice
+		// unfinished, say): a client that stops reading at it would take
+		// a half stream for a whole one. stream_aborted ends the stream
+		// instead.
 		relay := true
 		if terminal {
 			ok, why := det.Clean(false)
