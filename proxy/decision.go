@@ -25,6 +25,11 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.resume(ctx, sc, fp, string(lei))
 		return
 	}
+	body := sse.ParseRequest(ctx.Request.Body())
+	if body.Duplicate != "" {
+		p.refuseDuplicate(ctx, body.Duplicate)
+		return
+	}
 	b, err := p.store.Begin(sc, fp)
 	if err != nil {
 		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
@@ -68,7 +73,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}
-		g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
+		g := p.newGen(f, body)
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
