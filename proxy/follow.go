@@ -50,8 +50,8 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 				// An answer that came whole and was not kept (its commit
 				// refused) ends as it came: the client has it.
 				state, reason, _ := f.Outcome()
-				if state != cache.StateCommitted && !f.Unstored() {
-					return c.write(abortFrame(reason)) == nil
+				if end := endFrame(state, reason); end != nil && !f.Unstored() {
+					return c.write(end) == nil
 				}
 				return true
 			}

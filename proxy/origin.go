@@ -248,8 +248,11 @@ func (o *origin) flushLocked() {
 		var at [maxParts][]byte
 		spans, ended := o.sub.ReadSpans(at[:0])
 		if ended {
-			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted && !o.f.Unstored() {
-				spans = append(spans, abortFrame(reason))
+			// An answer that came whole and was not kept (its commit
+			// refused) ends as it came: the client has it.
+			state, reason, _ := o.f.Outcome()
+			if end := endFrame(state, reason); end != nil && !o.f.Unstored() {
+				spans = append(spans, end)
 			}
 			if o.offer(true, spans...) {
 				o.over(true)
