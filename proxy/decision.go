@@ -21,7 +21,6 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 	fp := fingerprint(ctx)
 	if lei := ctx.Request.Header.Peek("Last-Event-ID"); len(lei) > 0 {
-		p.offerResume(ctx, sc)
 		p.resume(ctx, sc, fp, string(lei))
 		return
 	}
@@ -47,7 +46,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	case cache.Hit:
 		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
 		p.saved(b.Result.Usage)
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, b.Result.Gen)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
@@ -56,7 +55,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, b.Flight.Gen)
 		p.serveFlight(ctx, b.Flight, 0, true)
 	case cache.Miss:
 		f := b.Flight
@@ -72,7 +71,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, f.Gen)
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
