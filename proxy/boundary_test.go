@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -112,4 +115,34 @@ func TestResumeURLStaysHome(t *testing.T) {
 		}
 	}
 	wantCount(t, "upstream calls", up.calls.Load(), int64(len(keys)+1))
+}
+
+// TestStreamsWithoutStore: a proxy with no store relays every request
+// unrecorded, but still none under /streams/: GET and HEAD find no
+// stream, other methods get 405.
+func TestStreamsWithoutStore(t *testing.T) {
+	t.Parallel()
+	up := homeUpstream(t)
+	p, err := New(Config{Upstreams: []string{up.url}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go p.Server().Serve(ln)                     //nolint:errcheck // ends with Shutdown
+	t.Cleanup(func() { p.Server().Shutdown() }) //nolint:errcheck
+	for m, want := range map[string]int{http.MethodGet: 404, http.MethodHead: 404, http.MethodPost: 405, http.MethodOptions: 405} {
+		r, _ := http.NewRequest(m, "http://"+ln.Addr().String()+"/streams/k?token=t.1.2.mac", strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s /streams/k: got %d; want %d", m, resp.StatusCode, want)
+		}
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 0)
 }

@@ -65,6 +65,12 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, causeInvalidKey, err.Error())
 		return
 	}
+	if p.store == nil {
+		// Nothing is recorded, so no stream is known; still nothing
+		// under /streams/ goes upstream.
+		p.writeError(ctx, causeStreamNotFound.err(""))
+		return
+	}
 	var id sse.ID
 	lei := ctx.Request.Header.Peek("Last-Event-ID")
 	hasID := len(lei) > 0
@@ -201,6 +207,10 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx) {
 	}
 	sc, ok := p.scope(ctx, key)
 	if !ok {
+		return
+	}
+	if p.store == nil {
+		p.writeError(ctx, causeKeyNotFound.err(""))
 		return
 	}
 	ki, ok := p.store.Info(sc)
