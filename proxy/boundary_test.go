@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -145,4 +146,33 @@ func TestStreamsWithoutStore(t *testing.T) {
 		}
 	}
 	wantCount(t, "upstream calls", up.calls.Load(), 0)
+}
+
+// TestResumeURLHead: HEAD of a resume URL answers what GET would, without
+// the body: a stored whole answer's type and length, a stream's head, and
+// 204 after a finished stream's last event.
+func TestResumeURLHead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const auth = "Bearer sk-head"
+	whole := newKey("head-whole")
+	post := e.fetch(req{key: whole, auth: auth, body: `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`})
+	e.waitState(whole, auth, cache.StateCommitted)
+	u := resolve(t, "/v1/chat/completions", post.header.Get("Ssegate-Resume-Url"))
+	get := e.fetch(req{method: http.MethodGet, path: u})
+	head := e.fetch(req{method: http.MethodHead, path: u})
+	if get.status != 200 || head.status != 200 || len(head.raw) != 0 ||
+		head.header.Get("Content-Type") != get.header.Get("Content-Type") ||
+		head.header.Get("Content-Length") != strconv.Itoa(len(get.raw)) {
+		t.Fatalf("HEAD of a whole answer: got %d, %q, length %q; want 200, %q, %d as GET",
+			head.status, head.header.Get("Content-Type"), head.header.Get("Content-Length"), get.header.Get("Content-Type"), len(get.raw))
+	}
+	streamed := newKey("head-stream")
+	post = e.fetch(req{key: streamed, auth: auth})
+	e.waitState(streamed, auth, cache.StateCommitted)
+	u = resolve(t, "/v1/chat/completions", post.header.Get("Ssegate-Resume-Url"))
+	if got := e.fetch(req{method: http.MethodHead, path: u, lastEventID: post.ids[len(post.ids)-1]}); got.status != http.StatusNoContent {
+		t.Fatalf("HEAD after the last event: got %d; want 204 as GET", got.status)
+	}
+	e.wantCalls(2)
 }

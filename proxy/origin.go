@@ -197,6 +197,9 @@ func (o *origin) answerRest() {
 		refused = failedAnswer(reason)
 	} else {
 		setHead(&resp.Header, h, false)
+		if c.resumeURL != "" && state == cache.StateCommitted { // as a hit's whole answer carries it
+			resp.Header.Set(resumeURLHeader, c.resumeURL)
+		}
 		resp.SetBody(body)
 	}
 	if refused != nil {

@@ -128,7 +128,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx) {
 	p.offerResume(ctx, sc, gen)
 	if ctx.IsHead() {
 		p.logDecision(ctx, "head", sc, "", "generation", gen)
-		p.serveHead(ctx, f, r)
+		p.serveHead(ctx, f, r, id.Seq)
 		return
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", gen, "after", id.Seq)
@@ -153,25 +153,36 @@ func queryToken(ctx *fasthttp.RequestCtx) (string, bool) {
 	return token, n == 1
 }
 
-// serveHead answers HEAD of a stream: the head a GET would get (waiting,
-// as a GET does, for a live generation's), with no body and no events
-// read.
-func (p *Proxy) serveHead(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result) {
-	var h cache.Head
+// serveHead answers HEAD of a stream: the status and head a GET would get
+// (waiting, as a GET does, for a live generation's), with no body and no
+// events read.
+func (p *Proxy) serveHead(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result, after uint64) {
 	if f != nil {
 		<-f.HeadReady()
-		var ok bool
-		if h, ok = f.Head(); !ok {
+		h, ok := f.Head()
+		if !ok {
 			_, reason, _ := f.Outcome()
 			p.writeError(ctx, failedAnswer(reason))
 			return
 		}
-	} else {
-		h = r.Head
+		writeHead(ctx, h, true)
+		ctx.Response.Header.SetContentLength(-1) // a GET's is chunked, or runs until its end
+		return
 	}
-	writeHead(ctx, h, true)
-	if h.Stream {
-		ctx.Response.Header.SetContentLength(-1) // a GET's is chunked
+	data, err := r.After(after)
+	switch {
+	case err != nil:
+		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))
+	case r.Head.Stream && after > 0 && len(data) == 0:
+		ctx.SetStatusCode(fasthttp.StatusNoContent) // as replay answers
+		ctx.Response.Header.Set("Idempotent-Replayed", "true")
+	default:
+		writeHead(ctx, r.Head, true)
+		if r.Head.Stream {
+			ctx.Response.Header.SetContentLength(-1)
+		} else {
+			ctx.Response.Header.SetContentLength(len(data))
+		}
 	}
 }
 
