@@ -20,7 +20,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 	}
 	f, r, err := p.store.Attach(sc, fp, id, true)
 	if err != nil {
-		p.attachError(ctx, err, causeGone.err("no generation of this key holds that Last-Event-ID"))
+		p.attachError(ctx, sc, err, causeGone.err("no generation of this key holds that Last-Event-ID"))
 		return
 	}
 	p.offerResume(ctx, sc, id.Gen)
@@ -116,7 +116,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx) {
 			p.writeError(ctx, causeGone.err("the generation this resume URL was issued for is no longer held; the key's later answers carry a URL of their own"))
 			return
 		}
-		p.attachError(ctx, err, causeStreamNotFound.err(""))
+		p.attachError(ctx, sc, err, causeStreamNotFound.err(""))
 		return
 	}
 	gen := id.Gen
@@ -188,7 +188,7 @@ func (p *Proxy) serveHead(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Re
 
 // attachError maps the store's answer to a resume onto the errors of docs/design.md, Errors;
 // notFound is what an unknown key gets.
-func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiError) {
+func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error, notFound *apiError) {
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		p.writeError(ctx, notFound)
@@ -199,7 +199,7 @@ func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiEr
 	case errors.Is(err, cache.ErrConflict):
 		p.writeError(ctx, causeConflict.err(""))
 	default:
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 	}
 }
 
