@@ -99,14 +99,23 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) 
 	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }
 
-// serveFlight answers from a live flight: the upstream's head once known,
-// then its events after seq after, following it to its end.
-func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+// flightHead waits for the live flight f's head; when the flight ended
+// without one, it answers the failure and reports false.
+func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Head, bool) {
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
 		_, reason, _ := f.Outcome()
 		p.writeError(ctx, failedAnswer(reason))
+	}
+	return h, ok
+}
+
+// serveFlight answers from a live flight: the upstream's head once known,
+// then its events after seq after, following it to its end.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	h, ok := p.flightHead(ctx, f)
+	if !ok {
 		return
 	}
 	if !h.Stream {

@@ -158,11 +158,8 @@ func queryToken(ctx *fasthttp.RequestCtx) (string, bool) {
 // events read.
 func (p *Proxy) serveHead(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cache.Result, after uint64) {
 	if f != nil {
-		<-f.HeadReady()
-		h, ok := f.Head()
+		h, ok := p.flightHead(ctx, f)
 		if !ok {
-			_, reason, _ := f.Outcome()
-			p.writeError(ctx, failedAnswer(reason))
 			return
 		}
 		writeHead(ctx, h, true)
