@@ -24,9 +24,10 @@ const maxEvent = 16 << 20
 // resumeBody is a keyed event stream's body: it passes on whole events and
 // reconnects when the connection breaks before the stream's end.
 type resumeBody struct {
-	t   *Transport
-	req *http.Request // the request as sent: URL, headers, context
-	key string
+	t    *Transport
+	req  *http.Request // the request as sent: URL, headers, context
+	key  string
+	home *url.URL // where the key's stream is resumed: see streamURL
 
 	mu     sync.Mutex // guards rc and closed: Close may come from another goroutine
 	rc     io.ReadCloser
@@ -46,8 +47,10 @@ type resumeBody struct {
 	bo         *fullJitter
 }
 
-func newResumeBody(t *Transport, req *http.Request, key string, rc io.ReadCloser) *resumeBody {
-	return &resumeBody{t: t, req: req, key: key, rc: rc, buf: make([]byte, 32<<10), bo: t.backoff(),
+// newResumeBody reads rc, the body of the answer to req; resumeURL is the
+// answer's Ssegate-Resume-Url, if any.
+func newResumeBody(t *Transport, req *http.Request, key string, rc io.ReadCloser, resumeURL string) *resumeBody {
+	return &resumeBody{t: t, req: req, key: key, home: streamURL(req.URL, key, resumeURL), rc: rc, buf: make([]byte, 32<<10), bo: t.backoff(),
 		det: sse.NewDetector(sse.Expect{}),
 		// A request that resumed itself starts after its own Last-Event-ID.
 		lastID: req.Header.Get("Last-Event-ID")}
@@ -247,12 +250,42 @@ func answerError(resp *http.Response) error {
 // (Gemini's ?key=); ssegate scopes keys by it as by the credential headers.
 const credentialParam = "key"
 
-// resumeRequest is GET {scheme://host}/streams/{key} with the original
+// resumeHeader is the header in which ssegate names a keyed answer's
+// resume URL.
+const resumeHeader = "Ssegate-Resume-Url"
+
+// streamURL is the URL of key's stream for a request to reqURL: the path of
+// the answer's resume URL, resolved against reqURL (it is relative to it,
+// so that it goes through whatever path prefix a gateway in front of
+// ssegate adds), or else {scheme://host}/streams/{key}. A resume URL that
+// would lead to another scheme or host is not followed: the reconnection
+// carries the request's credentials.
+func streamURL(reqURL *url.URL, key, resumeURL string) *url.URL {
+	root := &url.URL{Scheme: reqURL.Scheme, User: reqURL.User, Host: reqURL.Host,
+		Path: "/streams/" + key, RawPath: "/streams/" + url.PathEscape(key)}
+	if resumeURL == "" {
+		return root
+	}
+	ref, err := url.Parse(resumeURL)
+	if err != nil {
+		return root
+	}
+	u := reqURL.ResolveReference(ref)
+	if u.Scheme != reqURL.Scheme || u.Host != reqURL.Host {
+		return root
+	}
+	// The token is left out: it opens one generation until its expiry,
+	// while the request's own credential opens the key for as long as it
+	// is held.
+	u.User, u.RawQuery, u.Fragment, u.RawFragment = reqURL.User, "", "", ""
+	return u
+}
+
+// resumeRequest is GET of the key's stream (streamURL) with the original
 // request's headers, content headers and the key header left out, and its
 // credential query parameter, so that it reaches the same tenant's stream.
 func (b *resumeBody) resumeRequest() *http.Request {
-	u := &url.URL{Scheme: b.req.URL.Scheme, User: b.req.URL.User, Host: b.req.URL.Host,
-		Path: "/streams/" + b.key, RawPath: "/streams/" + url.PathEscape(b.key)}
+	u := *b.home
 	if vs := b.req.URL.Query()[credentialParam]; len(vs) > 0 {
 		u.RawQuery = url.Values{credentialParam: vs}.Encode()
 	}

@@ -79,8 +79,11 @@ type Transport struct {
 	// for its blank line). When the connection breaks before the stream's
 	// end (a read error, a cut chunked body) and before a terminal event
 	// ([DONE], message_stop, response.completed, response.failed,
-	// response.incomplete), the body reconnects by itself with
-	// GET {scheme://host}/streams/{key}, Last-Event-ID set to the id of the
+	// response.incomplete), the body reconnects by itself with a GET of
+	// the key's stream (the Ssegate-Resume-Url the answer carried, resolved
+	// against the request's URL, so a path prefix in front of ssegate is
+	// kept; without one, {scheme://host}/streams/{key}) with its token left
+	// out, Last-Event-ID set to the id of the
 	// last whole event it passed on and the original request's headers
 	// (credentials included, content headers left out) and its
 	// ?key= credential parameter, with backoff, and
@@ -297,7 +300,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if key != "" && orDefault(t.MaxReconnects, DefaultMaxReconnects) > 0 &&
 		resp.StatusCode/100 == 2 && isEventStream(resp.Header) {
-		resp.Body = newResumeBody(t, r, key, resp.Body)
+		resp.Body = newResumeBody(t, r, key, resp.Body, resp.Header.Get(resumeHeader))
 		resp.ContentLength = -1
 	}
 	return resp, nil

@@ -254,13 +254,17 @@ func events(from, to, n int) string {
 // cut answers with a chunked event stream of the chunks, then closes the
 // connection without the last chunk: the client's read fails with
 // io.ErrUnexpectedEOF.
-func cut(w http.ResponseWriter, chunks ...string) {
+func cut(w http.ResponseWriter, chunks ...string) { cutHead(w, "", chunks...) }
+
+// cutHead is cut with head's lines ("Name: value\r\n" each) added to the
+// answer's head.
+func cutHead(w http.ResponseWriter, head string, chunks ...string) {
 	c, bw, err := w.(http.Hijacker).Hijack()
 	if err != nil {
 		panic(err)
 	}
 	defer c.Close()
-	bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+	bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n" + head + "\r\n")
 	for _, s := range chunks {
 		fmt.Fprintf(bw, "%x\r\n%s\r\n", len(s), s)
 		bw.Flush()

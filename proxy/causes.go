@@ -62,6 +62,7 @@ const (
 	causeInvalidStartingAfter
 	causeCredentialRequired
 	causeInvalidResumeToken
+	causeMethodNotAllowed
 	causeStreamNotFound
 	causeKeyNotFound
 	causeAdminNotFound
@@ -168,6 +169,7 @@ var causes = [numCauses]causeRow{
 	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: "invalid", status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
 	causeCredentialRequired:   {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
 	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
+	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: "invalid", status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
 	causeStreamNotFound:       {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
 	causeKeyNotFound:          {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
 	causeAdminNotFound:        {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},

@@ -22,7 +22,6 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 	fp := fingerprint(ctx)
 	if lei := ctx.Request.Header.Peek("Last-Event-ID"); len(lei) > 0 {
-		p.offerResume(ctx, sc)
 		p.resume(ctx, sc, fp, string(lei))
 		return
 	}
@@ -53,7 +52,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	case cache.Hit:
 		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
 		p.saved(b.Result.Usage)
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, b.Result.Gen)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
@@ -62,7 +61,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, b.Flight.Gen)
 		p.serveFlight(ctx, b.Flight, 0, true)
 	case cache.Miss:
 		f := b.Flight
@@ -78,7 +77,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
-		p.offerResume(ctx, sc)
+		p.offerResume(ctx, sc, f.Gen)
 		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
@@ -101,14 +100,23 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) 
 	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }
 
-// serveFlight answers from a live flight: the upstream's head once known,
-// then its events after seq after, following it to its end.
-func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+// flightHead waits for the live flight f's head; when the flight ended
+// without one, it answers the failure and reports false.
+func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Head, bool) {
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
 		state, reason, _ := f.Outcome()
 		p.writeError(ctx, failedAnswer(state, reason))
+	}
+	return h, ok
+}
+
+// serveFlight answers from a live flight: the upstream's head once known,
+// then its events after seq after, following it to its end.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	h, ok := p.flightHead(ctx, f)
+	if !ok {
 		return
 	}
 	if !h.Stream {

@@ -128,7 +128,7 @@ func newMetrics(p *Proxy) *metrics {
 	for _, b := range []timeBudget{budgetHead, budgetAttempt, budgetIdle} {
 		m.timeouts.WithLabelValues(b.String())
 	}
-	for _, d := range []string{"miss", "hit", "join", "resume", "conflict", "in_flight", "gone", "invalid", "refused", "relay", "unprotected"} {
+	for _, d := range []string{"miss", "hit", "join", "resume", "head", "conflict", "in_flight", "gone", "invalid", "refused", "relay", "unprotected"} {
 		m.requests.WithLabelValues(d)
 	}
 	return m

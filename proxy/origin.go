@@ -201,6 +201,9 @@ func (o *origin) answerRest() {
 	} else {
 		setHead(&resp.Header, h, false)
 		outcomeHead(&resp.Header, state, f.Unstored())
+		if c.resumeURL != "" && state == cache.StateCommitted { // as a hit's whole answer carries it
+			resp.Header.Set(resumeURLHeader, c.resumeURL)
+		}
 		resp.SetBody(body)
 	}
 	if refused != nil {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,13 +280,13 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return
 	}
+	if underPath(ctx, "/streams") {
+		p.serveStreams(ctx)
+		return
+	}
 	if ctx.IsGet() {
-		if key, ok := strings.CutPrefix(path, "/streams/"); ok {
-			p.serveStreamGet(ctx, key)
-			return
-		}
-		if key, ok := strings.CutPrefix(path, "/keys/"); ok {
-			p.serveKeyInfo(ctx, key)
+		if underPath(ctx, "/keys") {
+			p.serveKeyInfo(ctx)
 			return
 		}
 		if id := responseID(path); id != "" && p.store != nil && p.serveResponseGet(ctx, id) {
@@ -382,10 +383,16 @@ func unescaped(b []byte) string {
 	return s
 }
 
-// validKey reports whether key is 1–255 visible ASCII characters.
+// validKey reports whether key is 1–255 visible ASCII characters, and not
+// "." or "..", which no URL can carry as a path segment (browsers, curl
+// and URL libraries resolve them away), so their streams could not be
+// resumed by URL.
 func validKey(key string) error {
 	if len(key) == 0 || len(key) > 255 {
 		return fmt.Errorf("Idempotency-Key must be 1 to 255 characters, got %d", len(key))
+	}
+	if key == "." || key == ".." {
+		return fmt.Errorf("Idempotency-Key cannot be %q: no URL path can name it", key)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {
@@ -395,14 +402,41 @@ func validKey(key string) error {
 	return nil
 }
 
-// keyFromPath unescapes the {key} of /streams/{key} and /keys/{key}.
+// keyFromPath unescapes the {key} of /streams/{key} and /keys/{key}, read
+// from the path as it came (fasthttp's normalised path has unescaped a
+// key's "/" and resolved its ".."): one segment after prefix.
 func keyFromPath(ctx *fasthttp.RequestCtx, prefix string) (string, error) {
-	raw := strings.TrimPrefix(string(ctx.URI().PathOriginal()), prefix)
+	raw, ok := strings.CutPrefix(string(ctx.URI().PathOriginal()), prefix)
+	if !ok {
+		return "", fmt.Errorf("the path must be %s{path-escaped key}", prefix)
+	}
 	key, err := url.PathUnescape(raw)
 	if err != nil {
 		return "", err
 	}
 	return key, validKey(key)
+}
+
+// underPath reports whether the request's path is dir or under it in any
+// spelling a server on the way could read it: as it came, as fasthttp
+// normalised it, or unescaped until nothing changes and then cleaned
+// (%2F, //, /./, ..). Paths ssegate serves itself are matched so, so that
+// none of their spellings is relayed upstream.
+func underPath(ctx *fasthttp.RequestCtx, dir string) bool {
+	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	raw := string(ctx.URI().PathOriginal())
+	if under(raw) || under(string(ctx.Path())) {
+		return true
+	}
+	p := raw
+	for range 4 { // %25 nested deeper than this is no path anyone reads
+		u, err := url.PathUnescape(p)
+		if err != nil || u == p {
+			break
+		}
+		p = u
+	}
+	return under(path.Clean("/" + strings.ReplaceAll(p, "\\", "/")))
 }
 
 // acquire takes one of MaxStreams slots for an upstream call.

@@ -118,7 +118,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		p.storeError(ctx, sc, err)
 		return true
 	}
-	p.offerResume(ctx, sc)
+	p.offerResume(ctx, sc, a.Gen)
 	p.logDecision(ctx, "resume", sc, "", "generation", a.Gen, "after", after, "response_id", id)
 	// openai-go's GetStreaming says stream in a JSON body of its GET; the
 	// API documents it as a query parameter.

@@ -4,7 +4,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,10 +26,11 @@ func TestResumeURL(t *testing.T) {
 	key := "a/key?with%odd#chars-" + newKey("r")
 	other := newKey("other")
 	miss := e.do(req{key: key, auth: auth})
-	u := miss.Header.Get("Ssegate-Resume-Url")
-	if !strings.HasPrefix(u, "/streams/"+url.PathEscape(key)+"?token=") {
-		t.Fatalf("miss: Ssegate-Resume-Url %q; want /streams/{escaped key}?token=…", u)
+	rel := miss.Header.Get("Ssegate-Resume-Url")
+	if !strings.HasPrefix(rel, "../../streams/"+url.PathEscape(key)+"?token=") {
+		t.Fatalf("miss: Ssegate-Resume-Url %q; want ../../streams/{escaped key}?token=…, relative to /v1/chat/completions", rel)
 	}
+	u := resolve(t, "/v1/chat/completions", rel)
 	join := e.do(req{key: key, auth: auth})
 	if join.Header.Get("Ssegate-Resume-Url") == "" {
 		t.Fatal("join: no Ssegate-Resume-Url")
@@ -61,6 +64,7 @@ func TestResumeURL(t *testing.T) {
 
 	path, token, _ := strings.Cut(u, "?token=")
 	tenant, rest, _ := strings.Cut(token, ".")
+	gen, rest, _ := strings.Cut(rest, ".")
 	exp, sig, _ := strings.Cut(rest, ".")
 	flip := func(s string, i int) string {
 		b := []byte(s)
@@ -71,11 +75,15 @@ func TestResumeURL(t *testing.T) {
 		}
 		return string(b)
 	}
-	expired := e.proxy.resumeToken(cache.Scope{Tenant: tenant, Key: key}, time.Now().Add(-time.Second))
+	g, _ := strconv.ParseUint(gen, 10, 64)
+	expired := e.proxy.resumeToken(cache.Scope{Tenant: tenant, Key: key}, g, time.Now().Add(-time.Second))
 	bad := map[string]string{
-		"mac altered":        path + "?token=" + tenant + "." + exp + "." + flip(sig, len(sig)/2),
-		"expiry altered":     path + "?token=" + tenant + "." + flip(exp, len(exp)-1) + "." + sig,
-		"tenant altered":     path + "?token=" + flip(tenant, 0) + "." + exp + "." + sig,
+		"mac altered":        path + "?token=" + tenant + "." + gen + "." + exp + "." + flip(sig, len(sig)/2),
+		"expiry altered":     path + "?token=" + tenant + "." + gen + "." + flip(exp, len(exp)-1) + "." + sig,
+		"tenant altered":     path + "?token=" + flip(tenant, 0) + "." + gen + "." + exp + "." + sig,
+		"generation altered": path + "?token=" + tenant + "." + flip(gen, len(gen)-1) + "." + exp + "." + sig,
+		"no generation":      path + "?token=" + tenant + "." + exp + "." + sig,
+		"two tokens":         u + "&token=" + token,
 		"expired":            path + "?token=" + expired,
 		"another key":        "/streams/" + url.PathEscape(other) + "?token=" + token,
 		"empty":              path + "?token=",
@@ -99,4 +107,164 @@ func readAll(t *testing.T, resp *http.Response) result {
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	return parseResult(resp, raw, err)
+}
+
+// resolve resolves the relative reference ref against the path of the
+// request it answered, as a client does: the path and query to request.
+func resolve(t *testing.T, from, ref string) string {
+	t.Helper()
+	r, err := url.Parse(ref)
+	if err != nil {
+		t.Fatalf("Ssegate-Resume-Url %q: %v", ref, err)
+	}
+	u := (&url.URL{Scheme: "http", Host: "gate", Path: from}).ResolveReference(r)
+	return u.EscapedPath() + "?" + u.RawQuery
+}
+
+// TestResumeTokenOneSpelling: a token has one spelling. Every
+// single-character alteration of it, at each position to each character a
+// token may hold (the base64url alphabet, the dot, and padding), is refused
+// with 403 invalid_resume_token: the mac is decoded strictly, so the
+// unused bits of its last character count.
+func TestResumeTokenOneSpelling(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	key := newKey("spelling")
+	post := e.fetch(req{key: key, auth: "Bearer sk-spelling"})
+	u := resolve(t, "/v1/chat/completions", post.header.Get("Ssegate-Resume-Url"))
+	path, token, _ := strings.Cut(u, "?token=")
+	if got := e.fetch(req{method: http.MethodGet, path: u}); got.status != 200 {
+		t.Fatalf("GET %s: got %d; want 200", u, got.status)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.="
+	type alteration struct{ pos, c int }
+	work := make(chan alteration)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for a := range work {
+				b := []byte(token)
+				b[a.pos] = alphabet[a.c]
+				got := e.fetch(req{method: http.MethodGet, path: path + "?token=" + url.QueryEscape(string(b))})
+				if got.status != http.StatusForbidden || got.errType != "invalid_resume_token" {
+					t.Errorf("token with byte %d changed from %q to %q: got %d %q; want 403 invalid_resume_token",
+						a.pos, token[a.pos], alphabet[a.c], got.status, got.errType)
+				}
+			}
+		}()
+	}
+	n := 0
+	for pos := range len(token) {
+		for c := range len(alphabet) {
+			if alphabet[c] != token[pos] {
+				work <- alteration{pos, c}
+				n++
+			}
+		}
+	}
+	close(work)
+	wg.Wait()
+	t.Logf("%d alterations of a %d-byte token, each refused", n, len(token))
+	e.wantCalls(1)
+}
+
+// tokenExpiry is the expiry a resume URL's token states.
+func tokenExpiry(t *testing.T, u string) time.Time {
+	t.Helper()
+	_, token, _ := strings.Cut(u, "?token=")
+	parts := strings.Split(token, ".")
+	if len(parts) != 4 {
+		t.Fatalf("token %q: got %d parts; want tenant.generation.expiry.mac", token, len(parts))
+	}
+	secs, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		t.Fatalf("token %q: expiry: %v", token, err)
+	}
+	return time.Unix(secs, 0)
+}
+
+// TestResumeTokenNotProlonged: the resume URL of an answer authorised by a
+// token expires no later than that token, however often it is polled; an
+// answer authorised by a credential gets the full -ttl.
+func TestResumeTokenNotProlonged(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const auth = "Bearer sk-poll"
+	key := newKey("poll")
+	post := e.fetch(req{key: key, auth: auth})
+	u := resolve(t, "/v1/chat/completions", post.header.Get("Ssegate-Resume-Url"))
+	e.waitState(key, auth, cache.StateCommitted)
+	gen, _ := sse.ParseID(post.ids[0])
+	short := time.Now().Add(5 * time.Second).Truncate(time.Second)
+	path, _, _ := strings.Cut(u, "?token=")
+	next := path + "?token=" + e.proxy.resumeToken(cache.Scope{Tenant: e.tenantOf(auth), Key: key}, gen.Gen, short)
+	for i := range 3 {
+		got := e.fetch(req{method: http.MethodGet, path: next})
+		if got.status != 200 {
+			t.Fatalf("poll %d: got %d; want 200", i, got.status)
+		}
+		rel := got.header.Get("Ssegate-Resume-Url")
+		if rel == "" {
+			t.Fatalf("poll %d: no Ssegate-Resume-Url", i)
+		}
+		next = resolve(t, path, rel)
+		if exp := tokenExpiry(t, next); exp.After(short) {
+			t.Fatalf("poll %d: the derived URL expires at %v; want no later than its token's %v", i, exp, short)
+		}
+	}
+	byCredential := e.fetch(req{method: http.MethodGet, path: path, auth: auth})
+	long := tokenExpiry(t, resolve(t, path, byCredential.header.Get("Ssegate-Resume-Url")))
+	if time.Until(long) < 23*time.Hour {
+		t.Fatalf("GET by credential: resume URL expires in %v; want -ttl (24h)", time.Until(long))
+	}
+	e.wantCalls(1)
+}
+
+// TestResumeTokenGeneration: a resume URL opens the generation it was
+// issued for and no other. Once its key has a later generation (after an
+// abort here; after the TTL likewise), the old URL answers 410
+// stream_gone, with or without a Last-Event-ID of either generation, and
+// the later generation's answers carry a URL of their own that opens it.
+func TestResumeTokenGeneration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const auth = "Bearer sk-gen"
+	key := newKey("gen")
+	first := e.fetch(req{key: key, auth: auth, header: map[string]string{"X-Mock-Fault": "eof-after=4"}})
+	e.waitState(key, auth, cache.StateFailedRetryable)
+	old := resolve(t, "/v1/chat/completions", first.header.Get("Ssegate-Resume-Url"))
+	if got := e.fetch(req{method: http.MethodGet, path: old}); got.status != http.StatusGone {
+		t.Fatalf("old URL after its generation aborted: got %d; want 410", got.status)
+	}
+	second := e.fetch(req{key: key, auth: auth})
+	if !clean(second) {
+		t.Fatalf("second generation: got %d, last %q; want a whole stream", second.status, second.lastData())
+	}
+	e.waitState(key, auth, cache.StateCommitted)
+	fresh := resolve(t, "/v1/chat/completions", second.header.Get("Ssegate-Resume-Url"))
+	for name, r := range map[string]req{
+		"no Last-Event-ID":             {method: http.MethodGet, path: old},
+		"its own generation's id":      {method: http.MethodGet, path: old, lastEventID: first.ids[1]},
+		"the later generation's id":    {method: http.MethodGet, path: old, lastEventID: second.ids[1]},
+		"the later generation's start": {method: http.MethodHead, path: old},
+	} {
+		if got := e.fetch(r); got.status != http.StatusGone || (r.method != http.MethodHead && got.errType != "stream_gone") {
+			t.Errorf("old URL, %s: got %d %q; want 410 stream_gone", name, got.status, got.errType)
+		}
+	}
+	if fresh == old {
+		t.Fatal("the later generation got the old URL")
+	}
+	got := e.fetch(req{method: http.MethodGet, path: fresh})
+	if got.status != 200 || string(eventBytes(got.raw)) != string(eventBytes(second.raw)) {
+		t.Fatalf("the later generation's URL: got %d; want 200 and its stream", got.status)
+	}
+	// A URL issued by a resume carries the generation it served.
+	again := resolve(t, "/streams/x", got.header.Get("Ssegate-Resume-Url"))
+	if got := e.fetch(req{method: http.MethodGet, path: again}); got.status != 200 {
+		t.Fatalf("the URL a resume gave: got %d; want 200", got.status)
+	}
+	e.wantCalls(2)
 }

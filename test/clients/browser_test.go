@@ -236,7 +236,15 @@ func browserReconnect(t *testing.T, auth string) {
 		if u == "" {
 			t.Fatal("POST: no Ssegate-Resume-Url")
 		}
-		pageURL += "&src=" + url.QueryEscape(u)
+		// The URL is relative to the request it answered, as a browser
+		// resolves it: here the POST's, made through the forwarder's
+		// address so that the page opens it on its own origin.
+		ref, err := url.Parse(u)
+		if err != nil {
+			t.Fatalf("POST: Ssegate-Resume-Url %q: %v", u, err)
+		}
+		post := &url.URL{Scheme: "http", Host: fw.addr(), Path: "/v1/chat/completions"}
+		pageURL += "&src=" + url.QueryEscape(post.ResolveReference(ref).String())
 	}
 	if err := chromedp.Do(bctx, chromedp.Navigate(pageURL)); err != nil {
 		t.Fatalf("navigate to %s: %v", pageURL, err)

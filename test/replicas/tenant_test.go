@@ -75,10 +75,11 @@ func TestTenantAcrossReplicas(t *testing.T) {
 		if u == "" {
 			t.Fatal("first request on A: no Ssegate-Resume-Url")
 		}
-		if s := send(t, http.MethodGet, b.URL+u, "", nil); s.status != 200 || !bytes.Equal(s.raw, first.raw) {
+		u = resolved(t, b.URL+"/v1/chat/completions", u)
+		if s := send(t, http.MethodGet, u, "", nil); s.status != 200 || !bytes.Equal(s.raw, first.raw) {
 			t.Fatalf("A's resume URL on B: got %d; want 200 and A's stream", s.status)
 		}
-		if s := send(t, http.MethodGet, b.URL+u[:len(u)-2]+"xx", "", nil); s.status != 403 {
+		if s := send(t, http.MethodGet, u[:len(u)-2]+"xx", "", nil); s.status != 403 {
 			t.Fatalf("A's resume URL altered, on B: got %d; want 403", s.status)
 		}
 		if n := e.mock.Calls(); n != 2 {
