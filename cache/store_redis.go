@@ -143,7 +143,7 @@ type Redis struct {
 	replica string        // names this replica in st.owner, for operators
 	idle    time.Duration // how long a tail's XREAD blocks before it checks the owner
 
-	shares *liveShares  // bytes of local journals, all and per tenant
+	shares *liveShares // bytes of local journals, all and per tenant
 	seal   *sealPolicy // when local journals seal (Limits)
 
 	mu      sync.Mutex // guards flights
