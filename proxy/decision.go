@@ -95,6 +95,10 @@ func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
 // serveFlight answers from a live flight: the upstream's head once known,
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	if p.awaits(ctx, f) {
+		p.await(ctx, f, after, replayed)
+		return
+	}
 	<-f.HeadReady()
 	h, ok := f.Head()
 	if !ok {
