@@ -144,10 +144,10 @@ func newLiveShares(l Limits) *liveShares {
 // and less than two shares are free (its streams would soon be stopped,
 // so its call is refused before it goes out rather than paid and cut).
 func (l *liveShares) admit(tenant string) error {
-	total := l.total.Load()
-	if total >= l.max {
-		return fmt.Errorf("live journals hold %d bytes, the -max-live-bytes bound: %w", total, ErrStoreFull)
+	if err := l.full(); err != nil {
+		return err
 	}
+	total := l.total.Load()
 	l.mu.Lock()
 	t := l.tenants[tenant]
 	l.mu.Unlock()
@@ -156,6 +156,14 @@ func (l *liveShares) admit(tenant string) error {
 	}
 	if mine := t.n.Load(); mine >= l.share && total >= l.max-2*l.share {
 		return fmt.Errorf("this tenant's live journals hold %d bytes, past its -max-live-bytes-per-tenant share of %d, and less than two shares of -max-live-bytes are free: %w", mine, l.share, ErrStoreFull)
+	}
+	return nil
+}
+
+// full reports ErrStoreFull while the live journals hold MaxLiveBytes.
+func (l *liveShares) full() error {
+	if total := l.total.Load(); total >= l.max {
+		return fmt.Errorf("live journals hold %d bytes, the -max-live-bytes bound: %w", total, ErrStoreFull)
 	}
 	return nil
 }

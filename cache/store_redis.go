@@ -367,7 +367,7 @@ func newToken() string {
 // holds MaxKeysPerTenant keys); keys are counted across replicas (see
 // redis_quota.go).
 func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
-	if err := r.shares.admit(sc.Tenant); err != nil {
+	if err := r.shares.full(); err != nil {
 		return Begun{}, err
 	}
 	k := r.keys(sc)
@@ -392,6 +392,11 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		}
 		switch out[0] {
 		case "new":
+			// A tenant past its share of the live journals gets no new
+			// key; its hits and joins are answered as usual.
+			if err := r.shares.admit(sc.Tenant); err != nil {
+				return Begun{}, err
+			}
 			if err := r.countKey(sc, k, false); err != nil {
 				return Begun{}, err
 			}
