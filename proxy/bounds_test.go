@@ -37,27 +37,35 @@ func TestMintedCredentials(t *testing.T) {
 	for name := range stores {
 		t.Run(name, func(t *testing.T) {
 			pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 5 * time.Second}, HeadTimeout: 5 * time.Second}
+			var ledger interface {
+				Info(cache.Scope) (cache.KeyInfo, bool)
+			}
 			if name == "redis" {
 				r, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + redistest.Shared(t), Prefix: redistest.Prefix(t), MaxKeys: maxKeys})
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(r.Close)
-				pc.Store = r
+				pc.Store, ledger = r, r
 			}
 			e := newEnvUpstream(t, up.url, nil, pc, cache.Config{MaxKeys: maxKeys})
+			if ledger == nil {
+				ledger = e.store
+			}
 			known := req{key: newKey("known"), auth: "Bearer sk-known"}
 			if r := e.fetch(known); !clean(r) {
 				t.Fatalf("known tenant's first key: got %d %q; want a clean stream", r.status, r.raw)
 			}
 			var wg sync.WaitGroup
 			errs := make(chan string, flood)
+			minted := make([]req, flood)
 			for w := range 6 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					for i := w; i < flood; i += 6 {
-						r := e.fetch(req{key: newKey("minted"), auth: fmt.Sprintf("Bearer sk-minted-%s-%d", name, i)})
+						minted[i] = req{key: newKey("minted"), auth: fmt.Sprintf("Bearer sk-minted-%s-%d", name, i)}
+						r := e.fetch(minted[i])
 						if r.status != http.StatusUnauthorized {
 							errs <- fmt.Sprintf("minted credential #%d: got %d %s; want the upstream's 401", i, r.status, r.raw)
 						}
@@ -68,6 +76,11 @@ func TestMintedCredentials(t *testing.T) {
 			close(errs)
 			for msg := range errs {
 				t.Fatal(msg)
+			}
+			for _, m := range minted { // the ledger holds none of them
+				if ki, ok := ledger.Info(cache.Scope{Tenant: e.tenantOf(m.auth), Key: m.key}); ok {
+					t.Fatalf("refused key %s: the ledger holds it, %s (%s); want it forgotten", m.key, ki.State, ki.Reason)
+				}
 			}
 			calls := up.calls.Load()
 			known.key = newKey("known")
