@@ -446,9 +446,10 @@ func (m *Memory) roomLocked(tenant string, now time.Time) error {
 			return storeFull(len(m.keys))
 		}
 	}
-	if (t == nil || !t.known) && m.strangers >= m.cfg.MaxStrangerKeys {
+	stranger := func() bool { t := m.tenants[tenant]; return t == nil || !t.known } // expiring may delete the tenant
+	if stranger() && m.strangers >= m.cfg.MaxStrangerKeys {
 		m.expireLocked(&m.exp, now, boundBatch)
-		if t = m.tenants[tenant]; (t == nil || !t.known) && m.strangers >= m.cfg.MaxStrangerKeys {
+		if stranger() && m.strangers >= m.cfg.MaxStrangerKeys {
 			return strangersFull(m.strangers)
 		}
 	}
