@@ -37,7 +37,8 @@ type Config struct {
 	// Limits bound the live generations.
 	Limits
 	// MaxKeys bounds the ledger (default 1,000,000 keys). Expired keys do
-	// not count. Limits.MaxKeysPerTenant defaults to a tenth of it.
+	// not count. Limits.MaxKeysPerTenant defaults to a tenth of it, and
+	// Limits.MaxStrangerKeys to half.
 	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone.
 	MissingBody MissingBody
