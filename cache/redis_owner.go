@@ -417,7 +417,9 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 		cancel()
 		switch o.settle(pos, out, err, len(evs), bytes) {
 		case batchOK:
-			pos.markVer = ver
+			if out[0] == "ok" { // "prev" wrote nothing, the mark included
+				pos.markVer = ver
+			}
 			backoff = 5 * time.Millisecond
 		case batchFenced:
 			return "generation_lost"
@@ -470,19 +472,26 @@ func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes in
 		o.flushedBytes.Store(bytes)
 		return batchOK
 	case "prev":
-		// Redis's journal ends before what it acknowledged: a failover
-		// lost its tail. Re-append from where it ends, from the journal.
+		// Redis's journal does not end where this owner thinks. Before it:
+		// a failover lost its acknowledged tail; re-append from where it
+		// ends, from the journal. After it: a batch ran whose reply was
+		// lost (a cut connection, a timeout), and the batch sent again
+		// found its own events there; they are this owner's (only its
+		// (tok, gen) may append), so take them as written. Past what the
+		// journal holds, they cannot be its own.
 		last := ""
 		if len(out) > 1 {
 			last = out[1]
 		}
 		g, seqS, ok := strings.Cut(last, "-")
 		seq, err := strconv.Atoi(seqS)
-		if !ok || g != o.gen || err != nil || seq > pos.flushed {
+		if !ok || g != o.gen || err != nil || seq > o.f.Events() {
 			return batchFenced
 		}
-		o.r.cfg.Logger.Warn("redis journal lost acknowledged events; re-appending",
-			"key", o.f.Scope.Key, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
+		if seq < pos.flushed {
+			o.r.cfg.Logger.Warn("redis journal lost acknowledged events; re-appending",
+				"key", o.f.Scope.Key, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
+		}
 		evs, _, _ := o.f.wireSince(0, seq)
 		pos.bytes = 0
 		for _, e := range evs {
@@ -525,7 +534,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			if out[0] == "ok" || out[0] == "already" {
 				return commitOutcome{ok: true}
 			}
-			// "prev": pos moved back to where Redis's journal ends.
+			// "prev": pos moved to where Redis's journal ends.
 		case batchFenced:
 			return commitOutcome{state: StateCommitUnknown, reason: "generation_lost"}
 		case batchRetry:

@@ -11,7 +11,8 @@ import "github.com/redis/rueidis"
 //
 //	st     HASH    phase (live|done|failed|lost), state (docs/design.md, Key states),
 //	               gen, tok, fp, owner, created, updated, attempts, status,
-//	               reason, events, bytes, commits
+//	               reason, events, bytes, commits, regen and reaped (what
+//	               the claim answered, for a re-claim: claimScript)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
@@ -33,6 +34,13 @@ const maxSeq = "18446744073709551615"
 
 // claimScript decides a request: conflict, replay, join, gone or miss.
 //
+// It is safe to repeat with the same token, which is what makes it
+// retryable (rueidis re-sends it after a network error, within the
+// claim's timeout): a claim that finds the key live under its own token
+// ran before and lost its reply, so the key is its caller's, and it
+// answers "miss" again (with the lease set again) where a stranger's
+// claim would join a generation nobody runs.
+//
 // KEYS: st, lease, j, res
 // ARGV: fp, tok, owner, lease ms, live ttl ms, now ms, refuse (1 when a
 // committed key whose body is gone must not regenerate), ask (1 when a
@@ -41,11 +49,15 @@ const maxSeq = "18446744073709551615"
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
 // {"new"} (with ask: nothing was written), or {"miss", gen, regenerated
 // (0|1), reaped (0|1)}.
-var claimScript = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp')
+var claimScript = rueidis.NewLuaScriptRetryable(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped')
 local phase, gen, fp = s[1], s[2], s[3]
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
+end
+if phase == 'live' and s[4] == ARGV[2] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+  return {'miss', gen, s[5] or '0', s[6] or '0'}
 end
 if not phase and ARGV[8] == '1' then return {'new'} end
 local regenerated, reaped = '0', '0'
@@ -66,11 +78,40 @@ redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
 redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
   'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
-  'attempts', 0, 'status', 0, 'reason', '', 'events', 0, 'bytes', 0)
+  'attempts', 0, 'status', 0, 'reason', '', 'events', 0, 'bytes', 0,
+  'regen', regenerated, 'reaped', reaped)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
 return {'miss', gs, regenerated, reaped}
+`)
+
+// abandonScript ends a generation whose claim ran but whose caller never
+// learnt it (the reply was lost past the claim's retries), so that
+// nobody waits a lease on a generation that has no owner and never
+// called the upstream. Only the claim's own token matches: the caller
+// never answered Miss, so nothing else holds it, and the journal holds
+// only the start entry. The key ends failed_retryable: a retry is safe.
+//
+// KEYS: st, lease, j
+// ARGV: tok, st ttl ms, journal ttl ms, now ms
+//
+// Returns 1 when the generation is ended under that token (by this call,
+// or by one whose reply was lost), 0 when the key holds no generation of
+// that token (the claim never ran, or was reaped since).
+var abandonScript = rueidis.NewLuaScriptRetryable(`
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+if s[3] ~= ARGV[1] then return 0 end
+if s[1] == 'failed' then return 1 end
+if s[1] ~= 'live' then return 0 end
+redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
+  'state', 'failed_retryable', 'reason', 'store_unavailable', 'h', '', 'b', '')
+redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
+  'reason', 'store_unavailable', 'updated', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+redis.call('DEL', KEYS[2])
+return 1
 `)
 
 // appendScript appends a batch of events to the live journal, fenced.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -40,7 +41,8 @@ type RedisConfig struct {
 	// interval (Lease/2, at most 2s).
 	Lease time.Duration
 	// Timeout bounds one Redis operation (default 2s). A claim that takes
-	// longer fails with ErrUnavailable.
+	// longer fails with ErrUnavailable; within it, a claim whose
+	// connection failed is sent again (claimScript is safe to repeat).
 	Timeout time.Duration
 	// TTL is how long a committed result is kept (default 24h).
 	TTL time.Duration
@@ -54,6 +56,11 @@ type RedisConfig struct {
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
+	// MaxAbandoning bounds the claims whose reply was lost that this
+	// replica is ending at once in the background (default 1024; a Redis
+	// that times out every claim makes one per keyed request). Past it,
+	// such a key waits for its lease to lapse.
+	MaxAbandoning int
 	// Limits bound this replica's live generations, owned and followed,
 	// and the keys of each tenant and of strangers (counted across
 	// replicas).
@@ -96,6 +103,9 @@ func (c *RedisConfig) setDefaults() {
 	if c.MaxStrangerKeys <= 0 {
 		c.MaxStrangerKeys = max(c.MaxKeys/2, 1)
 	}
+	if c.MaxAbandoning <= 0 {
+		c.MaxAbandoning = 1024
+	}
 	c.Limits.setDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
@@ -117,6 +127,7 @@ type RedisStats struct {
 	Tails       int64 // tails started (one per followed generation)
 	Reads       int64 // XREAD calls of tails
 	Unavailable int64 // operations that failed for want of Redis
+	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
 	LiveBytes   int64
 	LiveFlights int64
 }
@@ -154,6 +165,9 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+
+	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
+	abandoning atomic.Int64 // abandon's goroutines running
 
 	secretKept atomic.Bool // keepSecret runs (redis_secret.go)
 }
@@ -306,6 +320,7 @@ func (r *Redis) Stats() RedisStats {
 		Claims: r.claims.Load(), Batches: r.batches.Load(), Events: r.events.Load(),
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
+		Abandoned: r.abandoned.Load(),
 		LiveBytes: r.shares.total.Load(), LiveFlights: n,
 	}
 }
@@ -376,10 +391,13 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		refuse = "1"
 	}
 	ask := "1" // a key with no record is counted against its tenant first
+	// The token is chosen before the claim is sent, so that a claim sent
+	// again after its reply was lost finds the key live under it and takes
+	// it (claimScript). A claim whose outcome stays unknown is abandoned.
+	tok := newToken()
 	// A replay can find its result expired between the claim and the GET;
 	// the claim then decides again, which is bounded by the TTL's arrival.
 	for range 4 {
-		tok := newToken()
 		sent := time.Now() // the lease runs from no earlier than this
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
@@ -388,6 +406,7 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		}))
 		cancel()
 		if err != nil {
+			r.abandon(sc, k, tok, sent, err)
 			return Begun{}, r.unavailableErr("claim", err)
 		}
 		switch out[0] {
@@ -445,6 +464,62 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		return Begun{}, fmt.Errorf("redis claim: unexpected answer %q", out)
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// abandon ends, in the background, the generation a claim may have made
+// although its caller never learnt it: a claim that failed without a
+// Redis error reply (a timeout, a connection cut after the command went
+// out, past rueidis's retries) may have run. Unended, its key would stay
+// live with a lease and no owner: duplicates would join a generation
+// that never gets an event and end, a lease later, reaped as if a
+// generation had been lost. abandonScript ends it failed_retryable as
+// soon as Redis answers, so that its joiners get a retryable error at
+// once and the caller's retry (told 503 store_unavailable, Retry-After)
+// claims the key. It gives up once the lease has lapsed: by then a
+// follower or the next claim reaps it. At most MaxAbandoning run at once.
+func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error) {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return // Redis answered: the script did not run
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		return // not sent: no connection
+	}
+	if r.ctx.Err() != nil {
+		return // closing: the lease ends it
+	}
+	if r.abandoning.Add(1) > int64(r.cfg.MaxAbandoning) {
+		r.abandoning.Add(-1)
+		return
+	}
+	r.cfg.Logger.Warn("a claim's outcome is unknown; ending the generation it may have made",
+		"key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+	r.wg.Go(func() {
+		defer r.abandoning.Add(-1)
+		backoff := 10 * time.Millisecond
+		for time.Since(sent) < r.cfg.Lease {
+			ctx, cancel := r.opCtx()
+			n, err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{
+				tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
+			}).AsInt64()
+			cancel()
+			if err == nil {
+				if n == 1 {
+					r.abandoned.Add(1)
+					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
+						"key", sc.Key, "tenant", sc.Tenant, "state", StateFailedRetryable)
+					r.keyEnded(sc, k, r.cfg.FailedTTL)
+				}
+				return
+			}
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+	})
 }
 
 // scriptStrings reads a script's array of strings.

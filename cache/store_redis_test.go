@@ -429,3 +429,87 @@ func TestRedisKeyInfoModel(t *testing.T) {
 	f.Commit(nil)
 	want("committed")
 }
+
+// TestRedisClaimReplyLost: a claim that ran in Redis and whose answer was
+// lost is sent again with its token and takes its own claim: Miss, of the
+// generation Redis holds, with what the first run answered (regenerated)
+// kept. One whose answer stays lost past the timeout fails with
+// ErrUnavailable, and its generation is ended failed_retryable as soon as
+// Redis answers, so that a replica that joined it meanwhile ends at once
+// and the next claim is a miss.
+func TestRedisClaimReplyLost(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	const lease, timeout = 8 * time.Second, time.Second
+	mod := func(c *RedisConfig) { c.Lease, c.Timeout = lease, timeout }
+	a := newRedis(t, relay.Addr, prefix, mod)
+	b := newRedis(t, srv.Addr, prefix, mod)
+
+	t.Run("cut", func(t *testing.T) {
+		sc := Scope{Tenant: "t", Key: "cut"}
+		// A committed key whose body is gone: its claim regenerates.
+		f := rbegin(t, b, sc, "fp").Flight
+		f.SetHead(Head{Status: 200, ContentType: "application/json"})
+		f.Commit([]byte(`{}`))
+		if _, err := redistest.Command(srv.Addr, time.Second, "DEL", b.keys(sc).res); err != nil {
+			t.Fatal(err)
+		}
+		lost := relay.LoseReply("$4\r\nmiss\r\n", 0)
+		got := rbegin(t, a, sc, "fp")
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no claim's reply was lost")
+		}
+		if got.Decision != Miss || !got.Regenerated {
+			t.Fatalf("got %v regenerated %v; want the claim's own miss, regenerated", got.Decision, got.Regenerated)
+		}
+		if ki, _ := b.Info(sc); ki.Generation != got.Flight.Gen || ki.State != StateIntentReceived {
+			t.Fatalf("Redis holds generation %d (%s); want the miss's %d", ki.Generation, ki.State, got.Flight.Gen)
+		}
+		if j := rbegin(t, b, sc, "fp"); j.Decision != Join || j.Flight.Gen != got.Flight.Gen {
+			t.Fatalf("duplicate: got %v; want a join of the claim's generation", j.Decision)
+		}
+		got.Flight.Fail(StateFailedRetryable, "test", nil)
+	})
+	t.Run("timeout", func(t *testing.T) {
+		sc := Scope{Tenant: "t", Key: "timeout"}
+		lost := relay.LoseReply("$4\r\nmiss\r\n", timeout+200*time.Millisecond)
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Begin(sc, "fp")
+			done <- err
+		}()
+		select {
+		case <-lost:
+		case err := <-done:
+			t.Fatalf("Begin ended (%v) before its claim's reply was lost", err)
+		}
+		j := rbegin(t, b, sc, "fp")
+		if j.Decision != Join {
+			t.Fatalf("duplicate meanwhile: got %v; want a join", j.Decision)
+		}
+		if err := <-done; !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("the lost claim: got %v; want ErrUnavailable", err)
+		}
+		if state := waitDone(t, j.Flight, lease/2); state != StateFailedRetryable {
+			t.Fatalf("the joiner: got %v; want failed_retryable", state)
+		}
+		if _, reason, _ := j.Flight.Outcome(); reason != "store_unavailable" {
+			t.Fatalf("the joiner: reason %q; want store_unavailable", reason)
+		}
+		eventually(t, time.Second, func() error {
+			if n := a.Stats().Abandoned; n != 1 {
+				return fmt.Errorf("abandoned: got %d; want 1", n)
+			}
+			return nil
+		})
+		if got := rbegin(t, a, sc, "fp"); got.Decision != Miss {
+			t.Fatalf("the retry: got %v; want miss", got.Decision)
+		} else {
+			got.Flight.Fail(StateFailedRetryable, "test", nil)
+		}
+	})
+}

@@ -31,11 +31,20 @@ import (
 //     not be read;
 //   - abort: the stream_aborted message after the first byte ("" where
 //     the cause cannot come after it);
-//   - relayEnd: the upstream event that told of the cause is the
-//     provider's own failure report (an error event, response.failed,
-//     response.incomplete), relayed before the stream_aborted end; any
-//     other terminal event of an unclean stream ([DONE], message_stop,
-//     response.completed) claims a whole answer and is not relayed;
+//   - relayEnd: the stream ended as the provider stated it, and what
+//     reached its clients is the provider's whole word: its own failure
+//     (an error event or member, response.failed), or an answer whole for
+//     what the request asked that cannot be proven whole otherwise (a
+//     choice the request did not ask for, a missing usage chunk or
+//     stop_reason, a stream of no known dialect). Such a stream is relayed
+//     as it came, its terminal event included, and ends there: no
+//     stream_aborted follows, and it is not stored
+//     (ssegate_cache_skipped_total{reason}). stream_aborted is for the
+//     ends the provider did not state (a cut, a silence, a bound, bytes
+//     that are not a stream) and for a terminal event that would pass a
+//     half answer for a whole one (a [DONE] with a choice of n unfinished
+//     or missing, a response.completed after a sequence gap), which is
+//     not relayed;
 //   - fallback: when every attempt for a model ended so, the next model of
 //     its -fallback rule is tried: the upstream said the model did not run
 //     the request, or could not be asked.
@@ -92,6 +101,7 @@ const (
 	causeUpstreamFailed  // 429 or 5xx
 	causeNotAnEventStream
 	causeUnframedBody
+	causeErrorBody // a 2xx whose JSON body is an error object
 	causeUpstreamIdleTimeout
 	causeUpstreamReadError
 	causeHealRefused // a background Responses stream's resume, refused by the upstream
@@ -107,7 +117,6 @@ const (
 	causeMissingFinishReason
 	causeMissingUsage
 	causeResponseFailed
-	causeResponseIncomplete
 	causeSequenceGap
 	causeMissingStopReason
 	causeUncleanEnd // a reason of a store or replica this proxy does not know
@@ -189,6 +198,7 @@ var causes = [numCauses]causeRow{
 	causeUpstreamRefused:     {name: "upstream_status", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
 	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true},
 	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
+	causeErrorBody:           {name: "error_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answered 2xx with an error object"},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
 	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
 	causeHealRefused:         {name: "heal_refused", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: "the upstream connection failed mid-stream and the upstream refused to resume the stream", abort: "the upstream connection failed mid-stream, and the upstream refused to resume it"},
@@ -196,17 +206,16 @@ var causes = [numCauses]causeRow{
 
 	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},
 	causeMalformedEvent:      {name: sse.ReasonMalformedEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "an upstream event was not the whole JSON object its dialect sends"},
-	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows"},
+	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows", relayEnd: true},
 	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},
-	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for"},
+	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for", relayEnd: true},
 	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice"},
 	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for"},
 	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished"},
-	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for"},
+	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for", relayEnd: true},
 	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
-	causeResponseIncomplete:  {name: sse.ReasonResponseIncomplete, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response is incomplete", relayEnd: true},
 	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
-	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason"},
+	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
 	causeUncleanEnd:          {name: "unclean_end", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
 }
 
@@ -275,9 +284,20 @@ func (c cause) abortMessage() string {
 	return causes[causeUncleanEnd].abort + " (" + causes[c].name + ")"
 }
 
-// relayEnd reports whether the terminal event of a stream found unclean
-// for reason is relayed before the stream_aborted end (causeRow.relayEnd).
+// relayEnd reports whether a stream found unclean for reason ended as the
+// provider stated it: relayed to its terminal event, with no stream_aborted
+// after it (causeRow.relayEnd).
 func relayEnd(reason string) bool { return causes[causeOf(reason)].relayEnd }
+
+// endFrame is what ends a stream whose flight ended in state for reason:
+// nothing after a committed one or one the provider ended itself
+// (relayEnd), the stream_aborted event otherwise.
+func endFrame(state cache.State, reason string) []byte {
+	if state == cache.StateCommitted || relayEnd(reason) {
+		return nil
+	}
+	return abortFrame(reason)
+}
 
 // failedAnswer is the answer to a client whose flight ended with no
 // answer to relay (state, reason): no head came, or the head of an answer

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,6 +50,23 @@ func TestCauseTable(t *testing.T) {
 	for _, reason := range sse.Reasons {
 		if c := causeOf(reason); c == causeUncleanEnd || causes[c].abort == "" {
 			t.Errorf("detector reason %q: no row with an abort message", reason)
+		}
+	}
+	// The provider's own ends are relayed as they came, without
+	// stream_aborted: every detector reason but those that say the
+	// provider did not end the stream, or that its end would pass a half
+	// answer for a whole one.
+	half := []string{sse.ReasonNoTerminalEvent, sse.ReasonMalformedEvent, sse.ReasonNoChoices, sse.ReasonMissingChoice,
+		sse.ReasonMissingFinishReason, sse.ReasonSequenceGap}
+	for _, reason := range sse.Reasons {
+		stated := !slices.Contains(half, reason)
+		if relayEnd(reason) != stated || (endFrame(cache.StateFailedRetryable, reason) == nil) != stated {
+			t.Errorf("detector reason %q: relayEnd %v; want %v", reason, relayEnd(reason), stated)
+		}
+	}
+	for c := causeNone + 1; c < numCauses; c++ {
+		if causes[c].relayEnd && !slices.Contains(sse.Reasons, causes[c].name) {
+			t.Errorf("%v: relayEnd for a cause that is no detector reason", c)
 		}
 	}
 	for _, reason := range []string{"generation_lost", "fenced", "store_unavailable", "shutdown", "max_stream_bytes", "store_full"} {

@@ -25,6 +25,11 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.resume(ctx, sc, fp, string(lei))
 		return
 	}
+	body := sse.ParseRequest(ctx.Request.Body())
+	if body.Duplicate != "" {
+		p.refuseDuplicate(ctx, body.Duplicate)
+		return
+	}
 	b, err := p.store.Begin(sc, fp)
 	if err != nil {
 		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
@@ -32,7 +37,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.relay(ctx)
 			return
 		}
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 		return
 	}
 	// Every answer of the key's stream carries its resume URL (offerResume):
@@ -68,7 +73,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}
-		g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
+		g := p.newGen(f, body)
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
@@ -78,18 +83,21 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 }
 
-// storeError answers a failure of the store itself, or a bound it holds.
-func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, err error) {
+// storeError answers a failure of the store itself, or a bound it holds,
+// for the key of sc. The answer's message is the cause's fixed text: the
+// store's error (a Redis client's names addresses, users and the server's
+// own words) goes to the log only, beside the key and the tenant's hash.
+func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) {
+	c := causeStoreUnavailable
 	switch {
 	case errors.Is(err, cache.ErrTenantFull):
 		// Only this credential's new keys are refused: its known keys,
 		// and every other credential's, are decided as usual.
-		p.refuse(ctx, causeTenantFull, "")
+		c = causeTenantFull
 	case errors.Is(err, cache.ErrStoreFull):
-		p.refuse(ctx, causeStoreFull, err.Error())
-	default:
-		p.refuse(ctx, causeStoreUnavailable, err.Error())
+		c = causeStoreFull
 	}
+	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }
 
 // serveFlight answers from a live flight: the upstream's head once known,
@@ -192,6 +200,7 @@ func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
 
 func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {
 	rh.SetStatusCode(h.Status)
+	rh.SetServer(serverName)
 	for _, kv := range h.Header {
 		rh.Add(kv.Name, kv.Value)
 	}

@@ -338,3 +338,41 @@ func TestStoreDown(t *testing.T) {
 		})
 	}
 }
+
+// TestServerHeader: every answer says Server: ssegate, the first answer
+// of a key as its replay does, and none relays the upstream's own
+// (mockllm): streams and whole answers, first and replayed, joined and
+// resumed, an upstream's error relayed, the proxy's own errors and the
+// health check.
+func TestServerHeader(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const whole = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	stream, plain := newKey("server"), newKey("server")
+	first := e.fetch(req{key: stream})
+	cases := []struct {
+		name string
+		res  result
+	}{
+		{"stream, first", first},
+		{"stream, replayed", e.fetch(req{key: stream})},
+		{"stream, resumed past its end", e.fetch(req{key: stream, lastEventID: first.ids[len(first.ids)-1]})},
+		{"stream, resumed", e.fetch(req{key: stream, lastEventID: first.ids[0]})},
+		{"whole, first", e.fetch(req{key: plain, body: whole})},
+		{"whole, replayed", e.fetch(req{key: plain, body: whole})},
+		{"unkeyed", e.fetch(req{})},
+		{"unkeyed, whole", e.fetch(req{body: whole})},
+		{"upstream error", e.fetch(req{key: newKey("server"), header: map[string]string{"X-Mock-Fault": "status=400"}})},
+		{"conflict", e.fetch(req{key: plain})},
+		{"invalid key", e.fetch(req{key: strings.Repeat("k", 1000)})},
+		{"health", e.fetch(req{method: "GET", path: "/healthz"})},
+	}
+	for _, c := range cases {
+		if c.res.status == 0 || c.res.status >= 500 {
+			t.Errorf("%s: status %d; want an answer", c.name, c.res.status)
+		}
+		if got := c.res.header.Values("Server"); len(got) != 1 || got[0] != "ssegate" {
+			t.Errorf("%s (%d): Server %q; want ssegate alone", c.name, c.res.status, got)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 
 // models returns the request's model and the models its -fallback rule
 // names after it; only the request's model when it has none, or when the
-// request's body names none at its top level.
+// request's body names none at its top level. A body that names "model"
+// twice never gets here (refuseDuplicate), so the one withModel rewrites
+// is the one the upstream reads.
 func (g *gen) models(body []byte) []string {
 	m := g.req.Model
 	if v := gjson.GetBytes(body, "model"); m == "" || v.Type != gjson.String || v.Index <= 0 {
@@ -87,6 +90,17 @@ func withModel(tmpl *fasthttp.Request, model string) *fasthttp.Request {
 	return r
 }
 
+// refuseDuplicate answers a request whose body holds a member the proxy
+// acts on (sse.Request.Duplicate names it) more than once: 400
+// invalid_request, before any upstream work. Parsers differ on which
+// duplicate counts (encoding/json and Python's json take the last, others
+// the first), so the proxy cannot know which "model" the upstream would
+// run, or which "stream" it would answer: it would decide, rewrite
+// (-fallback) or judge the stream by one the upstream may not read.
+func (p *Proxy) refuseDuplicate(ctx *fasthttp.RequestCtx, member string) {
+	p.refuse(ctx, causeMalformedRequest, "the body's "+strconv.Quote(member)+" appears more than once")
+}
+
 // errorCode is the code of an upstream's JSON error answer: OpenAI's
 // error.code, or else the error's type (Anthropic's error.type).
 func errorCode(body []byte) string {
@@ -99,4 +113,17 @@ func errorCode(body []byte) string {
 		return "context_length_exceeded" // Anthropic's words for it
 	}
 	return t
+}
+
+// isErrorObject reports whether a JSON body is an error answer, whatever
+// its status says: an object whose top-level "error" is set (not null), or
+// whose "type" is "error" (Anthropic's), as the stream detector reads an
+// event's data.
+func isErrorObject(body []byte) bool {
+	v := gjson.ParseBytes(body)
+	if !v.IsObject() {
+		return false
+	}
+	e := v.Get("error")
+	return e.Exists() && e.Type != gjson.Null || v.Get("type").String() == "error"
 }

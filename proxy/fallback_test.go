@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -496,4 +499,55 @@ func TestNoFallbackAfterGarbage(t *testing.T) {
 	if ki := e.waitState(key, "", cache.StateFailedRetryable); ki.Model != "primary" || len(ki.Fallbacks) != 0 {
 		t.Fatalf("key info: model %q, fallbacks %+v; want primary and none", ki.Model, ki.Fallbacks)
 	}
+}
+
+// TestDuplicateMembers: a body that holds a member the proxy acts on
+// ("model", "stream", "n", "stream_options" and its include_usage,
+// "background") more than once, in any spelling, is refused with 400
+// invalid_request before any upstream work, keyed or not: parsers differ
+// on which duplicate counts, so the proxy cannot know which model the
+// upstream would run (a -fallback would rewrite one and send the other
+// again) or how to judge its answer. The key stays free: the same key with
+// a well-formed body is then a miss as usual.
+func TestDuplicateMembers(t *testing.T) {
+	t.Parallel()
+	fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"type":"rate_limit","message":"slow down"}}`) //nolint:errcheck // the test reads what arrived
+	})
+	e := retryEnv(t, []string{fs.url}, func(pc *Config) {
+		pc.Retry.Attempts = 1
+		pc.Fallbacks = map[string][]string{"gpt-4o": {"gpt-4o-mini"}}
+	})
+	for _, c := range []struct{ name, body, member string }{
+		{"model twice", `{"model":"x","model":"gpt-4o","stream":true,"messages":[]}`, "model"},
+		{"model, escaped", `{"model":"gpt-4o","mod\u0065l":"x","stream":true,"messages":[]}`, "model"},
+		{"stream twice", `{"model":"gpt-4o","stream":false,"messages":[],"stream":true}`, "stream"},
+		{"n twice", `{"model":"gpt-4o","n":1,"stream":true,"n":2,"messages":[]}`, "n"},
+		{"stream_options twice", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"stream_options":{},"messages":[]}`, "stream_options"},
+		{"include_usage twice", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true,"include_usage":false},"messages":[]}`, "stream_options.include_usage"},
+		{"background twice", `{"model":"gpt-4o","stream":true,"background":true,"input":"hi","background":false}`, "background"},
+	} {
+		for _, key := range []string{newKey("dup"), ""} {
+			got := e.fetch(req{key: key, body: c.body})
+			if got.status != http.StatusBadRequest || got.errType != "invalid_request" || !strings.Contains(gjson.GetBytes(got.raw, "error.message").String(), strconv.Quote(c.member)) {
+				t.Fatalf("%s, key %q: got %d %q %s; want 400 invalid_request naming %q", c.name, key, got.status, got.errType, got.raw, c.member)
+			}
+			if key != "" {
+				if info := e.fetch(req{method: http.MethodGet, path: "/keys/" + key}); info.status != http.StatusNotFound {
+					t.Fatalf("%s: GET /keys after the refusal: got %d; want 404, the key never claimed", c.name, info.status)
+				}
+			}
+		}
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 0)
+	// Without the duplicate the same key is decided as usual: the model,
+	// then its fallback.
+	key := newKey("dup")
+	got := e.fetch(req{key: key, body: `{"model":"gpt-4o","stream":true,"messages":[]}`})
+	if got.status != http.StatusTooManyRequests {
+		t.Fatalf("well-formed: got %d; want the upstream's 429", got.status)
+	}
+	wantCount(t, "upstream calls", fs.calls.Load(), 2)
 }

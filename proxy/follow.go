@@ -51,8 +51,8 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 			}
 			if ended {
 				state, reason, _ := f.Outcome()
-				if state != cache.StateCommitted {
-					return c.write(abortFrame(reason)) == nil
+				if end := endFrame(state, reason); end != nil {
+					return c.write(end) == nil
 				}
 				return true
 			}

@@ -518,6 +518,11 @@ func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err 
 		readFailure(err).fail(f, 0, nil)
 	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
 		causeUnframedBody.fail(f, 0, nil)
+	case head.Status >= 200 && head.Status < 300 && isErrorObject(body):
+		// OpenRouter and several OpenAI-compatible servers answer a
+		// failure so: relayed as it came, like a 4xx, and not stored.
+		g.notStored(causeErrorBody)
+		causeErrorBody.fail(f, head.Status, body)
 	case head.Status >= 200 && head.Status < 300:
 		f.SetUsage(bodyUsage(body))
 		g.skipped(f.Commit(body))
@@ -630,11 +635,17 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	begun := false // the first event was seen, and the head went to the flight
 	concluded := false
 	drained := 0
+	// failing: a Responses stream's error event came, and the
+	// response.failed the API sends after it is awaited, within the drain
+	// bounds: an upstream that sends no more ends the stream with its error.
+	failing := false
 	body := bodyOf(resp)
 read:
 	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
 		if err != nil {
-			readErr = err
+			if !failing || !isTimeout(err) {
+				readErr = err
+			}
 			break
 		}
 		if concluded {
@@ -656,10 +667,14 @@ read:
 			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 		}
 		terminal := det.Terminal()
-		// A terminal event that says "whole" when the stream is not
-		// ([DONE] with a choice unfinished, say) is not relayed: a client
-		// that stops reading at it would take a half stream for a whole
-		// one. stream_aborted ends the stream instead (causeRow.relayEnd).
+		// The terminal event is relayed as it came when the stream is
+		// clean or ended as the provider stated it (causeRow.relayEnd:
+		// its response.failed, or its [DONE] after a choice the request
+		// did not ask for). A malformed one is not, nor one that claims
+		// a whole answer when the stream is not ([DONE] with a choice
+		// unfinished, say): a client that stops reading at it would take
+		// a half stream for a whole one. stream_aborted ends the stream
+		// instead.
 		relay := true
 		if terminal {
 			ok, why := det.Clean(false)
@@ -676,6 +691,11 @@ read:
 			c, settled = g.conclude(det, head, nil, nil, false)
 			concluded = true
 			conn.drainBy(time.Now().Add(maxDrainTime))
+		} else if !failing && det.Dialect() == sse.DialectOpenAIResponses {
+			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
+				failing = true
+				conn.drainBy(time.Now().Add(maxDrainTime))
+			}
 		}
 	}
 	if concluded {
@@ -755,7 +775,13 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 	if !begun {
 		f.SetHead(head)
 	}
-	m.aborted.WithLabelValues(c.String()).Inc()
+	if causes[c].relayEnd {
+		// The provider ended the stream itself, and what it sent was
+		// relayed as it came: no abort, but nothing to store either.
+		g.notStored(c)
+	} else {
+		m.aborted.WithLabelValues(c.String()).Inc()
+	}
 	c.fail(f, 0, nil)
 	g.logEnd(head.Status)
 	return c, true
@@ -790,6 +816,19 @@ func (g *gen) logEnd(status int) {
 		attrs = append(attrs, "first_event_ms", t.Sub(g.start).Milliseconds())
 	}
 	g.p.log.Info("generation ended", attrs...)
+}
+
+// notStored counts and logs an answer relayed whole as the upstream sent
+// it and not stored, because it is not proven whole or is the provider's
+// failure (c: causeErrorBody, or a cause whose row has relayEnd).
+func (g *gen) notStored(c cause) {
+	f := g.f
+	if f.Gen == 0 {
+		g.p.m.cacheSkipped.WithLabelValues("no_key").Inc()
+		return
+	}
+	g.p.m.cacheSkipped.WithLabelValues(c.String()).Inc()
+	g.p.log.Info("answer not stored", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen, "reason", c.String())
 }
 
 // skipped counts a completed answer that is not stored.

@@ -14,19 +14,23 @@ import (
 )
 
 // TestAborts: an upstream that fails mid-stream or ends uncleanly gives
-// the client stream_aborted; nothing is stored; the next request
-// regenerates and the one after it is a hit.
+// the client stream_aborted, unless the provider stated the failure itself
+// (its error event, relayed as it came, ends the stream: stated); nothing
+// is stored; the next request regenerates and the one after it is a hit.
 func TestAborts(t *testing.T) {
 	t.Parallel()
-	cases := []struct{ name, fault, path, body string }{
-		{"reset mid-stream", "reset-after=5", "", ""},
-		{"EOF without end", "eof-after=5", "", ""},
-		{"[DONE] after error", "error-after=5", "", ""},
-		{"hang past idle timeout", "hang-after=3", "", ""},
-		{"anthropic error event", "error-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`},
-		{"anthropic EOF", "eof-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`},
-		{"responses error", "error-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
-		{"responses EOF", "eof-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`},
+	cases := []struct {
+		name, fault, path, body string
+		stated                  bool
+	}{
+		{"reset mid-stream", "reset-after=5", "", "", false},
+		{"EOF without end", "eof-after=5", "", "", false},
+		{"[DONE] after error", "error-after=5", "", "", true},
+		{"hang past idle timeout", "hang-after=3", "", "", false},
+		{"anthropic error event", "error-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, true},
+		{"anthropic EOF", "eof-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{"responses error", "error-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`, true},
+		{"responses EOF", "eof-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -36,7 +40,10 @@ func TestAborts(t *testing.T) {
 			})
 			key := newKey("abort")
 			bad := e.fetch(req{key: key, path: c.path, body: c.body, header: map[string]string{"X-Mock-Fault": c.fault}})
-			if bad.status != 200 || !bad.aborted {
+			switch {
+			case c.stated && (bad.status != 200 || bad.aborted || !strings.Contains(bad.lastData(), `"error"`)):
+				t.Fatalf("got status %d, %d events, aborted %v, last %q; want 200 ending in the provider's error event", bad.status, len(bad.events), bad.aborted, bad.lastData())
+			case !c.stated && (bad.status != 200 || !bad.aborted):
 				t.Fatalf("got status %d, %d events, aborted %v, last %q; want 200 ending in stream_aborted", bad.status, len(bad.events), bad.aborted, bad.lastData())
 			}
 			ki := e.waitState(key, "", cache.StateFailedRetryable)
@@ -265,19 +272,77 @@ func stripIDs(raw []byte, aborted bool) string {
 	return out.String()
 }
 
+// TestUnprovenEndRelayed: a stream whose provider ended it with its
+// terminal event, whole for what the request asked but which the proxy
+// cannot prove whole otherwise ([DONE] after a choice the request did not
+// ask for, or without the usage it asked for; Anthropic message_stop
+// without a stop_reason; a stream of no dialect the proxy knows), is
+// relayed as it came, its terminal event included, with no
+// stream_aborted: the proxy turns nothing the upstream sent into an
+// error. It is not stored (failed_retryable, the skipped metric says why),
+// so the next request calls the upstream again.
+func TestUnprovenEndRelayed(t *testing.T) {
+	t.Parallel()
+	n1Two := chatChunk(0, "Hi", "stop") + `data: {"object":"chat.completion.chunk","choices":[{"index":1,"delta":{"content":"Yo"},"finish_reason":"stop"}]}` + "\n\n" + "data: [DONE]\n\n"
+	cases := []struct{ name, body, events, reason string }{
+		{"[DONE] with a choice not asked for", chatBody, n1Two, "unexpected_choice"},
+		{"[DONE] without the usage asked for", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", "missing_usage"},
+		{"message_stop without stop_reason", chatBody,
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", "missing_stop_reason"},
+		{"no known dialect", chatBody, "data: hello\n\ndata: world\n\n", "unknown_dialect"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			fs := newFaultServer(t, sseAnswer(c.events, "framed"))
+			e := retryEnv(t, []string{fs.url}, nil)
+			key := newKey("unproven")
+			for i, k := range []string{key, "", key} {
+				got := e.fetch(req{key: k, body: c.body})
+				if got.status != 200 || got.aborted || got.replayed {
+					t.Fatalf("request %d (key %q): got %d aborted %v replayed %v (%q); want 200, no stream_aborted, not a replay", i, k, got.status, got.aborted, got.replayed, got.raw)
+				}
+				if evs := stripIDs(got.raw, false); evs != c.events {
+					t.Fatalf("request %d (key %q): events:\n%s\nwant them as the upstream sent them:\n%s", i, k, evs, c.events)
+				}
+				if k != "" {
+					ki := e.waitState(key, "", cache.StateFailedRetryable)
+					if ki.BodyStored || ki.Reason != c.reason {
+						t.Fatalf("key: stored %v, reason %q; want not stored, %q", ki.BodyStored, ki.Reason, c.reason)
+					}
+				}
+			}
+			wantCount(t, "upstream calls", fs.calls.Load(), 3) // the repeat of the key is a new generation
+			scrape := e.scrape()
+			if got := metricValue(t, scrape, `ssegate_cache_skipped_total{reason="`+c.reason+`"}`); got != 2 {
+				t.Fatalf("skipped{%s}: got %v; want 2", c.reason, got)
+			}
+			if strings.Contains(scrape, `ssegate_streams_aborted_total{cause="`+c.reason+`"}`) {
+				t.Fatalf("aborted{%s}: counted; want it not counted as an abort", c.reason)
+			}
+		})
+	}
+}
+
 // TestFalseEndNotRelayed: a terminal event that claims a whole answer when
-// the stream is not ([DONE] with a choice unfinished, or missing; Anthropic
-// message_stop without a stop_reason) is not relayed: a client that stops
-// reading at it would take a half stream for a whole one. The client gets
-// stream_aborted in its place.
+// what reached the client is not one ([DONE] with a choice of n unfinished
+// or missing, or with no choice at all; response.completed after a
+// sequence_number gap: events are missing) is not relayed: a client that
+// stops reading at it would take a half stream for a whole one. The client
+// gets stream_aborted in its place, keyed or not.
 func TestFalseEndNotRelayed(t *testing.T) {
 	t.Parallel()
+	resp := fixtureBody(t, "openai-responses-completed")
+	gap := strings.Replace(resp, `"sequence_number":5}`, `"sequence_number":50}`, 1)
+	last := strings.LastIndex(gap, "event: response.completed\n")
+	if gap == resp || last < 0 {
+		t.Fatal("fixture: no sequence_number 5, or no response.completed")
+	}
 	cases := []struct{ name, body, events, want string }{
 		{"[DONE] with the finish_reason missing", chatBody, chatChunk(0, "Hi", "") + "data: [DONE]\n\n", chatChunk(0, "Hi", "")},
 		{"[DONE] with a choice of n missing", `{"model":"m","stream":true,"n":2,"messages":[]}`, chatChunk(0, "Hi", "stop") + "data: [DONE]\n\n", chatChunk(0, "Hi", "stop")},
-		{"message_stop without stop_reason", chatBody,
-			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n"},
+		{"[DONE] with no choice", chatBody, usageChunk + "data: [DONE]\n\n", usageChunk},
+		{"response.completed after a sequence gap", `{"model":"m","stream":true,"input":"hi"}`, gap, gap[:last]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

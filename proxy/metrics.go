@@ -65,7 +65,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.fallbacks = cv("fallbacks_total", "Requests that went on to the next model of their -fallback rule, by the failure of the model given up on.", "reason")
 	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
 	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
-	m.cacheSkipped = cv("cache_skipped_total", "Completed answers not stored, by reason: no_key, store_refused.", "reason")
+	m.cacheSkipped = cv("cache_skipped_total", "Answers relayed whole and not stored, by reason: no_key, store_refused, error_body, or the detector reason of a stream its provider ended that is its failure or cannot be proven whole (error_event, response_failed, unexpected_choice, missing_usage, missing_stop_reason, unknown_dialect).", "reason")
 	m.tokensSaved = cv("tokens_saved_total", "Upstream-reported tokens of answers served without a new generation.", "kind")
 	m.events = c("events_relayed_total", "Events read from upstream streams and journaled.")
 	m.clientBytes = c("client_bytes_total", "Bytes written to clients in streamed answers.")
@@ -202,6 +202,7 @@ var (
 	descRTails   = redisDesc("tails_total", "Tails started: one per followed generation per replica.")
 	descRReads   = redisDesc("reads_total", "Journal reads (XREAD) of tails.")
 	descRUnavail = redisDesc("unavailable_total", "Operations that failed because Redis was unreachable.")
+	descRAbandon = redisDesc("claims_abandoned_total", "Generations of claims whose reply was lost, ended failed_retryable so that nobody waits a lease on them.")
 )
 
 func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -225,5 +226,6 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRTails, s.Tails)
 	k(descRReads, s.Reads)
 	k(descRUnavail, s.Unavailable)
+	k(descRAbandon, s.Abandoned)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 }

@@ -244,8 +244,9 @@ func (o *origin) flushLocked() {
 		var at [maxParts][]byte
 		spans, ended := o.sub.ReadSpans(at[:0])
 		if ended {
-			if state, reason, _ := o.f.Outcome(); state != cache.StateCommitted {
-				spans = append(spans, abortFrame(reason))
+			state, reason, _ := o.f.Outcome()
+			if end := endFrame(state, reason); end != nil {
+				spans = append(spans, end)
 			}
 			if o.offer(true, spans...) {
 				o.over(true)

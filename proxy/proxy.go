@@ -102,6 +102,14 @@ func (p *Proxy) upstreamTimedOut(name string, b timeBudget, bound time.Duration)
 	p.log.Warn("upstream timeout", "upstream", name, "budget", b.flag(), "bound", bound.String())
 }
 
+// serverName is the Server header of every answer of the proxy: those
+// fasthttp writes (its Server.Name) and those written on a connection the
+// proxy took over (setHead), first answers and replays alike.
+// An upstream's own Server header is not relayed (skipResponseHeader): a
+// replay could not repeat it truthfully, and it names the upstream's
+// software to clients that did not ask it.
+const serverName = "ssegate"
+
 // Server returns the fasthttp server configured for streaming through p:
 // request bounds, timeouts that do not cut long streams, and JSON errors
 // for requests it cannot read. Handler works under any fasthttp server
@@ -112,7 +120,7 @@ func (p *Proxy) Server() *fasthttp.Server { return p.srv }
 func (p *Proxy) newServer() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:            p.Handler,
-		Name:               "ssegate",
+		Name:               serverName,
 		MaxRequestBodySize: p.cfg.MaxBodyBytes,
 		ReadTimeout:        p.cfg.ReadTimeout,
 		IdleTimeout:        p.cfg.IdleTimeout,

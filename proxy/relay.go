@@ -17,13 +17,18 @@ import (
 // could run the request twice), and a client that goes away ends the
 // upstream call.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
+	body := sse.ParseRequest(ctx.Request.Body())
+	if body.Duplicate != "" {
+		p.refuseDuplicate(ctx, body.Duplicate)
+		return
+	}
 	if !p.acquire() {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
 	p.m.requests.WithLabelValues("relay").Inc()
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
-	g := p.newGen(f, sse.ParseRequest(ctx.Request.Body()))
+	g := p.newGen(f, body)
 	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(newTemplate(ctx))

@@ -84,12 +84,22 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 	if !ok {
 		return false
 	}
+	inBody := sse.ParseRequest(ctx.Request.Body())
+	if inBody.Duplicate != "" {
+		p.refuseDuplicate(ctx, inBody.Duplicate)
+		return true
+	}
 	q := ctx.QueryArgs()
 	var after uint64 // the journal's position: events after it are served
 	if v := q.Peek("starting_after"); v != nil {
 		n, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil {
 			p.refuse(ctx, causeInvalidStartingAfter, "it is not a number")
+			return true
+		}
+		if n < 0 {
+			// OpenAI's answer too: a sequence number is never negative.
+			p.refuse(ctx, causeInvalidStartingAfter, "it is negative")
 			return true
 		}
 		if base := max(a.Base, 0); n >= base {
@@ -105,16 +115,27 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		p.refuse(ctx, causeInvalidStartingAfter, "it names an event this response never had")
 		return true
 	case err != nil:
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 		return true
 	}
 	p.offerResume(ctx, sc)
 	p.logDecision(ctx, "resume", sc, "", "generation", a.Gen, "after", after, "response_id", id)
 	// openai-go's GetStreaming says stream in a JSON body of its GET; the
 	// API documents it as a query parameter.
-	if !q.GetBool("stream") && !gjson.GetBytes(ctx.Request.Body(), "stream").Bool() {
+	if !q.GetBool("stream") && !inBody.Stream {
 		p.responseObject(ctx, f, r)
 		return true
+	}
+	if r != nil && r.Head.Stream {
+		if rest, err := r.After(after); err == nil && len(rest) == 0 {
+			// starting_after names the last event: OpenAI answers the
+			// stream with the events after it, none, and its end. (GET
+			// /streams/{key} answers 204 there instead, which stops a
+			// browser's EventSource from reconnecting.)
+			writeHead(ctx, r.Head, true)
+			p.stream(ctx, func(c *client) bool { return c.write(nil) == nil }, nil)
+			return true
+		}
 	}
 	p.serveAttached(ctx, f, r, after)
 	return true

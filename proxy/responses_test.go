@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -336,4 +337,62 @@ func TestResponsesGetClientLeaves(t *testing.T) {
 			e.wantCalls(1)
 		})
 	}
+}
+
+// TestResponsesStartingAfterBounds: starting_after is answered as OpenAI
+// answers it, checked with openai-go's GetStreaming: a negative number is
+// a 400 (openai-go's *openai.Error), not the whole stream; the last
+// event's number is a stream with no event and its end (a 200 event
+// stream, not a bare 204); one past it is a 400. None calls the upstream.
+func TestResponsesStartingAfterBounds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(0, 8))
+	c := responsesClient(e, "sk-one")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key := newKey("starting-after")
+	params := responses.ResponseNewParams{Model: "gpt-4o-mini", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me a joke")}}
+	stream := c.Responses.NewStreaming(ctx, params, option.WithHeader("Idempotency-Key", key))
+	var id string
+	var last int64
+	for stream.Next() {
+		ev := stream.Current()
+		if ev.Type == "response.created" {
+			id = ev.Response.ID
+		}
+		last = ev.SequenceNumber
+	}
+	if err := stream.Err(); err != nil || id == "" {
+		t.Fatalf("stream: %v, id %q; want a whole stream with its id", err, id)
+	}
+	e.waitState(key, "Bearer sk-one", cache.StateCommitted)
+	resume := func(after int64) (n int, err error) {
+		s := c.Responses.GetStreaming(ctx, id, responses.ResponseGetParams{StartingAfter: openai.Int(after)})
+		defer s.Close()
+		for s.Next() {
+			n++
+		}
+		return n, s.Err()
+	}
+	var apiErr *openai.Error
+	for _, after := range []int64{-1, -100, last + 1} {
+		if n, err := resume(after); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadRequest || n != 0 {
+			t.Fatalf("starting_after=%d: got %d events, error %v; want a 400", after, n, err)
+		}
+	}
+	if n, err := resume(last); err != nil || n != 0 {
+		t.Fatalf("starting_after=%d (the last): got %d events, error %v; want none and no error", last, n, err)
+	}
+	raw := e.fetch(req{method: http.MethodGet, path: fmt.Sprintf("/v1/responses/%s?stream=true&starting_after=%d", id, last), auth: "Bearer sk-one"})
+	if raw.status != http.StatusOK || !strings.HasPrefix(raw.header.Get("Content-Type"), "text/event-stream") || len(raw.events) != 0 {
+		t.Fatalf("GET starting_after=%d (the last): got %d %q, %d events; want 200 text/event-stream with no event", last, raw.status, raw.header.Get("Content-Type"), len(raw.events))
+	}
+	neg := e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + id + "?stream=true&starting_after=-1", auth: "Bearer sk-one"})
+	if neg.status != http.StatusBadRequest || neg.errType != "invalid_request" {
+		t.Fatalf("GET starting_after=-1: got %d %q; want 400 invalid_request", neg.status, neg.errType)
+	}
+	if n, err := resume(last - 1); err != nil || n != 1 {
+		t.Fatalf("starting_after=%d: got %d events, error %v; want the last one", last-1, n, err)
+	}
+	e.wantCalls(1)
 }

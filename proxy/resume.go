@@ -20,7 +20,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 	}
 	f, r, err := p.store.Attach(sc, fp, id, true)
 	if err != nil {
-		p.attachError(ctx, err, causeGone.err("no generation of this key holds that Last-Event-ID"))
+		p.attachError(ctx, sc, err, causeGone.err("no generation of this key holds that Last-Event-ID"))
 		return
 	}
 	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
@@ -69,7 +69,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 	}
 	f, r, err := p.store.Attach(sc, "", id, len(lei) > 0)
 	if err != nil {
-		p.attachError(ctx, err, causeStreamNotFound.err(""))
+		p.attachError(ctx, sc, err, causeStreamNotFound.err(""))
 		return
 	}
 	p.logDecision(ctx, "resume", sc, "", "generation", id.Gen, "after", id.Seq)
@@ -78,7 +78,7 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx, _ string) {
 
 // attachError maps the store's answer to a resume onto the errors of docs/design.md, Errors;
 // notFound is what an unknown key gets.
-func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiError) {
+func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error, notFound *apiError) {
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		p.writeError(ctx, notFound)
@@ -89,7 +89,7 @@ func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, err error, notFound *apiEr
 	case errors.Is(err, cache.ErrConflict):
 		p.writeError(ctx, causeConflict.err(""))
 	default:
-		p.storeError(ctx, err)
+		p.storeError(ctx, sc, err)
 	}
 }
 

@@ -79,8 +79,10 @@ func (d *Detector) Observe(ev Event) {
 }
 
 // ended reports whether what has been observed ends the stream (Terminal).
+// An error ends it, except in a Responses stream, whose error event is
+// followed by the provider's response.failed: that is its last event.
 func (d *Detector) ended() bool {
-	return d.errSeen || d.done || d.completed || d.failed || d.incomplete || d.stopped ||
+	return (d.errSeen && d.dialect != DialectOpenAIResponses) || d.done || d.completed || d.failed || d.incomplete || d.stopped ||
 		(d.malformed && d.dialect != DialectUnknown)
 }
 
@@ -251,9 +253,10 @@ func (d *Detector) LastSequence() (seq int64, ok bool) { return d.lastSeq, d.hav
 // observed: data: [DONE] in a chat stream, response.completed,
 // response.failed or response.incomplete, message_stop, or an error (an
 // event named error, or data whose top-level "error" is not null or whose
-// "type" is "error"). It turns true right after Observe of that event and
-// stays true until Reset, so the proxy relays and records that event and
-// none after it.
+// "type" is "error") outside a Responses stream (there the provider sends
+// response.failed after its error event, and that ends the stream). It
+// turns true right after Observe of that event and stays true until Reset,
+// so the proxy relays and records that event and none after it.
 //
 // It says nothing about cleanliness: use Clean at the end of the body. A
 // chat stream without [DONE] has no terminal event: its choices finishing
@@ -263,6 +266,15 @@ func (d *Detector) Terminal() bool { return d.terminal }
 
 // The reasons Clean gives for a stream that did not end cleanly, each a
 // short snake_case word for logs, metrics and the stream_aborted code.
+//
+// Two of them say the stream's end was not the provider's: no_terminal_event
+// (the body ended, or may have been cut, before the dialect's last event)
+// and malformed_event (bytes that are not the stream its dialect sends).
+// Every other reason is given only for a stream whose end the provider
+// stated: its failure (an error, response.failed), or its terminal event
+// ([DONE], response.completed, message_stop) after something that cannot be
+// proven whole, or, for a stream of no dialect the Detector knows, the end
+// of a body whose framing was intact.
 const (
 	ReasonErrorEvent          = "error_event"           // the provider sent an error event
 	ReasonMalformedEvent      = "malformed_event"       // an event's data is not a whole JSON object
@@ -274,7 +286,6 @@ const (
 	ReasonMissingFinishReason = "missing_finish_reason" // a choice that never finished
 	ReasonMissingUsage        = "missing_usage"         // include_usage was asked and no usage came
 	ReasonResponseFailed      = "response_failed"       // a Responses stream that ended in response.failed
-	ReasonResponseIncomplete  = "response_incomplete"   // … in response.incomplete
 	ReasonSequenceGap         = "sequence_gap"          // a Responses sequence_number skipped
 	ReasonMissingStopReason   = "missing_stop_reason"   // an Anthropic stream whose message_delta gave no stop_reason
 )
@@ -283,7 +294,7 @@ const (
 var Reasons = []string{
 	ReasonErrorEvent, ReasonMalformedEvent, ReasonUnknownDialect, ReasonNoTerminalEvent,
 	ReasonUnexpectedChoice, ReasonNoChoices, ReasonMissingChoice, ReasonMissingFinishReason,
-	ReasonMissingUsage, ReasonResponseFailed, ReasonResponseIncomplete, ReasonSequenceGap,
+	ReasonMissingUsage, ReasonResponseFailed, ReasonSequenceGap,
 	ReasonMissingStopReason,
 }
 
@@ -294,11 +305,18 @@ var Reasons = []string{
 // intact says the body ended with its HTTP framing whole: the chunked
 // terminator arrived, or Content-Length bytes were read. (A body delimited
 // by closing the connection cannot say it was whole, so it is not intact.)
-// It matters only for an OpenAI chat stream without data: [DONE], which is
+// It matters for an OpenAI chat stream without data: [DONE], which is
 // clean when intact and otherwise complete (every choice 0..N-1 finished,
 // the usage chunk arrived when asked for); several OpenAI-compatible
-// servers end their streams so. The other dialects need their terminal
-// events whatever intact says.
+// servers end their streams so. Without [DONE], a chat stream that is cut
+// or not complete has no stated end: no_terminal_event. It matters too for
+// a stream of no known dialect: intact, its end is the upstream's
+// (unknown_dialect); cut, it is not (no_terminal_event). The other
+// dialects need their terminal events whatever intact says.
+//
+// A Responses stream that ends in response.incomplete with its events
+// whole is clean: like chat's finish_reason "length", it is the model's
+// answer to a bound the request set (max_output_tokens).
 //
 // When the stream is not clean, reason is one of Reasons.
 func (d *Detector) Clean(intact bool) (ok bool, reason string) {
@@ -311,7 +329,7 @@ func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 	switch d.dialect {
 	case DialectOpenAIChat:
 		switch {
-		case !d.done && !intact:
+		case !d.done && !(intact && d.complete()):
 			return false, ReasonNoTerminalEvent
 		case d.unexpected:
 			return false, ReasonUnexpectedChoice
@@ -329,9 +347,7 @@ func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 		switch {
 		case d.failed:
 			return false, ReasonResponseFailed
-		case d.incomplete:
-			return false, ReasonResponseIncomplete
-		case !d.completed:
+		case !d.completed && !d.incomplete:
 			return false, ReasonNoTerminalEvent
 		case d.seqGap:
 			return false, ReasonSequenceGap
@@ -346,7 +362,16 @@ func (d *Detector) Clean(intact bool) (ok bool, reason string) {
 		}
 		return true, ""
 	}
+	if !intact {
+		return false, ReasonNoTerminalEvent
+	}
 	return false, ReasonUnknownDialect
+}
+
+// complete reports whether a chat stream has every choice 0..n-1, each
+// finished, and the usage chunk when it was asked for.
+func (d *Detector) complete() bool {
+	return d.seen == d.want() && d.finished == d.seen && (!d.usage || d.usageSeen)
 }
 
 // want returns the choice bits 0..n-1.

@@ -54,6 +54,7 @@ func TestDetector(t *testing.T) {
 	resp := fixture(t, "openai-responses-completed")
 	anth := fixture(t, "anthropic-messages-text")
 	groq := fixture(t, "groq-chat-error-midstream")
+	failed := fixture(t, "openai-responses-error-failed")
 
 	const chatChunk = `data: {"object":"chat.completion.chunk","choices":[{"index":%d,"delta":{"content":"x"},"finish_reason":%s}]}` + "\n\n"
 	chunk := func(idx int, fin string) string {
@@ -85,7 +86,7 @@ func TestDetector(t *testing.T) {
 		{"chat, data not JSON", chunk(0, "null") + "data: hello\n\n" + chunk(0, `"stop"`) + done, Expect{}, DialectOpenAIChat, true, false, "malformed_event"},
 		{"anthropic, event cut inside its JSON", "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_del\n\n",
 			Expect{}, DialectAnthropic, true, false, "malformed_event"},
-		{"no known dialect: plain text events mean nothing", "data: hello\n\ndata: world\n\n", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
+		{"no known dialect: plain text events mean nothing", "data: hello\n\ndata: world\n\n", Expect{}, DialectUnknown, false, false, "no_terminal_event"},
 
 		// Truncated: the last event dropped, or cut before its blank line
 		// (go-sse discards it silently, so the Detector must notice).
@@ -126,7 +127,10 @@ func TestDetector(t *testing.T) {
 		{"responses sequence repeated", insertBefore(resp, 1, blocks(resp)[3]), Expect{}, DialectOpenAIResponses, true, false, "sequence_gap"},
 		{"responses failed", strings.ReplaceAll(resp, "response.completed", "response.failed"), Expect{}, DialectOpenAIResponses, true, false, "response_failed"},
 		{"responses failed, data type only", replace(t, resp, `"type":"response.completed"`, `"type":"response.failed"`, 1), Expect{}, DialectOpenAIResponses, true, false, "response_failed"},
-		{"responses incomplete", strings.ReplaceAll(resp, "response.completed", "response.incomplete"), Expect{}, DialectOpenAIResponses, true, false, "response_incomplete"},
+		{"responses incomplete is clean", strings.ReplaceAll(resp, "response.completed", "response.incomplete"), Expect{}, DialectOpenAIResponses, true, true, ""},
+		{"responses incomplete with a sequence gap", strings.ReplaceAll(drop(resp, func(b string) bool { return strings.Contains(b, `"sequence_number":5}`) }), "response.completed", "response.incomplete"), Expect{}, DialectOpenAIResponses, true, false, "sequence_gap"},
+		{"responses error event, then failed", failed, Expect{}, DialectOpenAIResponses, true, false, "error_event"},
+		{"responses error event, not yet failed", drop(failed, func(b string) bool { return strings.Contains(b, "response.failed") }), Expect{}, DialectOpenAIResponses, false, false, "error_event"},
 		{"responses error event", insertBefore(replace(t, resp, `"sequence_number":14}`, `"sequence_number":15}`, 1), 1, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":14}\n\n"), Expect{}, DialectOpenAIResponses, true, false, "error_event"},
 		{"responses [DONE] after completed tolerated", resp + done, Expect{}, DialectOpenAIResponses, true, true, ""},
 		{"responses error after completed is past the end", resp + "event: error\ndata: {\"type\":\"error\",\"sequence_number\":15}\n\n", Expect{}, DialectOpenAIResponses, true, true, ""},
@@ -140,8 +144,8 @@ func TestDetector(t *testing.T) {
 		{"anthropic usage wanted is ignored", anth, wantUsage, DialectAnthropic, true, true, ""},
 
 		// No dialect.
-		{"empty", "", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
-		{"plain text", "data: hello\n\n", Expect{}, DialectUnknown, false, false, "unknown_dialect"},
+		{"empty", "", Expect{}, DialectUnknown, false, false, "no_terminal_event"},
+		{"plain text", "data: hello\n\n", Expect{}, DialectUnknown, false, false, "no_terminal_event"},
 		{"error before anything", "event: error\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\n", Expect{}, DialectUnknown, true, false, "error_event"},
 	}
 	for _, tt := range tests {
@@ -298,6 +302,7 @@ func TestDetectorIntact(t *testing.T) {
 	resp := fixture(t, "openai-responses-completed")
 	anth := fixture(t, "anthropic-messages-text")
 	groq := fixture(t, "groq-chat-error-midstream")
+	failed := fixture(t, "openai-responses-error-failed")
 	const done = "data: [DONE]\n\n"
 	noDone := func(body string) string {
 		t.Helper()
@@ -322,10 +327,12 @@ func TestDetectorIntact(t *testing.T) {
 		{"chat without [DONE], cut", noDone(chat), Expect{}, false, false, "no_terminal_event"},
 		{"chat usage without [DONE], intact", noDone(usage), Expect{Usage: true}, true, true, ""},
 		{"chat usage without [DONE], cut", noDone(usage), Expect{Usage: true}, false, false, "no_terminal_event"},
-		{"chat usage without [DONE] or usage, intact", noUsage(noDone(usage)), Expect{Usage: true}, true, false, "missing_usage"},
-		{"chat without [DONE] or finish_reason, intact", replace(t, noDone(chat), `"finish_reason":"stop"`, `"finish_reason":null`, 1), Expect{}, true, false, "missing_finish_reason"},
-		{"chat without [DONE], n=2, intact", noDone(chat), Expect{N: 2}, true, false, "missing_choice"},
-		{"two choices without [DONE], intact", finishAll(2), usageTwo, true, false, "missing_usage"},
+		{"chat usage without [DONE] or usage, intact", noUsage(noDone(usage)), Expect{Usage: true}, true, false, "no_terminal_event"},
+		{"chat without [DONE] or finish_reason, intact", replace(t, noDone(chat), `"finish_reason":"stop"`, `"finish_reason":null`, 1), Expect{}, true, false, "no_terminal_event"},
+		{"chat without [DONE], n=2, intact", noDone(chat), Expect{N: 2}, true, false, "no_terminal_event"},
+		{"two choices without [DONE], intact", finishAll(2), usageTwo, true, false, "no_terminal_event"},
+		{"chat without [DONE], a choice not asked for, intact", finishAll(2), Expect{}, true, false, "unexpected_choice"},
+		{"chat without [DONE], a choice not asked for, cut", finishAll(2), Expect{}, false, false, "no_terminal_event"},
 		{"two choices and usage without [DONE], intact", finishAll(2) + `data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}` + "\n\n", usageTwo, true, true, ""},
 		{"chat without [DONE], error object, intact", insertBefore(noDone(chat), 1, `data: {"error":{"message":"boom"}}`+"\n\n"), Expect{}, true, false, "error_event"},
 		{"groq error midstream, intact", groq, Expect{}, true, false, "error_event"},
@@ -336,6 +343,9 @@ func TestDetectorIntact(t *testing.T) {
 		{"anthropic without message_stop, intact", drop(anth, func(b string) bool { return strings.Contains(b, "message_stop") }), Expect{}, true, false, "no_terminal_event"},
 		{"anthropic, intact", anth, Expect{}, true, true, ""},
 		{"empty, intact", "", Expect{}, true, false, "unknown_dialect"},
+		{"plain text, intact", "data: hello\n\n", Expect{}, true, false, "unknown_dialect"},
+		{"plain text, cut", "data: hello\n\n", Expect{}, false, false, "no_terminal_event"},
+		{"responses error event and failed, intact", failed, Expect{}, true, false, "error_event"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -373,6 +383,7 @@ func TestDetectorTerminal(t *testing.T) {
 		{"responses", resp, Expect{}, last(resp), true, ""},
 		{"anthropic", anth, Expect{}, last(anth), true, ""},
 		{"groq: the error event", groq, Expect{}, last(groq), false, "error_event"},
+		{"responses: response.failed after the error event", fixture(t, "openai-responses-error-failed"), Expect{}, last(fixture(t, "openai-responses-error-failed")), false, "error_event"},
 		{"chat: error object", insertBefore(chat, 3, "data: {\"error\":{\"message\":\"boom\"}}\n\n"), Expect{}, "data: {\"error\":{\"message\":\"boom\"}}\n\n", false, "error_event"},
 
 		// After the terminal event: not part of the stream.
@@ -494,7 +505,8 @@ func FuzzDetector(f *testing.F) {
 
 		o := judgeEvents(evs[:end], min(max(int(n), 1), MaxChoices))
 		if o.err {
-			if okWhole || whyWhole != "error_event" || whyCut != "error_event" || !d.Terminal() {
+			// A Responses stream goes on to its response.failed.
+			if okWhole || whyWhole != "error_event" || whyCut != "error_event" || !d.Terminal() && d.Dialect() != DialectOpenAIResponses {
 				t.Fatalf("with an error: got Terminal %v, Clean %v %q / %v %q; want terminal, error_event", d.Terminal(), okCut, whyCut, okWhole, whyWhole)
 			}
 		}

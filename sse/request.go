@@ -36,6 +36,15 @@ type Request struct {
 	// Responses: the provider keeps the response, and its stream can be
 	// resumed).
 	Background bool
+	// Duplicate names the first member read here that the body holds more
+	// than once ("model", "stream", "n", "stream_options", "background",
+	// or "stream_options.include_usage"), escaped spellings included; ""
+	// when none is. The fields above then hold the last one, as
+	// encoding/json and Python's json read it, but an upstream's parser
+	// may take the first, so the proxy refuses such a body rather than
+	// act on a member the upstream may not read (or rewrite one it does
+	// not use).
+	Duplicate string
 }
 
 // Expect returns what a Detector should require of the stream that answers
@@ -77,24 +86,31 @@ func ParseRequest(body []byte) Request {
 	// that points into it outlives this call.
 	s := unsafe.String(unsafe.SliceData(body), len(body))
 	var model, stream, n, opts, background string // the last raw value of each member
+	dup := ""
+	set := func(p *string, name, val string) {
+		if *p != "" && dup == "" {
+			dup = name
+		}
+		*p = val
+	}
 	ok := object(s, func(key, val string) {
-		switch memberName(key) {
+		switch name := memberName(key); name {
 		case "model":
-			model = val
+			set(&model, name, val)
 		case "stream":
-			stream = val
+			set(&stream, name, val)
 		case "n":
-			n = val
+			set(&n, name, val)
 		case "stream_options":
-			opts = val
+			set(&opts, name, val)
 		case "background":
-			background = val
+			set(&background, name, val)
 		}
 	})
 	if !ok {
 		return Request{N: 1}
 	}
-	r := Request{Stream: stream == "true", N: 1, Background: background == "true"}
+	r := Request{Stream: stream == "true", N: 1, Background: background == "true", Duplicate: dup}
 	if v, ok := intLiteral(n); ok {
 		r.N = min(max(v, 1), MaxChoices)
 	}
@@ -105,6 +121,9 @@ func ParseRequest(body []byte) Request {
 		var usage string
 		object(opts, func(key, val string) {
 			if memberName(key) == "include_usage" {
+				if usage != "" && r.Duplicate == "" {
+					r.Duplicate = "stream_options.include_usage"
+				}
 				usage = val
 			}
 		})

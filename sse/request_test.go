@@ -29,16 +29,21 @@ func TestParseRequest(t *testing.T) {
 		{`{"metadata":{"stream":true},"model":"a"}`, Request{Model: "a", N: 1}},
 		{`{"messages":[{"content":"\\\"stream\":true"}],"stream":false}`, def},
 
-		// The last duplicate counts, as with encoding/json and Python.
-		{`{"stream":true,"stream":false}`, def},
+		// The last duplicate counts, as with encoding/json and Python, and
+		// the first member read twice is named.
+		{`{"stream":true,"stream":false}`, Request{N: 1, Duplicate: "stream"}},
 		{`{"input":"x","stream":true,"background":true}`, Request{Stream: true, N: 1, Background: true}},
 		{`{"stream":true,"background":"true","metadata":{"background":true}}`, Request{Stream: true, N: 1}},
-		{`{"stream":true,"stream":null}`, def},
-		{`{"stream":false,"stream":true}`, Request{Stream: true, N: 1}},
-		{`{"n":4,"n":"x"}`, def},
-		{`{"stream_options":{"include_usage":true,"include_usage":false}}`, def},
-		{`{"stream_options":{"include_usage":true},"stream_options":null}`, def},
-		{`{"model":"a","model":"b"}`, Request{Model: "b", N: 1}},
+		{`{"stream":true,"stream":null}`, Request{N: 1, Duplicate: "stream"}},
+		{`{"stream":false,"stream":true}`, Request{Stream: true, N: 1, Duplicate: "stream"}},
+		{`{"n":4,"n":"x"}`, Request{N: 1, Duplicate: "n"}},
+		{`{"stream_options":{"include_usage":true,"include_usage":false}}`, Request{N: 1, Duplicate: "stream_options.include_usage"}},
+		{`{"stream_options":{"include_usage":true},"stream_options":null}`, Request{N: 1, Duplicate: "stream_options"}},
+		{`{"model":"a","model":"b"}`, Request{Model: "b", N: 1, Duplicate: "model"}},
+		{`{"model":"x","stream":true,"mod\u0065l":"gpt-4o"}`, Request{Model: "gpt-4o", Stream: true, N: 1, Duplicate: "model"}},
+		{`{"background":true,"n":2,"n":3,"background":false}`, Request{N: 3, Duplicate: "n"}},
+		{`{"messages":[{"model":"a"},{"model":"b"}],"metadata":{"stream":1,"stream":2},"model":"c"}`, Request{Model: "c", N: 1}},
+		{`{"model":"a","Model":"b"}`, Request{Model: "a", N: 1}},
 
 		// Escaped keys are decoded; keys match case-sensitively.
 		{`{"str\u0065am":true,"\u006e":2,"stream_options":{"include\u005fusage":true}}`, Request{Stream: true, N: 2, IncludeUsage: true}},
@@ -234,5 +239,46 @@ func requestByEncodingJSON(body []byte) Request {
 	if json.Unmarshal(top["model"], &model) == nil {
 		r.Model = model
 	}
+	r.Duplicate = duplicateByDecoder(body, top["stream_options"])
 	return r
+}
+
+// duplicateByDecoder is Request.Duplicate read with encoding/json's token
+// stream: the first member ParseRequest reads that appears twice at the
+// top level, or else include_usage twice in the last stream_options.
+func duplicateByDecoder(body []byte, opts json.RawMessage) string {
+	read := map[string]bool{"model": true, "stream": true, "n": true, "stream_options": true, "background": true}
+	if d := firstDuplicate(body, read); d != "" {
+		return d
+	}
+	if firstDuplicate(opts, map[string]bool{"include_usage": true}) != "" {
+		return "stream_options.include_usage"
+	}
+	return ""
+}
+
+// firstDuplicate returns the first key of names that the JSON object obj
+// holds a second time, at its top level.
+func firstDuplicate(obj []byte, names map[string]bool) string {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		key, _ := tok.(string)
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+		if names[key] && seen[key] {
+			return key
+		}
+		seen[key] = true
+	}
+	return ""
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -209,6 +210,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if o.redis.down != "reject" && o.redis.down != "relay" {
 		return nil, fmt.Errorf("-redis-down: %q is neither reject nor relay", o.redis.down)
 	}
+	if o.redis.abandon < 1 {
+		return nil, fmt.Errorf("-redis-abandon-max: %d; want 1 or more", o.redis.abandon)
+	}
 	if o.anonymousKeys != "allow" && o.anonymousKeys != "deny" {
 		return nil, fmt.Errorf("-anonymous-keys: %q is neither allow nor deny", o.anonymousKeys)
 	}
@@ -244,6 +248,15 @@ func gcPercent() int64 {
 		return -1
 	}
 	return int64(s[0].Value.Uint64())
+}
+
+// memoryLimit returns the Go memory limit in effect for the log: its
+// bytes, or "none" for the runtime's "no limit" (math.MaxInt64).
+func memoryLimit() any {
+	if n := debug.SetMemoryLimit(-1); n != math.MaxInt64 { // -1 reads it
+		return n
+	}
+	return "none"
 }
 
 // run starts ssegate and serves until ctx ends or a SIGTERM/SIGINT
@@ -337,7 +350,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
 	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", upstreamsForLog(o.upstreams),
-		"gc_percent", gcPercent(), "memory_limit", debug.SetMemoryLimit(-1)) // -1 reads it
+		"gc_percent", gcPercent(), "memory_limit", memoryLimit())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

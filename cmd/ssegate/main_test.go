@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"github.com/ssegate/ssegate/internal/gatetest"
+	"math"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 func env(kv map[string]string) func(string) string {
@@ -95,6 +98,7 @@ func TestBadValues(t *testing.T) {
 		{[]string{"-upstream", "mock"}, map[string]string{"SSEGATE_MAX_BODY": "x"}, "SSEGATE_MAX_BODY (-max-body)"},
 		{[]string{"-upstream", "mock", "-missing-body", "lose"}, nil, "-missing-body"},
 		{[]string{"-upstream", "mock", "-redis-down", "ignore"}, nil, "-redis-down"},
+		{[]string{"-upstream", "mock", "-redis-abandon-max", "0"}, nil, "-redis-abandon-max"},
 		{[]string{"-upstream", "mock", "-anonymous-keys", "maybe"}, nil, "-anonymous-keys"},
 		{[]string{"-upstream", "mock", "-secret", "short"}, nil, "-secret"},
 		{[]string{"-upstream", "mock", "-retry-attempts", "0"}, nil, "-retry-attempts"},
@@ -163,14 +167,25 @@ func TestTenantFlags(t *testing.T) {
 // TestStartupLogHidesCredentials: the start-up log names the upstreams
 // without a password or query, and never the secret.
 func TestStartupLogHidesCredentials(t *testing.T) {
+	logs := startupLog(t, []string{"-listen", "127.0.0.1:0", "-upstream", "http://user:pw-XYZ@127.0.0.1:1/v1?key=q-XYZ",
+		"-log-level", "debug"}, env(map[string]string{"SSEGATE_SECRET": "secret-XYZ-0123456789"}))
+	if !strings.Contains(logs.String(), "127.0.0.1:1") {
+		t.Fatalf("the log does not name the upstream:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "XYZ") {
+		t.Fatalf("the log carries a credential:\n%s", logs.String())
+	}
+}
+
+// startupLog runs ssegate with args until it listens, stops it, and
+// returns what it logged.
+func startupLog(t *testing.T, args []string, getenv func(string) string) *gatetest.LogBuffer {
+	t.Helper()
 	var logs gatetest.LogBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-upstream", "http://user:pw-XYZ@127.0.0.1:1/v1?key=q-XYZ",
-			"-log-level", "debug"}, env(map[string]string{"SSEGATE_SECRET": "secret-XYZ-0123456789"}), &logs, ready)
-	}()
+	go func() { done <- run(ctx, args, getenv, &logs, ready) }()
 	select {
 	case <-ready:
 	case err := <-done:
@@ -180,11 +195,26 @@ func TestStartupLogHidesCredentials(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "127.0.0.1:1") {
-		t.Fatalf("the log does not name the upstream:\n%s", logs.String())
-	}
-	if strings.Contains(logs.String(), "XYZ") {
-		t.Fatalf("the log carries a credential:\n%s", logs.String())
+	return &logs
+}
+
+// TestStartupLogMemoryLimit: the start-up log says "none" when no memory
+// limit is set, not the runtime's math.MaxInt64, and the bytes of one
+// -memory-limit sets.
+func TestStartupLogMemoryLimit(t *testing.T) {
+	prev := debug.SetMemoryLimit(math.MaxInt64) // as with no GOMEMLIMIT
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, `"memory_limit":"none"`},
+		{[]string{"-memory-limit", "1073741824"}, `"memory_limit":1073741824`},
+	} {
+		logs := startupLog(t, append([]string{"-listen", "127.0.0.1:0", "-upstream", "mock"}, c.args...), env(nil))
+		if !strings.Contains(logs.String(), c.want) {
+			t.Errorf("%v: the start-up log lacks %s:\n%s", c.args, c.want, logs.String())
+		}
 	}
 }
 

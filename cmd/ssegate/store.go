@@ -18,6 +18,7 @@ type redisOptions struct {
 	lease   time.Duration
 	timeout time.Duration
 	down    string
+	abandon int
 }
 
 func (ro *redisOptions) register(fs *flag.FlagSet) {
@@ -25,6 +26,7 @@ func (ro *redisOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ro.lease, "redis-lease", 10*time.Second, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
 	fs.StringVar(&ro.down, "redis-down", "reject", "with -redis, while Redis is unreachable: reject keyed requests (503 store_unavailable with Retry-After) or relay them unprotected (no deduplication)")
 	fs.DurationVar(&ro.timeout, "redis-timeout", 2*time.Second, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
+	fs.IntVar(&ro.abandon, "redis-abandon-max", 1024, "with -redis: claims whose reply was lost past -redis-timeout that this replica ends at once, in the background, so that their duplicates need not wait a lease; past it, such a key waits for its lease")
 }
 
 // newStore returns the store the options choose and the function that
@@ -38,7 +40,7 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 		return m, m.Close, nil
 	}
 	r, err := cache.NewRedis(cache.RedisConfig{
-		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout,
+		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon,
 		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
 		MissingBody: mem.MissingBody, Logger: log,
 	})

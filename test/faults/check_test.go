@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"sort"
@@ -11,7 +12,7 @@ import (
 
 // The invariants, as the failure messages name them.
 var invariantNames = map[int]string{
-	1: "every client gets one whole generation, a stream_aborted end, or a JSON error before any byte",
+	1: "every client gets one whole generation, a stream_aborted end, the provider's own failure as it sent it, or a JSON error before any byte",
 	2: "no stored result is cut: a replay is whole and byte-identical to the first whole answer",
 	3: "a key costs at most 1 + its failed generations in paid upstream calls",
 	4: "nothing is left running: goroutines back to the baseline, ssegate_live_generations 0",
@@ -175,7 +176,7 @@ func (c *checker) stream(x *exchange, calls []call, bad func(string, ...any)) {
 	case x.readErr != nil || x.partial:
 		bad("the stream just stopped: no terminal event, no stream_aborted, and the body did not end properly")
 	default:
-		if !wholeOfSome(calls, evs, from) {
+		if !wholeOfSome(calls, evs, from) && !statedOfSome(calls, evs, from) {
 			bad("it ended as if whole, but its events from %d on are no whole answer the upstream sent: %s", from+1, closest(calls, evs, from))
 		}
 	}
@@ -251,6 +252,38 @@ func wholeOfSome(calls []call, evs []event, from int) bool {
 		}
 	}
 	return false
+}
+
+// statedOfSome reports whether evs is a call's events from position from
+// to the end its provider stated with its own failure (an error event
+// mid-stream), which the proxy relays as it came and does not follow with
+// stream_aborted (docs/design.md, Clean end): all of them, or up to the
+// error event, which ends a chat or Anthropic stream (what the upstream
+// sends after it is not relayed).
+func statedOfSome(calls []call, evs []event, from int) bool {
+	for _, cl := range calls {
+		if cl.fault.kind != fErrorMid || !matches(cl.sent, evs, from, false) {
+			continue
+		}
+		if from+len(evs) == len(cl.sent) || len(evs) > 0 && isProviderError(evs[len(evs)-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// isProviderError reports whether ev is an upstream's error event: named
+// error, or data whose top-level "error" is set or whose "type" is "error".
+func isProviderError(ev event) bool {
+	if ev.typ == "error" {
+		return true
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal([]byte(ev.data), &top) != nil {
+		return false
+	}
+	e, ok := top["error"]
+	return ok && string(e) != "null" || string(top["type"]) == `"error"`
 }
 
 func matches(sent, evs []event, from int, exact bool) bool {

@@ -101,7 +101,9 @@ func seeds(t *testing.T) (int64, int) {
 //     one generation, contiguous from the resumed position, each event the
 //     upstream's, ending as a whole answer the upstream sent and with the
 //     body properly ended), or a stream that ends with a stream_aborted
-//     error event (its events a prefix of what the upstream sent), or a JSON
+//     error event (its events a prefix of what the upstream sent), or the
+//     provider's own mid-stream failure relayed as it sent it, its error
+//     event last and no stream_aborted after it, or a JSON
 //     error before any byte (502 upstream_error, 504 upstream_timeout, 410
 //     stream_gone to a resume, 204 after the last event, or the upstream's
 //     own error relayed); a non-streaming 200 is byte-identical to a whole
