@@ -14,7 +14,7 @@ func TestMemoryAlias(t *testing.T) {
 	clk := newClock()
 	// At the MaxKeys bound, a new key deletes an expired one (roomLocked).
 	m := newMemory(t, Config{TTL: time.Minute, FailedTTL: time.Second, Now: clk.Now, MaxKeys: 2,
-		Limits: Limits{MaxKeysPerTenant: 2}})
+		Limits: Limits{MaxKeysPerTenant: 2, MaxStrangerKeys: 2}})
 	a := Scope{Tenant: "t1", Key: "a"}
 	fa := claim(t, m, a, "fp")
 	m.SetAlias(a, fa.Gen, "resp_1", 0)

@@ -7,8 +7,8 @@ import "time"
 // it is kept once it ends.
 type detached struct{}
 
-func (detached) reserve(int) error             { return nil }
-func (detached) release(int)                   {}
+func (detached) reserve(*Flight, int) error    { return nil }
+func (detached) release(*Flight, int)          {}
 func (detached) commit(*Flight, *Result) bool  { return false }
 func (detached) fail(*Flight, State, string)   {}
 func (detached) mark(*Flight, State, int, int) {}

@@ -25,7 +25,7 @@ func TestLedgerExpiry(t *testing.T) {
 		expires   time.Time
 	}
 	clk := newClock()
-	m := newMemory(t, Config{MaxKeys: maxKeys, TTL: ttl, FailedTTL: failedTTL, Now: clk.Now, Limits: Limits{MaxKeysPerTenant: quota}})
+	m := newMemory(t, Config{MaxKeys: maxKeys, TTL: ttl, FailedTTL: failedTTL, Now: clk.Now, Limits: Limits{MaxKeysPerTenant: quota, MaxStrangerKeys: maxKeys}})
 	model := map[Scope]*mkey{}
 	known := func(k *mkey) bool { return k != nil && (k.f != nil || !clk.Now().After(k.expires)) }
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -11,10 +11,11 @@ import (
 // backend is what a Flight reports to the store that created it. The
 // store's ledger learns of every end through it.
 type backend interface {
-	// reserve accounts n more journal bytes against the store's bound.
-	reserve(n int) error
-	// release returns n journal bytes.
-	release(n int)
+	// reserve accounts n more journal bytes of f against the store's
+	// bounds.
+	reserve(f *Flight, n int) error
+	// release returns the n journal bytes f still holds, once, as it ends.
+	release(f *Flight, n int)
 	// commit records res as the key's committed result and reports
 	// whether the body store kept it.
 	commit(f *Flight, res *Result) (stored bool)
@@ -41,6 +42,7 @@ type Flight struct {
 	maxSubs   int
 	started   time.Time
 	seal      *sealPolicy // nil: the journal never seals (a detached one drops instead)
+	share     *tenantLive // its tenant's live bytes (liveShares), or nil
 	headReady chan struct{}
 	done      chan struct{}
 
@@ -68,6 +70,9 @@ type Flight struct {
 	// when it last was).
 	asked   int
 	sealNow bool
+	// denied: the flight ended by Deny, and the store keeps no record of
+	// its key.
+	denied bool
 }
 
 // SetModel records the model of the attempts to come, and the models
@@ -189,7 +194,7 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 		f.mu.Unlock()
 		return sse.ID{}, err
 	}
-	if err := f.be.reserve(n); err != nil {
+	if err := f.be.reserve(f, n); err != nil {
 		f.j.drop(n)
 		f.mu.Unlock()
 		return sse.ID{}, err
@@ -292,6 +297,29 @@ func (f *Flight) Fail(state State, reason string, body []byte) {
 	f.end(state, reason)
 }
 
+// Deny ends the flight as failed_terminal for the upstream's refusal of
+// the caller's credential (its 401 or 403 answer, body, which joiners
+// receive as Fail's do). Nothing was generated or paid, so the store
+// keeps no record of the key once the answer is with the flight's
+// clients: a repeat is a new miss. A failed key is otherwise kept for
+// FailedTTL, and a client that mints a credential per request would fill
+// the ledger with keys nobody will ask for again.
+func (f *Flight) Deny(reason string, body []byte) {
+	f.mu.Lock()
+	if !f.ended {
+		f.denied = true
+	}
+	f.mu.Unlock()
+	f.Fail(StateFailedTerminal, reason, body)
+}
+
+// wasDenied reports whether the flight ends by Deny.
+func (f *Flight) wasDenied() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.denied
+}
+
 func (f *Flight) end(state State, reason string) {
 	f.mu.Lock()
 	if f.ended {
@@ -309,7 +337,7 @@ func (f *Flight) end(state State, reason string) {
 	f.signalLocked()
 	hadHead := f.hasHead
 	f.mu.Unlock()
-	f.be.release(n)
+	f.be.release(f, n)
 	if !hadHead {
 		close(f.headReady)
 	}
@@ -457,7 +485,7 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 	if err := f.j.appendWire(wire, f.maxBytes); err != nil {
 		return err
 	}
-	if err := f.be.reserve(len(wire)); err != nil {
+	if err := f.be.reserve(f, len(wire)); err != nil {
 		f.j.drop(len(wire))
 		return err
 	}

@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -11,6 +13,15 @@ type Limits struct {
 	// MaxLiveBytes bounds the bytes of all live journals together, on this
 	// process (default 256 MiB).
 	MaxLiveBytes int64
+	// MaxLiveBytesPerTenant is one tenant's share of MaxLiveBytes
+	// (default a quarter of it). A tenant within its share may fill the
+	// live journals up to MaxLiveBytes. A tenant past it holds more only
+	// while one share of MaxLiveBytes stays free: past that its streams
+	// that grow are stopped (ErrStoreFull), and its new keys are refused
+	// (ErrStoreFull, before any upstream call) while less than two shares
+	// are free. So one tenant's many long streams stop themselves, never
+	// another tenant's stream that is within its share.
+	MaxLiveBytesPerTenant int64
 	// MaxStreamBytes bounds one generation's journal (default 16 MiB).
 	MaxStreamBytes int
 	// MaxSubscribers bounds the local clients following one live
@@ -23,6 +34,15 @@ type Limits struct {
 	// ledger (failed keys are cheap to make and kept for FailedTTL).
 	// Default: a tenth of Config.MaxKeys for Memory; 100,000 for Redis.
 	MaxKeysPerTenant int
+	// MaxStrangerKeys bounds the unexpired keys of strangers together: a
+	// tenant is a stranger until one of its keys commits (its credential
+	// was taken and answered), and stays known while the ledger holds a
+	// key of its, or, with Redis, for TTL after its last commit. Past the
+	// bound strangers' new keys are refused with ErrStoreFull, while known
+	// tenants still have the rest of MaxKeys: a flood of minted
+	// credentials cannot refuse a known tenant's new key. Default: half of
+	// the store's MaxKeys.
+	MaxStrangerKeys int
 
 	// A live journal seals (S2-compresses) a full block its readers have
 	// all read only when memory asks for it, so that a stream that is
@@ -49,6 +69,9 @@ type Limits struct {
 func (l *Limits) setDefaults() {
 	if l.MaxLiveBytes <= 0 {
 		l.MaxLiveBytes = 256 << 20
+	}
+	if l.MaxLiveBytesPerTenant <= 0 {
+		l.MaxLiveBytesPerTenant = max(l.MaxLiveBytes/4, 1)
 	}
 	if l.MaxStreamBytes <= 0 {
 		l.MaxStreamBytes = 16 << 20
@@ -91,4 +114,110 @@ func newSealPolicy(l Limits, now func() time.Time, live *atomic.Int64) *sealPoli
 // two, once true, stay true.
 func (p *sealPolicy) wants(size int, started time.Time) bool {
 	return size >= p.streamBytes || p.now().Sub(started) >= p.age || p.live.Load() >= p.liveBytes
+}
+
+// liveShares accounts the bytes of a store's live journals, all together
+// and per tenant, against Limits.MaxLiveBytes and each tenant's share of
+// it (MaxLiveBytesPerTenant, which says the rule).
+type liveShares struct {
+	max, share int64
+	total      atomic.Int64
+
+	mu      sync.Mutex // guards tenants and their flights counts
+	tenants map[string]*tenantLive
+}
+
+// tenantLive is one tenant's live journal bytes. A flight holds its
+// tenant's from its start to its end (enter, release).
+type tenantLive struct {
+	name    string
+	n       atomic.Int64
+	flights int // live flights of the tenant; guarded by liveShares.mu
+}
+
+func newLiveShares(l Limits) *liveShares {
+	return &liveShares{max: l.MaxLiveBytes, share: l.MaxLiveBytesPerTenant, tenants: make(map[string]*tenantLive)}
+}
+
+// admit reports whether a new generation of tenant may begin: not while
+// the live journals are full, nor while tenant holds more than its share
+// and less than two shares are free (its streams would soon be stopped,
+// so its call is refused before it goes out rather than paid and cut).
+func (l *liveShares) admit(tenant string) error {
+	if err := l.full(); err != nil {
+		return err
+	}
+	total := l.total.Load()
+	l.mu.Lock()
+	t := l.tenants[tenant]
+	l.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	if mine := t.n.Load(); mine >= l.share && total >= l.max-2*l.share {
+		return fmt.Errorf("this tenant's live journals hold %d bytes, past its -max-live-bytes-per-tenant share of %d, and less than two shares of -max-live-bytes are free: %w", mine, l.share, ErrStoreFull)
+	}
+	return nil
+}
+
+// full reports ErrStoreFull while the live journals hold MaxLiveBytes.
+func (l *liveShares) full() error {
+	if total := l.total.Load(); total >= l.max {
+		return fmt.Errorf("live journals hold %d bytes, the -max-live-bytes bound: %w", total, ErrStoreFull)
+	}
+	return nil
+}
+
+// enter returns tenant's account for a flight that begins; the flight's
+// release (leave) ends its hold on it.
+func (l *liveShares) enter(tenant string) *tenantLive {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.tenants[tenant]
+	if t == nil {
+		t = &tenantLive{name: tenant}
+		l.tenants[tenant] = t
+	}
+	t.flights++
+	return t
+}
+
+// reserve accounts n more bytes of a flight of t: refused when they would
+// pass MaxLiveBytes, or, for a tenant past its share, leave less than one
+// share free.
+func (l *liveShares) reserve(t *tenantLive, n int) error {
+	total := l.total.Add(int64(n))
+	bound := l.max
+	var mine int64
+	if t != nil {
+		mine = t.n.Add(int64(n))
+		if mine > l.share {
+			bound = l.max - l.share
+		}
+	}
+	if total <= bound {
+		return nil
+	}
+	l.total.Add(-int64(n))
+	if t != nil {
+		t.n.Add(-int64(n))
+	}
+	if bound < l.max {
+		return fmt.Errorf("this tenant's live journals would hold %d bytes, past its -max-live-bytes-per-tenant share of %d, with less than one share of -max-live-bytes free: %w", mine, l.share, ErrStoreFull)
+	}
+	return fmt.Errorf("live journals would exceed %d bytes: %w", l.max, ErrStoreFull)
+}
+
+// leave returns the n bytes a flight of t still held, as it ends.
+func (l *liveShares) leave(t *tenantLive, n int) {
+	l.total.Add(-int64(n))
+	if t == nil {
+		return
+	}
+	t.n.Add(-int64(n))
+	l.mu.Lock()
+	if t.flights--; t.flights == 0 {
+		delete(l.tenants, t.name)
+	}
+	l.mu.Unlock()
 }

@@ -24,8 +24,8 @@ type follower struct {
 	gen string
 }
 
-func (fl *follower) reserve(n int) error { return fl.r.reserve(n) }
-func (fl *follower) release(n int)       { fl.r.release(n) }
+func (fl *follower) reserve(f *Flight, n int) error { return fl.r.reserve(f, n) }
+func (fl *follower) release(f *Flight, n int)       { fl.r.release(f, n) }
 
 func (fl *follower) commit(f *Flight, res *Result) bool {
 	fl.r.keep(fl.k, res)

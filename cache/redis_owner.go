@@ -177,15 +177,15 @@ func (o *owner) leaseLapsed() bool {
 	return time.Since(o.t0) > time.Duration(o.lastRenew.Load())+o.r.cfg.Lease
 }
 
-func (o *owner) reserve(n int) error {
-	if err := o.r.reserve(n); err != nil {
+func (o *owner) reserve(f *Flight, n int) error {
+	if err := o.r.reserve(f, n); err != nil {
 		return err
 	}
 	o.poke()
 	return nil
 }
 
-func (o *owner) release(n int) { o.r.release(n) }
+func (o *owner) release(f *Flight, n int) { o.r.release(f, n) }
 
 func (o *owner) mark(f *Flight, state State, attempts, lastStatus int) {
 	model, fbs := f.Model()
@@ -249,7 +249,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
-		o.r.keyEnded(f.Scope, o.k, o.r.cfg.TTL)
+		o.r.keyCommitted(f.Scope, o.k)
 		return true
 	}
 	o.mu.Lock()
@@ -288,7 +288,11 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		head = headJSON(h)
 	}
 	_, _, body := f.Outcome()
-	args := []string{o.tok, o.gen, "failed", "", ms(o.r.cfg.FailedTTL), ms(journalTTL),
+	ttl := o.r.cfg.FailedTTL
+	if f.wasDenied() {
+		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
+	}
+	args := []string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.flushedBytes.Load(), 10), ""}
 	for range 2 {
@@ -297,7 +301,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		cancel()
 		if err == nil {
 			if out[0] == "ok" || out[0] == "already" {
-				o.r.keyEnded(f.Scope, o.k, o.r.cfg.FailedTTL)
+				o.r.keyEnded(f.Scope, o.k, ttl)
 			}
 			return
 		}

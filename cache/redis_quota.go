@@ -34,6 +34,20 @@ import (
 //     key stops counting (renewals extend st, not the set);
 //   - a failure's update that lands after the key was claimed again gives
 //     the new generation the failure's expiry.
+//
+// All keys are also counted in one sorted set, prefix:keys:{all}, the
+// same way (member the scope hash, score its expiry), against MaxKeys;
+// and the keys of strangers in another beside it, prefix:strangers:{all},
+// against MaxStrangerKeys. Counting by expiry rather than by a number
+// means the count cannot drift: a key whose end was never reported (a
+// replica that died, an update lost with Redis) stops counting when its
+// score passes, and expired members are removed whenever a key is
+// counted. A tenant is known (not a stranger) while prefix:tenant:{th}:known
+// exists: it is set for TTL at each of the tenant's commits. A new key is
+// counted against its tenant first and then against the whole (two
+// slots, two scripts); a key the whole refuses is taken out of its
+// tenant's set again. A key denied by the upstream (Flight.Deny) is taken
+// out of both at once, and its records deleted.
 
 // tenantKey names the set of the keys of sc's tenant. The tenant, itself
 // a hash of a credential, is hashed again so that the set's name does not
@@ -48,24 +62,58 @@ func (r *Redis) setTTL() string {
 	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + time.Minute)
 }
 
-// countKey counts sc's key against its tenant's bound, as live, and
-// reports whether it is counted: false when the tenant holds its bound of
-// other unexpired keys. unbounded counts it whatever the bound (a key the
-// ledger already holds, claimed again).
-func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) (bool, error) {
-	bound := strconv.Itoa(r.cfg.MaxKeysPerTenant)
+// knownKey names the marker of a tenant known by a commit; it shares the
+// tenant set's slot.
+func (r *Redis) knownKey(sc Scope) string { return r.tenantKey(sc) + ":known" }
+
+// globalKeys names the sets of all keys and of strangers' keys.
+func (r *Redis) globalKeys() []string {
+	return []string{r.cfg.Prefix + ":keys:{all}", r.cfg.Prefix + ":strangers:{all}"}
+}
+
+// countKey counts sc's key, as live, against its tenant's bound, then
+// against MaxKeys and, for a stranger's key, MaxStrangerKeys. It returns
+// ErrTenantFull or ErrStoreFull (wrapped) when a bound refuses the key.
+// unbounded counts it whatever the bounds (a key the ledger already
+// holds, claimed again).
+func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
+	bound, all, strangers := strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys), strconv.Itoa(r.cfg.MaxStrangerKeys)
 	if unbounded {
-		bound = "-1"
+		bound, all, strangers = "-1", "-1", "-1"
 	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	n, err := quotaScript.Exec(ctx, r.c, []string{r.tenantKey(sc)}, []string{
+	n, err := quotaScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{
 		k.h, bound, ms(r.cfg.LiveTTL), r.setTTL(),
 	}).AsInt64()
 	if err != nil {
-		return false, r.unavailableErr("tenant keys", err)
+		return r.unavailableErr("tenant keys", err)
 	}
-	return n == 1, nil
+	if n == 0 {
+		return r.tenantFull()
+	}
+	stranger := "0"
+	if n == 1 {
+		stranger = "1"
+	}
+	g, err := globalScript.Exec(ctx, r.c, r.globalKeys(), []string{
+		k.h, all, strangers, stranger, ms(r.cfg.LiveTTL), r.setTTL(),
+	}).AsInt64()
+	if err == nil && g == 1 {
+		return nil
+	}
+	// Not counted in the whole: nor in its tenant's set.
+	if e := r.c.Do(ctx, r.c.B().Zrem().Key(r.tenantKey(sc)).Member(k.h).Build()).Error(); e != nil {
+		r.unavailable.Add(1)
+	}
+	switch {
+	case err != nil:
+		return r.unavailableErr("keys", err)
+	case g == 0:
+		return fmt.Errorf("the replicas hold %d keys, the -max-keys bound: %w", r.cfg.MaxKeys, ErrStoreFull)
+	default:
+		return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", r.cfg.MaxStrangerKeys, ErrStoreFull)
+	}
 }
 
 // tenantFull is the error of a new key its tenant has no room for.
@@ -73,24 +121,40 @@ func (r *Redis) tenantFull() error {
 	return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", r.cfg.MaxKeysPerTenant, ErrTenantFull)
 }
 
-// keyEnded sets when sc's key stops counting against its tenant, now that
-// its generation ended and its records expire in ttl. A failure to tell
-// Redis leaves the key counted until its live score passes.
-func (r *Redis) keyEnded(sc Scope, k rkeys, ttl time.Duration) {
+// keyEnded sets when sc's key stops counting against its tenant and the
+// whole, now that its generation ended and its records expire in ttl (0:
+// at once, a denied key). A failure to tell Redis leaves the key counted
+// until its live score passes.
+func (r *Redis) keyEnded(sc Scope, k rkeys, ttl time.Duration) { r.keyEnd(sc, k, ttl, false) }
+
+// keyCommitted is keyEnded for a committed key, whose commit makes its
+// tenant known for TTL.
+func (r *Redis) keyCommitted(sc Scope, k rkeys) { r.keyEnd(sc, k, r.cfg.TTL, true) }
+
+func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	err := keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc)}, []string{k.h, ms(ttl), r.setTTL()}).Error()
-	if err != nil && !rueidis.IsRedisNil(err) {
-		r.unavailable.Add(1)
+	mark, committed := "0", "0"
+	if known {
+		mark, committed = ms(r.cfg.TTL), "1"
+	}
+	for _, err := range []error{
+		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(ttl), r.setTTL(), mark}).Error(),
+		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, ms(ttl), r.setTTL(), committed}).Error(),
+	} {
+		if err != nil && !rueidis.IsRedisNil(err) {
+			r.unavailable.Add(1)
+		}
 	}
 }
 
 // quotaScript counts a key in its tenant's set.
 //
-// KEYS: the tenant's set
+// KEYS: the tenant's set, the tenant's known marker
 // ARGV: member (the scope's hash), bound (-1: none), live ttl ms, set ttl ms
 //
-// Returns 1 when the key is counted (it was, or the tenant had room), 0
+// Returns 1 when the key is counted (it was, or the tenant had room) and
+// the tenant is a stranger, 2 when it is counted and the tenant known, 0
 // when the tenant holds its bound of other unexpired keys.
 var quotaScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
@@ -102,20 +166,83 @@ if not cur and bound >= 0 and redis.call('ZCARD', KEYS[1]) >= bound then return 
 local exp = now + tonumber(ARGV[3])
 if not cur or tonumber(cur) < exp then redis.call('ZADD', KEYS[1], exp, ARGV[1]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1 + redis.call('EXISTS', KEYS[2])
+`)
+
+// globalScript counts a key in the set of all keys and, for a
+// stranger's, in the set of strangers' keys.
+//
+// KEYS: the set of all keys, the set of strangers' keys
+// ARGV: member, bound on all (-1: none), bound on strangers' (-1: none),
+// stranger (1|0), live ttl ms, set ttl ms
+//
+// Returns 1 when the key is counted (it was, or there was room), 0 when
+// all keys hold their bound, -1 when strangers' keys hold theirs.
+var globalScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+local all, strangers = tonumber(ARGV[2]), tonumber(ARGV[3])
+local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not cur and all >= 0 and redis.call('ZCARD', KEYS[1]) >= all then return 0 end
+local scur = nil
+if ARGV[4] == '1' then
+  scur = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if not scur and strangers >= 0 and redis.call('ZCARD', KEYS[2]) >= strangers then return -1 end
+end
+local exp = now + tonumber(ARGV[5])
+if not cur or tonumber(cur) < exp then redis.call('ZADD', KEYS[1], exp, ARGV[1]) end
+if ARGV[4] == '1' and (not scur or tonumber(scur) < exp) then redis.call('ZADD', KEYS[2], exp, ARGV[1]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
 `)
 
-// keyEndScript sets a counted key's expiry once its generation ended.
+// keyEndScript sets a counted key's expiry in its tenant's set once its
+// generation ended, and marks the tenant known after a commit.
 //
-// KEYS: the tenant's set
-// ARGV: member, ttl ms (from now), set ttl ms
+// KEYS: the tenant's set, the tenant's known marker
+// ARGV: member, ttl ms (from now; 0: no longer counted), set ttl ms,
+// known (ms to mark the tenant known for; 0: not)
 //
 // Returns 1, or 0 when the key is not counted (its score passed).
 var keyEndScript = rueidis.NewLuaScript(`
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[4]) end
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local ttl = tonumber(ARGV[2])
+if ttl <= 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return 1
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+`)
+
+// globalEndScript is keyEndScript for the sets of all keys and of
+// strangers' keys. A committed key leaves the strangers' set: its tenant
+// is known now.
+//
+// KEYS: the set of all keys, the set of strangers' keys
+// ARGV: member, ttl ms (0: no longer counted), set ttl ms, committed (1|0)
+//
+// Returns 1.
+var globalEndScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+for i, key in ipairs(KEYS) do
+  if redis.call('ZSCORE', key, ARGV[1]) then
+    if ttl <= 0 or (i == 2 and ARGV[4] == '1') then
+      redis.call('ZREM', key, ARGV[1])
+    else
+      redis.call('ZADD', key, now + ttl, ARGV[1])
+      redis.call('PEXPIRE', key, ARGV[3])
+    end
+  end
+end
 return 1
 `)

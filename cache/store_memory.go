@@ -37,7 +37,8 @@ type Config struct {
 	// Limits bound the live generations.
 	Limits
 	// MaxKeys bounds the ledger (default 1,000,000 keys). Expired keys do
-	// not count. Limits.MaxKeysPerTenant defaults to a tenth of it.
+	// not count. Limits.MaxKeysPerTenant defaults to a tenth of it, and
+	// Limits.MaxStrangerKeys to half.
 	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone.
 	MissingBody MissingBody
@@ -62,6 +63,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxKeysPerTenant <= 0 {
 		c.MaxKeysPerTenant = max(c.MaxKeys/10, 1)
+	}
+	if c.MaxStrangerKeys <= 0 {
+		c.MaxStrangerKeys = max(c.MaxKeys/2, 1)
 	}
 	c.Limits.setDefaults()
 	if c.Now == nil {
@@ -121,6 +125,10 @@ type tenantKeys struct {
 	name string
 	n    int      // its keys in the ledger, expired ones not yet deleted included
 	exp  expiries // those of them that ended, by expiry
+	// known: a key of the tenant committed while the ledger held one of
+	// its keys (Limits.MaxStrangerKeys). Until then its keys count
+	// among the strangers'.
+	known bool
 }
 
 const (
@@ -158,8 +166,11 @@ type Memory struct {
 	exp     expiries        // the ended entries of keys, by expiry
 	flights int64           // live flights
 	states  map[State]int64 // keys per state
+	// strangers counts the keys of tenants not known, expired ones not
+	// yet deleted included (Limits.MaxStrangerKeys).
+	strangers int
 
-	live        atomic.Int64
+	shares      *liveShares // live journal bytes, all and per tenant
 	seal        *sealPolicy // when live journals seal (Limits)
 	commits     atomic.Int64
 	stored      atomic.Int64
@@ -189,7 +200,8 @@ func NewMemory(cfg Config) (*Memory, error) {
 		return nil, fmt.Errorf("body codec: %w", err)
 	}
 	m.codec = codec
-	m.seal = newSealPolicy(cfg.Limits, cfg.Now, &m.live)
+	m.shares = newLiveShares(cfg.Limits)
+	m.seal = newSealPolicy(cfg.Limits, cfg.Now, &m.shares.total)
 	bodies, err := ristretto.NewCache(&ristretto.Config[string, *blob]{
 		NumCounters: counters,
 		MaxCost:     cfg.MaxStoreBytes,
@@ -280,7 +292,10 @@ func nextGen(now time.Time, prev uint64) uint64 {
 // among concurrent callers with the same scope exactly one gets Miss.
 // A new key is refused with ErrTenantFull when its tenant holds
 // MaxKeysPerTenant keys, and with ErrStoreFull when the ledger holds
-// MaxKeys or the live journals MaxLiveBytes.
+// MaxKeys, or the strangers' keys MaxStrangerKeys and its tenant is a
+// stranger; a new generation is refused with ErrStoreFull when the live
+// journals hold MaxLiveBytes, or when its tenant is past its share of
+// them (Limits.MaxLiveBytesPerTenant).
 func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 	id := sc.id()
 	var gone uint64 // a committed generation found without its body
@@ -345,14 +360,15 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 			return Begun{}, 0, err
 		}
 	}
-	if m.live.Load() >= m.cfg.MaxLiveBytes {
-		return Begun{}, 0, fmt.Errorf("live journals hold %d bytes: %w", m.live.Load(), ErrStoreFull)
+	if err := m.shares.admit(sc.Tenant); err != nil {
+		return Begun{}, 0, err
 	}
 	var prev uint64
 	if e != nil {
 		prev = e.gen
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
+	f.share = m.shares.enter(sc.Tenant)
 	m.putLocked(sc.Tenant, e, &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
 		created: now, updated: now, id: id,
@@ -370,11 +386,15 @@ func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time) (
 	e := m.keys[id]
 	switch {
 	case e == nil:
-		if t := m.tenants[tenant]; t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) {
+		t := m.tenants[tenant]
+		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) {
 			return Begun{}, 0, true, tenantFull(t.n)
 		}
 		if len(m.keys) >= m.cfg.MaxKeys && !expiredTop(&m.exp, now) {
 			return Begun{}, 0, true, storeFull(len(m.keys))
+		}
+		if (t == nil || !t.known) && m.strangers >= m.cfg.MaxStrangerKeys && !expiredTop(&m.exp, now) {
+			return Begun{}, 0, true, strangersFull(m.strangers)
 		}
 	case !e.state.Live() && now.After(e.expires): // deleted under the write lock
 	case e.state.Live() || e.state == StateCommitted:
@@ -405,12 +425,17 @@ func storeFull(n int) error {
 	return fmt.Errorf("ledger holds %d keys, the -max-keys bound: %w", n, ErrStoreFull)
 }
 
+func strangersFull(n int) error {
+	return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", n, ErrStoreFull)
+}
+
 // roomLocked makes room for a new key of tenant, or says which bound
 // refuses it. Expired keys do not count against either bound: at one, it
 // deletes those that expired first, a few at a time, so that a new key
 // costs O(log n) whatever the size of the ledger.
 func (m *Memory) roomLocked(tenant string, now time.Time) error {
-	if t := m.tenants[tenant]; t != nil && t.n >= m.cfg.MaxKeysPerTenant {
+	t := m.tenants[tenant]
+	if t != nil && t.n >= m.cfg.MaxKeysPerTenant {
 		m.expireLocked(&t.exp, now, boundBatch)
 		if t.n >= m.cfg.MaxKeysPerTenant {
 			return tenantFull(t.n)
@@ -420,6 +445,13 @@ func (m *Memory) roomLocked(tenant string, now time.Time) error {
 		m.expireLocked(&m.exp, now, boundBatch)
 		if len(m.keys) >= m.cfg.MaxKeys {
 			return storeFull(len(m.keys))
+		}
+	}
+	stranger := func() bool { t := m.tenants[tenant]; return t == nil || !t.known } // expiring may delete the tenant
+	if stranger() && m.strangers >= m.cfg.MaxStrangerKeys {
+		m.expireLocked(&m.exp, now, boundBatch)
+		if stranger() && m.strangers >= m.cfg.MaxStrangerKeys {
+			return strangersFull(m.strangers)
 		}
 	}
 	return nil
@@ -518,7 +550,7 @@ func (m *Memory) Stats() Stats {
 	return Stats{
 		Commits: m.commits.Load(), Stored: m.stored.Load(), Rejected: m.rejected.Load(),
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
-		Failed: m.failed.Load(), LiveBytes: m.live.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
+		Failed: m.failed.Load(), LiveBytes: m.shares.total.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
 		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
 	}
 }
@@ -538,15 +570,9 @@ func (m *Memory) DropBody(sc Scope) {
 	}
 }
 
-func (m *Memory) reserve(n int) error {
-	if m.live.Add(int64(n)) > m.cfg.MaxLiveBytes {
-		m.live.Add(-int64(n))
-		return fmt.Errorf("live journals would exceed %d bytes: %w", m.cfg.MaxLiveBytes, ErrStoreFull)
-	}
-	return nil
-}
+func (m *Memory) reserve(f *Flight, n int) error { return m.shares.reserve(f.share, n) }
 
-func (m *Memory) release(n int) { m.live.Add(-int64(n)) }
+func (m *Memory) release(f *Flight, n int) { m.shares.leave(f.share, n) }
 
 func (m *Memory) commit(f *Flight, res *Result) bool {
 	id := f.Scope.id()
@@ -574,6 +600,10 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 	m.mu.Lock()
 	if e := m.keys[id]; e != nil && e.flight == f {
 		m.setStateLocked(e, StateCommitted)
+		if t := e.tenant; !t.known {
+			t.known = true
+			m.strangers -= t.n
+		}
 		e.flight = nil
 		e.events = res.Events()
 		e.bytes = res.dataSize()
@@ -589,8 +619,14 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 func (m *Memory) fail(f *Flight, state State, reason string) {
 	now := m.cfg.Now()
 	m.failed.Add(1)
+	denied := f.wasDenied()
 	m.mu.Lock()
-	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
+	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f && denied {
+		// Its clients hold the flight, which has the answer: the ledger
+		// forgets the key (Flight.Deny).
+		m.deleteLocked(e)
+		m.flights--
+	} else if e != nil && e.flight == f {
 		m.setStateLocked(e, state)
 		e.flight = nil
 		e.reason = reason
@@ -679,6 +715,9 @@ func (m *Memory) putLocked(tenant string, old, e *entry) {
 			m.tenants[tenant] = t
 		}
 		t.n++
+		if !t.known {
+			m.strangers++
+		}
 		e.tenant = t
 	}
 	m.keys[e.id] = e
@@ -716,6 +755,9 @@ func (m *Memory) deleteLocked(e *entry) {
 	m.unaliasLocked(e)
 	t := e.tenant
 	t.n--
+	if !t.known {
+		m.strangers--
+	}
 	if t.n == 0 {
 		delete(m.tenants, t.name)
 	}

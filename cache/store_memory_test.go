@@ -271,7 +271,7 @@ func TestBounds(t *testing.T) {
 
 	t.Run("Begin at MaxLiveBytes", func(t *testing.T) {
 		const bound = 500
-		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: bound}})
+		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: bound, MaxLiveBytesPerTenant: bound}})
 		a := claim(t, m, sc("a"), "fp")
 		overhead := len(sse.AppendEvent(nil, sse.ID{Gen: a.Gen, Seq: 1}, "", ""))
 		if _, err := a.Append("", strings.Repeat("z", bound-overhead)); err != nil {
@@ -291,7 +291,7 @@ func TestBounds(t *testing.T) {
 	})
 
 	t.Run("MaxKeys", func(t *testing.T) {
-		m := newMemory(t, Config{MaxKeys: 3, Limits: Limits{MaxKeysPerTenant: 10}})
+		m := newMemory(t, Config{MaxKeys: 3, Limits: Limits{MaxKeysPerTenant: 10, MaxStrangerKeys: 3}})
 		claim(t, m, sc("a"), "fp")
 		commitStream(t, m, sc("b"), "fp", 2)
 		f := claim(t, m, sc("c"), "fp")
@@ -913,7 +913,7 @@ func starveLedger(t *testing.T) (m *Memory, hitSc, bigSc Scope) {
 		quota   = maxKeys / 10
 		room    = 20
 	)
-	m = newMemory(t, Config{MaxKeys: maxKeys, MaxStoreBytes: 16 << 20, Limits: Limits{MaxKeysPerTenant: quota}})
+	m = newMemory(t, Config{MaxKeys: maxKeys, MaxStoreBytes: 16 << 20, Limits: Limits{MaxKeysPerTenant: quota, MaxStrangerKeys: maxKeys}})
 	failKey := func(tenant, key string) {
 		b, err := m.Begin(Scope{Tenant: tenant, Key: key}, "fp")
 		if err != nil || b.Decision != Miss {

@@ -61,8 +61,15 @@ type RedisConfig struct {
 	// that times out every claim makes one per keyed request). Past it,
 	// such a key waits for its lease to lapse.
 	MaxAbandoning int
-	// Limits bound this replica's live generations, owned and followed.
+	// Limits bound this replica's live generations, owned and followed,
+	// and the keys of each tenant and of strangers (counted across
+	// replicas).
 	Limits
+	// MaxKeys bounds the unexpired keys all replicas hold together
+	// (default 1,000,000): past it new keys are refused with
+	// ErrStoreFull. Redis's own bound (maxmemory with noeviction) would
+	// refuse every write instead. See redis_quota.go.
+	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone
 	// from Redis (evicted despite the advice to forbid eviction).
 	MissingBody MissingBody
@@ -89,6 +96,12 @@ func (c *RedisConfig) setDefaults() {
 	def(&c.LiveTTL, time.Hour)
 	if c.MaxCacheBytes <= 0 {
 		c.MaxCacheBytes = 64 << 20
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = 1_000_000
+	}
+	if c.MaxStrangerKeys <= 0 {
+		c.MaxStrangerKeys = max(c.MaxKeys/2, 1)
 	}
 	if c.MaxAbandoning <= 0 {
 		c.MaxAbandoning = 1024
@@ -141,8 +154,8 @@ type Redis struct {
 	replica string        // names this replica in st.owner, for operators
 	idle    time.Duration // how long a tail's XREAD blocks before it checks the owner
 
-	live atomic.Int64 // bytes of local journals
-	seal *sealPolicy  // when local journals seal (Limits)
+	shares *liveShares // bytes of local journals, all and per tenant
+	seal   *sealPolicy // when local journals seal (Limits)
 
 	mu      sync.Mutex // guards flights
 	flights map[string]*Flight
@@ -235,7 +248,8 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
 		flights: make(map[string]*Flight),
 	}
-	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.live)
+	r.shares = newLiveShares(cfg.Limits)
+	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.shares.total)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if swap != nil {
 		// Once Redis answers, the client rueidis picks from the server
@@ -307,7 +321,7 @@ func (r *Redis) Stats() RedisStats {
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Abandoned: r.abandoned.Load(),
-		LiveBytes: r.live.Load(), LiveFlights: n,
+		LiveBytes: r.shares.total.Load(), LiveFlights: n,
 	}
 }
 
@@ -362,12 +376,14 @@ func newToken() string {
 // starts the owner's lease and journal mirror; a Join returns the local
 // flight of that generation, starting a tail when this replica has none.
 // An error wraps ErrUnavailable (Redis unreachable), ErrStoreFull (this
-// replica's live journals are full) or ErrTenantFull (a new key of a
-// tenant that holds MaxKeysPerTenant keys, counted across replicas; see
+// replica's live journals are full or its tenant is past its share of
+// them, or a new key finds MaxKeys keys, or MaxStrangerKeys of strangers
+// when its tenant is one) or ErrTenantFull (a new key of a tenant that
+// holds MaxKeysPerTenant keys); keys are counted across replicas (see
 // redis_quota.go).
 func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
-	if n := r.live.Load(); n >= r.cfg.MaxLiveBytes {
-		return Begun{}, fmt.Errorf("live journals hold %d bytes: %w", n, ErrStoreFull)
+	if err := r.shares.full(); err != nil {
+		return Begun{}, err
 	}
 	k := r.keys(sc)
 	refuse := "0"
@@ -395,12 +411,13 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		}
 		switch out[0] {
 		case "new":
-			counted, err := r.countKey(sc, k, false)
-			if err != nil {
+			// A tenant past its share of the live journals gets no new
+			// key; its hits and joins are answered as usual.
+			if err := r.shares.admit(sc.Tenant); err != nil {
 				return Begun{}, err
 			}
-			if !counted {
-				return Begun{}, r.tenantFull()
+			if err := r.countKey(sc, k, false); err != nil {
+				return Begun{}, err
 			}
 			ask = "0"
 			continue
@@ -432,7 +449,7 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 				if ask == "1" {
 					// A key the ledger held (failed, lost, or without its
 					// body) starts again: it counts as live.
-					if _, err := r.countKey(sc, k, true); err != nil {
+					if err := r.countKey(sc, k, true); err != nil {
 						r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 					}
 				}
@@ -649,6 +666,7 @@ func (r *Redis) keep(k rkeys, res *Result) {
 // journal mirror and lease.
 func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time) *Flight {
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
+	f.share = r.shares.enter(sc.Tenant)
 	o := newOwner(r, f, k, tok, claimed)
 	f.be = o
 	r.mu.Lock()
@@ -672,6 +690,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 		}
 	}
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
+	f.share = r.shares.enter(sc.Tenant)
 	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10)}
 	f.be = fl
 	r.flights[k.h] = f
@@ -691,15 +710,9 @@ func (r *Redis) forget(k rkeys, f *Flight) {
 	r.mu.Unlock()
 }
 
-func (r *Redis) reserve(n int) error {
-	if r.live.Add(int64(n)) > r.cfg.MaxLiveBytes {
-		r.live.Add(-int64(n))
-		return fmt.Errorf("live journals would exceed %d bytes: %w", r.cfg.MaxLiveBytes, ErrStoreFull)
-	}
-	return nil
-}
+func (r *Redis) reserve(f *Flight, n int) error { return r.shares.reserve(f.share, n) }
 
-func (r *Redis) release(n int) { r.live.Add(-int64(n)) }
+func (r *Redis) release(f *Flight, n int) { r.shares.leave(f.share, n) }
 
 // Info returns what Redis knows of a key. It reports false when the key
 // is unknown and also when Redis cannot be asked.

@@ -373,5 +373,11 @@ func (c cause) fail(f *cache.Flight, status int, body []byte) {
 	if _, started := f.Head(); started && c != causeUpstreamRefused && c != causeUpstreamFailed {
 		state = cache.StateFailedRetryable
 	}
+	if c == causeUpstreamRefused && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
+		// The credential was refused: nothing was generated, and the key
+		// holds no place in the ledger past this answer.
+		f.Deny(c.reason(status), body)
+		return
+	}
 	f.Fail(state, c.reason(status), body)
 }

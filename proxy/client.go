@@ -36,6 +36,9 @@ type client struct {
 	// resumeURL, for a keyed stream, goes into a head the client writes
 	// itself (answerHead).
 	resumeURL string
+	// replayed: the answer is another request's generation, and a head
+	// the client writes itself says so (Idempotent-Replayed).
+	replayed bool
 
 	buf      []byte               // the answer head until it is written, then chunk headers
 	arr      [2 + maxParts][]byte // backing of vec
@@ -324,7 +327,7 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 func (c *client) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
-	setHead(&rh.Header, h, false)
+	setHead(&rh.Header, h, c.replayed)
 	if c.resumeURL != "" {
 		rh.Header.Set(resumeURLHeader, c.resumeURL)
 	}

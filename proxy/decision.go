@@ -115,6 +115,10 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // serveFlight answers from a live flight: the upstream's head once known,
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	if p.awaits(ctx, f) {
+		p.await(ctx, f, after, replayed)
+		return
+	}
 	h, ok := p.flightHead(ctx, f)
 	if !ok {
 		return

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"errors"
+	"net"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
 )
 
 var pingComment = sse.AppendComment(nil, "ping")
@@ -70,5 +73,132 @@ func (p *Proxy) saved(u cache.Usage) {
 	}
 	if u.Output > 0 {
 		p.m.tokensSaved.WithLabelValues("output").Add(float64(u.Output))
+	}
+}
+
+// awaits reports whether a client of flight f waits for its whole answer
+// (await) rather than for a stream's head: the answer is known not to be
+// a stream, or its head is still to come for a request that did not ask
+// to stream. Such an answer may take the whole -attempt-timeout.
+func (p *Proxy) awaits(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
+	h, hasHead, ended := f.HeadEnded()
+	if hasHead || ended {
+		return hasHead && !h.Stream
+	}
+	return ctx.IsPost() && !sse.ParseRequest(ctx.Request.Body()).Stream
+}
+
+// await answers a client that joined flight f and waits for its whole
+// answer. It counts among the flight's followers (-max-followers) from
+// its start, and waits on a connection taken over from fasthttp, not on
+// one of its workers; a client that closes its connection while it waits
+// is noticed at once (watchDeparture) and leaves, giving back its place.
+// An answer that turns out to be a stream is followed as serveFlight's.
+func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	sub, err := f.Subscribe(after)
+	if err != nil {
+		if errors.Is(err, cache.ErrPosition) {
+			p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
+		} else {
+			p.writeError(ctx, causeMaxFollowers.err(""))
+		}
+		return
+	}
+	method, path := string(ctx.Method()), string(ctx.Path())
+	p.takeOver(ctx, false, func(c *client) {
+		c.replayed = replayed
+		gone, stop := watchDeparture(c)
+		leave := func() {
+			sub.Close()
+			stop()
+			c.finish(false, nil)
+		}
+		select {
+		case <-f.HeadReady():
+		case <-gone:
+			leave()
+			return
+		}
+		h, ok := f.Head()
+		if ok && h.Stream {
+			stop()
+			c.answerHead(h)
+			done := p.follow(c, sub, f, !replayed)
+			if done && replayed {
+				if st, _, _ := f.Outcome(); st == cache.StateCommitted {
+					p.saved(f.Usage())
+				}
+			}
+			c.finish(done && c.end() == nil, nil)
+			return
+		}
+		select {
+		case <-f.Done():
+		case <-gone:
+			leave()
+			return
+		}
+		sub.Close()
+		stop()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		state, reason, body := f.Outcome()
+		if !ok || (body == nil && state != cache.StateCommitted) {
+			e := failedAnswer(state, reason)
+			fillError(resp, e)
+			p.logRefused(e, method, path)
+		} else {
+			if replayed && state == cache.StateCommitted {
+				p.saved(f.Usage())
+			}
+			setHead(&resp.Header, h, replayed)
+			outcomeHead(&resp.Header, state, f.Unstored())
+			if c.resumeURL != "" {
+				resp.Header.Set(resumeURLHeader, c.resumeURL)
+			}
+			resp.SetBodyRaw(body)
+		}
+		c.finish(c.answerWhole(resp) == nil, nil)
+	})
+}
+
+// maxAhead bounds what watchDeparture keeps of what a client sends while
+// it waits (a pipelined next request); past it, it stops watching.
+const maxAhead = 64 << 10
+
+// watchDeparture reads c's connection while its client waits for an
+// answer, which fasthttp cannot tell of (PITFALLS.md, fasthttp server):
+// gone is closed when the client closes the connection (or it fails).
+// What the client sends meanwhile (its next request) is kept for the
+// connection's next request (c.pre). stop ends the watch before the
+// answer is written, and reports whether the client went.
+func watchDeparture(c *client) (gone <-chan struct{}, stop func() bool) {
+	g := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		var buf [512]byte
+		for len(c.pre) < maxAhead {
+			n, err := c.conn.Read(buf[:])
+			c.pre = append(c.pre, buf[:n]...)
+			if err != nil {
+				var ne net.Error
+				if !errors.As(err, &ne) || !ne.Timeout() {
+					close(g)
+				}
+				return
+			}
+		}
+	}()
+	return g, func() bool {
+		c.conn.SetReadDeadline(time.Now()) //nolint:errcheck // a connection that fails it is gone, and the write says so
+		<-ended
+		c.conn.SetReadDeadline(time.Time{}) //nolint:errcheck // as above
+		select {
+		case <-g:
+			return true
+		default:
+			return false
+		}
 	}
 }

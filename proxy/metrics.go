@@ -72,7 +72,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.missingBodies = c("missing_bodies_total", "Committed keys whose body the store no longer held when asked for.")
 	m.slowDropped = c("slow_clients_dropped_total", "Clients dropped because their connection accepted nothing for -slow-client-timeout.")
 	m.originHandoffs = c("clients_behind_total", "Clients of a generation that fell behind its events and were handed from the generation's own writes to a writer of their own.")
-	m.clientsGone = c("clients_gone_total", "Streamed answers whose client went away before the end.")
+	m.clientsGone = c("clients_gone_total", "Answers whose client went away before the end: mid-stream, or while waiting for a non-streaming answer it joined.")
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")

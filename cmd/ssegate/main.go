@@ -70,6 +70,8 @@ type options struct {
 	sealLive      int64
 	maxKeys       int
 	maxTenantKeys int
+	maxStrangers  int
+	maxLiveTenant int64
 	maxSubs       int
 	maxStreams    int
 	maxConns      int
@@ -121,7 +123,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.sealStream, "seal-stream-bytes", 128<<10, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
 	fs.DurationVar(&o.sealAge, "seal-age", time.Minute, "a live keyed stream this old compresses its journal's full blocks from then on (see -seal-stream-bytes)")
 	fs.Int64Var(&o.sealLive, "seal-live-bytes", 0, "while all live journals together hold this many raw bytes, every keyed stream compresses its full blocks (see -seal-stream-bytes): many live streams trade a little CPU for about a tenth of their journals' memory; at most -max-live-bytes (0: 8 MiB, or half of -max-live-bytes if that is less)")
-	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks (new keys get 503 above)")
+	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks, with -redis all replicas' together (new keys get 503 above)")
+	fs.IntVar(&o.maxStrangers, "max-stranger-keys", 0, "unexpired keys of strangers together: credentials none of whose keys has completed (a minted or refused credential is one); above it their new keys get 503 capacity_exceeded, while a credential with a completed key still gets the rest of -max-keys (0: half of -max-keys)")
+	fs.Int64Var(&o.maxLiveTenant, "max-live-bytes-per-tenant", 0, "one credential's share of -max-live-bytes: past it, its new keyed requests get 503 capacity_exceeded while less than two shares are free, and its streams that grow are aborted while less than one is, so that another credential's stream within its share is never cut; a deployment with one credential sets it to -max-live-bytes (0: a quarter of -max-live-bytes)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
 	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
@@ -197,6 +201,12 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	}
 	if o.maxTenantKeys < 0 {
 		return nil, errors.New("-max-keys-per-tenant must be 0 (a tenth of -max-keys) or more")
+	}
+	if o.maxStrangers < 0 || o.maxStrangers > o.maxKeys {
+		return nil, errors.New("-max-stranger-keys must be from 0 (half of -max-keys) to -max-keys")
+	}
+	if o.maxLiveTenant < 0 || o.maxLiveTenant > o.maxLiveBytes {
+		return nil, errors.New("-max-live-bytes-per-tenant must be from 0 (a quarter of -max-live-bytes) to -max-live-bytes")
 	}
 	if o.maxTenantKeys == 0 && o.maxKeys > 0 {
 		o.maxTenantKeys = max(o.maxKeys/10, 1)
@@ -295,7 +305,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	store, closeStore, err := newStore(&o.redis, cache.Config{
 		TTL: o.ttl, MaxStoreBytes: o.maxStoreBytes, MaxKeys: o.maxKeys,
 		Limits: cache.Limits{MaxLiveBytes: o.maxLiveBytes, MaxStreamBytes: o.maxStream, MaxSubscribers: o.maxSubs,
-			MaxKeysPerTenant: o.maxTenantKeys, SealStreamBytes: o.sealStream, SealAge: o.sealAge, SealLiveBytes: o.sealLive},
+			MaxKeysPerTenant: o.maxTenantKeys, MaxStrangerKeys: o.maxStrangers, MaxLiveBytesPerTenant: o.maxLiveTenant, SealStreamBytes: o.sealStream, SealAge: o.sealAge, SealLiveBytes: o.sealLive},
 		MissingBody: missing,
 	}, log)
 	if err != nil {

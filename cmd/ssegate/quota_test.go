@@ -32,3 +32,26 @@ func TestMaxKeysPerTenantFlag(t *testing.T) {
 		t.Error("-max-keys-per-tenant -1: got no error; want one")
 	}
 }
+
+// TestTenantShareFlags: -max-stranger-keys and -max-live-bytes-per-tenant
+// reach the store's limits (0 is the store's default share), read their
+// SSEGATE_ variables, and refuse a negative or more than the whole.
+func TestTenantShareFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-upstream", "mock", "-max-stranger-keys", "30"}, env(map[string]string{"SSEGATE_MAX_LIVE_BYTES_PER_TENANT": "4096"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("got error %v; want none", err)
+	}
+	if o.maxStrangers != 30 || o.maxLiveTenant != 4096 {
+		t.Errorf("got -max-stranger-keys %d, -max-live-bytes-per-tenant %d; want 30, 4096", o.maxStrangers, o.maxLiveTenant)
+	}
+	for _, args := range [][]string{
+		{"-max-stranger-keys", "-1"},
+		{"-max-keys", "10", "-max-stranger-keys", "11"},
+		{"-max-live-bytes-per-tenant", "-1"},
+		{"-max-live-bytes", "1000", "-max-live-bytes-per-tenant", "1001"},
+	} {
+		if _, err := parseFlags(append([]string{"-upstream", "mock"}, args...), env(nil), &bytes.Buffer{}); err == nil {
+			t.Errorf("%v: got no error; want one", args)
+		}
+	}
+}

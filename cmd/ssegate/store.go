@@ -41,7 +41,7 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 	}
 	r, err := cache.NewRedis(cache.RedisConfig{
 		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon,
-		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits,
+		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
 		MissingBody: mem.MissingBody, Logger: log,
 	})
 	if err != nil {
