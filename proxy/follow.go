@@ -122,6 +122,9 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		h, ok := f.Head()
 		if ok && h.Stream {
 			stop()
+			if _, _, ended := f.HeadEnded(); ended {
+				h = endedHead(f, h) // it can say how it ended, as serveFlight's
+			}
 			c.answerHead(h)
 			done := p.follow(c, sub, f, !replayed)
 			if done && replayed {
