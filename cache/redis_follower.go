@@ -156,6 +156,11 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 	return false
 }
 
+// reasonCutCopy is the reason a follower's flight ends with when the
+// owner failed the generation before all its events reached Redis: the
+// proxy's unclean_end, which ends its clients with stream_aborted.
+const reasonCutCopy = "unclean_end"
+
 // end ends the flight as the owner ended the generation.
 func (fl *follower) end(fields map[string]string) {
 	f := fl.f
@@ -198,7 +203,16 @@ func (fl *follower) end(fields map[string]string) {
 		if b := fields["b"]; b != "" {
 			body = []byte(b)
 		}
-		f.Fail(State(fields["state"]), fields["reason"], body)
+		reason := fields["reason"]
+		if n, err := strconv.Atoi(fields["n"]); err == nil && f.Events() < n {
+			// The owner ended before its last events reached Redis (its
+			// flusher stops at the failure): this copy is cut short, and
+			// a reason the proxy relays as the provider's own end (an
+			// error event) would pass it off as whole. Its clients are
+			// told the stream was cut.
+			reason = reasonCutCopy
+		}
+		f.Fail(State(fields["state"]), reason, body)
 	default: // lost: reaped, the owner died or was cut off
 		f.Fail(StateCommitUnknown, "generation_lost", nil)
 	}

@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -117,4 +118,42 @@ func TestRedisReap(t *testing.T) {
 	if rs[1].Stats().Reaped != 1 {
 		t.Fatalf("reaped: got %d; want 1", rs[1].Stats().Reaped)
 	}
+}
+
+// TestRedisFollowerOfFailure: an owner that fails its generation right
+// after its last appends (the provider's error event, then the failure)
+// stops its flusher, so the failure may reach Redis before those events.
+// A follower on another replica that ends with the owner's reason would
+// relay its shorter copy as the provider's own end; it must say the copy
+// was cut whenever it holds fewer events than the owner had.
+func TestRedisFollowerOfFailure(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	cut := 0
+	for i := range 20 {
+		sc := Scope{Tenant: "t", Key: "failed-" + strconv.Itoa(i)}
+		a := rbegin(t, rs[0], sc, "fp").Flight
+		startStream(t, a)
+		appendN(t, a, 1, 5)
+		j := rbegin(t, rs[1], sc, "fp")
+		if j.Decision != Join {
+			t.Fatalf("duplicate: got %v; want join", j.Decision)
+		}
+		sub, _ := j.Flight.Subscribe(0)
+		if p, _ := follow(sub, 300*time.Millisecond); len(parseWire(t, p)) != 5 {
+			t.Fatalf("follower: got %d events; want 5", len(parseWire(t, p)))
+		}
+		appendN(t, a, 6, 3)
+		a.Fail(StateFailedRetryable, "error_event", nil)
+		waitDone(t, j.Flight, 3*testLease)
+		_, reason, _ := j.Flight.Outcome()
+		switch got := j.Flight.Events(); {
+		case got == 8 && reason == "error_event":
+		case got < 8 && reason == reasonCutCopy:
+			cut++
+		default:
+			t.Fatalf("follower: %d of 8 events, ended %q; want all 8 with error_event, or fewer with %s", got, reason, reasonCutCopy)
+		}
+	}
+	t.Logf("%d of 20 followers held a cut copy", cut)
 }

@@ -211,7 +211,7 @@ if ARGV[3] == 'done' then
   redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
   redis.call('HINCRBY', KEYS[1], 'commits', 1)
 else
-  redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11])
+  redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11], 'n', ARGV[12])
 end
 redis.call('HSET', KEYS[1], 'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
   'events', ARGV[12], 'bytes', ARGV[13])
