@@ -136,13 +136,8 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		p.whole(ctx, h, replayed, body, state, f.Unstored())
 		return
 	}
-	sub, err := f.Subscribe(after)
-	if err != nil {
-		if errors.Is(err, cache.ErrPosition) {
-			p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
-		} else {
-			p.writeError(ctx, causeMaxFollowers.err(""))
-		}
+	sub, ok := p.subscribe(ctx, f, after)
+	if !ok {
 		return
 	}
 	writeHead(ctx, h, replayed)

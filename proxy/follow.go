@@ -95,13 +95,8 @@ func (p *Proxy) awaits(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
 // is noticed at once (watchDeparture) and leaves, giving back its place.
 // An answer that turns out to be a stream is followed as serveFlight's.
 func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
-	sub, err := f.Subscribe(after)
-	if err != nil {
-		if errors.Is(err, cache.ErrPosition) {
-			p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
-		} else {
-			p.writeError(ctx, causeMaxFollowers.err(""))
-		}
+	sub, ok := p.subscribe(ctx, f, after)
+	if !ok {
 		return
 	}
 	method, path := string(ctx.Method()), string(ctx.Path())
@@ -163,6 +158,22 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		}
 		c.finish(c.answerWhole(resp) == nil, nil)
 	})
+}
+
+// subscribe follows flight f from the event after seq after; when it
+// cannot (a position the stream has not reached, -max-followers), it
+// answers why and reports false.
+func (p *Proxy) subscribe(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64) (*cache.Sub, bool) {
+	sub, err := f.Subscribe(after)
+	if err == nil {
+		return sub, true
+	}
+	if errors.Is(err, cache.ErrPosition) {
+		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
+	} else {
+		p.writeError(ctx, causeMaxFollowers.err(""))
+	}
+	return nil, false
 }
 
 // maxAhead bounds what watchDeparture keeps of what a client sends while
