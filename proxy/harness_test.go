@@ -592,6 +592,16 @@ func newRawUpstream(t *testing.T, script func(u *rawUpstream, c net.Conn)) *rawU
 // stall waits until the test ends.
 func (u *rawUpstream) stall() { <-u.done }
 
+// await waits for ch, or until the test ends; it reports whether ch came.
+func (u *rawUpstream) await(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-u.done:
+		return false
+	}
+}
+
 // readRequest reads one request, body and all.
 func readRequest(c net.Conn) {
 	r, err := http.ReadRequest(bufio.NewReader(c))

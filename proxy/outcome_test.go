@@ -214,9 +214,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		release := make(chan struct{})
 		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
 			readRequest(c)
-			select {
-			case <-release:
-			case <-u.done:
+			if !u.await(release) {
 				return
 			}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
@@ -291,10 +289,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		release := make(chan struct{})
 		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
 			readRequest(c)
-			select {
-			case <-release:
-			case <-u.done:
-			}
+			u.await(release)
 		})
 		e := retryEnv(t, []string{up.url}, nil)
 		key := newKey("joiner")
