@@ -423,12 +423,15 @@ func keyFromPath(ctx *fasthttp.RequestCtx, prefix string) (string, error) {
 // (%2F, //, /./, ..). Paths ssegate serves itself are matched so, so that
 // none of their spellings is relayed upstream.
 func underPath(ctx *fasthttp.RequestCtx, dir string) bool {
-	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
-	raw := string(ctx.URI().PathOriginal())
-	if under(raw) || under(string(ctx.Path())) {
+	raw := ctx.URI().PathOriginal()
+	if under(raw, dir) || under(ctx.Path(), dir) {
 		return true
 	}
-	p := raw
+	if len(raw) > 0 && raw[0] == '/' && bytes.IndexByte(raw, '%') < 0 && bytes.IndexByte(raw, '\\') < 0 &&
+		!bytes.Contains(raw, []byte("//")) && !bytes.Contains(raw, []byte("/.")) {
+		return false // no other spelling: the path as sent is its own clean form
+	}
+	p := string(raw)
 	for range 4 { // %25 nested deeper than this is no path anyone reads
 		u, err := url.PathUnescape(p)
 		if err != nil || u == p {
@@ -436,7 +439,12 @@ func underPath(ctx *fasthttp.RequestCtx, dir string) bool {
 		}
 		p = u
 	}
-	return under(path.Clean("/" + strings.ReplaceAll(p, "\\", "/")))
+	return under([]byte(path.Clean("/"+strings.ReplaceAll(p, "\\", "/"))), dir)
+}
+
+// under reports whether path p is dir or below it.
+func under(p []byte, dir string) bool {
+	return bytes.HasPrefix(p, []byte(dir)) && (len(p) == len(dir) || p[len(dir)] == '/')
 }
 
 // acquire takes one of MaxStreams slots for an upstream call.
