@@ -765,11 +765,9 @@ read:
 			c, settled = g.conclude(det, head, nil, nil, false)
 			concluded = true
 			conn.drainBy(time.Now().Add(maxDrainTime))
-		} else if !failing && det.Dialect() == sse.DialectOpenAIResponses {
-			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
-				failing = true
-				conn.drainBy(time.Now().Add(maxDrainTime))
-			}
+		} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
+			failing = true
+			conn.drainBy(time.Now().Add(maxDrainTime))
 		}
 	}
 	if concluded {

@@ -244,6 +244,11 @@ func (d *Detector) observeAnthropic(name string, f *fields) {
 // recognisable event arrives.
 func (d *Detector) Dialect() Dialect { return d.dialect }
 
+// ErrSeen reports whether an error has been observed: an event named
+// error, or data whose top-level "error" is not null or whose "type" is
+// "error". Clean then answers ReasonErrorEvent.
+func (d *Detector) ErrSeen() bool { return d.errSeen }
+
 // LastSequence returns the sequence_number of the last event observed
 // that carried one (OpenAI Responses); ok is false when none did. A
 // resumed Responses stream continues after it (starting_after).
