@@ -124,9 +124,23 @@ func (o *origin) attach(c *client) {
 	o.mu.Lock()
 	o.c, o.mode = c, originAttached
 	rest := o.advanceLocked()
+	waiting := !rest && o.mode == originAttached
 	o.mu.Unlock()
 	if rest {
 		o.answerRest()
+		return
+	}
+	if waiting {
+		// The generation pushes once it has a head or an end, but a store
+		// can end the flight while the generation still awaits the head
+		// (Redis unreachable for a lease fences it): its client is
+		// answered then, with the outcome-unknown answer, not when the
+		// upstream answers or -head-timeout passes. The wait ends with the
+		// head, so nothing lives on through the stream.
+		go func() {
+			<-o.f.HeadReady()
+			o.push()
+		}()
 	}
 }
 
