@@ -268,3 +268,30 @@ func TestResumeTokenGeneration(t *testing.T) {
 	}
 	e.wantCalls(2)
 }
+
+// TestResumeTokenQueryCredential: a stream whose only credential is the
+// key query parameter (Gemini's form) gets a resume URL that carries no
+// trace of it and opens the stream without it; the same key under another
+// query credential is another tenant's, a new generation of its own.
+func TestResumeTokenQueryCredential(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	key := newKey("query")
+	first := e.fetch(req{key: key, path: "/v1/chat/completions?key=k-query-one"})
+	if !clean(first) {
+		t.Fatalf("first: got %d, last %q; want a whole stream", first.status, first.lastData())
+	}
+	u := first.header.Get("Ssegate-Resume-Url")
+	if u == "" || strings.Contains(u, "k-query-one") || strings.Contains(u, "key=") {
+		t.Fatalf("resume URL %q: want one that names no credential", u)
+	}
+	got := e.fetch(req{method: http.MethodGet, path: resolve(t, "/v1/chat/completions", u)})
+	if got.status != 200 || string(eventBytes(got.raw)) != string(eventBytes(first.raw)) {
+		t.Fatalf("resume by URL alone: got %d; want 200 and the stream", got.status)
+	}
+	other := e.fetch(req{key: key, path: "/v1/chat/completions?key=k-query-two"})
+	if !clean(other) || other.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("another query credential: got %d, replayed %q; want a new generation of its own", other.status, other.header.Get("Idempotent-Replayed"))
+	}
+	e.wantCalls(2)
+}
