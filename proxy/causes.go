@@ -314,7 +314,7 @@ func endFrame(state cache.State, reason string) []byte {
 func failedAnswer(state cache.State, reason string) *apiError {
 	c := causeOf(reason)
 	if state == cache.StateCommitUnknown || c.sentUnknown() {
-		return c.unknownErr("")
+		return c.unknownErr()
 	}
 	return c.err("")
 }
@@ -343,8 +343,8 @@ func (c cause) sentUnknown() bool {
 // the cause's own answer before any call would be (503 store_unavailable,
 // shutting_down, upstream_unavailable): those say "try again", and a
 // repeat could be a second paid generation.
-func (c cause) unknownErr(detail string) *apiError {
-	e := c.err(detail)
+func (c cause) unknownErr() *apiError {
+	e := c.err("")
 	if e.status != s504 {
 		e.status, e.typ = s502, tUpstream
 	} else {

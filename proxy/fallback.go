@@ -50,7 +50,7 @@ func (g *gen) models(body []byte) []string {
 // call is a retry: it is bounded by -retry-max-elapsed and the budget.
 func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	p, f := g.p, g.f
-	if g.mayRun || a.marked || a.ambiguousStatus {
+	if g.mayRun { // set by attempts for a too when it was marked or of an ambiguous status
 		return false // the request may be running or have run: a fallback would be a second generation
 	}
 	if !causes[a.cause].fallback && a.fallbackCode == "" {
