@@ -3,7 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
@@ -223,26 +223,17 @@ func outcomeHead(rh *fasthttp.ResponseHeader, state cache.State, unstored bool) 
 }
 
 // endedHead is h with the headers outcomeHead sets for the ended flight
-// f, for a stream's head written once f had ended.
+// f, for a stream's head written once f had ended. An upstream head never
+// carries them (skipResponseHeader), so they are only added; the flight's
+// own head is shared, and clipped so that it is never written to.
 func endedHead(f *cache.Flight, h cache.Head) cache.Head {
 	state, _, _ := f.Outcome()
-	unstored := f.Unstored()
-	if state != cache.StateCommitUnknown && !unstored {
-		return h
-	}
-	hs := make([]cache.Header, 0, len(h.Header)+2)
-	for _, kv := range h.Header {
-		if !strings.EqualFold(kv.Name, outcomeHeader) && !strings.EqualFold(kv.Name, storedHeader) {
-			hs = append(hs, kv)
-		}
-	}
 	if state == cache.StateCommitUnknown {
-		hs = append(hs, cache.Header{Name: outcomeHeader, Value: "unknown"})
+		h.Header = append(slices.Clip(h.Header), cache.Header{Name: outcomeHeader, Value: "unknown"})
 	}
-	if unstored {
-		hs = append(hs, cache.Header{Name: storedHeader, Value: "false"})
+	if f.Unstored() {
+		h.Header = append(slices.Clip(h.Header), cache.Header{Name: storedHeader, Value: "false"})
 	}
-	h.Header = hs
 	return h
 }
 
