@@ -47,10 +47,14 @@ import (
 //     not relayed;
 //   - fallback: when every attempt for a model ended so, the next model of
 //     its -fallback rule is tried: the upstream said the model did not run
-//     the request, or could not be asked.
+//     the request, or could not be asked;
+//   - byStatus: the upstream's own error answer: its reason is
+//     upstream_status_N, N the upstream's status, and it ends the flight in
+//     the row's state even after the head, since it is the whole answer.
 //
 // Adding a cause is one constant and one row; TestCauseTable checks that
-// every cause has a row and that names are unique.
+// every cause has a row, that names are unique, and that every reason the
+// detector (sse.Reasons) and the stores (cache.Reasons) give has its row.
 type cause uint8
 
 const (
@@ -141,6 +145,7 @@ type causeRow struct {
 	abort    string
 	relayEnd bool
 	fallback bool
+	byStatus bool
 }
 
 // Shorthands of the table's columns.
@@ -184,15 +189,15 @@ var causes = [numCauses]causeRow{
 	causeMaxStreams:        {name: "max_streams", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
 	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},
 	causeTenantFull:        {name: "tenant_full", refusal: "refused", status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
-	causeStoreFull:         {name: "store_full", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
-	causeStoreUnavailable:  {name: "store_unavailable", refusal: "refused", state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
-	causeMaxStreamBytes:    {name: "max_stream_bytes", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
+	causeStoreFull:         {name: cache.ReasonStoreFull, refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
+	causeStoreUnavailable:  {name: cache.ReasonStoreUnavailable, refusal: "refused", state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
+	causeMaxStreamBytes:    {name: cache.ReasonMaxStreamBytes, state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
 	causeMaxEventBytes:     {name: "max_event_bytes", state: retryable, status: s502, typ: tUpstream, msg: "an upstream event exceeded -max-event-bytes", abort: "an upstream event exceeded the proxy's event size bound"},
 	causeMaxStreamDuration: {name: "max_stream_duration", state: retryable, status: s504, typ: tTimeout, msg: "the upstream call exceeded -max-stream-duration", abort: "the stream exceeded the proxy's stream duration bound"},
 
-	causeShutdown:       {name: "shutdown", state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
+	causeShutdown:       {name: cache.ReasonShutdown, state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
 	causeClientGone:     {name: "client_gone", state: retryable, status: s502, typ: tUpstream, msg: "the client went away", abort: "the client went away"},
-	causeGenerationLost: {name: "generation_lost", state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
+	causeGenerationLost: {name: cache.ReasonGenerationLost, state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
 	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
 
 	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures", fallback: true},
@@ -201,8 +206,8 @@ var causes = [numCauses]causeRow{
 	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
 	causeUpstreamReset:       {name: "upstream_reset", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
 
-	causeUpstreamRefused:     {name: "upstream_status", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
-	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true},
+	causeUpstreamRefused:     {name: "upstream_refused", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", byStatus: true},
+	causeUpstreamFailed:      {name: "upstream_failed", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true, byStatus: true},
 	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
 	causeErrorBody:           {name: "error_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answered 2xx with an error object"},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
@@ -223,17 +228,15 @@ var causes = [numCauses]causeRow{
 	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
 	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
 	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
-	causeUncleanEnd:          {name: "unclean_end", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
+	causeUncleanEnd:          {name: cache.ReasonUncleanEnd, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
 }
 
 // byName finds a cause by its name: the ledger and the flights hold names,
-// and a store may report a cause of its own (generation_lost, fenced).
+// and a store may report a cause of its own (cache.Reasons).
 var byName = func() map[string]cause {
 	m := make(map[string]cause, numCauses)
 	for c := causeNone + 1; c < numCauses; c++ {
-		if c != causeUpstreamFailed { // upstream_status_N: see causeOf
-			m[causes[c].name] = c
-		}
+		m[causes[c].name] = c
 	}
 	return m
 }()
@@ -266,7 +269,7 @@ func (c cause) String() string { return causes[c].name }
 // reason is the name a flight and the ledger record for c; an upstream's
 // error answer is named with its status.
 func (c cause) reason(status int) string {
-	if c == causeUpstreamRefused || c == causeUpstreamFailed {
+	if causes[c].byStatus {
 		return "upstream_status_" + strconv.Itoa(status)
 	}
 	return causes[c].name
@@ -370,7 +373,7 @@ func abortFrame(reason string) []byte {
 // the cause.
 func (c cause) fail(f *cache.Flight, status int, body []byte) {
 	state := causes[c].state
-	if _, started := f.Head(); started && c != causeUpstreamRefused && c != causeUpstreamFailed {
+	if _, started := f.Head(); started && !causes[c].byStatus {
 		state = cache.StateFailedRetryable
 	}
 	if c == causeUpstreamRefused && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
