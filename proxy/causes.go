@@ -16,8 +16,8 @@ import (
 //
 //   - name: the metric label, the log field "reason", the ledger's reason
 //     (GET /keys/{key}), and the code of the stream_aborted event;
-//   - refusal: the ssegate_requests_total decision of a request refused
-//     for it before any decision was taken ("" when it is not counted so:
+//   - refusal: the decision a request refused for it before any decision
+//     was taken is counted under (decisionNone when it is not counted so:
 //     it ends a request already counted by its decision);
 //   - verdict: whether an attempt that failed so, before the first event,
 //     may be repeated (retry.go); final for causes that are no attempt's;
@@ -135,7 +135,7 @@ const (
 
 type causeRow struct {
 	name     string
-	refusal  string
+	refusal  decision
 	verdict  verdict
 	state    cache.State
 	status   int
@@ -169,28 +169,28 @@ const (
 // causes is the table of causes: the only place a status, an error type, a
 // stream_aborted code or a failed key state is chosen.
 var causes = [numCauses]causeRow{
-	causeInvalidKey:           {name: "invalid_idempotency_key", refusal: "invalid", status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
-	causeInvalidLastEventID:   {name: "invalid_last_event_id", refusal: "invalid", status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
-	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: "invalid", status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
-	causeCredentialRequired:   {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
-	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
-	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: "invalid", status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
+	causeInvalidKey:           {name: "invalid_idempotency_key", refusal: decisionInvalid, status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
+	causeInvalidLastEventID:   {name: "invalid_last_event_id", refusal: decisionInvalid, status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
+	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
+	causeCredentialRequired:   {name: "credential_required", refusal: decisionDenied, status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
+	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: decisionInvalid, status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
+	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: decisionInvalid, status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
 	causeStreamNotFound:       {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
 	causeKeyNotFound:          {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
 	causeAdminNotFound:        {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
 	causeInFlight:             {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
 	causeGone:                 {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
 	causeConflict:             {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},
-	causeBodyTooLarge:         {name: "request_too_large", refusal: "invalid", status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
-	causeHeadersTooLarge:      {name: "headers_too_large", refusal: "invalid", status: s431, typ: tInvalid, msg: "request headers too large"},
-	causeRequestTimeout:       {name: "request_timeout", refusal: "invalid", status: s408, typ: tInvalid, msg: "request not read within its time"},
-	causeMalformedRequest:     {name: "malformed_request", refusal: "invalid", status: s400, typ: tInvalid, msg: "malformed request"},
+	causeBodyTooLarge:         {name: "request_too_large", refusal: decisionInvalid, status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
+	causeHeadersTooLarge:      {name: "headers_too_large", refusal: decisionInvalid, status: s431, typ: tInvalid, msg: "request headers too large"},
+	causeRequestTimeout:       {name: "request_timeout", refusal: decisionInvalid, status: s408, typ: tInvalid, msg: "request not read within its time"},
+	causeMalformedRequest:     {name: "malformed_request", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "malformed request"},
 
-	causeMaxStreams:        {name: "max_streams", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
+	causeMaxStreams:        {name: "max_streams", refusal: decisionRefused, state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
 	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},
-	causeTenantFull:        {name: "tenant_full", refusal: "refused", status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
-	causeStoreFull:         {name: cache.ReasonStoreFull, refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
-	causeStoreUnavailable:  {name: cache.ReasonStoreUnavailable, refusal: "refused", state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
+	causeTenantFull:        {name: "tenant_full", refusal: decisionRefused, status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
+	causeStoreFull:         {name: cache.ReasonStoreFull, refusal: decisionRefused, state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
+	causeStoreUnavailable:  {name: cache.ReasonStoreUnavailable, refusal: decisionRefused, state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
 	causeMaxStreamBytes:    {name: cache.ReasonMaxStreamBytes, state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
 	causeMaxEventBytes:     {name: "max_event_bytes", state: retryable, status: s502, typ: tUpstream, msg: "an upstream event exceeded -max-event-bytes", abort: "an upstream event exceeded the proxy's event size bound"},
 	causeMaxStreamDuration: {name: "max_stream_duration", state: retryable, status: s504, typ: tTimeout, msg: "the upstream call exceeded -max-stream-duration", abort: "the stream exceeded the proxy's stream duration bound"},
