@@ -136,8 +136,12 @@ func newMetrics(p *Proxy) *metrics {
 	return m
 }
 
-// decided counts a request under its decision d.
+// decided counts a request under its decision d; decisionNone is not
+// counted (a cause that ends a request already counted).
 func (m *metrics) decided(d decision) {
+	if d == decisionNone {
+		return
+	}
 	m.requests[d].Inc()
 	if decisions[d].suppressed {
 		m.suppressed.Inc()
