@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -125,26 +126,20 @@ const (
 	claimMiss                         // the caller owns a new generation
 )
 
+// claimWords are claimScript's words for its verdicts.
+var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
+	claimGone: "gone", claimNew: "new", claimMiss: "miss"}
+
 // parseClaimAnswer reads claimScript's answer out.
 func parseClaimAnswer(out []string) (claimAnswer, error) {
-	var a claimAnswer
-	switch out[0] {
-	case "conflict":
-		return claimAnswer{verdict: claimConflict}, nil
-	case "gone":
-		return claimAnswer{verdict: claimGone}, nil
-	case "new":
-		return claimAnswer{verdict: claimNew}, nil
-	case "replay":
-		a.verdict = claimReplay
-	case "join":
-		a.verdict = claimJoin
-	case "miss":
-		a.verdict = claimMiss
-		a.regenerated = len(out) > 2 && out[2] == "1"
-		a.reaped = len(out) > 3 && out[3] == "1"
-	default:
-		return a, fmt.Errorf("unexpected answer %q", out)
+	v := slices.Index(claimWords[:], out[0])
+	if v < 0 {
+		return claimAnswer{}, fmt.Errorf("unexpected answer %q", out)
+	}
+	a := claimAnswer{verdict: claimVerdict(v)}
+	switch a.verdict {
+	case claimConflict, claimGone, claimNew:
+		return a, nil
 	}
 	if len(out) < 2 {
 		return a, fmt.Errorf("unexpected answer %q", out)
@@ -154,6 +149,8 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 		return a, fmt.Errorf("generation %q: %w", out[1], err)
 	}
 	a.gen = gen
+	a.regenerated = a.verdict == claimMiss && len(out) > 2 && out[2] == "1"
+	a.reaped = a.verdict == claimMiss && len(out) > 3 && out[3] == "1"
 	return a, nil
 }
 
@@ -244,6 +241,10 @@ const (
 // written reports whether Redis holds what the script was sent.
 func (a writeAnswer) written() bool { return a.verdict == writeOK || a.verdict == writeAlready }
 
+// writeWords are the words of appendScript and finishScript for their
+// verdicts.
+var writeWords = [...]string{writeOK: "ok", writeAlready: "already", writeFenced: "fenced", writePrev: "prev"}
+
 // parseWriteAnswer reads the answer of appendScript or finishScript. An
 // error is the client's or Redis's; an answer no script gives is a fence.
 func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
@@ -251,19 +252,15 @@ func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
 	if err != nil {
 		return writeAnswer{}, err
 	}
-	switch out[0] {
-	case "ok":
-		return writeAnswer{verdict: writeOK}, nil
-	case "already":
-		return writeAnswer{verdict: writeAlready}, nil
-	case "prev":
-		a := writeAnswer{verdict: writePrev}
-		if len(out) > 1 {
-			a.last = out[1]
-		}
-		return a, nil
+	v := slices.Index(writeWords[:], out[0])
+	if v < 0 {
+		return writeAnswer{verdict: writeFenced}, nil
 	}
-	return writeAnswer{verdict: writeFenced}, nil
+	a := writeAnswer{verdict: writeVerdict(v)}
+	if a.verdict == writePrev && len(out) > 1 {
+		a.last = out[1]
+	}
+	return a, nil
 }
 
 // renewScript extends the owner's lease. A lease that expired while st
@@ -361,17 +358,15 @@ const (
 	reapReaped                   // this call ended the generation as lost
 )
 
+// reapWords are reapScript's words for its answers.
+var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped"}
+
 // parseReapAnswer reads reapScript's answer; one no script gives is
 // reapEnded.
 func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, error) {
 	s, err := res.ToString()
-	switch {
-	case err != nil:
+	if err != nil {
 		return reapEnded, err
-	case s == "alive":
-		return reapAlive, nil
-	case s == "reaped":
-		return reapReaped, nil
 	}
-	return reapEnded, nil
+	return reapAnswer(max(slices.Index(reapWords[:], s), 0)), nil
 }
