@@ -16,9 +16,9 @@ import (
 //
 //   - name: the metric label, the log field "reason", the ledger's reason
 //     (GET /keys/{key}), and the code of the stream_aborted event;
-//   - refusal: the decision a request refused for it before any decision
-//     was taken is counted under (decisionNone when it is not counted so:
-//     it ends a request already counted by its decision);
+//   - refusal: the decision counted for a request refused for it before
+//     any decision was taken (decisionNone where it ends a request already
+//     counted by its decision);
 //   - verdict: whether an attempt that failed so, before the first event,
 //     may be repeated (retry.go); final for causes that are no attempt's;
 //   - state: the key state a generation ends in when the cause ends it
