@@ -143,6 +143,9 @@ func (d *Detector) observeChat(f *fields) {
 		d.walkChoices(f.choices)
 	}
 	if isObject(f.usage) {
+		// Usage comes once a stream, so it is read with gjson, whose rules
+		// (the first of duplicate names, numbers in strings) Usage has
+		// always reported by; so are Anthropic's stop_reason and usage.
 		u := gjson.Parse(f.usage)
 		d.usageSeen = true
 		d.input = u.Get("prompt_tokens").Int()

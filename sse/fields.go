@@ -16,7 +16,7 @@ type fields struct {
 	response string // Responses lifecycle events: "response"
 	message  string // Anthropic message_start: "message"
 	delta    string // Anthropic message_delta: "delta"
-	closed   bool   // data is one JSON object, closed (members): not cut
+	closed   bool   // data is one JSON object, closed (walker.closed): not cut
 	// The choices of "choices", read while it was scanned (scanChoices):
 	// each one's index and whether its finish_reason is set. When
 	// choicesRead is false the Detector walks f.choices itself.
@@ -172,7 +172,7 @@ func (m *prefixMemo) rememberDeep(f *fields, s string) {
 // resumeDeep sets f to the state scan has after the choices array of s,
 // which starts with m's deep prefix, and returns the index past the array;
 // ok is false when the array does not go on as openAIChoiceRest and
-// restChoices read it, and then f is to be scanned from m.n (where
+// readElements read it, and then f is to be scanned from m.n (where
 // scanChoices starts the choices afresh).
 func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
 	fin, e, ok := openAIChoiceRest(s, m.deep)
@@ -243,8 +243,8 @@ func (f *fields) member(k, v string) {
 // also reads each object's index and finish_reason as observeChat would,
 // so that the choices are not walked again; on anything else it leaves
 // that to observeChat. Both ends agree: on such an array valueEnd's
-// bracket matching stops at the same ']', and elements and members see
-// the same elements and members.
+// bracket matching stops at the same ']', and walkChoices' lenient walk
+// sees the same elements and members.
 func (f *fields) scanChoices(s string, i int) int {
 	f.choicesRead, f.nChoices, f.delta0 = false, 0, 0
 	if e, ok := f.readChoices(s, i); ok {

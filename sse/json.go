@@ -24,10 +24,12 @@ import (
 // at w.i (value, or its own reading and at). Each member costs one call,
 // which matters on the Detector's hot path.
 //
-// A strict walk (ParseRequest) stops at a comma before the closing
-// bracket, and its reader checks each value (delimited); a lenient one
-// (the Detector) takes a trailing comma and only delimits values. Neither
-// looks inside a string or a nested container beyond finding its end.
+// A strict walk stops at a comma before the closing bracket, and its
+// reader checks each value it takes (ParseRequest with delimited, the
+// Detector's fast reading of "choices" with plainValueEnd); a lenient one
+// (the rest of the Detector) takes a trailing comma and only delimits
+// values. Neither looks inside a string or a nested container beyond
+// finding its end.
 type walker struct {
 	s      string
 	i      int    // where the next member or element, or the separator before it, is read
@@ -35,7 +37,7 @@ type walker struct {
 	ks     int    // where the current member's key starts (its opening quote)
 	text   string // the key's text between its quotes
 	esc    bool   // the key holds an escape (see name)
-	strict bool   // ParseRequest's walk
+	strict bool   // no comma before the closing bracket
 	after  bool   // a member or element was read: a comma or the closing bracket comes next
 	closer byte   // '}' or ']'
 }
@@ -274,7 +276,8 @@ func containerEnd(s string, i int) int {
 }
 
 // jsonString returns the text of a raw JSON string value; ok is false for
-// any other kind of value.
+// any other kind of value. It is the Detector's lenient reading, a view of
+// raw; ParseRequest's stringValue is the strict one, a copy.
 func jsonString(raw string) (string, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", false
@@ -306,7 +309,8 @@ func intLiteral(raw string) (int64, bool) {
 	return n, err == nil
 }
 
-// isNumber reports whether raw looks like a JSON number.
+// isNumber reports whether raw looks like a JSON number (its first byte);
+// isNumberLiteral is the strict check.
 func isNumber(raw string) bool {
 	return raw != "" && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9')
 }
