@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/doctable"
 	"strings"
 	"sync"
 	"testing"
@@ -370,7 +370,7 @@ func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
 		states[s.String()] = s
 	}
 	rows := map[struct{ from, to ownerState }]bool{}
-	for _, line := range gatetest.DocTable(t, "redis_owner.go", "ownerState") {
+	for _, line := range doctable.Rows(t, "redis_owner.go", "ownerState") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
