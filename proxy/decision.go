@@ -69,7 +69,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.m.missingBodies.Inc()
 		}
 		if !p.acquire() {
-			causeMaxStreams.fail(f, 0, nil)
+			// No call was made: the one end of a flight that no generation owns.
+			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}

@@ -299,7 +299,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if last.head.Status == 0 {
 			last = given // relay the given-up model's answer rather than a failure to reach the next
 		}
-		g.end(calls, a, last)
+		g.giveUp(calls, a, last)
 		return
 	}
 }
@@ -581,21 +581,20 @@ func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err 
 	case err != nil:
 		// A chunked body without its last chunk, or one shorter than its
 		// Content-Length, fails here (io.ErrUnexpectedEOF).
-		readFailure(err).fail(f, 0, nil)
+		g.fail(readFailure(err), 0, nil)
 	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
-		causeUnframedBody.fail(f, 0, nil)
+		g.fail(causeUnframedBody, 0, nil)
 	case head.Status >= 200 && head.Status < 300 && isErrorObject(body):
 		// OpenRouter and several OpenAI-compatible servers answer a
 		// failure so: relayed as it came, like a 4xx, and not stored.
 		g.notStored(causeErrorBody)
-		causeErrorBody.fail(f, head.Status, body)
+		g.fail(causeErrorBody, head.Status, body)
 	case head.Status >= 200 && head.Status < 300:
 		f.SetUsage(bodyUsage(body))
-		g.skipped(f.Commit(body))
+		g.commit(body)
 	default:
-		upstreamStatus(head.Status).fail(f, head.Status, body)
+		g.fail(upstreamStatus(head.Status), head.Status, body)
 	}
-	g.logEnd(head.Status)
 }
 
 // wholeBody reports whether a 2xx body read without error is known to be
@@ -621,9 +620,9 @@ func isJSON(ct string) bool {
 	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
-// end ends the flight after the last attempt a (and the one before it,
+// giveUp ends the flight after the last attempt a (and the one before it,
 // prev) brought no answer worth recording as a result.
-func (g *gen) end(attempts int, a, prev attempt) {
+func (g *gen) giveUp(attempts int, a, prev attempt) {
 	f := g.f
 	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
 		// Relay the upstream's own last answer rather than a connect
@@ -631,42 +630,58 @@ func (g *gen) end(attempts int, a, prev attempt) {
 		// "not run", a later call's outcome is unknown).
 		a = prev
 	}
-	state := g.failState(a.cause)
-	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; fail records the state
-	if f.Gen != 0 {
-		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-			"attempt", attempts, "state", state, "upstream_status", a.head.Status, "reason", a.cause.reason(a.head.Status))
-	}
+	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
 	g.fail(a.cause, a.head.Status, a.body)
-	g.logEnd(a.head.Status)
 }
 
-// failState is the state a failed end for c leaves: c's own, but
-// commit_unknown once an earlier attempt may still be running upstream
-// (mayRun: a pinned repeat, -retry-ambiguous, ended in another failure or
-// answer), whose outcome is still unknown.
+// commit ends the flight with its whole answer (body: a non-streaming
+// one's), and logs the end. With fail, it is the only way a generation's
+// flight ends (TestOneWayToEnd), as singleflight's doCall is the only
+// way a call ends.
+func (g *gen) commit(body []byte) {
+	g.skipped(g.f.Commit(body))
+	g.logEnd()
+}
+
+// fail ends the flight without a result, for c (with the upstream's
+// status and body when c is its error answer), as failState says; a
+// credential the upstream refused is denied (Flight.Deny). It counts the
+// ends whose outcome is unknown, and logs the end.
+func (g *gen) fail(c cause, status int, body []byte) {
+	f := g.f
+	state := g.failState(c)
+	var ended bool
+	if state == cache.StateFailedTerminal && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
+		// The credential was refused: nothing was generated, and the key
+		// holds no place in the ledger past this answer.
+		ended = f.Deny(c.reason(status), body)
+	} else {
+		ended = f.Fail(state, c.reason(status), body)
+	}
+	if ended && state == cache.StateCommitUnknown {
+		g.p.m.commitUnknowns.Inc()
+	}
+	g.logEnd()
+}
+
+// failState is the state a failed end for c leaves. Before the answer
+// started (no head in the flight) it is c's own; after it, an aborted
+// answer is no result and leaves failed_retryable (docs/design.md,
+// Abort), unless it is the upstream's own error answer. Once an attempt
+// may have left the request running upstream (mayRun: an ambiguous one,
+// repeated under -retry-ambiguous) it is commit_unknown, whatever came
+// after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}
+	if _, started := g.f.Head(); started && c != causeUpstreamRefused && c != causeUpstreamFailed {
+		return cache.StateFailedRetryable
+	}
 	return causes[c].state
-}
-
-// fail ends the flight for c (cause.fail), as failState says: the key
-// must not look free while an earlier call may be generating. It counts
-// the ends whose outcome is unknown.
-func (g *gen) fail(c cause, status int, body []byte) {
-	if g.failState(c) == cache.StateCommitUnknown {
-		g.p.m.commitUnknowns.Inc()
-	}
-	if g.mayRun {
-		g.f.Fail(cache.StateCommitUnknown, c.reason(status), body)
-		return
-	}
-	c.fail(g.f, status, body)
 }
 
 // pump reads the upstream's events into the flight. The head goes to the
@@ -835,8 +850,7 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 			if in, out, ok := det.Usage(); ok {
 				f.SetUsage(cache.Usage{Input: in, Output: out})
 			}
-			g.skipped(f.Commit(nil))
-			g.logEnd(head.Status)
+			g.commit(nil)
 			return causeNone, true
 		}
 		c = causeOf(why)
@@ -854,8 +868,7 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 	} else {
 		m.aborted.WithLabelValues(c.String()).Inc()
 	}
-	c.fail(f, 0, nil)
-	g.logEnd(head.Status)
+	g.fail(c, 0, nil)
 	return c, true
 }
 
@@ -875,14 +888,16 @@ func readFailure(err error) cause {
 	}
 }
 
-func (g *gen) logEnd(status int) {
+// logEnd logs the flight's end: its state line.
+func (g *gen) logEnd() {
 	f := g.f
 	if f.Gen == 0 {
 		return // unkeyed: nothing was decided
 	}
 	state, reason, _ := f.Outcome()
+	h, _ := f.Head()
 	attrs := []any{"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-		"state", state, "reason", reason, "upstream_status", status, "events", f.Events(),
+		"state", state, "reason", reason, "upstream_status", h.Status, "events", f.Events(),
 		"duration_ms", time.Since(g.start).Milliseconds()}
 	if t := f.FirstEventAt(); !t.IsZero() {
 		attrs = append(attrs, "first_event_ms", t.Sub(g.start).Milliseconds())
