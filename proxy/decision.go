@@ -149,7 +149,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	default:
 	}
 	p.stream(ctx, func(c *client) bool {
-		ok := p.follow(c, sub, f, !replayed)
+		ok := p.writeFollower(c, sub, f, !replayed)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
 				p.saved(f.Usage())

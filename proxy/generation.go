@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"runtime"
 	"slices"
 	"strings"
@@ -106,10 +107,13 @@ func (g *gen) drop() {
 	g.resp = nil
 	g.mu.Unlock()
 	if resp != nil {
-		if c := connOf(resp); c != nil && c.interrupted.Load() {
-			// Closed under a body that may have been read whole: fasthttp
-			// would pool it again.
-			resp.SetConnectionClose()
+		if c := connOf(resp); c != nil {
+			c.beforeRead = nil // set by relayBody: the connection may serve another generation next
+			if c.interrupted.Load() {
+				// Closed under a body that may have been read whole:
+				// fasthttp would pool it again.
+				resp.SetConnectionClose()
+			}
 		}
 		resp.CloseBodyStream() //nolint:errcheck // the body is done with
 		fasthttp.ReleaseResponse(resp)
@@ -259,10 +263,10 @@ func (g *gen) launch(tmpl *fasthttp.Request) {
 // answer (causeRow.fallback), the next model of its -fallback rule is
 // tried the same way.
 func (g *gen) run(tmpl *fasthttp.Request) {
-	handedOff := false
+	rawPassed := false
 	defer func() {
 		fasthttp.ReleaseRequest(tmpl)
-		if !handedOff {
+		if !rawPassed {
 			g.o.push() // the end of the answer, to the client the generation writes
 			g.finish()
 		}
@@ -285,8 +289,8 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		more := i+1 < len(models)
 		a, last, end := g.attempts(req, model, more, &calls)
 		switch end {
-		case handedOver:
-			handedOff = true
+		case passedRaw:
+			rawPassed = true
 			return
 		case settled:
 			return
@@ -311,7 +315,7 @@ const (
 	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
 	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
 	settled                       // the flight has its answer (or its cut), and ended with it
-	handedOver                    // the answer went to the origin as it is (handOff)
+	passedRaw                     // the answer went to the origin as it is (passRaw)
 )
 
 // attempts makes the attempts for one model, through its circuits, and
@@ -350,8 +354,8 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *i
 			return a, last, settled
 		}
 		if a.cause == causeNone && g.relayRaw {
-			g.handOff()
-			return a, last, handedOver
+			g.passRaw()
+			return a, last, passedRaw
 		}
 		g.drop()
 		wait := max(jitter.next(), a.retryAfter)
@@ -459,10 +463,10 @@ func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
 	return true
 }
 
-// handOff gives the origin the upstream's answer to a request without a
+// passRaw gives the origin the upstream's answer to a request without a
 // key that is not an event stream, to relay as it comes (origin.answerRaw),
 // with the end of the generation.
-func (g *gen) handOff() {
+func (g *gen) passRaw() {
 	g.mu.Lock()
 	resp := g.resp
 	g.resp = nil
@@ -684,8 +688,10 @@ func (g *gen) failState(c cause) cache.State {
 	return causes[c].state
 }
 
-// pump reads the upstream's events into the flight. The head goes to the
-// flight with the first event: until then nothing has reached a client,
+// pump relays the upstream's events: it reads each one, records it into
+// the flight (Append), and the origin is delivered what was recorded
+// before each read of the upstream's socket (relayBody); followers are
+// woken by the flight. The head goes to the flight with the first event: until then nothing has reached a client,
 // and a failure returns settled false so the caller may retry. After it,
 // the flight ends here (settled): committed after a clean end, failed
 // otherwise. What follows the terminal event is drained, within bounds,
@@ -700,19 +706,6 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	defer deadline.Stop()
 	det := sse.NewDetector(g.req.Expect())
 	var readErr, appendErr error
-	// The client the generation writes gets what was journaled whenever
-	// the generation is about to read the upstream's socket: the events of
-	// one read go out together, and before it may wait. Every upstream
-	// connection is an idleConn (newUpstream's Dial; TestAnswerConn).
-	conn := connOf(resp)
-	if conn != nil {
-		conn.beforeRead = g.o.push
-	}
-	defer func() {
-		if conn != nil {
-			conn.beforeRead = nil
-		}
-	}()
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
 	// most maxDrain bytes of it) so that the connection can be reused.
@@ -723,85 +716,80 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// response.failed the API sends after it is awaited, within the drain
 	// bounds: an upstream that sends no more ends the stream with its error.
 	failing := false
-	body := bodyOf(resp)
-read:
-	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
-		if err != nil {
-			if !failing || !isTimeout(err) {
-				readErr = err
+	for { // one pass per body: the answer's, then each heal's
+		body, conn := g.relayBody(resp)
+		for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
+			if err != nil {
+				if !failing || !isTimeout(err) {
+					readErr = err
+				}
+				break
 			}
-			break
+			if concluded {
+				if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
+					break
+				}
+				continue
+			}
+			det.Observe(ev)
+			if !begun {
+				if ev.Type == "response.created" {
+					g.responseCreated(ev, det, h)
+				}
+				if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
+					if ev.Type == "error" && gjson.Get(ev.Data, "error.type").Str == "stream_aborted" {
+						// An ssegate behind cut its stream: not the provider
+						// saying it did not run the request.
+						return causeUpstreamAborted, false
+					}
+					return causeErrorEvent, false // an upstream error before any event: a failed call
+				}
+				f.SetHead(head)
+				begun = true
+				m.ttfeUpstream.Observe(time.Since(sent).Seconds())
+			}
+			terminal := det.Terminal()
+			// The terminal event is relayed as it came when the stream is
+			// clean or ended as the provider stated it (causeRow.relayEnd:
+			// its response.failed, or its [DONE] after a choice the request
+			// did not ask for). A malformed one is not, nor one that claims
+			// a whole answer when the stream is not ([DONE] with a choice
+			// unfinished, say): a client that stops reading at it would take
+			// a half stream for a whole one. stream_aborted ends the stream
+			// instead.
+			relay := true
+			if terminal {
+				ok, why := det.Clean(false)
+				relay = ok || relayEnd(why)
+			}
+			if relay {
+				m.events.Inc()
+				if _, err := f.Append(ev.Type, ev.Data); err != nil {
+					appendErr = err
+					break
+				}
+			}
+			if terminal {
+				c, settled = g.conclude(det, head, nil, nil, false)
+				concluded = true
+				conn.drainBy(time.Now().Add(maxDrainTime))
+			} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
+				failing = true
+				conn.drainBy(time.Now().Add(maxDrainTime))
+			}
 		}
 		if concluded {
-			if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
-				break
-			}
-			continue
+			return c, settled
 		}
-		det.Observe(ev)
-		if !begun {
-			if ev.Type == "response.created" {
-				g.responseCreated(ev, det, h)
-			}
-			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
-				if ev.Type == "error" && gjson.Get(ev.Data, "error.type").Str == "stream_aborted" {
-					// An ssegate behind cut its stream: not the provider
-					// saying it did not run the request.
-					return causeUpstreamAborted, false
-				}
-				return causeErrorEvent, false // an upstream error before any event: a failed call
-			}
-			f.SetHead(head)
-			begun = true
-			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
-		}
-		terminal := det.Terminal()
-		// The terminal event is relayed as it came when the stream is
-		// clean or ended as the provider stated it (causeRow.relayEnd:
-		// its response.failed, or its [DONE] after a choice the request
-		// did not ask for). A malformed one is not, nor one that claims
-		// a whole answer when the stream is not ([DONE] with a choice
-		// unfinished, say): a client that stops reading at it would take
-		// a half stream for a whole one. stream_aborted ends the stream
-		// instead.
-		relay := true
-		if terminal {
-			ok, why := det.Clean(false)
-			relay = ok || relayEnd(why)
-		}
-		if relay {
-			m.events.Inc()
-			if _, err := f.Append(ev.Type, ev.Data); err != nil {
-				appendErr = err
-				break
-			}
-		}
-		if terminal {
-			c, settled = g.conclude(det, head, nil, nil, false)
-			concluded = true
-			conn.drainBy(time.Now().Add(maxDrainTime))
-		} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
-			failing = true
-			conn.drainBy(time.Now().Add(maxDrainTime))
-		}
-	}
-	if concluded {
-		return c, settled
-	}
-	if readErr != nil && appendErr == nil && begun && h != nil {
-		if conn != nil {
-			conn.beforeRead = nil
-			conn = nil
+		if readErr == nil || appendErr != nil || !begun || h == nil {
+			break
 		}
 		nr, err := g.heal(h, det, readErr)
-		if nr != nil {
-			resp, readErr, body = nr, nil, bodyOf(nr)
-			if conn = connOf(resp); conn != nil {
-				conn.beforeRead = g.o.push
-			}
-			goto read
+		if nr == nil {
+			readErr = err
+			break
 		}
-		readErr = err
+		resp, readErr = nr, nil
 	}
 	// The body ended with its framing intact: its last chunk, or all of
 	// its Content-Length (fasthttp fails a read short of either with
@@ -809,6 +797,19 @@ read:
 	// (-2) has no framing to vouch for its end.
 	intact := readErr == nil && resp.Header.ContentLength() != -2
 	return g.conclude(det, head, readErr, appendErr, intact)
+}
+
+// relayBody returns resp's body for pump to read, and the connection it
+// comes from. Before each read of that connection's socket the origin is
+// written what the flight journaled since the last (origin.push): the
+// events of one read go out in one write, before the generation may wait
+// for the upstream. It is set once per body; drop unsets it.
+func (g *gen) relayBody(resp *fasthttp.Response) (io.Reader, *idleConn) {
+	conn := connOf(resp)
+	if conn != nil {
+		conn.beforeRead = g.o.push
+	}
+	return bodyOf(resp), conn
 }
 
 // maxDrain and maxDrainTime bound what is read of an upstream body after

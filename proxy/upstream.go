@@ -306,11 +306,9 @@ type idleConn struct {
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	reused      bool        // a request was written before: the next one's first write checks peerClosed
 	drainUntil  time.Time   // set by drainBy: what is left of the answer must come by then
-	// beforeRead, while a generation reads an answer from the connection,
-	// runs before each read from the connection (for an https upstream,
-	// from its TLS session): the generation then writes
-	// its client what it journaled since the last read, all together,
-	// before it may wait for the upstream.
+	// beforeRead, while a generation relays an answer from the connection
+	// (set by gen.relayBody, unset by gen.drop), runs before each read from
+	// the connection (for an https upstream, from its TLS session).
 	beforeRead func()
 }
 
