@@ -171,10 +171,15 @@ func (g *gen) mark(state cache.State, attempt, status int) {
 	}
 }
 
-// attempt is what one call to the upstream came to, when it did not
-// settle the flight.
+// attempt is what one call to the upstream came to.
 type attempt struct {
-	cause      cause      // why it brought no answer to record; causeNone for a final answer to hand over as it is
+	// settled: the answer went into the flight, which ended with it;
+	// nothing else is set.
+	settled bool
+	// raw: the answer to a request without a key is not an event stream,
+	// and goes to the origin as it is (passRaw), error or not.
+	raw        bool
+	cause      cause      // why it brought no answer to record
 	head       cache.Head // set when the upstream answered with a head worth relaying
 	body       []byte     // an error answer's body, to relay if it is the last
 	retryAfter time.Duration
@@ -253,7 +258,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	p, f := g.p, g.f
 	p.budget.request(g.start)
 	models := g.models(tmpl.Body())
-	calls := 0 // attempts made, over every model
+	calls := 0 // upstream calls made, over every model
 	var tried []cache.Fallback
 	var given attempt // the last attempt of the model given up on
 	for i, model := range models {
@@ -266,82 +271,97 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			f.SetModel(model, tried)
 		}
 		more := i+1 < len(models)
-		a, last, end := g.attempts(req, model, more, &calls)
-		switch end {
+		t := g.attempts(req, model, more, calls)
+		calls = t.calls
+		switch t.end {
 		case passedRaw:
 			rawPassed = true
 			return
 		case settled:
 			return
 		}
-		if end == failedAll && more && g.fallBack(a, model, models[i+1], calls) {
-			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
-			given = a
+		if t.end == failedAll && more && g.fallBack(t.last, model, models[i+1], calls) {
+			tried = append(tried, cache.Fallback{Model: model, Reason: t.last.reason()})
+			given = t.last
 			continue
 		}
-		if last.head.Status == 0 {
-			last = given // relay the given-up model's answer rather than a failure to reach the next
+		if t.prev.head.Status == 0 {
+			t.prev = given // relay the given-up model's answer rather than a failure to reach the next
 		}
-		g.giveUp(calls, a, last)
+		g.giveUp(calls, t.last, t.prev)
 		return
 	}
+}
+
+// tries is what one model's attempts came to.
+type tries struct {
+	end   attemptsEnd
+	last  attempt // when they all failed: the last attempt
+	prev  attempt // and the one before it
+	calls int     // the upstream calls made so far, over every model
 }
 
 // How a model's attempts ended.
 type attemptsEnd uint8
 
 const (
-	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
+	failedAll  attemptsEnd = iota // last and prev say how the last attempts failed
 	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
 	settled                       // the flight has its answer (or its cut), and ended with it
 	passedRaw                     // the answer went to the origin as it is (passRaw)
 )
 
-// attempts makes the attempts for one model, through its circuits, and
-// says how they ended; when they all failed, a and last (the attempt
-// before it) say how. more says that another model may follow, so that a
-// 400 that names a -fallback-on-code is not recorded as the answer.
-func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *int) (a, last attempt, end attemptsEnd) {
+// attempts makes the attempts for one model, through its circuits, after
+// calls calls for the models before it, and says how they ended. more
+// says that another model may follow, so that a 400 that names a
+// -fallback-on-code is not recorded as the answer.
+func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls int) tries {
 	p := g.p
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	rt := route{model: modelKey(model)}
+	t := tries{calls: calls}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
 			g.fail(c, 0, nil)
-			return attempt{cause: c}, last, settled
+			t.end = settled
+			return t
 		}
 		select {
 		case <-g.f.Done():
 			// The store ended the flight meanwhile (fenced, or
 			// unreachable for a lease): no call is made for it.
-			_, reason, _ := g.f.Outcome()
-			return attempt{cause: causeOf(reason)}, last, settled
+			t.end = settled
+			return t
 		default:
 		}
 		up, idx, done, ok := rt.pick(p.ups)
 		if !ok {
-			return attempt{cause: causeUpstreamUnavailable}, last, rt.failedEnd()
+			t.last, t.end = attempt{cause: causeUpstreamUnavailable}, rt.failedEnd()
+			return t
 		}
-		*calls++
-		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
-		a, ok := g.try(up, tmpl, done, more)
+		t.calls++
+		g.mark(cache.StateExecutionStarted, t.calls, t.prev.head.Status)
+		a := g.try(up, tmpl, done, more)
 		if a.unknown() {
 			g.mayRun = true
 		}
-		if ok {
-			p.m.attemptsPerOK.Observe(float64(*calls))
-			return a, last, settled
-		}
-		if a.cause == causeNone && g.relayRaw {
+		switch {
+		case a.settled:
+			p.m.attemptsPerOK.Observe(float64(t.calls))
+			t.end = settled
+			return t
+		case a.raw:
 			g.passRaw()
-			return a, last, passedRaw
+			t.end = passedRaw
+			return t
 		}
 		g.drop()
 		wait := max(jitter.next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
-			return a, last, rt.failedEnd()
+			t.last, t.end = a, rt.failedEnd()
+			return t
 		}
-		last = a
+		t.prev = a
 		rt.failed(a, up, idx)
 		g.pause(wait) // a cut is seen at the loop's top
 	}
@@ -453,97 +473,101 @@ func (g *gen) passRaw() {
 	g.o.answerRaw(resp)
 }
 
-// try makes one attempt on up. settled reports that the answer went into
-// the flight and the flight ended with it; otherwise a says what came.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) (a attempt, settled bool) {
+// try makes one attempt on up: the call, then what its answer's head says
+// to do with the answer.
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) attempt {
 	sent := time.Now()
 	resp, err := g.call(up, up.prepare(tmpl))
-	m := g.p.m
-	if errors.Is(err, errCancelled) {
-		done(nil) // the upstream answered; whether well is not known
-		return attempt{cause: g.cutShort()}, false
-	}
 	if err != nil {
-		done(err)
-		a := attempt{cause: causeUpstreamReset}
-		switch {
-		case isDial(err):
-			a.cause = causeConnectError
-		case isStale(err):
-			a.cause = causeStaleConnection
-		case isTimeout(err):
-			a.cause = causeUpstreamTimeout
-		}
-		m.attempts.WithLabelValues(a.cause.String()).Inc()
-		if cut := g.cutShort(); cut != causeNone {
-			// Cut short while it waited (Abort closed its connection):
-			// the cut ends the flight, commit_unknown when the request
-			// may have gone out.
-			if a.unknown() {
-				g.mayRun = true
-			}
-			return attempt{cause: cut}, false
-		}
-		return a, false
+		return g.callFailed(err, done)
 	}
 	head := copyHead(resp)
-	m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
-	a = attempt{head: head}
+	g.p.m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
+	done(health(head.Status, more))
+	a := attempt{head: head}
 	if head.Status >= 400 {
 		a.cause = upstreamStatus(head.Status)
 		a.marked = markedUnknown(resp)
 		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
 	}
 	switch {
-	case head.Status >= 500:
-		done(errUpstreamStatus)
-	case head.Status == fasthttp.StatusTooManyRequests && more:
-		// A model that has a fallback: its 429s count against its
-		// circuits, so that a rate-limited model is skipped while its
-		// circuit is open rather than tried on every request.
-		done(errUpstreamStatus)
-	default:
-		done(nil) // alive: 4xx and 429 are answers, not outages
-	}
-	if head.Status == fasthttp.StatusBadRequest && more && !head.Stream {
+	case head.Status == fasthttp.StatusBadRequest && more && !head.Stream:
 		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
 		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {
-			return attempt{cause: causeUpstreamRefused, head: head, body: body, fallbackCode: code}, false
+			return attempt{cause: causeUpstreamRefused, head: head, body: body, fallbackCode: code}
 		}
 		g.settle(resp, head, body, err)
-		return a, true
-	}
-	if a.verdict() == safe || a.marked || a.ambiguousStatus {
+		return attempt{settled: true}
+	case a.verdict() == safe || a.marked || a.ambiguousStatus:
 		// An answer that may be repeated, or one whose outcome is
-		// unknown: the attempts decide, and the last is relayed (end).
+		// unknown: the attempts decide, and the last is relayed (giveUp).
 		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
 		a.body, _ = readBody(resp, 64<<10)
-		return a, false
-	}
-	if !head.Stream {
-		if g.relayRaw {
-			a.cause = causeNone // relayed as it is, error or not
-			return a, false
+		return a
+	case head.Stream:
+		if c, settled := g.pump(resp, head, sent, g.healer(up, tmpl)); !settled {
+			// No valid first event: an error event (the upstream said it
+			// failed: safe to repeat), or a body that ended or broke
+			// without one (the upstream took the request and may be
+			// generating: ambiguous).
+			return attempt{cause: c}
 		}
-		if g.req.Stream && head.Status < 300 && !isJSON(head.ContentType) {
-			// A stream was asked for, and a 2xx came that is neither one
-			// nor a JSON answer (a proxy's HTML page, say): no valid first
-			// event. The upstream took the request; what became of it is
-			// not known. (A JSON answer, from an upstream that does not
-			// stream, is recorded like any other: framing decides.)
-			return attempt{cause: causeNotAnEventStream}, false
+		return attempt{settled: true}
+	case g.relayRaw:
+		a.raw, a.cause = true, causeNone
+		return a
+	case g.req.Stream && head.Status < 300 && !isJSON(head.ContentType):
+		// A stream was asked for, and a 2xx came that is neither one nor
+		// a JSON answer (a proxy's HTML page, say): no valid first event.
+		// The upstream took the request; what became of it is not known.
+		// (A JSON answer, from an upstream that does not stream, is
+		// recorded like any other: framing decides.)
+		return attempt{cause: causeNotAnEventStream}
+	}
+	g.record(resp, head)
+	return attempt{settled: true}
+}
+
+// callFailed is the attempt of a call that brought no answer: it failed
+// with err, or the generation was cut short while it waited.
+func (g *gen) callFailed(err error, done func(error)) attempt {
+	if errors.Is(err, errCancelled) {
+		done(nil) // the upstream answered; whether well is not known
+		return attempt{cause: g.cutShort()}
+	}
+	done(err)
+	a := attempt{cause: causeUpstreamReset}
+	switch {
+	case isDial(err):
+		a.cause = causeConnectError
+	case isStale(err):
+		a.cause = causeStaleConnection
+	case isTimeout(err):
+		a.cause = causeUpstreamTimeout
+	}
+	g.p.m.attempts.WithLabelValues(a.cause.String()).Inc()
+	if cut := g.cutShort(); cut != causeNone {
+		// Cut short while it waited (Abort closed its connection): the
+		// cut ends the flight, commit_unknown when the request may have
+		// gone out.
+		if a.unknown() {
+			g.mayRun = true
 		}
-		g.record(resp, head)
-		return a, true
+		return attempt{cause: cut}
 	}
-	c, settled := g.pump(resp, head, sent, g.healer(up, tmpl))
-	if settled {
-		return a, true
+	return a
+}
+
+// health is what an upstream's answer with status tells its circuits: a
+// 5xx is a failure, and so is a 429 to a model that has a fallback, so
+// that a rate-limited model is skipped while its circuit is open rather
+// than tried on every request; any other 4xx, and 429, is an answer, not
+// an outage.
+func health(status int, more bool) error {
+	if status >= 500 || (status == fasthttp.StatusTooManyRequests && more) {
+		return errUpstreamStatus
 	}
-	// No valid first event: an error event (the upstream said it failed:
-	// safe to repeat), or a body that ended or broke without one (the
-	// upstream took the request and may be generating: ambiguous).
-	return attempt{cause: c}, false
+	return nil
 }
 
 var errUpstreamStatus = errors.New("upstream answered 5xx")

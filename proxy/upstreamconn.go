@@ -163,7 +163,9 @@ type idleConn struct {
 
 // connAddr is an idleConn's local address. fasthttp gives it to the
 // answer read from the connection (Response.LocalAddr), which is how a
-// generation finds the connection its answer comes from.
+// generation finds the connection its answer comes from: fasthttp has no
+// other way from a Response to its connection, short of replacing
+// HostClient's whole round trip (its Transport).
 type connAddr struct {
 	net.Addr
 	c *idleConn
