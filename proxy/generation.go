@@ -229,7 +229,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if t.prev.head.Status == 0 {
 			t.prev = given // relay the given-up model's answer rather than a failure to reach the next
 		}
-		g.giveUp(calls, t.last, t.prev)
+		g.giveUp(t)
 		return
 	}
 }
@@ -258,17 +258,17 @@ func (g *gen) passRaw() {
 	g.o.answerRaw(resp)
 }
 
-// giveUp ends the flight after the last attempt a (and the one before it,
-// prev) brought no answer worth recording as a result.
-func (g *gen) giveUp(attempts int, a, prev attempt) {
-	f := g.f
-	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
+// giveUp ends the flight after the last attempts (t.last, and t.prev
+// before it) brought no answer worth recording as a result.
+func (g *gen) giveUp(t tries) {
+	f, a := g.f, t.last
+	if a.head.Status == 0 && t.prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
 		// Relay the upstream's own last answer rather than a connect
 		// error; not after a call that may have run (its answer said
 		// "not run", a later call's outcome is unknown).
-		a = prev
+		a = t.prev
 	}
-	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count and the last status; fail records the state
+	f.Mark(cache.StateExecutionStarted, t.calls, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
