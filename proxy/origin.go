@@ -14,8 +14,8 @@ import (
 // itself then writes it, before each read of the upstream's socket, with
 // what the flight journaled since, in writes that never wait. A client
 // that falls behind is handed to a goroutine of its own, which writes it
-// as a joiner's (a follower: writeFollower); an answer that is not a stream is written
-// whole (answerRest). The generation never waits for its client.
+// as a joiner's (a follower: writeFollower); an answer that is not a
+// stream is written whole (answerRest). The generation never waits for its client.
 type origin struct {
 	// Set by newGen, never written again.
 	p *Proxy
@@ -39,7 +39,7 @@ type origin struct {
 	// upstream's own answer to relay.
 	raw *fasthttp.Response
 	// Written by whichever goroutine writes the client in mode direct
-	// (startLocked, offer, beat): the take-over, the generation or the
+	// (startLocked, flushLocked, beat): the take-over, the generation or the
 	// heartbeat timer.
 	measure bool        // the first event's added delay is still to be observed
 	idle    bool        // nothing was written since the last heartbeat tick
