@@ -564,7 +564,8 @@ func TestEndAfterAmbiguousStaysUnknown(t *testing.T) {
 				t.Fatalf("answer %d %q: got %s %q; want unknown", r.status, r.raw, outcomeHeader, r.header.Get(outcomeHeader))
 			}
 			e.waitState(key, "", cache.StateCommitUnknown)
-			if n := metricValue(t, e.scrape(), "ssegate_commit_unknown_total"); n != 1 {
+			var n float64
+			if !within(5*time.Second, func() bool { n = metricValue(t, e.scrape(), "ssegate_commit_unknown_total"); return n == 1 }) {
 				t.Fatalf("ssegate_commit_unknown_total: got %v; want 1", n)
 			}
 		})
