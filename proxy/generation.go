@@ -292,7 +292,7 @@ func (g *gen) fail(c cause, status int, body []byte) {
 	f := g.f
 	state := g.failState(c)
 	var ended bool
-	if state == cache.StateFailedTerminal && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
+	if c == causeUpstreamRefused && state == cache.StateFailedTerminal && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
 		// The credential was refused: nothing was generated, and the key
 		// holds no place in the ledger past this answer.
 		ended = f.Deny(c.reason(status), body)
