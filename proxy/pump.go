@@ -16,10 +16,10 @@ import (
 // before each read of the upstream's socket (relayBody); followers are
 // woken by the flight. The head goes to the flight with the first event:
 // until then nothing has reached a client, and a failure returns settled
-// false so the caller may retry. After it,
-// the flight ends here (settled): committed after a clean end, failed
-// otherwise. What follows the terminal event is drained, within bounds,
-// so the connection can be reused.
+// false so the caller may retry. After it, the flight ends here
+// (settled): committed after a clean end, failed otherwise. What follows
+// the terminal event is drained, within bounds, so the connection can be
+// reused.
 //
 // A stream that h can heal (heal.go) and whose connection breaks after
 // the first event goes on with the upstream's resume of it.
