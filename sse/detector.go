@@ -143,6 +143,9 @@ func (d *Detector) observeChat(f *fields) {
 		d.walkChoices(f.choices)
 	}
 	if isObject(f.usage) {
+		// Usage comes once a stream, so it is read with gjson, whose rules
+		// (the first of duplicate names, numbers in strings) Usage has
+		// always reported by; so are Anthropic's stop_reason and usage.
 		u := gjson.Parse(f.usage)
 		d.usageSeen = true
 		d.input = u.Get("prompt_tokens").Int()
@@ -153,22 +156,23 @@ func (d *Detector) observeChat(f *fields) {
 // walkChoices marks the choices of a "choices" value that fields.scan did
 // not read itself.
 func (d *Detector) walkChoices(choices string) {
-	elements(choices, func(c string) {
+	for a := walk(choices, 0, '[', false); a.next(); {
+		c := a.value()
 		if !isObject(c) {
-			return
+			continue
 		}
 		var idx int64 // an absent index means the only choice, 0
 		fin := false
-		members(c, func(k, v string) {
-			switch k {
+		for o := walk(c, 0, '{', false); o.next(); {
+			switch v := o.value(); o.name() {
 			case "index":
 				idx = jsonInt(v)
 			case "finish_reason":
 				fin = isSet(v)
 			}
-		})
+		}
 		d.markChoice(idx, fin)
-	})
+	}
 }
 
 // markChoice records that choice idx appeared, and whether this chunk

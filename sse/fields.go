@@ -1,10 +1,6 @@
 package sse
 
-import (
-	"strings"
-
-	"github.com/tidwall/gjson"
-)
+import "strings"
 
 // fields holds the top-level members of one event's JSON data that the
 // Detector looks at, as raw JSON text pointing into the event's data (nothing
@@ -20,7 +16,7 @@ type fields struct {
 	response string // Responses lifecycle events: "response"
 	message  string // Anthropic message_start: "message"
 	delta    string // Anthropic message_delta: "delta"
-	closed   bool   // data is one JSON object, closed (members): not cut
+	closed   bool   // data is one JSON object, closed (walker.closed): not cut
 	// The choices of "choices", read while it was scanned (scanChoices):
 	// each one's index and whether its finish_reason is set. When
 	// choicesRead is false the Detector walks f.choices itself.
@@ -40,106 +36,63 @@ type fields struct {
 const maxReadChoices = 4
 
 // scan fills f from data when data is a JSON object; anything else leaves f
-// empty, and malformed data yields the members before the fault. It is
-// members with the Detector's keys picked out inline, and "choices" read
-// in the same pass (scanChoices).
+// empty, and malformed data yields the members before the fault. It walks
+// the members leniently (walker), picks the Detector's keys out inline, and
+// reads "choices" in the same pass (scanChoices).
 //
 // m remembers where the previous event's leading members ended (see
-// prefixMemo): when this event starts with the same bytes, the scan
+// prefixMemo): when this event starts with the same bytes, the walk
 // resumes there with the state m kept instead of walking them again.
 func (f *fields) scan(s string, m *prefixMemo) {
-	i := 0
+	w := walker{s: s, closer: '}'}
 	record := false      // whether the leading members are to be remembered
 	deepAt := -1         // where a "choices" key may extend m's prefix (prefixMemo.deep)
 	typAt, objAt := 0, 0 // where the text of "type" and "object" starts, while recording
 	switch {
 	case m.deep > 0 && len(s) >= m.deep && s[:m.deep] == string(m.buf[:m.deep]):
 		if e, ok := m.resumeDeep(f, s); ok {
-			var more bool
-			if i, more = f.next(s, e); !more {
-				return
-			}
+			w.i, w.after = e, true // past the "choices" value
 			break
 		}
-		i = m.resume(f, s) // the first choice is not as in the previous event
+		w.i = m.resume(f, s) // the first choice is not as in the previous event
 	case m.n > 0 && len(s) >= m.n && s[:m.n] == string(m.buf[:m.n]):
-		i = m.resume(f, s)
+		w.i = m.resume(f, s)
 		deepAt = m.n
 	default:
-		i = skipSpace(s, 0)
-		if i >= len(s) || s[i] != '{' {
-			return
-		}
-		i++
+		w = walk(s, 0, '{', false)
 		record = true
 	}
-	for {
-		i = skipSpace(s, i)
-		if i >= len(s) || s[i] != '"' {
-			f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
-			return
-		}
-		ke, esc := scanString(s, i)
-		if ke < 0 {
-			return
-		}
-		key := s[i+1 : ke-1]
-		if esc {
-			key = gjson.Parse(s[i:ke]).Str // rare: an escaped key
-		}
-		ks := i
-		i = skipSpace(s, ke)
-		if i >= len(s) || s[i] != ':' {
-			return
-		}
-		i = skipSpace(s, i+1)
-		if i >= len(s) {
-			return
-		}
-		var ve int
+	for w.next() {
+		key := w.name()
 		if key == "choices" {
 			if record {
-				m.remember(f, s, ks, typAt, objAt)
-				record, deepAt = false, ks
+				m.remember(f, s, w.ks, typAt, objAt)
+				record, deepAt = false, w.ks
 			}
-			ve = f.scanChoices(s, i)
-			if ks == deepAt && !esc {
+			w.at(f.scanChoices(s, w.i))
+			if w.ks == deepAt && !w.esc {
 				m.rememberDeep(f, s)
 			}
-		} else {
-			ve = valueEnd(s, i)
-			if record {
-				if esc || !m.plain(key, s[i:ve]) {
-					// The leading members end here: remember them, as they
-					// were before this one, for the next event, which is
-					// likely to repeat them.
-					m.remember(f, s, ks, typAt, objAt)
-					record = false
-				} else if key == "type" {
-					typAt = i + 1
-				} else if key == "object" {
-					objAt = i + 1
-				}
+			continue
+		}
+		vs := w.i
+		v := w.value()
+		if record {
+			if w.esc || !m.plain(key, v) {
+				// The leading members end here: remember them, as they
+				// were before this one, for the next event, which is
+				// likely to repeat them.
+				m.remember(f, s, w.ks, typAt, objAt)
+				record = false
+			} else if key == "type" {
+				typAt = vs + 1
+			} else if key == "object" {
+				objAt = vs + 1
 			}
-			f.member(key, s[i:ve])
 		}
-		var more bool
-		if i, more = f.next(s, ve); !more {
-			return
-		}
+		f.member(key, v)
 	}
-}
-
-// next moves past the member value that ended at s[ve]: more says that
-// another member follows, at s[i]; otherwise the object ended there, and
-// f.closed tells whether it did so properly.
-func (f *fields) next(s string, ve int) (i int, more bool) {
-	i = skipSpace(s, ve)
-	if i >= len(s) || s[i] != ',' {
-		f.closed = i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
-		return i, false
-	}
-	return i + 1, true
+	f.closed = w.closed()
 }
 
 // prefixMemo remembers the leading members of the previous event's data:
@@ -219,7 +172,7 @@ func (m *prefixMemo) rememberDeep(f *fields, s string) {
 // resumeDeep sets f to the state scan has after the choices array of s,
 // which starts with m's deep prefix, and returns the index past the array;
 // ok is false when the array does not go on as openAIChoiceRest and
-// restChoices read it, and then f is to be scanned from m.n (where
+// readElements read it, and then f is to be scanned from m.n (where
 // scanChoices starts the choices afresh).
 func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
 	fin, e, ok := openAIChoiceRest(s, m.deep)
@@ -227,8 +180,12 @@ func (m *prefixMemo) resumeDeep(f *fields, s string) (end int, ok bool) {
 		return 0, false
 	}
 	f.addChoice(m.idx, fin)
-	if end, ok = f.restChoices(s, e); !ok {
-		return 0, false
+	end = e + 1 // OpenAI sends one choice a chunk: most often the array ends here
+	if e >= len(s) || s[e] != ']' {
+		w := walker{s: s, i: e, strict: true, after: true, closer: ']'} // the walk of the array, past its first element
+		if end, ok = f.readElements(&w); !ok {
+			return 0, false
+		}
 	}
 	f.choicesRead = true
 	m.restore(f, s)
@@ -286,8 +243,8 @@ func (f *fields) member(k, v string) {
 // also reads each object's index and finish_reason as observeChat would,
 // so that the choices are not walked again; on anything else it leaves
 // that to observeChat. Both ends agree: on such an array valueEnd's
-// bracket matching stops at the same ']', and elements and members see
-// the same elements and members.
+// bracket matching stops at the same ']', and walkChoices' lenient walk
+// sees the same elements and members.
 func (f *fields) scanChoices(s string, i int) int {
 	f.choicesRead, f.nChoices, f.delta0 = false, 0, 0
 	if e, ok := f.readChoices(s, i); ok {
@@ -301,39 +258,20 @@ func (f *fields) scanChoices(s string, i int) int {
 
 // readChoices is scanChoices' strict walk; ok is false where it gives up.
 func (f *fields) readChoices(s string, i int) (end int, ok bool) {
-	if s[i] != '[' {
-		return 0, false
-	}
-	i = skipSpace(s, i+1)
-	if i < len(s) && s[i] == ']' {
-		return i + 1, true
-	}
-	e, ok := f.readElement(s, i)
-	if !ok {
-		return 0, false
-	}
-	return f.restChoices(s, e)
+	w := walk(s, i, '[', true)
+	return f.readElements(&w)
 }
 
-// restChoices is readChoices after an element that ended at s[e].
-func (f *fields) restChoices(s string, e int) (end int, ok bool) {
-	for {
-		i := skipSpace(s, e)
-		if i >= len(s) {
+// readElements reads the elements of the array that w walks.
+func (f *fields) readElements(w *walker) (end int, ok bool) {
+	for w.next() {
+		e, ok := f.readElement(w.s, w.i)
+		if !ok {
 			return 0, false
 		}
-		switch s[i] {
-		case ']':
-			return i + 1, true
-		case ',':
-			i = skipSpace(s, i+1)
-		default:
-			return 0, false
-		}
-		if e, ok = f.readElement(s, i); !ok {
-			return 0, false
-		}
+		w.at(e)
 	}
+	return w.end, w.end > 0
 }
 
 // readElement reads the element of "choices" at s[i], a choice (with
@@ -361,56 +299,34 @@ func (f *fields) readElement(s string, i int) (end int, ok bool) {
 }
 
 // readChoice reads the choice object starting at s[i] into the next slot
-// of f.choice, and returns the index just past it.
+// of f.choice, and returns the index just past it. It gives up (ok false)
+// on an escaped key and on a value plainValueEnd does not take.
 func (f *fields) readChoice(s string, i int) (end int, ok bool) {
 	var idx int64 // an absent index means the only choice, 0
 	fin := false
-	i = skipSpace(s, i+1)
-	if i < len(s) && s[i] == '}' {
-		f.addChoice(idx, fin)
-		return i + 1, true
-	}
-	for {
-		if i >= len(s) || s[i] != '"' {
+	w := walk(s, i, '{', true)
+	for w.next() {
+		if w.esc {
 			return 0, false
 		}
-		ke, esc := scanString(s, i)
-		if ke < 0 || esc {
-			return 0, false
-		}
-		key := s[i+1 : ke-1]
-		i = skipSpace(s, ke)
-		if i >= len(s) || s[i] != ':' {
-			return 0, false
-		}
-		i = skipSpace(s, i+1)
-		if i >= len(s) {
-			return 0, false
-		}
-		ve, ok := plainValueEnd(s, i)
+		vs := w.i
+		ve, ok := plainValueEnd(s, vs)
 		if !ok {
 			return 0, false
 		}
-		switch key {
+		switch w.text {
 		case "index":
-			idx = jsonInt(s[i:ve])
+			idx = jsonInt(s[vs:ve])
 		case "finish_reason":
-			fin = isSet(s[i:ve])
+			fin = isSet(s[vs:ve])
 		}
-		i = skipSpace(s, ve)
-		if i >= len(s) {
-			return 0, false
-		}
-		switch s[i] {
-		case '}':
-			f.addChoice(idx, fin)
-			return i + 1, true
-		case ',':
-			i = skipSpace(s, i+1)
-		default:
-			return 0, false
-		}
+		w.at(ve)
 	}
+	if w.end == 0 {
+		return 0, false
+	}
+	f.addChoice(idx, fin)
+	return w.end, true
 }
 
 // openAIChoice reads the start of the choice object at s[i], up to its

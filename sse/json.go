@@ -8,77 +8,135 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// This file holds a minimal JSON walker for Observe's hot path. gjson's
-// ForEach fully parses every member (numbers go through ParseFloat), which
-// made Observe cost ~1.2 µs per 200-byte chat chunk, about the proxy's whole
-// relay cost per event. The walker only finds where values start and end;
-// the few values the Detector needs are decoded afterwards. It never reads
-// out of bounds and never panics on malformed input: it stops early instead.
+// This file holds the package's one JSON walker, for its two readers of
+// JSON: ParseRequest walks a request body strictly, the Detector walks each
+// event's data leniently, on its hot path. Neither parses the values it
+// skips (gjson's ForEach did, which made Observe cost ~1.2 µs per 200-byte
+// chat chunk, about the proxy's whole relay cost per event): the walker
+// only finds where values start and end, and the few values a reader needs
+// are decoded afterwards. It never reads out of bounds and never panics on
+// malformed input: it stops early instead.
 
-// members calls fn with the key and raw value text of each member of the
-// JSON object that s holds, in order, stopping at the first malformed spot.
-// It reports whether the object was closed, with nothing but white space
-// after it: a check of the object's outline (its members' values are only
-// skipped), which a cut anywhere in it fails.
-func members(s string, fn func(key, val string)) (closed bool) {
-	i := skipSpace(s, 0)
-	if i >= len(s) || s[i] != '{' {
-		return false
+// A walker reads the members of one JSON object, or the elements of one
+// array, in order, as bufio.Scanner reads lines: each call of next moves
+// to the next one, past the opening bracket or the comma before it, and
+// reads an object member's key and colon; the caller then reads the value
+// at w.i (value, or its own reading and at). Each member costs one call,
+// which matters on the Detector's hot path.
+//
+// A strict walk stops at a comma before the closing bracket, and its
+// reader checks each value it takes (ParseRequest with delimited, the
+// Detector's fast reading of "choices" with plainValueEnd); a lenient one
+// (the rest of the Detector) takes a trailing comma and only delimits
+// values. Neither looks inside a string or a nested container beyond
+// finding its end.
+type walker struct {
+	s      string
+	i      int    // where the next member or element, or the separator before it, is read
+	end    int    // just past the closing bracket once next met it; 0 while not, or at a fault
+	ks     int    // where the current member's key starts (its opening quote)
+	text   string // the key's text between its quotes
+	esc    bool   // the key holds an escape (see name)
+	strict bool   // no comma before the closing bracket
+	after  bool   // a member or element was read: a comma or the closing bracket comes next
+	closer byte   // '}' or ']'
+}
+
+// walk returns a walker of the object or array (open is '{' or '[') that
+// starts, after white space, at s[i]. When there is none, its next reports
+// false at once.
+func walk(s string, i int, open byte, strict bool) walker {
+	i = skipSpace(s, i)
+	if i >= len(s) || s[i] != open {
+		return walker{}
 	}
-	i++
-	for {
-		i = skipSpace(s, i)
-		if i >= len(s) || s[i] != '"' {
-			return i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
-		}
-		ke, esc := scanString(s, i)
-		if ke < 0 {
-			return false
-		}
-		key := s[i+1 : ke-1]
-		if esc {
-			key = gjson.Parse(s[i:ke]).Str // rare: an escaped key
-		}
-		i = skipSpace(s, ke)
-		if i >= len(s) || s[i] != ':' {
+	return walker{s: s, i: i + 1, strict: strict, closer: open + 2} // '{'+2 is '}', '['+2 is ']'
+}
+
+// next moves to the next member or element and reports whether there is
+// one, at w.i (for a member, its value: key and name give its key). It is
+// false at the closing bracket, which sets end, and at a fault, which
+// leaves end 0.
+func (w *walker) next() bool {
+	s, i := w.s, skipSpace(w.s, w.i)
+	if w.after {
+		if i >= len(s) || s[i] != ',' {
+			if i < len(s) && s[i] == w.closer {
+				w.end = i + 1
+			}
 			return false
 		}
 		i = skipSpace(s, i+1)
-		if i >= len(s) {
+		if w.strict && i < len(s) && s[i] == w.closer {
 			return false
 		}
-		ve := valueEnd(s, i)
-		fn(key, s[i:ve])
-		i = skipSpace(s, ve)
-		if i >= len(s) || s[i] != ',' {
-			return i < len(s) && s[i] == '}' && skipSpace(s, i+1) == len(s)
-		}
-		i++
+	} else {
+		w.after = true
 	}
+	if i >= len(s) {
+		return false
+	}
+	if s[i] == w.closer {
+		w.end = i + 1
+		return false
+	}
+	if w.closer == ']' {
+		w.i = i
+		return true
+	}
+	// A member: its key and the colon after it.
+	if s[i] != '"' {
+		return false
+	}
+	ke, esc := scanString(s, i)
+	if ke < 0 {
+		return false
+	}
+	j := skipSpace(s, ke)
+	if j >= len(s) || s[j] != ':' {
+		return false
+	}
+	j = skipSpace(s, j+1)
+	if j >= len(s) {
+		return false
+	}
+	w.ks, w.text, w.esc, w.i = i, s[i+1:ke-1], esc, j
+	return true
 }
 
-// elements calls fn with the raw text of each element of the JSON array
-// that s holds, stopping at the first malformed spot.
-func elements(s string, fn func(val string)) {
-	i := skipSpace(s, 0)
-	if i >= len(s) || s[i] != '[' {
-		return
+// key returns the current member's key as it stands, with its quotes.
+func (w *walker) key() string { return w.s[w.ks : w.ks+len(w.text)+2] }
+
+// name returns the name the current member's key stands for, decoded as
+// jsonString decodes.
+func (w *walker) name() string {
+	if w.esc {
+		return w.unescaped()
 	}
-	i++
-	for {
-		i = skipSpace(s, i)
-		if i >= len(s) || s[i] == ']' {
-			return
-		}
-		ve := valueEnd(s, i)
-		fn(s[i:ve])
-		i = skipSpace(s, ve)
-		if i >= len(s) || s[i] != ',' {
-			return
-		}
-		i++
-	}
+	return w.text
 }
+
+// unescaped is name for a key that holds an escape, a rare one. It is kept
+// out of line so that name, on the hot path, inlines.
+//
+//go:noinline
+func (w *walker) unescaped() string { return unescape(w.key()) }
+
+// value returns the value at w.i, as valueEnd delimits it, and moves past
+// it.
+func (w *walker) value() string {
+	v := w.s[w.i:valueEnd(w.s, w.i)]
+	w.i += len(v)
+	return v
+}
+
+// at moves past a value that the caller read itself, up to s[e].
+func (w *walker) at(e int) { w.i = e }
+
+// closed reports whether the walk ended at the closing bracket with
+// nothing but white space after it: for data that should be one object,
+// a check of its outline, which a cut anywhere in it fails.
+func (w *walker) closed() bool { return w.end > 0 && skipSpace(w.s, w.end) == len(w.s) }
 
 func skipSpace(s string, i int) int {
 	if i < len(s) && s[i] > ' ' {
@@ -218,27 +276,41 @@ func containerEnd(s string, i int) int {
 }
 
 // jsonString returns the text of a raw JSON string value; ok is false for
-// any other kind of value.
+// any other kind of value. It is the Detector's lenient reading, a view of
+// raw; ParseRequest's stringValue is the strict one, a copy.
 func jsonString(raw string) (string, bool) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", false
 	}
 	s := raw[1 : len(raw)-1]
 	if strings.IndexByte(s, '\\') >= 0 {
-		s = gjson.Parse(raw).Str
+		s = unescape(raw)
 	}
 	return s, true
 }
 
+// unescape decodes a raw JSON string that holds an escape, as gjson does:
+// the Detector's reading of strings since it was written, which
+// FuzzDetectorDifferential holds it to.
+func unescape(raw string) string { return gjson.Parse(raw).Str }
+
 // jsonInt returns a raw JSON number as an int64 (0 for anything else).
 func jsonInt(raw string) int64 {
-	if n, err := strconv.ParseInt(raw, 10, 64); err == nil {
+	if n, ok := intLiteral(raw); ok {
 		return n
 	}
 	return gjson.Parse(raw).Int() // 1e3, 2.0, out of range: gjson's rules
 }
 
-// isNumber reports whether raw looks like a JSON number.
+// intLiteral parses a raw JSON value that is an integer literal (no
+// fraction, no exponent) fitting an int64; anything else is not ok.
+func intLiteral(raw string) (int64, bool) {
+	n, err := strconv.ParseInt(raw, 10, 64)
+	return n, err == nil
+}
+
+// isNumber reports whether raw looks like a JSON number (its first byte);
+// isNumberLiteral is the strict check.
 func isNumber(raw string) bool {
 	return raw != "" && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9')
 }
