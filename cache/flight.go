@@ -283,11 +283,12 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 // upstream's own (non-2xx) answer, which joiners receive as it was. A
 // store that refuses a commit fails the flight from inside Commit: the
 // non-streaming body Commit was given stays the flight's (Unstored).
-func (f *Flight) Fail(state State, reason string, body []byte) {
+// ended reports that this call ended it: it had not ended before.
+func (f *Flight) Fail(state State, reason string, body []byte) (ended bool) {
 	f.mu.Lock()
 	if f.ended {
 		f.mu.Unlock()
-		return
+		return false
 	}
 	if body != nil || !f.whole {
 		f.body = body
@@ -295,6 +296,7 @@ func (f *Flight) Fail(state State, reason string, body []byte) {
 	f.mu.Unlock()
 	f.be.fail(f, state, reason)
 	f.end(state, reason)
+	return true
 }
 
 // Deny ends the flight as failed_terminal for the upstream's refusal of
@@ -304,13 +306,13 @@ func (f *Flight) Fail(state State, reason string, body []byte) {
 // clients: a repeat is a new miss. A failed key is otherwise kept for
 // FailedTTL, and a client that mints a credential per request would fill
 // the ledger with keys nobody will ask for again.
-func (f *Flight) Deny(reason string, body []byte) {
+func (f *Flight) Deny(reason string, body []byte) (ended bool) {
 	f.mu.Lock()
 	if !f.ended {
 		f.denied = true
 	}
 	f.mu.Unlock()
-	f.Fail(StateFailedTerminal, reason, body)
+	return f.Fail(StateFailedTerminal, reason, body)
 }
 
 // wasDenied reports whether the flight ends by Deny.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
 )
 
@@ -45,6 +46,36 @@ func TestWriteAllocs(t *testing.T) {
 		}
 	}); got != 0 {
 		t.Errorf("write of %d bytes: got %v allocs; want 0", len(big), got)
+	}
+}
+
+// TestDeliverAllocs holds the relay of a journaled event to a client, by
+// the generation itself (writes that never wait) and by a follower's
+// goroutine (writes that wait), at zero allocations.
+func TestDeliverAllocs(t *testing.T) {
+	// Not parallel: AllocsPerRun counts every allocation of the process.
+	data := `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`
+	c := drainedClient(t)
+	c.p.cfg.SlowClientTimeout = 10 * time.Second
+	for _, wait := range []bool{false, true} {
+		f := cache.NewDetached(1 << 30)
+		sub, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := testing.AllocsPerRun(1000, func() {
+			if _, err := f.Append("", data); err != nil {
+				t.Fatal(err)
+			}
+			if d := deliver(c, sub, f, wait); d.err != nil && d.err != errBehind {
+				t.Fatal(d.err)
+			}
+			if err := c.flush(); err != nil { // whatever the socket did not take
+				t.Fatal(err)
+			}
+		}); got != 0 {
+			t.Errorf("deliver, wait %v: got %v allocs per event; want 0", wait, got)
+		}
 	}
 }
 

@@ -24,7 +24,9 @@ import (
 //   - state: the key state a generation ends in when the cause ends it
 //     before its first event (an abort after the first event always
 //     leaves failed_retryable, except where the store ends the generation
-//     and says so: generation_lost, fenced, store_unavailable);
+//     and says so: generation_lost, fenced, store_unavailable; and any
+//     failed end is commit_unknown once an ambiguous attempt was repeated:
+//     gen.failState);
 //   - status, typ, retry, msg: the JSON error answered before the first
 //     byte (docs/design.md, Errors); an upstream's own error answer is
 //     relayed as it came, and its row's answer is for one whose body could
@@ -364,23 +366,4 @@ func (c cause) unknownErr() *apiError {
 // uncommitted for reason.
 func abortFrame(reason string) []byte {
 	return sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, causeOf(reason).abortMessage()))
-}
-
-// fail ends flight f for c, with the upstream's status and body when it is
-// an upstream's error answer. Before the answer started (no head in the
-// flight) the key takes the cause's state; after it, an aborted answer is
-// no result and leaves failed_retryable (docs/design.md, Abort), whatever
-// the cause.
-func (c cause) fail(f *cache.Flight, status int, body []byte) {
-	state := causes[c].state
-	if _, started := f.Head(); started && !causes[c].byStatus {
-		state = cache.StateFailedRetryable
-	}
-	if c == causeUpstreamRefused && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
-		// The credential was refused: nothing was generated, and the key
-		// holds no place in the ledger past this answer.
-		f.Deny(c.reason(status), body)
-		return
-	}
-	f.Fail(state, c.reason(status), body)
 }

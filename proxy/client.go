@@ -105,16 +105,17 @@ var (
 // write sends p as one chunk, after whatever an earlier offer left
 // unwritten, waiting at most SlowClientTimeout for the connection to take
 // each writePiece bytes of it.
-func (c *client) write(p []byte) error { return c.send(p, false) }
+func (c *client) write(p []byte) error { return c.send(false, p) }
 
 // end writes the end of the body: the answer is complete.
-func (c *client) end() error { return c.send(nil, true) }
+func (c *client) end() error { return c.send(true) }
 
-func (c *client) send(p []byte, last bool) error {
+// send is write for parts as one chunk; last adds the end of the body.
+func (c *client) send(last bool, parts ...[]byte) error {
 	if err := c.flush(); err != nil {
 		return err
 	}
-	c.frame(last, p)
+	c.frame(last, parts...)
 	return c.flush()
 }
 

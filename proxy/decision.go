@@ -121,7 +121,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			p.m.missingBodies.Inc()
 		}
 		if !p.acquire() {
-			causeMaxStreams.fail(f, 0, nil)
+			// No call was made: the one end of a flight that no generation owns.
+			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 			return
 		}
@@ -200,7 +201,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	default:
 	}
 	p.stream(ctx, func(c *client) bool {
-		ok := p.follow(c, sub, f, !replayed)
+		ok := p.writeFollower(c, sub, f, !replayed)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
 				p.saved(f.Usage())

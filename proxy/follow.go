@@ -12,12 +12,79 @@ import (
 
 var pingComment = sse.AppendComment(nil, "ping")
 
-// follow writes a flight's events to c as they come, with a heartbeat
-// while idle, and ends the stream as the flight ends: after the last event
-// when it was committed, with a stream_aborted error event when it was not.
-// It returns false when the client went away. With measure set, the delay
-// between journaling the first event and flushing it here is observed.
-func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool) bool {
+// deliver writes c what sub has not had yet: the journal's spans at hand,
+// a batch per write, the head alone when there are none, and once the
+// flight ended, the frame that ends its stream (endFrame). With wait,
+// each write waits within -slow-client-timeout (a follower's goroutine,
+// whose caller writes the end of the body); without, none waits (the
+// origin's, written by the generation: the end of the body goes with the
+// last), and one the connection does not take whole stops it with
+// errBehind, the rest left in c.vec. It returns once caught up, at the
+// flight's end, or at a failed write.
+func deliver(c *client, sub *cache.Sub, f *cache.Flight, wait bool) (d delivery) {
+	for {
+		// On the stack, so that nothing keeps the spans once written.
+		var at [maxParts][]byte
+		spans, ended := sub.ReadSpans(at[:0])
+		d.ended = ended
+		if ended {
+			// An answer that came whole and was not kept (its commit
+			// refused) ends as it came: the client has it.
+			state, reason, _ := f.Outcome()
+			if end := endFrame(state, reason); end != nil && !f.Unstored() {
+				spans = append(spans, end)
+			}
+			if wait && len(spans) == 0 {
+				return d
+			}
+		} else if len(spans) == 0 && len(c.buf) == 0 {
+			return d // caught up
+		}
+		if wait {
+			d.err = c.send(false, spans...)
+		} else if done, err := c.offer(ended, spans...); err != nil {
+			d.err = err
+		} else if !done {
+			d.err = errBehind
+		}
+		if d.err != nil {
+			return d
+		}
+		d.wrote = true
+		d.events = d.events || len(spans) > 0
+		if ended || len(spans) == 0 { // the end, or the head alone so that the client sees the answer start
+			return d
+		}
+	}
+}
+
+// delivery is what deliver wrote.
+type delivery struct {
+	ended  bool  // the flight ended: what ends its stream was in the last write
+	wrote  bool  // a write went out whole
+	events bool  // journal spans went out
+	err    error // the write that failed: errBehind, or the client is gone
+}
+
+// errBehind stops a delivery whose write that never waits the connection
+// did not take whole: the client is behind.
+var errBehind = errors.New("the client is behind")
+
+// ttfeAdded observes the delay between journaling f's first event and
+// writing it to a client.
+func (p *Proxy) ttfeAdded(f *cache.Flight) {
+	if t := f.FirstEventAt(); !t.IsZero() {
+		p.m.ttfeAdded.Observe(time.Since(t).Seconds())
+	}
+}
+
+// writeFollower writes a flight's events to its follower c as they come,
+// with a heartbeat while idle, and ends the stream as the flight ends:
+// after the last event when it was committed, with a stream_aborted error
+// event when it was not. It returns false when the client went away. With
+// measure set, the delay between journaling the first event and writing
+// it here is observed.
+func (p *Proxy) writeFollower(c *client, sub *cache.Sub, f *cache.Flight, measure bool) bool {
 	defer sub.Close()
 	hb := time.NewTimer(p.cfg.Heartbeat)
 	defer hb.Stop()
@@ -31,36 +98,13 @@ func (p *Proxy) follow(c *client, sub *cache.Sub, f *cache.Flight, measure bool)
 			hb.Reset(p.cfg.Heartbeat)
 			continue
 		}
-		for {
-			data, ended := sub.Read()
-			if len(data) == 0 && len(c.buf) > 0 && !ended {
-				if c.write(nil) != nil { // the head, so the client sees the answer start
-					return false
-				}
-			}
-			if len(data) > 0 {
-				if c.write(data) != nil {
-					return false
-				}
-				if measure {
-					measure = false
-					if t := f.FirstEventAt(); !t.IsZero() {
-						p.m.ttfeAdded.Observe(time.Since(t).Seconds())
-					}
-				}
-			}
-			if ended {
-				// An answer that came whole and was not kept (its commit
-				// refused) ends as it came: the client has it.
-				state, reason, _ := f.Outcome()
-				if end := endFrame(state, reason); end != nil && !f.Unstored() {
-					return c.write(end) == nil
-				}
-				return true
-			}
-			if len(data) == 0 {
-				break // caught up: wait for the next signal
-			}
+		d := deliver(c, sub, f, true)
+		if measure && d.events {
+			measure = false
+			p.ttfeAdded(f)
+		}
+		if d.ended || d.err != nil {
+			return d.err == nil
 		}
 		hb.Reset(p.cfg.Heartbeat)
 	}
@@ -121,7 +165,7 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 				h = endedHead(f, h) // it can say how it ended, as serveFlight's
 			}
 			c.answerHead(h)
-			done := p.follow(c, sub, f, !replayed)
+			done := p.writeFollower(c, sub, f, !replayed)
 			if done && replayed {
 				if st, _, _ := f.Outcome(); st == cache.StateCommitted {
 					p.saved(f.Usage())

@@ -2,17 +2,14 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -76,23 +73,6 @@ func (g *gen) cancel(c cause) {
 	}
 }
 
-// interrupt makes a read of resp's body, blocked now or to come, fail at
-// once, by closing the connection it is read from. It never closes the
-// body stream itself: fasthttp's CloseBodyStream waits for a read in
-// progress to let go of the stream's lock, and cancel is also called from
-// inside that read (the generation writes its client before each read of
-// the socket, and a client that went away cancels an unkeyed
-// generation), where it would wait for itself forever. The generation
-// closes the body stream once its read returned (drop).
-func interrupt(resp *fasthttp.Response) {
-	if c := connOf(resp); c != nil {
-		c.interrupted.Store(true)
-		c.Conn.Close() //nolint:errcheck // interrupting a read
-	}
-	// Every upstream connection is an idleConn (newUpstream's Dial;
-	// TestAnswerConn), so there is no other case to interrupt.
-}
-
 func (g *gen) cutShort() cause {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -106,10 +86,13 @@ func (g *gen) drop() {
 	g.resp = nil
 	g.mu.Unlock()
 	if resp != nil {
-		if c := connOf(resp); c != nil && c.interrupted.Load() {
-			// Closed under a body that may have been read whole: fasthttp
-			// would pool it again.
-			resp.SetConnectionClose()
+		if c := connOf(resp); c != nil {
+			c.beforeRead = nil // set by relayBody: the connection may serve another generation next
+			if c.interrupted.Load() {
+				// Closed under a body that may have been read whole:
+				// fasthttp would pool it again.
+				resp.SetConnectionClose()
+			}
 		}
 		resp.CloseBodyStream() //nolint:errcheck // the body is done with
 		fasthttp.ReleaseResponse(resp)
@@ -188,60 +171,6 @@ func (g *gen) mark(state cache.State, attempt, status int) {
 	}
 }
 
-// attempt is what one call to the upstream came to, when it did not
-// settle the flight.
-type attempt struct {
-	cause      cause      // why it brought no answer to record; causeNone for a final answer to hand over as it is
-	head       cache.Head // set when the upstream answered with a head worth relaying
-	body       []byte     // an error answer's body, to relay if it is the last
-	retryAfter time.Duration
-	// fallbackCode is the error code of a 400 that -fallback-on-code
-	// names (context_length_exceeded): another model may take it.
-	fallbackCode string
-	// marked: the upstream's error answer carries the outcome-unknown
-	// marker (an ssegate behind, whose key is now commit_unknown and free:
-	// a repeat would be a new generation there). Never repeated, never
-	// fallen back from, -retry-ambiguous or not.
-	marked bool
-	// ambiguousStatus: the upstream's error status is one of
-	// -ambiguous-status (504 by default: a gateway timed out, and the
-	// request may be running behind it). Ambiguous: repeated only to an
-	// upstream -retry-ambiguous names.
-	ambiguousStatus bool
-}
-
-// unknown reports whether the attempt may have left the request running
-// or run upstream: its cause leaves commit_unknown, or the upstream's
-// answer said its outcome is unknown.
-func (a attempt) unknown() bool {
-	return causes[a.cause].state == cache.StateCommitUnknown || a.marked || a.ambiguousStatus
-}
-
-// reason names what the attempt came to, for logs, metrics and the
-// ledger's fallbacks.
-func (a attempt) reason() string {
-	if a.fallbackCode != "" {
-		return a.fallbackCode
-	}
-	return a.cause.reason(a.head.Status)
-}
-
-// verdict says whether the attempt may be made again (retry.go): by the
-// upstream's status for its own answers, by the cause's row otherwise.
-func (a attempt) verdict() verdict {
-	switch a.cause {
-	case causeNone, causeUpstreamRefused, causeUpstreamFailed:
-		switch {
-		case a.marked:
-			return final
-		case a.ambiguousStatus:
-			return ambiguous
-		}
-		return statusVerdict(a.head.Status)
-	}
-	return causes[a.cause].verdict
-}
-
 // launch runs the generation on a goroutine of its own and lets it go
 // first: it sends the upstream call before the request's goroutine goes
 // on to take the client's connection over, which is not on the way to the
@@ -259,10 +188,10 @@ func (g *gen) launch(tmpl *fasthttp.Request) {
 // answer (causeRow.fallback), the next model of its -fallback rule is
 // tried the same way.
 func (g *gen) run(tmpl *fasthttp.Request) {
-	handedOff := false
+	rawPassed := false
 	defer func() {
 		fasthttp.ReleaseRequest(tmpl)
-		if !handedOff {
+		if !rawPassed {
 			g.o.push() // the end of the answer, to the client the generation writes
 			g.finish()
 		}
@@ -270,7 +199,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	p, f := g.p, g.f
 	p.budget.request(g.start)
 	models := g.models(tmpl.Body())
-	calls := 0 // attempts made, over every model
+	calls := 0 // upstream calls made, over every model
 	var tried []cache.Fallback
 	var given attempt // the last attempt of the model given up on
 	for i, model := range models {
@@ -283,84 +212,25 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			f.SetModel(model, tried)
 		}
 		more := i+1 < len(models)
-		a, last, end := g.attempts(req, model, more, &calls)
-		switch end {
-		case handedOver:
-			handedOff = true
+		t := g.attempts(req, model, more, calls)
+		calls = t.calls
+		switch t.end {
+		case passedRaw:
+			rawPassed = true
 			return
 		case settled:
 			return
 		}
-		if end == failedAll && more && g.fallBack(a, model, models[i+1], calls) {
-			tried = append(tried, cache.Fallback{Model: model, Reason: a.reason()})
-			given = a
+		if t.end == failedAll && more && g.fallBack(t.last, model, models[i+1], calls) {
+			tried = append(tried, cache.Fallback{Model: model, Reason: t.last.reason()})
+			given = t.last
 			continue
 		}
-		if last.head.Status == 0 {
-			last = given // relay the given-up model's answer rather than a failure to reach the next
+		if t.prev.head.Status == 0 {
+			t.prev = given // relay the given-up model's answer rather than a failure to reach the next
 		}
-		g.end(calls, a, last)
+		g.giveUp(t)
 		return
-	}
-}
-
-// How a model's attempts ended.
-type attemptsEnd uint8
-
-const (
-	failedAll  attemptsEnd = iota // a and last say how the last attempts failed
-	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
-	settled                       // the flight has its answer (or its cut), and ended with it
-	handedOver                    // the answer went to the origin as it is (handOff)
-)
-
-// attempts makes the attempts for one model, through its circuits, and
-// says how they ended; when they all failed, a and last (the attempt
-// before it) say how. more says that another model may follow, so that a
-// 400 that names a -fallback-on-code is not recorded as the answer.
-func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls *int) (a, last attempt, end attemptsEnd) {
-	p := g.p
-	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
-	rt := route{model: modelKey(model)}
-	for n := 1; ; n++ {
-		if c := g.cutShort(); c != causeNone {
-			g.fail(c, 0, nil)
-			return attempt{cause: c}, last, settled
-		}
-		select {
-		case <-g.f.Done():
-			// The store ended the flight meanwhile (fenced, or
-			// unreachable for a lease): no call is made for it.
-			_, reason, _ := g.f.Outcome()
-			return attempt{cause: causeOf(reason)}, last, settled
-		default:
-		}
-		up, idx, done, ok := rt.pick(p.ups)
-		if !ok {
-			return attempt{cause: causeUpstreamUnavailable}, last, rt.failedEnd()
-		}
-		*calls++
-		g.mark(cache.StateExecutionStarted, *calls, last.head.Status)
-		a, ok := g.try(up, tmpl, done, more)
-		if a.unknown() {
-			g.mayRun = true
-		}
-		if ok {
-			p.m.attemptsPerOK.Observe(float64(*calls))
-			return a, last, settled
-		}
-		if a.cause == causeNone && g.relayRaw {
-			g.handOff()
-			return a, last, handedOver
-		}
-		g.drop()
-		wait := max(jitter.next(), a.retryAfter)
-		if !g.retry(n, a, up, wait) {
-			return a, last, rt.failedEnd()
-		}
-		last = a
-		rt.failed(a, up, idx)
-		g.pause(wait) // a cut is seen at the loop's top
 	}
 }
 
@@ -377,92 +247,10 @@ func (g *gen) pause(d time.Duration) bool {
 	}
 }
 
-// route is the failover of one generation's attempts over the upstreams,
-// through the circuits of its model.
-type route struct {
-	model  string
-	next   int       // the upstream to try first
-	pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
-}
-
-// pick returns the upstream of the next attempt; ok is false when every
-// one has its circuit open, or the pinned one has.
-func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error), ok bool) {
-	up, idx, done, ok = pick(ups, rt.next, rt.model)
-	if ok && rt.pinned != nil && up != rt.pinned {
-		// The pinned upstream's circuit is open. Another upstream cannot
-		// deduplicate against the call that may be running.
-		done(errNotCalled)
-		return nil, 0, nil, false
-	}
-	return up, idx, done, ok
-}
-
-// failedEnd is how a model's attempts ended when they all failed: after
-// an ambiguous one (the route is pinned to its upstream), the model may
-// have run the request, whatever the later ones came to.
-func (rt *route) failedEnd() attemptsEnd {
-	if rt.pinned != nil {
-		return mayHaveRun
-	}
-	return failedAll
-}
-
-// failed moves the route on after attempt a on up (ups[idx]) failed and
-// is to be made again: to the next upstream, unless the upstream may be
-// running the request (-retry-ambiguous), now or since an earlier attempt:
-// only it can tell the repeat apart, so it gets every repeat.
-func (rt *route) failed(a attempt, up *upstream, idx int) {
-	if a.verdict() == ambiguous {
-		rt.pinned = up
-	}
-	rt.next = idx + 1
-	if rt.pinned != nil {
-		rt.next = idx
-	}
-}
-
-// retry decides whether attempt n, which failed as a says on up, is made
-// again after wait: only when its verdict allows it (an ambiguous failure
-// only for an upstream known to deduplicate on the key, -retry-ambiguous,
-// so only with one), within -retry-attempts, Retry-After's bound,
-// -retry-max-elapsed and the retry budget. It counts and logs the
-// decision.
-func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
-	p, f, rc := g.p, g.f, &g.p.cfg.Retry
-	v := a.verdict()
-	if v != safe && !(v == ambiguous && f.Gen != 0 && up.retryAmbiguous) {
-		return false
-	}
-	why := ""
-	switch {
-	case n >= rc.Attempts:
-		why = "attempts"
-	case a.retryAfter > rc.RetryAfterMax:
-		why = "retry_after_too_long"
-	case time.Since(g.start)+wait > rc.MaxElapsed:
-		why = "max_elapsed"
-	case !p.budget.retry(time.Now()):
-		why = "budget"
-		p.m.budgetRefused.Inc()
-	}
-	reason := a.cause.reason(a.head.Status)
-	if why != "" {
-		p.m.noRetry.WithLabelValues(why).Inc()
-		p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-			"reason", reason, "why", why, "upstream", up.name)
-		return false
-	}
-	p.m.retries.WithLabelValues(reason).Inc()
-	p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", reason,
-		"upstream", up.name, "backoff", wait.String())
-	return true
-}
-
-// handOff gives the origin the upstream's answer to a request without a
+// passRaw gives the origin the upstream's answer to a request without a
 // key that is not an event stream, to relay as it comes (origin.answerRaw),
 // with the end of the generation.
-func (g *gen) handOff() {
+func (g *gen) passRaw() {
 	g.mu.Lock()
 	resp := g.resp
 	g.resp = nil
@@ -470,419 +258,80 @@ func (g *gen) handOff() {
 	g.o.answerRaw(resp)
 }
 
-// try makes one attempt on up. settled reports that the answer went into
-// the flight and the flight ended with it; otherwise a says what came.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) (a attempt, settled bool) {
-	sent := time.Now()
-	resp, err := g.call(up, up.prepare(tmpl))
-	m := g.p.m
-	if errors.Is(err, errCancelled) {
-		done(nil) // the upstream answered; whether well is not known
-		return attempt{cause: g.cutShort()}, false
-	}
-	if err != nil {
-		done(err)
-		a := attempt{cause: causeUpstreamReset}
-		switch {
-		case isDial(err):
-			a.cause = causeConnectError
-		case isStale(err):
-			a.cause = causeStaleConnection
-		case isTimeout(err):
-			a.cause = causeUpstreamTimeout
-		}
-		m.attempts.WithLabelValues(a.cause.String()).Inc()
-		if cut := g.cutShort(); cut != causeNone {
-			// Cut short while it waited (Abort closed its connection):
-			// the cut ends the flight, commit_unknown when the request
-			// may have gone out.
-			if a.unknown() {
-				g.mayRun = true
-			}
-			return attempt{cause: cut}, false
-		}
-		return a, false
-	}
-	head := copyHead(resp)
-	m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
-	a = attempt{head: head}
-	if head.Status >= 400 {
-		a.cause = upstreamStatus(head.Status)
-		a.marked = markedUnknown(resp)
-		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
-	}
-	switch {
-	case head.Status >= 500:
-		done(errUpstreamStatus)
-	case head.Status == fasthttp.StatusTooManyRequests && more:
-		// A model that has a fallback: its 429s count against its
-		// circuits, so that a rate-limited model is skipped while its
-		// circuit is open rather than tried on every request.
-		done(errUpstreamStatus)
-	default:
-		done(nil) // alive: 4xx and 429 are answers, not outages
-	}
-	if head.Status == fasthttp.StatusBadRequest && more && !head.Stream {
-		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
-		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {
-			return attempt{cause: causeUpstreamRefused, head: head, body: body, fallbackCode: code}, false
-		}
-		g.settle(resp, head, body, err)
-		return a, true
-	}
-	if a.verdict() == safe || a.marked || a.ambiguousStatus {
-		// An answer that may be repeated, or one whose outcome is
-		// unknown: the attempts decide, and the last is relayed (end).
-		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
-		a.body, _ = readBody(resp, 64<<10)
-		return a, false
-	}
-	if !head.Stream {
-		if g.relayRaw {
-			a.cause = causeNone // relayed as it is, error or not
-			return a, false
-		}
-		if g.req.Stream && head.Status < 300 && !isJSON(head.ContentType) {
-			// A stream was asked for, and a 2xx came that is neither one
-			// nor a JSON answer (a proxy's HTML page, say): no valid first
-			// event. The upstream took the request; what became of it is
-			// not known. (A JSON answer, from an upstream that does not
-			// stream, is recorded like any other: framing decides.)
-			return attempt{cause: causeNotAnEventStream}, false
-		}
-		g.record(resp, head)
-		return a, true
-	}
-	c, settled := g.pump(resp, head, sent, g.healer(up, tmpl))
-	if settled {
-		return a, true
-	}
-	// No valid first event: an error event (the upstream said it failed:
-	// safe to repeat), or a body that ended or broke without one (the
-	// upstream took the request and may be generating: ambiguous).
-	return attempt{cause: c}, false
-}
-
-var errUpstreamStatus = errors.New("upstream answered 5xx")
-
-// record ends the flight with a non-streaming answer: committed when 2xx,
-// relayed to joiners and not stored otherwise.
-func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
-	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
-	g.settle(resp, head, body, err)
-}
-
-// settle ends the flight with a non-streaming answer read as body (err
-// from reading it).
-func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err error) {
-	f := g.f
-	f.SetHead(head)
-	switch {
-	case err != nil:
-		// A chunked body without its last chunk, or one shorter than its
-		// Content-Length, fails here (io.ErrUnexpectedEOF).
-		readFailure(err).fail(f, 0, nil)
-	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
-		causeUnframedBody.fail(f, 0, nil)
-	case head.Status >= 200 && head.Status < 300 && isErrorObject(body):
-		// OpenRouter and several OpenAI-compatible servers answer a
-		// failure so: relayed as it came, like a 4xx, and not stored.
-		g.notStored(causeErrorBody)
-		causeErrorBody.fail(f, head.Status, body)
-	case head.Status >= 200 && head.Status < 300:
-		f.SetUsage(bodyUsage(body))
-		g.skipped(f.Commit(body))
-	default:
-		upstreamStatus(head.Status).fail(f, head.Status, body)
-	}
-	g.logEnd(head.Status)
-}
-
-// wholeBody reports whether a 2xx body read without error is known to be
-// whole. A chunked body or one with a Content-Length is, since its
-// framing was checked as it was read. A body that ends where the
-// connection closes could have been cut anywhere: it counts as whole only
-// when it parses as the JSON its Content-Type says it is.
-func wholeBody(resp *fasthttp.Response, head cache.Head, body []byte) bool {
-	if head.Status == fasthttp.StatusNoContent || head.Status == fasthttp.StatusNotModified {
-		return len(body) == 0 // an answer that has no body
-	}
-	if resp.Header.ContentLength() != -2 { // -2: until the connection closes
-		return true
-	}
-	return isJSON(head.ContentType) && json.Valid(body)
-}
-
-// isJSON reports whether a content type is JSON (application/json, or a
-// +json type).
-func isJSON(ct string) bool {
-	mt, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(ct)), ";")
-	mt = strings.TrimSpace(mt)
-	return mt == "application/json" || strings.HasSuffix(mt, "+json")
-}
-
-// end ends the flight after the last attempt a (and the one before it,
-// prev) brought no answer worth recording as a result.
-func (g *gen) end(attempts int, a, prev attempt) {
-	f := g.f
-	if a.head.Status == 0 && prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
+// giveUp ends the flight after the last attempts (t.last, and t.prev
+// before it) brought no answer worth recording as a result.
+func (g *gen) giveUp(t tries) {
+	f, a := g.f, t.last
+	if a.head.Status == 0 && t.prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
 		// Relay the upstream's own last answer rather than a connect
 		// error; not after a call that may have run (its answer said
 		// "not run", a later call's outcome is unknown).
-		a = prev
+		a = t.prev
 	}
-	state := g.failState(a.cause)
-	f.Mark(cache.StateExecutionStarted, attempts, a.head.Status) // the count; fail records the state
-	if f.Gen != 0 {
-		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-			"attempt", attempts, "state", state, "upstream_status", a.head.Status, "reason", a.cause.reason(a.head.Status))
-	}
+	f.Mark(cache.StateExecutionStarted, t.calls, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
 	}
 	g.fail(a.cause, a.head.Status, a.body)
-	g.logEnd(a.head.Status)
 }
 
-// failState is the state a failed end for c leaves: c's own, but
-// commit_unknown once an earlier attempt may still be running upstream
-// (mayRun: a pinned repeat, -retry-ambiguous, ended in another failure or
-// answer), whose outcome is still unknown.
+// commit ends the flight with its whole answer (body: a non-streaming
+// one's), and logs the end. With fail, it is the only way a generation's
+// flight ends (TestOneWayToEnd), as singleflight's doCall is the only
+// way a call ends.
+func (g *gen) commit(body []byte) {
+	g.skipped(g.f.Commit(body))
+	g.logEnd()
+}
+
+// fail ends the flight without a result, for c (with the upstream's
+// status and body when c is its error answer), as failState says; a
+// credential the upstream refused is denied (Flight.Deny). It counts the
+// ends whose outcome is unknown, and logs the end.
+func (g *gen) fail(c cause, status int, body []byte) {
+	f := g.f
+	state := g.failState(c)
+	var ended bool
+	if c == causeUpstreamRefused && state == cache.StateFailedTerminal && (status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden) {
+		// The credential was refused: nothing was generated, and the key
+		// holds no place in the ledger past this answer.
+		ended = f.Deny(c.reason(status), body)
+	} else {
+		ended = f.Fail(state, c.reason(status), body)
+	}
+	if ended && state == cache.StateCommitUnknown {
+		g.p.m.commitUnknowns.Inc()
+	}
+	g.logEnd()
+}
+
+// failState is the state a failed end for c leaves. Before the answer
+// started (no head in the flight) it is c's own; after it, an aborted
+// answer is no result and leaves failed_retryable (docs/design.md,
+// Abort), unless it is the upstream's own error answer. Once an attempt
+// may have left the request running upstream (mayRun: an ambiguous one,
+// repeated under -retry-ambiguous) it is commit_unknown, whatever came
+// after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}
+	if _, started := g.f.Head(); started && !causes[c].byStatus {
+		return cache.StateFailedRetryable
+	}
 	return causes[c].state
 }
 
-// fail ends the flight for c (cause.fail), as failState says: the key
-// must not look free while an earlier call may be generating. It counts
-// the ends whose outcome is unknown.
-func (g *gen) fail(c cause, status int, body []byte) {
-	if g.failState(c) == cache.StateCommitUnknown {
-		g.p.m.commitUnknowns.Inc()
-	}
-	if g.mayRun {
-		g.f.Fail(cache.StateCommitUnknown, c.reason(status), body)
-		return
-	}
-	c.fail(g.f, status, body)
-}
-
-// pump reads the upstream's events into the flight. The head goes to the
-// flight with the first event: until then nothing has reached a client,
-// and a failure returns settled false so the caller may retry. After it,
-// the flight ends here (settled): committed after a clean end, failed
-// otherwise. What follows the terminal event is drained, within bounds,
-// so the connection can be reused.
-//
-// A stream that h can heal (heal.go) and whose connection breaks after
-// the first event goes on with the upstream's resume of it.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer) (c cause, settled bool) {
-	f := g.f
-	m := g.p.m
-	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
-	defer deadline.Stop()
-	det := sse.NewDetector(g.req.Expect())
-	var readErr, appendErr error
-	// The client the generation writes gets what was journaled whenever
-	// the generation is about to read the upstream's socket: the events of
-	// one read go out together, and before it may wait. Every upstream
-	// connection is an idleConn (newUpstream's Dial; TestAnswerConn).
-	conn := connOf(resp)
-	if conn != nil {
-		conn.beforeRead = g.o.push
-	}
-	defer func() {
-		if conn != nil {
-			conn.beforeRead = nil
-		}
-	}()
-	// Events after the terminal one are no part of the answer: the flight
-	// ends with the terminal event, and what follows is only read (at
-	// most maxDrain bytes of it) so that the connection can be reused.
-	begun := false // the first event was seen, and the head went to the flight
-	concluded := false
-	drained := 0
-	// failing: a Responses stream's error event came, and the
-	// response.failed the API sends after it is awaited, within the drain
-	// bounds: an upstream that sends no more ends the stream with its error.
-	failing := false
-	body := bodyOf(resp)
-read:
-	for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
-		if err != nil {
-			if !failing || !isTimeout(err) {
-				readErr = err
-			}
-			break
-		}
-		if concluded {
-			if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
-				break
-			}
-			continue
-		}
-		det.Observe(ev)
-		if !begun {
-			if ev.Type == "response.created" {
-				g.responseCreated(ev, det, h)
-			}
-			if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
-				if ev.Type == "error" && gjson.Get(ev.Data, "error.type").Str == "stream_aborted" {
-					// An ssegate behind cut its stream: not the provider
-					// saying it did not run the request.
-					return causeUpstreamAborted, false
-				}
-				return causeErrorEvent, false // an upstream error before any event: a failed call
-			}
-			f.SetHead(head)
-			begun = true
-			m.ttfeUpstream.Observe(time.Since(sent).Seconds())
-		}
-		terminal := det.Terminal()
-		// The terminal event is relayed as it came when the stream is
-		// clean or ended as the provider stated it (causeRow.relayEnd:
-		// its response.failed, or its [DONE] after a choice the request
-		// did not ask for). A malformed one is not, nor one that claims
-		// a whole answer when the stream is not ([DONE] with a choice
-		// unfinished, say): a client that stops reading at it would take
-		// a half stream for a whole one. stream_aborted ends the stream
-		// instead.
-		relay := true
-		if terminal {
-			ok, why := det.Clean(false)
-			relay = ok || relayEnd(why)
-		}
-		if relay {
-			m.events.Inc()
-			if _, err := f.Append(ev.Type, ev.Data); err != nil {
-				appendErr = err
-				break
-			}
-		}
-		if terminal {
-			c, settled = g.conclude(det, head, nil, nil, false)
-			concluded = true
-			conn.drainBy(time.Now().Add(maxDrainTime))
-		} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
-			failing = true
-			conn.drainBy(time.Now().Add(maxDrainTime))
-		}
-	}
-	if concluded {
-		return c, settled
-	}
-	if readErr != nil && appendErr == nil && begun && h != nil {
-		if conn != nil {
-			conn.beforeRead = nil
-			conn = nil
-		}
-		nr, err := g.heal(h, det, readErr)
-		if nr != nil {
-			resp, readErr, body = nr, nil, bodyOf(nr)
-			if conn = connOf(resp); conn != nil {
-				conn.beforeRead = g.o.push
-			}
-			goto read
-		}
-		readErr = err
-	}
-	// The body ended with its framing intact: its last chunk, or all of
-	// its Content-Length (fasthttp fails a read short of either with
-	// io.ErrUnexpectedEOF); a body that ends where the connection closed
-	// (-2) has no framing to vouch for its end.
-	intact := readErr == nil && resp.Header.ContentLength() != -2
-	return g.conclude(det, head, readErr, appendErr, intact)
-}
-
-// maxDrain and maxDrainTime bound what is read of an upstream body after
-// its terminal event, for the connection's reuse; past either the
-// connection is closed. A provider ends its body right after its terminal
-// event, so the bounds only stop one that does not.
-const (
-	maxDrain     = 64 << 10
-	maxDrainTime = 100 * time.Millisecond
-)
-
-// conclude ends the flight once the stream's end is known: committed when
-// det finds it clean, failed otherwise, and reports it settled. Before any
-// event was journaled (no head in the flight yet), a failure that is not
-// the generation's own cut is returned unsettled, so that the caller may
-// decide on a retry.
-func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
-	f, m := g.f, g.p.m
-	_, begun := f.Head()
-	cut := g.cutShort()
-	switch {
-	case cut != causeNone:
-		c = cut
-	case errors.Is(appendErr, cache.ErrStreamTooLarge):
-		c = causeMaxStreamBytes
-	case errors.Is(appendErr, cache.ErrEnded):
-		_, reason, _ := f.Outcome() // the store ended it (e.g. fenced by another replica)
-		c = causeOf(reason)
-	case appendErr != nil:
-		c = causeStoreFull
-	case readErr != nil:
-		c = readFailure(readErr)
-	default:
-		ok, why := det.Clean(intact)
-		if ok {
-			if !begun {
-				f.SetHead(head)
-			}
-			if in, out, ok := det.Usage(); ok {
-				f.SetUsage(cache.Usage{Input: in, Output: out})
-			}
-			g.skipped(f.Commit(nil))
-			g.logEnd(head.Status)
-			return causeNone, true
-		}
-		c = causeOf(why)
-	}
-	if !begun && cut == causeNone {
-		return c, false
-	}
-	if !begun {
-		f.SetHead(head)
-	}
-	if causes[c].relayEnd {
-		// The provider ended the stream itself, and what it sent was
-		// relayed as it came: no abort, but nothing to store either.
-		g.notStored(c)
-	} else {
-		m.aborted.WithLabelValues(c.String()).Inc()
-	}
-	c.fail(f, 0, nil)
-	g.logEnd(head.Status)
-	return c, true
-}
-
-// readFailure is the cause of a failed read of an upstream body.
-func readFailure(err error) cause {
-	switch {
-	case errors.Is(err, sse.ErrEventTooLarge):
-		return causeMaxEventBytes
-	case errors.Is(err, errBodyTooLarge):
-		return causeMaxStreamBytes
-	case errors.As(err, new(*healRefused)):
-		return causeHealRefused
-	case isTimeout(err):
-		return causeUpstreamIdleTimeout
-	default:
-		return causeUpstreamReadError
-	}
-}
-
-func (g *gen) logEnd(status int) {
+// logEnd logs the flight's end: its state line.
+func (g *gen) logEnd() {
 	f := g.f
 	if f.Gen == 0 {
 		return // unkeyed: nothing was decided
 	}
 	state, reason, _ := f.Outcome()
+	h, _ := f.Head()
 	attrs := []any{"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-		"state", state, "reason", reason, "upstream_status", status, "events", f.Events(),
+		"state", state, "reason", reason, "upstream_status", h.Status, "events", f.Events(),
 		"duration_ms", time.Since(g.start).Milliseconds()}
 	if t := f.FirstEventAt(); !t.IsZero() {
 		attrs = append(attrs, "first_event_ms", t.Sub(g.start).Milliseconds())
@@ -918,29 +367,4 @@ func (g *gen) skipped(stored bool) {
 				"generation", f.Gen, "state", state, "reason", reason, "events", f.Events())
 		}
 	}
-}
-
-// statusClass is the outcome label of an upstream answer.
-func statusClass(status int) string {
-	switch {
-	case status == fasthttp.StatusTooManyRequests:
-		return "status_429"
-	case status >= 500:
-		return "status_5xx"
-	case status >= 400:
-		return "status_4xx"
-	}
-	return "ok"
-}
-
-// bodyUsage reads the token usage of a non-streaming answer, in the
-// OpenAI (prompt/completion, input/output) or Anthropic shape.
-func bodyUsage(body []byte) cache.Usage {
-	u := gjson.GetBytes(body, "usage")
-	if !u.Exists() {
-		return cache.Usage{}
-	}
-	in := u.Get("prompt_tokens").Int() + u.Get("input_tokens").Int()
-	out := u.Get("completion_tokens").Int() + u.Get("output_tokens").Int()
-	return cache.Usage{Input: in, Output: out}
 }

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -493,5 +497,128 @@ func TestStoredCompact(t *testing.T) {
 				t.Fatalf("the replay of the compressed body differs from the original")
 			}
 		})
+	}
+}
+
+// TestEndAfterAmbiguousStaysUnknown: an upstream known to deduplicate
+// (-retry-ambiguous) takes the request and hangs up, so the call may still
+// be generating there; its pinned repeat then ends the flight otherwise
+// than committed. Whatever that end (a stream cut after its first event,
+// a 2xx error body, a 4xx, a body cut short), the first call's outcome is
+// still unknown: the key ends commit_unknown, counted, and a whole answer
+// carries the marker, so that no client or ssegate in front repeats it
+// as one the upstream did not run.
+func TestEndAfterAmbiguousStaysUnknown(t *testing.T) {
+	t.Parallel()
+	cut := func(w http.ResponseWriter) {
+		w.(http.Flusher).Flush()
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			conn.Close()
+		}
+	}
+	cases := []struct {
+		name   string
+		second func(w http.ResponseWriter)
+		stream bool // the second answer is a stream: its head went out before the end
+	}{
+		{"stream cut after its first event", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t\"},\"finish_reason\":null}]}\n\n")
+			cut(w)
+		}, true},
+		{"2xx error body", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"error":{"type":"server_error","message":"it broke"}}`)
+		}, false},
+		{"4xx", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			fmt.Fprint(w, `{"error":{"type":"invalid_request","message":"no"}}`)
+		}, false},
+		{"whole body cut short", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "1000")
+			fmt.Fprint(w, `{"id":"chatcmpl-1",`)
+			cut(w)
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+				if n == 1 {
+					hangUp(n, w, r)
+					return
+				}
+				c.second(w)
+			})
+			e := retryEnv(t, []string{up.url}, func(pc *Config) { pc.RetryAmbiguous = []string{up.url} })
+			key := newKey("end-after-ambiguous")
+			body := chatBody
+			if !c.stream {
+				body = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+			}
+			r := e.fetch(req{key: key, body: body})
+			wantCount(t, "upstream calls", up.calls.Load(), 2)
+			if !c.stream && r.header.Get(outcomeHeader) != "unknown" {
+				t.Fatalf("answer %d %q: got %s %q; want unknown", r.status, r.raw, outcomeHeader, r.header.Get(outcomeHeader))
+			}
+			e.waitState(key, "", cache.StateCommitUnknown)
+			var n float64
+			if !within(5*time.Second, func() bool { n = metricValue(t, e.scrape(), "ssegate_commit_unknown_total"); return n == 1 }) {
+				t.Fatalf("ssegate_commit_unknown_total: got %v; want 1", n)
+			}
+		})
+	}
+}
+
+// TestOneWayToEnd: a generation's flight ends only through gen.fail and
+// gen.commit, which decide its state (mayRun, the abort after the head)
+// and count and log the end; no other code of the package ends a flight
+// (Flight.Fail, Deny or Commit), but for the one flight that has no
+// generation: a miss refused for -max-streams before any call.
+func TestOneWayToEnd(t *testing.T) {
+	t.Parallel()
+	allowed := map[string]bool{"gen.fail": true, "gen.commit": true, "Proxy.serveKeyed": true}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			where := fn.Name.Name
+			if fn.Recv != nil {
+				recv := fn.Recv.List[0].Type
+				if st, ok := recv.(*ast.StarExpr); ok {
+					recv = st.X
+				}
+				where = recv.(*ast.Ident).Name + "." + where
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok && !allowed[where] {
+					switch sel.Sel.Name {
+					case "Fail", "Deny", "Commit":
+						t.Errorf("%s: %s calls %s; a generation's flight ends through gen.fail and gen.commit only", fset.Position(call.Pos()), where, sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
 	}
 }

@@ -13,9 +13,9 @@ import (
 // connection is taken over before the upstream answers; the generation
 // itself then writes it, before each read of the upstream's socket, with
 // what the flight journaled since, in writes that never wait. A client
-// that falls behind is handed to a goroutine of its own, which follows the
-// flight as a joiner does; an answer that is not a stream is written
-// whole (answerRest). The generation never waits for its client.
+// that falls behind is handed to a goroutine of its own, which writes it
+// as a joiner's (a follower: writeFollower); an answer that is not a
+// stream is written whole (answerRest). The generation never waits for its client.
 type origin struct {
 	// Set by newGen, never written again.
 	p *Proxy
@@ -39,7 +39,7 @@ type origin struct {
 	// upstream's own answer to relay.
 	raw *fasthttp.Response
 	// Written by whichever goroutine writes the client in mode direct
-	// (startLocked, offer, beat): the take-over, the generation or the
+	// (startLocked, flushLocked, beat): the take-over, the generation or the
 	// heartbeat timer.
 	measure bool        // the first event's added delay is still to be observed
 	idle    bool        // nothing was written since the last heartbeat tick
@@ -239,7 +239,7 @@ func (o *origin) answerRaw(resp *fasthttp.Response) {
 
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream's socket
-// (idleConn.beforeRead) and after the flight ended.
+// (gen.relayBody) and after the flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
 	rest := false
@@ -257,58 +257,29 @@ func (o *origin) push() {
 
 // flushLocked writes the client everything it has not had yet, and the
 // end of the answer once the flight ended, as far as the connection takes
-// it without waiting: all the journal spans at hand in one write.
+// it without waiting (deliver).
 func (o *origin) flushLocked() {
-	c := o.c
-	for {
-		// On the stack, so that nothing keeps the spans once written.
-		var at [maxParts][]byte
-		spans, ended := o.sub.ReadSpans(at[:0])
-		if ended {
-			// An answer that came whole and was not kept (its commit
-			// refused) ends as it came: the client has it.
-			state, reason, _ := o.f.Outcome()
-			if end := endFrame(state, reason); end != nil && !o.f.Unstored() {
-				spans = append(spans, end)
-			}
-			if o.offer(true, spans...) {
-				o.over(true)
-			}
-			return
-		}
-		if len(spans) == 0 && len(c.buf) == 0 {
-			return // caught up
-		}
-		if !o.offer(false, spans...) || len(spans) == 0 {
-			return
-		}
+	d := deliver(o.c, o.sub, o.f, false)
+	if d.wrote {
+		o.idle = false
 	}
-}
-
-// offer writes parts without waiting and reports whether all of it went
-// out; if not, the client is handed off or gone.
-func (o *origin) offer(last bool, parts ...[]byte) bool {
-	done, err := o.c.offer(last, parts...)
-	switch {
-	case err != nil:
-		o.over(false)
-		return false
-	case !done:
-		o.handOff(last)
-		return false
-	}
-	o.idle = false
-	if o.measure && len(parts) > 0 {
+	if o.measure && d.events {
 		o.measure = false
-		if t := o.f.FirstEventAt(); !t.IsZero() {
-			o.p.m.ttfeAdded.Observe(time.Since(t).Seconds())
-		}
+		o.p.ttfeAdded(o.f)
 	}
-	return true
+	switch {
+	case d.err == errBehind:
+		o.handOff(d.ended)
+	case d.err != nil:
+		o.over(false)
+	case d.ended:
+		o.over(true)
+	}
 }
 
 // handOff gives the client to a goroutine of its own, which first writes
-// what the last offer left; ended: that was the end of the answer.
+// what the last write left and then makes it a follower (writeFollower);
+// ended: that was the end of the answer.
 func (o *origin) handOff(ended bool) {
 	o.mode = originFollower
 	o.stopBeat()
@@ -317,7 +288,7 @@ func (o *origin) handOff(ended bool) {
 	go func() {
 		ok := c.flush() == nil
 		if ok && !ended {
-			ok = o.p.follow(c, sub, f, measure) && c.end() == nil
+			ok = o.p.writeFollower(c, sub, f, measure) && c.end() == nil
 		} else {
 			sub.Close()
 		}
@@ -347,8 +318,15 @@ func (o *origin) beat() {
 	if o.mode != originDirect {
 		return
 	}
-	if o.idle && !o.offer(false, pingComment) {
-		return
+	if o.idle {
+		switch done, err := o.c.offer(false, pingComment); {
+		case err != nil:
+			o.over(false)
+			return
+		case !done:
+			o.handOff(false)
+			return
+		}
 	}
 	o.idle = true
 	o.hb.Reset(o.p.cfg.Heartbeat)

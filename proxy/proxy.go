@@ -127,7 +127,7 @@ func (p *Proxy) newServer() *fasthttp.Server {
 		IdleTimeout:        p.cfg.IdleTimeout,
 		ReadBufferSize:     8 << 10, // held for a stream's life: requests' headers fit
 		TCPKeepalive:       true,
-		// Streams set their own write deadline; see follow.
+		// Streams set their own write deadline; see client.flush.
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,

@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// record ends the flight with a non-streaming answer: committed when 2xx,
+// relayed to joiners and not stored otherwise.
+func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
+	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+	g.settle(resp, head, body, err)
+}
+
+// settle ends the flight with a non-streaming answer read as body (err
+// from reading it).
+func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err error) {
+	f := g.f
+	f.SetHead(head)
+	switch {
+	case err != nil:
+		// A chunked body without its last chunk, or one shorter than its
+		// Content-Length, fails here (io.ErrUnexpectedEOF).
+		g.fail(readFailure(err), 0, nil)
+	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
+		g.fail(causeUnframedBody, 0, nil)
+	case head.Status >= 200 && head.Status < 300 && isErrorObject(body):
+		// OpenRouter and several OpenAI-compatible servers answer a
+		// failure so: relayed as it came, like a 4xx, and not stored.
+		g.notStored(causeErrorBody)
+		g.fail(causeErrorBody, head.Status, body)
+	case head.Status >= 200 && head.Status < 300:
+		f.SetUsage(bodyUsage(body))
+		g.commit(body)
+	default:
+		g.fail(upstreamStatus(head.Status), head.Status, body)
+	}
+}
+
+// wholeBody reports whether a 2xx body read without error is known to be
+// whole. A chunked body or one with a Content-Length is, since its
+// framing was checked as it was read. A body that ends where the
+// connection closes could have been cut anywhere: it counts as whole only
+// when it parses as the JSON its Content-Type says it is.
+func wholeBody(resp *fasthttp.Response, head cache.Head, body []byte) bool {
+	if head.Status == fasthttp.StatusNoContent || head.Status == fasthttp.StatusNotModified {
+		return len(body) == 0 // an answer that has no body
+	}
+	if resp.Header.ContentLength() != -2 { // -2: until the connection closes
+		return true
+	}
+	return isJSON(head.ContentType) && json.Valid(body)
+}
+
+// isJSON reports whether a content type is JSON (application/json, or a
+// +json type).
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(ct)), ";")
+	mt = strings.TrimSpace(mt)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// bodyUsage reads the token usage of a non-streaming answer, in the
+// OpenAI (prompt/completion, input/output) or Anthropic shape.
+func bodyUsage(body []byte) cache.Usage {
+	u := gjson.GetBytes(body, "usage")
+	if !u.Exists() {
+		return cache.Usage{}
+	}
+	in := u.Get("prompt_tokens").Int() + u.Get("input_tokens").Int()
+	out := u.Get("completion_tokens").Int() + u.Get("output_tokens").Int()
+	return cache.Usage{Input: in, Output: out}
+}
+
+// copyHead reads the end-to-end headers of an upstream answer.
+func copyHead(resp *fasthttp.Response) cache.Head {
+	h := cache.Head{
+		Status:      resp.StatusCode(),
+		ContentType: string(resp.Header.ContentType()),
+	}
+	h.Stream = h.Status >= 200 && h.Status < 300 && isEventStream(h.ContentType)
+	for k, v := range resp.Header.All() {
+		name := string(k)
+		if skipResponseHeader(name) {
+			continue
+		}
+		h.Header = append(h.Header, cache.Header{Name: name, Value: string(v)})
+	}
+	return h
+}
+
+func skipResponseHeader(name string) bool {
+	for _, h := range hopHeaders {
+		if strings.EqualFold(name, h) {
+			return true
+		}
+	}
+	switch strings.ToLower(name) {
+	case "content-length", "content-type", "content-encoding", "date", "server", "set-cookie":
+		return true
+	case "ssegate-outcome", "ssegate-stored":
+		// An ssegate behind speaks of its own key; this proxy says what
+		// became of its own (outcomeHead), and a stored answer replays
+		// without them.
+		return true
+	}
+	return false
+}
+
+func isEventStream(ct string) bool {
+	ct = strings.TrimSpace(strings.ToLower(ct))
+	return strings.HasPrefix(ct, "text/event-stream")
+}
+
+// readBody reads a non-streamed answer up to limit bytes.
+func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(bodyOf(resp), int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > limit {
+		return nil, errBodyTooLarge
+	}
+	return body, nil
+}
+
+var errBodyTooLarge = errors.New("upstream body exceeds the byte bound")
+
+// bodyOf is the reader of an answer's body. fasthttp streams a body, but
+// gives no stream where there is none to read (the answer to a HEAD, a 204
+// or a 304): then what it holds, nothing, is the body.
+func bodyOf(resp *fasthttp.Response) io.Reader {
+	if r := resp.BodyStream(); r != nil {
+		return r
+	}
+	return bytes.NewReader(resp.Body())
+}

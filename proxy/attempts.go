@@ -1,0 +1,337 @@
+package proxy
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
+)
+
+// attempt is what one call to the upstream came to.
+type attempt struct {
+	// settled: the answer went into the flight, which ended with it;
+	// nothing else is set.
+	settled bool
+	// raw: the answer to a request without a key is not an event stream,
+	// and goes to the origin as it is (passRaw), error or not.
+	raw        bool
+	cause      cause      // why it brought no answer to record
+	head       cache.Head // set when the upstream answered with a head worth relaying
+	body       []byte     // an error answer's body, to relay if it is the last
+	retryAfter time.Duration
+	// fallbackCode is the error code of a 400 that -fallback-on-code
+	// names (context_length_exceeded): another model may take it.
+	fallbackCode string
+	// marked: the upstream's error answer carries the outcome-unknown
+	// marker (an ssegate behind, whose key is now commit_unknown and free:
+	// a repeat would be a new generation there). Never repeated, never
+	// fallen back from, -retry-ambiguous or not.
+	marked bool
+	// ambiguousStatus: the upstream's error status is one of
+	// -ambiguous-status (504 by default: a gateway timed out, and the
+	// request may be running behind it). Ambiguous: repeated only to an
+	// upstream -retry-ambiguous names.
+	ambiguousStatus bool
+}
+
+// unknown reports whether the attempt may have left the request running
+// or run upstream: its cause leaves commit_unknown, or the upstream's
+// answer said its outcome is unknown.
+func (a attempt) unknown() bool {
+	return causes[a.cause].state == cache.StateCommitUnknown || a.marked || a.ambiguousStatus
+}
+
+// reason names what the attempt came to, for logs, metrics and the
+// ledger's fallbacks.
+func (a attempt) reason() string {
+	if a.fallbackCode != "" {
+		return a.fallbackCode
+	}
+	return a.cause.reason(a.head.Status)
+}
+
+// verdict says whether the attempt may be made again (retry.go): by the
+// upstream's status for its own answers, by the cause's row otherwise.
+func (a attempt) verdict() verdict {
+	switch a.cause {
+	case causeNone, causeUpstreamRefused, causeUpstreamFailed:
+		switch {
+		case a.marked:
+			return final
+		case a.ambiguousStatus:
+			return ambiguous
+		}
+		return statusVerdict(a.head.Status)
+	}
+	return causes[a.cause].verdict
+}
+
+// tries is what one model's attempts came to.
+type tries struct {
+	end   attemptsEnd
+	last  attempt // when they all failed: the last attempt
+	prev  attempt // and the one before it
+	calls int     // the upstream calls made so far, over every model
+}
+
+// How a model's attempts ended.
+type attemptsEnd uint8
+
+const (
+	failedAll  attemptsEnd = iota // last and prev say how the last attempts failed
+	mayHaveRun                    // as failedAll, after an ambiguous failure was repeated (-retry-ambiguous): the model may have run the request
+	settled                       // the flight has its answer (or its cut), and ended with it
+	passedRaw                     // the answer went to the origin as it is (passRaw)
+)
+
+// attempts makes the attempts for one model, through its circuits, after
+// calls calls for the models before it, and says how they ended. more
+// says that another model may follow, so that a 400 that names a
+// -fallback-on-code is not recorded as the answer.
+func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls int) tries {
+	p := g.p
+	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	rt := route{model: modelKey(model)}
+	t := tries{calls: calls}
+	for n := 1; ; n++ {
+		if c := g.cutShort(); c != causeNone {
+			g.fail(c, 0, nil)
+			t.end = settled
+			return t
+		}
+		select {
+		case <-g.f.Done():
+			// The store ended the flight meanwhile (fenced, or
+			// unreachable for a lease): no call is made for it.
+			t.end = settled
+			return t
+		default:
+		}
+		up, idx, done, ok := rt.pick(p.ups)
+		if !ok {
+			t.last, t.end = attempt{cause: causeUpstreamUnavailable}, rt.failedEnd()
+			return t
+		}
+		t.calls++
+		g.mark(cache.StateExecutionStarted, t.calls, t.prev.head.Status)
+		a := g.try(up, tmpl, done, more)
+		if a.unknown() {
+			g.mayRun = true
+		}
+		switch {
+		case a.settled:
+			p.m.attemptsPerOK.Observe(float64(t.calls))
+			t.end = settled
+			return t
+		case a.raw:
+			g.passRaw()
+			t.end = passedRaw
+			return t
+		}
+		g.drop()
+		wait := max(jitter.next(), a.retryAfter)
+		if !g.retry(n, a, up, wait) {
+			t.last, t.end = a, rt.failedEnd()
+			return t
+		}
+		t.prev = a
+		rt.failed(a, up, idx)
+		g.pause(wait) // a cut is seen at the loop's top
+	}
+}
+
+// route is the failover of one generation's attempts over the upstreams,
+// through the circuits of its model.
+type route struct {
+	model  string
+	next   int       // the upstream to try first
+	pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
+}
+
+// pick returns the upstream of the next attempt; ok is false when every
+// one has its circuit open, or the pinned one has.
+func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error), ok bool) {
+	up, idx, done, ok = pick(ups, rt.next, rt.model)
+	if ok && rt.pinned != nil && up != rt.pinned {
+		// The pinned upstream's circuit is open. Another upstream cannot
+		// deduplicate against the call that may be running.
+		done(errNotCalled)
+		return nil, 0, nil, false
+	}
+	return up, idx, done, ok
+}
+
+// failedEnd is how a model's attempts ended when they all failed: after
+// an ambiguous one (the route is pinned to its upstream), the model may
+// have run the request, whatever the later ones came to.
+func (rt *route) failedEnd() attemptsEnd {
+	if rt.pinned != nil {
+		return mayHaveRun
+	}
+	return failedAll
+}
+
+// failed moves the route on after attempt a on up (ups[idx]) failed and
+// is to be made again: to the next upstream, unless the upstream may be
+// running the request (-retry-ambiguous), now or since an earlier attempt:
+// only it can tell the repeat apart, so it gets every repeat.
+func (rt *route) failed(a attempt, up *upstream, idx int) {
+	if a.verdict() == ambiguous {
+		rt.pinned = up
+	}
+	rt.next = idx + 1
+	if rt.pinned != nil {
+		rt.next = idx
+	}
+}
+
+// retry decides whether attempt n, which failed as a says on up, is made
+// again after wait: only when its verdict allows it (an ambiguous failure
+// only for an upstream known to deduplicate on the key, -retry-ambiguous,
+// so only with one), within -retry-attempts, Retry-After's bound,
+// -retry-max-elapsed and the retry budget. It counts and logs the
+// decision.
+func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
+	p, f, rc := g.p, g.f, &g.p.cfg.Retry
+	v := a.verdict()
+	if v != safe && !(v == ambiguous && f.Gen != 0 && up.retryAmbiguous) {
+		return false
+	}
+	why := ""
+	switch {
+	case n >= rc.Attempts:
+		why = "attempts"
+	case a.retryAfter > rc.RetryAfterMax:
+		why = "retry_after_too_long"
+	case time.Since(g.start)+wait > rc.MaxElapsed:
+		why = "max_elapsed"
+	case !p.budget.retry(time.Now()):
+		why = "budget"
+		p.m.budgetRefused.Inc()
+	}
+	reason := a.cause.reason(a.head.Status)
+	if why != "" {
+		p.m.noRetry.WithLabelValues(why).Inc()
+		p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
+			"reason", reason, "why", why, "upstream", up.name)
+		return false
+	}
+	p.m.retries.WithLabelValues(reason).Inc()
+	p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", reason,
+		"upstream", up.name, "backoff", wait.String())
+	return true
+}
+
+// try makes one attempt on up: the call, then what its answer's head says
+// to do with the answer.
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) attempt {
+	sent := time.Now()
+	resp, err := g.call(up, up.prepare(tmpl))
+	if err != nil {
+		return g.callFailed(err, done)
+	}
+	head := copyHead(resp)
+	g.p.m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
+	done(health(head.Status, more))
+	a := attempt{head: head}
+	if head.Status >= 400 {
+		a.cause = upstreamStatus(head.Status)
+		a.marked = markedUnknown(resp)
+		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
+	}
+	switch {
+	case head.Status == fasthttp.StatusBadRequest && more && !head.Stream:
+		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {
+			return attempt{cause: causeUpstreamRefused, head: head, body: body, fallbackCode: code}
+		}
+		g.settle(resp, head, body, err)
+		return attempt{settled: true}
+	case a.verdict() == safe || a.marked || a.ambiguousStatus:
+		// An answer that may be repeated, or one whose outcome is
+		// unknown: the attempts decide, and the last is relayed (giveUp).
+		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
+		a.body, _ = readBody(resp, 64<<10)
+		return a
+	case head.Stream:
+		if c, settled := g.pump(resp, head, sent, g.healer(up, tmpl)); !settled {
+			// No valid first event: an error event (the upstream said it
+			// failed: safe to repeat), or a body that ended or broke
+			// without one (the upstream took the request and may be
+			// generating: ambiguous).
+			return attempt{cause: c}
+		}
+		return attempt{settled: true}
+	case g.relayRaw:
+		a.raw, a.cause = true, causeNone
+		return a
+	case g.req.Stream && head.Status < 300 && !isJSON(head.ContentType):
+		// A stream was asked for, and a 2xx came that is neither one nor
+		// a JSON answer (a proxy's HTML page, say): no valid first event.
+		// The upstream took the request; what became of it is not known.
+		// (A JSON answer, from an upstream that does not stream, is
+		// recorded like any other: framing decides.)
+		return attempt{cause: causeNotAnEventStream}
+	}
+	g.record(resp, head)
+	return attempt{settled: true}
+}
+
+// callFailed is the attempt of a call that brought no answer: it failed
+// with err, or the generation was cut short while it waited.
+func (g *gen) callFailed(err error, done func(error)) attempt {
+	if errors.Is(err, errCancelled) {
+		done(nil) // the upstream answered; whether well is not known
+		return attempt{cause: g.cutShort()}
+	}
+	done(err)
+	a := attempt{cause: causeUpstreamReset}
+	switch {
+	case isDial(err):
+		a.cause = causeConnectError
+	case isStale(err):
+		a.cause = causeStaleConnection
+	case isTimeout(err):
+		a.cause = causeUpstreamTimeout
+	}
+	g.p.m.attempts.WithLabelValues(a.cause.String()).Inc()
+	if cut := g.cutShort(); cut != causeNone {
+		// Cut short while it waited (Abort closed its connection): the
+		// cut ends the flight, commit_unknown when the request may have
+		// gone out.
+		if a.unknown() {
+			g.mayRun = true
+		}
+		return attempt{cause: cut}
+	}
+	return a
+}
+
+// health is what an upstream's answer with status tells its circuits: a
+// 5xx is a failure, and so is a 429 to a model that has a fallback, so
+// that a rate-limited model is skipped while its circuit is open rather
+// than tried on every request; any other 4xx, and 429, is an answer, not
+// an outage.
+func health(status int, more bool) error {
+	if status >= 500 || (status == fasthttp.StatusTooManyRequests && more) {
+		return errUpstreamStatus
+	}
+	return nil
+}
+
+var errUpstreamStatus = errors.New("upstream answered 5xx")
+
+// statusClass is the outcome label of an upstream answer.
+func statusClass(status int) string {
+	switch {
+	case status == fasthttp.StatusTooManyRequests:
+		return "status_429"
+	case status >= 500:
+		return "status_5xx"
+	case status >= 400:
+		return "status_4xx"
+	}
+	return "ok"
+}
