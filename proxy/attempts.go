@@ -55,17 +55,15 @@ func (a attempt) reason() string {
 // verdict says whether the attempt may be made again (retry.go): by the
 // upstream's status for its own answers, by the cause's row otherwise.
 func (a attempt) verdict() verdict {
-	switch a.cause {
-	case causeNone, causeUpstreamRefused, causeUpstreamFailed:
-		switch {
-		case a.marked:
-			return final
-		case a.ambiguousStatus:
-			return ambiguous
-		}
-		return statusVerdict(a.head.Status)
+	switch {
+	case a.cause != causeNone && !causes[a.cause].byStatus:
+		return causes[a.cause].verdict
+	case a.marked:
+		return final
+	case a.ambiguousStatus:
+		return ambiguous
 	}
-	return causes[a.cause].verdict
+	return statusVerdict(a.head.Status)
 }
 
 // tries is what one model's attempts came to.
