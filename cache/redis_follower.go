@@ -52,7 +52,7 @@ func (fl *follower) tail() {
 	ended := 0 // consecutive idle checks that found the generation over
 	for {
 		if r.ctx.Err() != nil {
-			f.Fail(StateFailedRetryable, "shutdown", nil)
+			f.Fail(StateFailedRetryable, ReasonShutdown, nil)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
@@ -61,12 +61,12 @@ func (fl *follower) tail() {
 			Streams().Key(fl.k.j).Id(last).Build()).AsXRead()
 		cancel()
 		if rueidis.IsRedisNil(err) {
-			var state string
+			var state reapAnswer
 			if state, err = fl.check(); err == nil {
 				switch state {
-				case "alive":
+				case reapAlive:
 					ended = 0
-				case "reaped":
+				case reapReaped:
 					// The next read returns the lost entry this wrote.
 					r.reaped.Add(1)
 					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
@@ -77,7 +77,7 @@ func (fl *follower) tail() {
 					// Over, yet no terminal entry after ours: read once
 					// more (it may have just been written), then give up.
 					if ended++; ended >= 2 {
-						f.Fail(StateCommitUnknown, "generation_lost", nil)
+						f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
 						return
 					}
 				}
@@ -96,7 +96,7 @@ func (fl *follower) tail() {
 			// The owner fences itself after a lease without Redis; past
 			// that the generation cannot commit.
 			if time.Since(downSince) > r.cfg.Lease+r.idle {
-				f.Fail(StateCommitUnknown, "store_unavailable", nil)
+				f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
 				return
 			}
 			select {
@@ -125,7 +125,7 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 	if g != fl.gen || err != nil {
 		// The key was claimed again: this generation is over, and its
 		// terminal entry went with the old journal.
-		f.Fail(StateCommitUnknown, "generation_lost", nil)
+		f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
 		return true
 	}
 	switch {
@@ -142,12 +142,12 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 		}
 	}
 	if err := f.appendWire(seq, []byte(e.FieldValues["e"])); err != nil {
-		reason := "generation_lost"
+		reason := ReasonGenerationLost
 		switch {
 		case errors.Is(err, ErrStreamTooLarge):
-			reason = "max_stream_bytes"
+			reason = ReasonMaxStreamBytes
 		case errors.Is(err, ErrStoreFull):
-			reason = "store_full"
+			reason = ReasonStoreFull
 		}
 		f.Fail(StateFailedRetryable, reason, nil)
 		return true
@@ -155,11 +155,6 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 	*next = seq + 1
 	return false
 }
-
-// reasonCutCopy is the reason a follower's flight ends with when the
-// owner failed the generation before all its events reached Redis: the
-// proxy's unclean_end, which ends its clients with stream_aborted.
-const reasonCutCopy = "unclean_end"
 
 // end ends the flight as the owner ended the generation.
 func (fl *follower) end(fields map[string]string) {
@@ -183,7 +178,7 @@ func (fl *follower) end(fields map[string]string) {
 			time.Sleep(fl.r.idle / 4)
 		}
 		if err != nil {
-			f.Fail(StateCommitUnknown, "store_unavailable", nil)
+			f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
 			return
 		}
 		f.SetHead(res.Head)
@@ -210,20 +205,20 @@ func (fl *follower) end(fields map[string]string) {
 			// a reason the proxy relays as the provider's own end (an
 			// error event) would pass it off as whole. Its clients are
 			// told the stream was cut.
-			reason = reasonCutCopy
+			reason = ReasonUncleanEnd
 		}
 		f.Fail(State(fields["state"]), reason, body)
 	default: // lost: reaped, the owner died or was cut off
-		f.Fail(StateCommitUnknown, "generation_lost", nil)
+		f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
 	}
 }
 
 // check asks whether the generation's owner is alive, reaping it if not.
-func (fl *follower) check() (string, error) {
+func (fl *follower) check() (reapAnswer, error) {
 	r := fl.r
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	return reapScript.Exec(ctx, r.c, fl.k.withoutResult, []string{
+	return parseReapAnswer(reapScript.Exec(ctx, r.c, fl.k.withoutResult, []string{
 		fl.gen, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
-	}).ToString()
+	}))
 }

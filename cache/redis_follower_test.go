@@ -149,10 +149,10 @@ func TestRedisFollowerOfFailure(t *testing.T) {
 		_, reason, _ := j.Flight.Outcome()
 		switch got := j.Flight.Events(); {
 		case got == 8 && reason == "error_event":
-		case got < 8 && reason == reasonCutCopy:
+		case got < 8 && reason == ReasonUncleanEnd:
 			cut++
 		default:
-			t.Fatalf("follower: %d of 8 events, ended %q; want all 8 with error_event, or fewer with %s", got, reason, reasonCutCopy)
+			t.Fatalf("follower: %d of 8 events, ended %q; want all 8 with error_event, or fewer with %s", got, reason, ReasonUncleanEnd)
 		}
 	}
 	if cut == 0 {

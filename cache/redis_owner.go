@@ -235,7 +235,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 	}
 	o.state = ownerCommitting
 	o.mu.Unlock()
-	out := commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+	out := commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
 	if blob, err := o.r.codec.encode(res); err == nil {
 		req := &commitReq{blob: blob, done: make(chan commitOutcome, 1)}
 		select {
@@ -257,7 +257,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.state = ownerFenced
 	}
 	o.mu.Unlock()
-	if out.reason == "generation_lost" {
+	if out.reason == ReasonGenerationLost {
 		o.r.fenced.Add(1)
 	}
 	o.r.cfg.Logger.Warn("commit refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
@@ -297,10 +297,10 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.flushedBytes.Load(), 10), ""}
 	for range 2 {
 		ctx, cancel := o.r.opCtx()
-		out, err := scriptStrings(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
 		cancel()
 		if err == nil {
-			if out[0] == "ok" || out[0] == "already" {
+			if a.written() {
 				o.r.keyEnded(f.Scope, o.k, ttl)
 			}
 			return
@@ -337,14 +337,14 @@ func (o *owner) renewer() {
 		case err == nil && n == 1:
 			o.lastRenew.Store(int64(sent))
 		case err == nil:
-			o.fence("generation_lost")
+			o.fence(ReasonGenerationLost)
 			return
 		case o.ctx.Err() != nil:
 			return
 		default:
 			o.r.unavailable.Add(1)
 			if o.leaseLapsed() {
-				o.fence("store_unavailable")
+				o.fence(ReasonStoreUnavailable)
 				return
 			}
 		}
@@ -363,7 +363,7 @@ func (o *owner) flusher() {
 			return
 		case req := <-o.commitC:
 			if dead {
-				req.done <- commitOutcome{state: StateCommitUnknown, reason: "generation_lost"}
+				req.done <- commitOutcome{state: StateCommitUnknown, reason: ReasonGenerationLost}
 			} else {
 				req.done <- o.finishCommit(&pos, req.blob)
 			}
@@ -413,19 +413,19 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 		args, bytes := o.appendEvents(args, pos, evs)
 		args[8] = strconv.FormatInt(bytes, 10)
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		out, err := scriptStrings(appendScript.Exec(ctx, o.r.c, o.k.journal, args))
+		a, err := parseWriteAnswer(appendScript.Exec(ctx, o.r.c, o.k.journal, args))
 		cancel()
-		switch o.settle(pos, out, err, len(evs), bytes) {
+		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
-			if out[0] == "ok" { // "prev" wrote nothing, the mark included
+			if a.verdict == writeOK { // writePrev wrote nothing, the mark included
 				pos.markVer = ver
 			}
 			backoff = 5 * time.Millisecond
 		case batchFenced:
-			return "generation_lost"
+			return ReasonGenerationLost
 		case batchRetry:
 			if o.leaseLapsed() {
-				return "store_unavailable"
+				return ReasonStoreUnavailable
 			}
 			if !o.sleep(&backoff) {
 				return ""
@@ -446,7 +446,7 @@ func (o *owner) appendEvents(args []string, pos *journalPos, evs [][]byte) ([]st
 }
 
 // settle applies a script's answer to pos.
-func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes int64) batchResult {
+func (o *owner) settle(pos *journalPos, a writeAnswer, err error, n int, bytes int64) batchResult {
 	if err != nil {
 		if _, ok := rueidis.IsRedisErr(err); ok {
 			// Redis answered with an error: retrying cannot help.
@@ -459,8 +459,8 @@ func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes in
 		}
 		return batchRetry
 	}
-	switch out[0] {
-	case "ok", "already":
+	switch a.verdict {
+	case writeOK, writeAlready:
 		o.r.batches.Add(1)
 		o.r.events.Add(int64(n))
 		pos.flushed += n
@@ -471,7 +471,7 @@ func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes in
 		}
 		o.flushedBytes.Store(bytes)
 		return batchOK
-	case "prev":
+	case writePrev:
 		// Redis's journal does not end where this owner thinks. Before it:
 		// a failover lost its acknowledged tail; re-append from where it
 		// ends, from the journal. After it: a batch ran whose reply was
@@ -479,11 +479,7 @@ func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes in
 		// found its own events there; they are this owner's (only its
 		// (tok, gen) may append), so take them as written. Past what the
 		// journal holds, they cannot be its own.
-		last := ""
-		if len(out) > 1 {
-			last = out[1]
-		}
-		g, seqS, ok := strings.Cut(last, "-")
+		g, seqS, ok := strings.Cut(a.last, "-")
 		seq, err := strconv.Atoi(seqS)
 		if !ok || g != o.gen || err != nil || seq > o.f.Events() {
 			return batchFenced
@@ -497,7 +493,7 @@ func (o *owner) settle(pos *journalPos, out []string, err error, n int, bytes in
 		for _, e := range evs {
 			pos.bytes += int64(len(e))
 		}
-		pos.flushed, pos.prev = seq, last
+		pos.flushed, pos.prev = seq, a.last
 		return batchOK
 	default:
 		return batchFenced
@@ -514,7 +510,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			return commitOutcome{state: StateCommitUnknown, reason: reason}
 		}
 		if o.ctx.Err() != nil {
-			return commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+			return commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
 		}
 		evs, h, _ := o.f.wireSince(pos.flushed, maxBatch)
 		head := ""
@@ -527,19 +523,19 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		args, bytes := o.appendEvents(args, pos, evs)
 		args[12] = strconv.FormatInt(bytes, 10)
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		out, err := scriptStrings(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
 		cancel()
-		switch o.settle(pos, out, err, len(evs), bytes) {
+		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
-			if out[0] == "ok" || out[0] == "already" {
+			if a.written() {
 				return commitOutcome{ok: true}
 			}
-			// "prev": pos moved to where Redis's journal ends.
+			// writePrev: pos moved to where Redis's journal ends.
 		case batchFenced:
-			return commitOutcome{state: StateCommitUnknown, reason: "generation_lost"}
+			return commitOutcome{state: StateCommitUnknown, reason: ReasonGenerationLost}
 		case batchRetry:
 			if o.leaseLapsed() || !o.sleep(&backoff) {
-				return commitOutcome{state: StateCommitUnknown, reason: "store_unavailable"}
+				return commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
 			}
 		}
 	}

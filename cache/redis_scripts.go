@@ -1,6 +1,13 @@
 package cache
 
-import "github.com/redis/rueidis"
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/redis/rueidis"
+)
 
 // The Lua scripts of the Redis store. Each runs atomically on the server
 // and makes every check before its first write, so a script that refuses
@@ -27,6 +34,18 @@ import "github.com/redis/rueidis"
 // Generations come from the server's clock (TIME in ms, or the previous
 // generation + 1 when the clock has not moved past it), so they increase
 // per scope across replicas without a replica's clock taking part.
+
+// scriptStrings reads a script's array of strings.
+func scriptStrings(res rueidis.RedisResult) ([]string, error) {
+	arr, err := res.AsStrSlice()
+	if err != nil {
+		return nil, err
+	}
+	if len(arr) == 0 {
+		return nil, errors.New("empty script answer")
+	}
+	return arr, nil
+}
 
 // maxSeq is the seq of a generation's terminal entry: nothing of the
 // generation can be appended after it, even by a raw XADD.
@@ -86,6 +105,55 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
 return {'miss', gs, regenerated, reaped}
 `)
 
+// claimAnswer is claimScript's answer.
+type claimAnswer struct {
+	verdict claimVerdict
+	gen     uint64 // claimReplay, claimJoin, claimMiss: the generation
+	// claimMiss: the key held a committed result whose body is gone
+	// (regenerated), or a generation whose owner's lease had expired
+	// (reaped).
+	regenerated, reaped bool
+}
+
+type claimVerdict uint8
+
+const (
+	claimConflict claimVerdict = iota // the key holds another request
+	claimReplay                       // a committed result to replay
+	claimJoin                         // a live generation to follow
+	claimGone                         // committed, its body gone, and refuse asked
+	claimNew                          // no record, and ask asked: nothing was written
+	claimMiss                         // the caller owns a new generation
+)
+
+// claimWords are claimScript's words for its verdicts.
+var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
+	claimGone: "gone", claimNew: "new", claimMiss: "miss"}
+
+// parseClaimAnswer reads claimScript's answer out.
+func parseClaimAnswer(out []string) (claimAnswer, error) {
+	v := slices.Index(claimWords[:], out[0])
+	if v < 0 {
+		return claimAnswer{}, fmt.Errorf("unexpected answer %q", out)
+	}
+	a := claimAnswer{verdict: claimVerdict(v)}
+	switch a.verdict {
+	case claimConflict, claimGone, claimNew:
+		return a, nil
+	}
+	if len(out) < 2 {
+		return a, fmt.Errorf("unexpected answer %q", out)
+	}
+	gen, err := strconv.ParseUint(out[1], 10, 64)
+	if err != nil {
+		return a, fmt.Errorf("generation %q: %w", out[1], err)
+	}
+	a.gen = gen
+	a.regenerated = a.verdict == claimMiss && len(out) > 2 && out[2] == "1"
+	a.reaped = a.verdict == claimMiss && len(out) > 3 && out[3] == "1"
+	return a, nil
+}
+
 // abandonScript ends a generation whose claim ran but whose caller never
 // learnt it (the reply was lost past the claim's retries), so that
 // nobody waits a lease on a generation that has no owner and never
@@ -105,9 +173,9 @@ if s[3] ~= ARGV[1] then return 0 end
 if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
-  'state', 'failed_retryable', 'reason', 'store_unavailable', 'h', '', 'b', '')
+  'state', 'failed_retryable', 'reason', '` + ReasonStoreUnavailable + `', 'h', '', 'b', '')
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
-  'reason', 'store_unavailable', 'updated', ARGV[4])
+  'reason', '` + ReasonStoreUnavailable + `', 'updated', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[2])
@@ -154,6 +222,46 @@ end
 redis.call('HSET', KEYS[1], unpack(f))
 return {'ok'}
 `)
+
+// writeAnswer is the answer of appendScript and of finishScript.
+type writeAnswer struct {
+	verdict writeVerdict
+	last    string // writePrev: the id the journal ends with, "" for none
+}
+
+type writeVerdict uint8
+
+const (
+	writeOK      writeVerdict = iota // written
+	writeAlready                     // finishScript: this (tok, gen) had finished the generation so
+	writeFenced                      // another (tok, gen) holds the key, or the generation is over
+	writePrev                        // the journal does not end where the owner thinks: nothing written
+)
+
+// written reports whether Redis holds what the script was sent.
+func (a writeAnswer) written() bool { return a.verdict == writeOK || a.verdict == writeAlready }
+
+// writeWords are the words of appendScript and finishScript for their
+// verdicts.
+var writeWords = [...]string{writeOK: "ok", writeAlready: "already", writeFenced: "fenced", writePrev: "prev"}
+
+// parseWriteAnswer reads the answer of appendScript or finishScript. An
+// error is the client's or Redis's; an answer no script gives is a fence.
+func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
+	out, err := scriptStrings(res)
+	if err != nil {
+		return writeAnswer{}, err
+	}
+	v := slices.Index(writeWords[:], out[0])
+	if v < 0 {
+		return writeAnswer{verdict: writeFenced}, nil
+	}
+	a := writeAnswer{verdict: writeVerdict(v)}
+	if a.verdict == writePrev && len(out) > 1 {
+		a.last = out[1]
+	}
+	return a, nil
+}
 
 // renewScript extends the owner's lease. A lease that expired while st
 // still names this owner (a pause nobody reaped) is set again: ownership
@@ -235,8 +343,30 @@ local s = redis.call('HMGET', KEYS[1], 'phase', 'gen')
 if s[1] ~= 'live' or s[2] ~= ARGV[1] then return 'ended' end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
 redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
-redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', 'generation_lost', 'updated', ARGV[4])
+redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 'reaped'
 `)
+
+// reapAnswer is reapScript's answer.
+type reapAnswer uint8
+
+const (
+	reapEnded  reapAnswer = iota // not live any more, or another generation holds the key
+	reapAlive                    // the owner's lease stands
+	reapReaped                   // this call ended the generation as lost
+)
+
+// reapWords are reapScript's words for its answers.
+var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped"}
+
+// parseReapAnswer reads reapScript's answer; one no script gives is
+// reapEnded.
+func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, error) {
+	s, err := res.ToString()
+	if err != nil {
+		return reapEnded, err
+	}
+	return reapAnswer(max(slices.Index(reapWords[:], s), 0)), nil
+}

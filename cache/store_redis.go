@@ -409,8 +409,12 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 			r.abandon(sc, k, tok, sent, err)
 			return Begun{}, r.unavailableErr("claim", err)
 		}
-		switch out[0] {
-		case "new":
+		a, err := parseClaimAnswer(out)
+		if err != nil {
+			return Begun{}, fmt.Errorf("redis claim: %w", err)
+		}
+		switch a.verdict {
+		case claimNew:
 			// A tenant past its share of the live journals gets no new
 			// key; its hits and joins are answered as usual.
 			if err := r.shares.admit(sc.Tenant); err != nil {
@@ -421,47 +425,35 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 			}
 			ask = "0"
 			continue
-		case "conflict":
+		case claimConflict:
 			return Begun{Decision: Conflict}, nil
-		case "gone":
+		case claimGone:
 			return Begun{Decision: Gone}, nil
-		case "replay", "join", "miss":
-			if len(out) < 2 {
-				break
+		case claimReplay:
+			res, err := r.result(sc, k, a.gen)
+			if errors.Is(err, ErrNotFound) {
+				continue
 			}
-			gen, err := strconv.ParseUint(out[1], 10, 64)
 			if err != nil {
-				return Begun{}, fmt.Errorf("redis claim: generation %q: %w", out[1], err)
+				return Begun{}, err
 			}
-			switch out[0] {
-			case "replay":
-				res, err := r.result(sc, k, gen)
-				if errors.Is(err, ErrNotFound) {
-					continue
-				}
-				if err != nil {
-					return Begun{}, err
-				}
-				return Begun{Decision: Hit, Result: res}, nil
-			case "join":
-				return Begun{Decision: Join, Flight: r.follow(sc, k, gen, fp)}, nil
-			default:
-				if ask == "1" {
-					// A key the ledger held (failed, lost, or without its
-					// body) starts again: it counts as live.
-					if err := r.countKey(sc, k, true); err != nil {
-						r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
-					}
-				}
-				if len(out) > 3 && out[3] == "1" {
-					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-						"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
-					r.reaped.Add(1)
-				}
-				return Begun{Decision: Miss, Flight: r.own(sc, k, gen, tok, fp, sent), Regenerated: len(out) > 2 && out[2] == "1"}, nil
+			return Begun{Decision: Hit, Result: res}, nil
+		case claimJoin:
+			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
+		}
+		if ask == "1" {
+			// A key the ledger held (failed, lost, or without its body)
+			// starts again: it counts as live.
+			if err := r.countKey(sc, k, true); err != nil {
+				r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 			}
 		}
-		return Begun{}, fmt.Errorf("redis claim: unexpected answer %q", out)
+		if a.reaped {
+			r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
+				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+			r.reaped.Add(1)
+		}
+		return Begun{Decision: Miss, Flight: r.own(sc, k, a.gen, tok, fp, sent), Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
 }
@@ -520,18 +512,6 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 			backoff = min(2*backoff, time.Second)
 		}
 	})
-}
-
-// scriptStrings reads a script's array of strings.
-func scriptStrings(res rueidis.RedisResult) ([]string, error) {
-	arr, err := res.AsStrSlice()
-	if err != nil {
-		return nil, err
-	}
-	if len(arr) == 0 {
-		return nil, errors.New("empty script answer")
-	}
-	return arr, nil
 }
 
 func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }

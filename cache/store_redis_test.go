@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/doctable"
 	"strings"
 	"sync"
 	"testing"
@@ -308,7 +308,7 @@ func TestRedisOwnerStates(t *testing.T) {
 		if f.Commit(nil) {
 			t.Fatal("stale owner's Commit: got true; want it refused")
 		}
-		if _, reason, _ := f.Outcome(); reason != "generation_lost" {
+		if _, reason, _ := f.Outcome(); reason != ReasonGenerationLost {
 			t.Fatalf("stale owner: reason %q; want generation_lost (the commit refused)", reason)
 		}
 		want(t, o, ownerFailed)
@@ -334,7 +334,7 @@ func TestRedisOwnerStates(t *testing.T) {
 		t.Run("fence and commit from "+from.String(), func(t *testing.T) {
 			rs := replicas(t, 1)
 			f, o, _ := claim(t, rs, "owner-stay-"+from.String(), from)
-			o.fence("generation_lost")
+			o.fence(ReasonGenerationLost)
 			want(t, o, from)
 			select {
 			case <-f.Done():
@@ -370,7 +370,7 @@ func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
 		states[s.String()] = s
 	}
 	rows := map[struct{ from, to ownerState }]bool{}
-	for _, line := range gatetest.DocTable(t, "redis_owner.go", "ownerState") {
+	for _, line := range doctable.Rows(t, "redis_owner.go", "ownerState") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
@@ -497,7 +497,7 @@ func TestRedisClaimReplyLost(t *testing.T) {
 		if state := waitDone(t, j.Flight, lease/2); state != StateFailedRetryable {
 			t.Fatalf("the joiner: got %v; want failed_retryable", state)
 		}
-		if _, reason, _ := j.Flight.Outcome(); reason != "store_unavailable" {
+		if _, reason, _ := j.Flight.Outcome(); reason != ReasonStoreUnavailable {
 			t.Fatalf("the joiner: reason %q; want store_unavailable", reason)
 		}
 		eventually(t, time.Second, func() error {

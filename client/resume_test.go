@@ -16,6 +16,7 @@ import (
 // that leads to another host is not followed (the credential would go
 // there): the reconnection goes to /streams/{key} on the request's host.
 func TestResumeByResumeURL(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, base, header, want string
 	}{
@@ -29,6 +30,7 @@ func TestResumeByResumeURL(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			var mu sync.Mutex
 			var got []string
 			var srv *httptest.Server

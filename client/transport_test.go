@@ -7,12 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/client"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // fast is a Transport with short backoffs, for tests.
@@ -62,6 +64,7 @@ func post(t *testing.T, tr http.RoundTripper, url, body string) *http.Response {
 // the caller gets the 200, and the three attempts carry one fresh key and
 // the whole body each.
 func TestRetry503ThenSuccess(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch rec.add(r) {
@@ -98,6 +101,7 @@ func TestRetry503ThenSuccess(t *testing.T) {
 // TestRetriesExhausted: a 503 on every attempt; after MaxAttempts the
 // caller gets the last 503 as it came.
 func TestRetriesExhausted(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec.add(r)
@@ -121,6 +125,7 @@ func TestRetriesExhausted(t *testing.T) {
 // TestRetryConnectionError: the first connection is closed before any
 // answer; the request is sent again and succeeds.
 func TestRetryConnectionError(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rec.add(r) == 1 {
@@ -144,6 +149,7 @@ func TestRetryConnectionError(t *testing.T) {
 
 // TestNoRetryOn400: a 400 is returned at once, with no second attempt.
 func TestNoRetryOn400(t *testing.T) {
+	t.Parallel()
 	// 400, and ssegate's 502 and 504: answers whose generation may have
 	// run (the outcome is unknown, the key free), so that a repeat could
 	// be a second paid generation.
@@ -170,6 +176,7 @@ func TestNoRetryOn400(t *testing.T) {
 // otherwise retries (500, 503, with Retry-After or not): the request went
 // upstream and may have run.
 func TestNoRetryOnOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	for _, code := range []int{http.StatusInternalServerError, http.StatusServiceUnavailable, http.StatusTooManyRequests} {
 		var rec recorder
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -194,6 +201,7 @@ func TestNoRetryOnOutcomeUnknown(t *testing.T) {
 // with it (the retries included); a request's own header wins; two POSTs
 // without either get two different keys.
 func TestKeyPinned(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rec.add(r) == 1 {
@@ -337,6 +345,7 @@ func stream(t *testing.T, tr http.RoundTripper, url, key string) (string, error)
 // GET /streams/{key} (path-escaped), Last-Event-ID 7-3 and the credential,
 // and goes on: the reader gets every event once, in order.
 func TestResumeMidEvent(t *testing.T) {
+	t.Parallel()
 	half := events(4, 4, 8)[:9]
 	srv, rs, _ := streamServer(t,
 		func(w http.ResponseWriter, r *http.Request) { cut(w, events(1, 2, 8), events(3, 3, 8)+half) },
@@ -365,6 +374,7 @@ func TestResumeMidEvent(t *testing.T) {
 // TestResumeWholeEventsOnly: a reader sees no byte of an event before its
 // blank line arrived, so a cut never hands it half an event.
 func TestResumeWholeEventsOnly(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	srv, _, _ := streamServer(t,
 		func(w http.ResponseWriter, r *http.Request) {
@@ -401,6 +411,7 @@ func TestResumeWholeEventsOnly(t *testing.T) {
 // TestResumeGone: a 410 to the reconnection ends the body with
 // ErrStreamGone, after the whole events before the cut.
 func TestResumeGone(t *testing.T) {
+	t.Parallel()
 	srv, _, _ := streamServer(t,
 		func(w http.ResponseWriter, r *http.Request) { cut(w, events(1, 3, 8)+"id: 7-4\nda") },
 		func(w http.ResponseWriter, r *http.Request) {
@@ -420,6 +431,7 @@ func TestResumeGone(t *testing.T) {
 // *AbortedError carrying its code and message; the event itself is not
 // passed on, the events before it are; nothing reconnects.
 func TestAborted(t *testing.T) {
+	t.Parallel()
 	srv, rs, _ := streamServer(t,
 		func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -443,6 +455,7 @@ func TestAborted(t *testing.T) {
 // MaxReconnects of them the body ends with an error matching
 // ErrReconnectLimit; and 5xx answers to a reconnection count the same.
 func TestReconnectsBounded(t *testing.T) {
+	t.Parallel()
 	var n int
 	var mu sync.Mutex
 	srv, rs, _ := streamServer(t,
@@ -485,6 +498,7 @@ func TestReconnectsBounded(t *testing.T) {
 // reconnection. A cut after an event that only looks like one (a chunk
 // whose text says message_stop) is resumed.
 func TestNoResumeAfterTerminal(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, body string
 		resumes    int
@@ -495,6 +509,7 @@ func TestNoResumeAfterTerminal(t *testing.T) {
 		{"not terminal", "id: 7-1\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"message_stop\"}}]}\n\n", 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			srv, rs, _ := streamServer(t,
 				func(w http.ResponseWriter, r *http.Request) { cut(w, c.body) },
 				func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusGone) })
@@ -513,6 +528,7 @@ func TestNoResumeAfterTerminal(t *testing.T) {
 // Last-Event-ID 7-2) and is cut before any event reconnects from 7-2, not
 // from the stream's start.
 func TestResumeKeepsOwnLastEventID(t *testing.T) {
+	t.Parallel()
 	srv, rs, _ := streamServer(t,
 		func(w http.ResponseWriter, r *http.Request) { cut(w, "id: 7-3\ndata: {") },
 		func(w http.ResponseWriter, r *http.Request) {
@@ -541,6 +557,7 @@ func TestResumeKeepsOwnLastEventID(t *testing.T) {
 // TestRetryAfterBounded: a 503 whose Retry-After is over MaxRetryAfter is
 // returned at once, not waited for.
 func TestRetryAfterBounded(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec.add(r)
@@ -562,6 +579,7 @@ func TestRetryAfterBounded(t *testing.T) {
 // TestLargeBodySentOnce: a body over MaxBodyBuffer without GetBody is sent
 // whole, once: a 503 to it is not retried.
 func TestLargeBodySentOnce(t *testing.T) {
+	t.Parallel()
 	var rec recorder
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec.add(r)
@@ -582,6 +600,7 @@ func TestLargeBodySentOnce(t *testing.T) {
 // the body from another goroutine while a Read waits or by cancelling the
 // request's context, ends the body with an error, and nothing reconnects.
 func TestCallerLeaves(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name  string
 		leave func(body io.Closer, cancel func())
@@ -589,7 +608,7 @@ func TestCallerLeaves(t *testing.T) {
 		{"close", func(body io.Closer, _ func()) { body.Close() }},
 		{"cancel", func(_ io.Closer, cancel func()) { cancel() }},
 	} {
-		t.Run(c.name, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) { // one at a time: readWaits tells them apart by the test's name only
 			left := make(chan struct{})
 			srv, rs, rec := streamServer(t,
 				func(w http.ResponseWriter, r *http.Request) {
@@ -622,7 +641,7 @@ func TestCallerLeaves(t *testing.T) {
 				_, err := resp.Body.Read(b)
 				done <- err
 			}()
-			time.Sleep(20 * time.Millisecond) // let the Read wait
+			poll.For(t, 5*time.Second, "the Read waits for bytes", func() bool { return readWaits("TestCallerLeaves") })
 			c.leave(resp.Body, cancel)
 			select {
 			case err := <-done:
@@ -645,11 +664,27 @@ func TestCallerLeaves(t *testing.T) {
 	}
 }
 
+// readWaits reports whether a goroutine that test started is blocked in a
+// resumed body's Read, waiting for the network.
+func readWaits(test string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		head, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(head, "[IO wait") && strings.Contains(g, "client.(*resumeBody).Read") &&
+			strings.Contains(g, "created by github.com/ssegate/ssegate/client_test."+test+".") {
+			return true
+		}
+	}
+	return false
+}
+
 // TestResumeCarriesCredentials: a reconnection carries every credential
 // ssegate scopes keys by, not only Authorization: Anthropic's x-api-key,
 // Azure's api-key, Gemini's x-goog-api-key and its ?key= query parameter,
 // so that it reaches the same tenant's stream.
 func TestResumeCarriesCredentials(t *testing.T) {
+	t.Parallel()
 	type creds struct{ xAPIKey, apiKey, goog, query string }
 	got := make(chan creds, 4)
 	srv, _, _ := streamServer(t,

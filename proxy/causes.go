@@ -16,9 +16,9 @@ import (
 //
 //   - name: the metric label, the log field "reason", the ledger's reason
 //     (GET /keys/{key}), and the code of the stream_aborted event;
-//   - refusal: the ssegate_requests_total decision of a request refused
-//     for it before any decision was taken ("" when it is not counted so:
-//     it ends a request already counted by its decision);
+//   - refusal: the decision counted for a request refused for it before
+//     any decision was taken (decisionNone where it ends a request already
+//     counted by its decision);
 //   - verdict: whether an attempt that failed so, before the first event,
 //     may be repeated (retry.go); final for causes that are no attempt's;
 //   - state: the key state a generation ends in when the cause ends it
@@ -49,10 +49,14 @@ import (
 //     not relayed;
 //   - fallback: when every attempt for a model ended so, the next model of
 //     its -fallback rule is tried: the upstream said the model did not run
-//     the request, or could not be asked.
+//     the request, or could not be asked;
+//   - byStatus: the upstream's own error answer: its reason is
+//     upstream_status_N, N the upstream's status, and it ends the flight in
+//     the row's state even after the head, since it is the whole answer.
 //
 // Adding a cause is one constant and one row; TestCauseTable checks that
-// every cause has a row and that names are unique.
+// every cause has a row, that names are unique, and that every reason the
+// detector (sse.Reasons) and the stores (cache.Reasons) give has its row.
 type cause uint8
 
 const (
@@ -133,7 +137,7 @@ const (
 
 type causeRow struct {
 	name     string
-	refusal  string
+	refusal  decision
 	verdict  verdict
 	state    cache.State
 	status   int
@@ -143,6 +147,7 @@ type causeRow struct {
 	abort    string
 	relayEnd bool
 	fallback bool
+	byStatus bool
 }
 
 // Shorthands of the table's columns.
@@ -166,35 +171,35 @@ const (
 // causes is the table of causes: the only place a status, an error type, a
 // stream_aborted code or a failed key state is chosen.
 var causes = [numCauses]causeRow{
-	causeInvalidKey:           {name: "invalid_idempotency_key", refusal: "invalid", status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
-	causeInvalidLastEventID:   {name: "invalid_last_event_id", refusal: "invalid", status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
-	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: "invalid", status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
-	causeCredentialRequired:   {name: "credential_required", refusal: "denied", status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
-	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: "invalid", status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
-	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: "invalid", status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
+	causeInvalidKey:           {name: "invalid_idempotency_key", refusal: decisionInvalid, status: s400, typ: "invalid_idempotency_key", msg: "the Idempotency-Key is not valid"},
+	causeInvalidLastEventID:   {name: "invalid_last_event_id", refusal: decisionInvalid, status: s400, typ: "invalid_last_event_id", msg: "Last-Event-ID cannot be resumed"},
+	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
+	causeCredentialRequired:   {name: "credential_required", refusal: decisionDenied, status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
+	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: decisionInvalid, status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
+	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: decisionInvalid, status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
 	causeStreamNotFound:       {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
 	causeKeyNotFound:          {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
 	causeAdminNotFound:        {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
 	causeInFlight:             {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
 	causeGone:                 {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
 	causeConflict:             {name: "idempotency_conflict", status: s422, typ: "idempotency_conflict", msg: "this Idempotency-Key was used with a different request (method, path, query or body)"},
-	causeBodyTooLarge:         {name: "request_too_large", refusal: "invalid", status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
-	causeHeadersTooLarge:      {name: "headers_too_large", refusal: "invalid", status: s431, typ: tInvalid, msg: "request headers too large"},
-	causeRequestTimeout:       {name: "request_timeout", refusal: "invalid", status: s408, typ: tInvalid, msg: "request not read within its time"},
-	causeMalformedRequest:     {name: "malformed_request", refusal: "invalid", status: s400, typ: tInvalid, msg: "malformed request"},
+	causeBodyTooLarge:         {name: "request_too_large", refusal: decisionInvalid, status: s413, typ: "request_too_large", msg: "the request body exceeds -max-body"},
+	causeHeadersTooLarge:      {name: "headers_too_large", refusal: decisionInvalid, status: s431, typ: tInvalid, msg: "request headers too large"},
+	causeRequestTimeout:       {name: "request_timeout", refusal: decisionInvalid, status: s408, typ: tInvalid, msg: "request not read within its time"},
+	causeMalformedRequest:     {name: "malformed_request", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "malformed request"},
 
-	causeMaxStreams:        {name: "max_streams", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
+	causeMaxStreams:        {name: "max_streams", refusal: decisionRefused, state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
 	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},
-	causeTenantFull:        {name: "tenant_full", refusal: "refused", status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
-	causeStoreFull:         {name: "store_full", refusal: "refused", state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
-	causeStoreUnavailable:  {name: "store_unavailable", refusal: "refused", state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
-	causeMaxStreamBytes:    {name: "max_stream_bytes", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
+	causeTenantFull:        {name: "tenant_full", refusal: decisionRefused, status: s503, typ: tCapacity, retry: 1, msg: "this credential holds -max-keys-per-tenant keys; its new keys are refused until some of its keys expire"},
+	causeStoreFull:         {name: cache.ReasonStoreFull, refusal: decisionRefused, state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the store is full", abort: "the proxy's live journals are full"},
+	causeStoreUnavailable:  {name: cache.ReasonStoreUnavailable, refusal: decisionRefused, state: unknown, status: s503, typ: "store_unavailable", retry: 1, msg: "the idempotency store failed", abort: "the store holding this generation became unreachable"},
+	causeMaxStreamBytes:    {name: cache.ReasonMaxStreamBytes, state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer exceeded -max-stream-bytes", abort: "the stream exceeded the proxy's per-stream byte bound"},
 	causeMaxEventBytes:     {name: "max_event_bytes", state: retryable, status: s502, typ: tUpstream, msg: "an upstream event exceeded -max-event-bytes", abort: "an upstream event exceeded the proxy's event size bound"},
 	causeMaxStreamDuration: {name: "max_stream_duration", state: retryable, status: s504, typ: tTimeout, msg: "the upstream call exceeded -max-stream-duration", abort: "the stream exceeded the proxy's stream duration bound"},
 
-	causeShutdown:       {name: "shutdown", state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
+	causeShutdown:       {name: cache.ReasonShutdown, state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
 	causeClientGone:     {name: "client_gone", state: retryable, status: s502, typ: tUpstream, msg: "the client went away", abort: "the client went away"},
-	causeGenerationLost: {name: "generation_lost", state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
+	causeGenerationLost: {name: cache.ReasonGenerationLost, state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
 	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
 
 	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures", fallback: true},
@@ -203,8 +208,8 @@ var causes = [numCauses]causeRow{
 	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
 	causeUpstreamReset:       {name: "upstream_reset", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
 
-	causeUpstreamRefused:     {name: "upstream_status", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole"},
-	causeUpstreamFailed:      {name: "upstream_status", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true},
+	causeUpstreamRefused:     {name: "upstream_refused", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", byStatus: true},
+	causeUpstreamFailed:      {name: "upstream_failed", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true, byStatus: true},
 	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
 	causeErrorBody:           {name: "error_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answered 2xx with an error object"},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
@@ -225,17 +230,15 @@ var causes = [numCauses]causeRow{
 	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
 	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
 	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
-	causeUncleanEnd:          {name: "unclean_end", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
+	causeUncleanEnd:          {name: cache.ReasonUncleanEnd, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
 }
 
 // byName finds a cause by its name: the ledger and the flights hold names,
-// and a store may report a cause of its own (generation_lost, fenced).
+// and a store may report a cause of its own (cache.Reasons).
 var byName = func() map[string]cause {
 	m := make(map[string]cause, numCauses)
 	for c := causeNone + 1; c < numCauses; c++ {
-		if c != causeUpstreamFailed { // upstream_status_N: see causeOf
-			m[causes[c].name] = c
-		}
+		m[causes[c].name] = c
 	}
 	return m
 }()
@@ -268,7 +271,7 @@ func (c cause) String() string { return causes[c].name }
 // reason is the name a flight and the ledger record for c; an upstream's
 // error answer is named with its status.
 func (c cause) reason(status int) string {
-	if c == causeUpstreamRefused || c == causeUpstreamFailed {
+	if causes[c].byStatus {
 		return "upstream_status_" + strconv.Itoa(status)
 	}
 	return causes[c].name

@@ -12,10 +12,9 @@ import (
 	"github.com/ssegate/ssegate/sse"
 )
 
-// TestCauseTable: every cause has a whole row, names are unique (but for
-// the upstream's own status, named with it), every reason the detector
-// gives and every reason the stores give has its own row, and names read
-// back as their cause.
+// TestCauseTable: every cause has a whole row, names are unique, every
+// reason the detector gives and every reason the stores give has its own
+// row, and names read back as their cause.
 func TestCauseTable(t *testing.T) {
 	t.Parallel()
 	types := map[string]bool{ // docs/design.md, Errors
@@ -39,16 +38,16 @@ func TestCauseTable(t *testing.T) {
 		if r.fallback && (r.verdict == ambiguous || r.state != cache.StateFailedRetryable) {
 			t.Errorf("%v: falls back, yet the model may have run the request (verdict %v, state %q)", c, r.verdict, r.state)
 		}
-		if prev, dup := seen[r.name]; dup && !(prev == causeUpstreamRefused && c == causeUpstreamFailed) {
+		if prev, dup := seen[r.name]; dup {
 			t.Errorf("%v: name used by cause %d too", c, prev)
 		}
 		seen[r.name] = c
-		if c != causeUpstreamRefused && c != causeUpstreamFailed && causeOf(r.name) != c {
+		if causeOf(r.name) != c {
 			t.Errorf("causeOf(%q) = %v; want %v", r.name, causeOf(r.name), c)
 		}
 	}
 	for _, reason := range sse.Reasons {
-		if c := causeOf(reason); c == causeUncleanEnd || causes[c].abort == "" {
+		if c := causeOf(reason); causes[c].name != reason || causes[c].abort == "" {
 			t.Errorf("detector reason %q: no row with an abort message", reason)
 		}
 	}
@@ -69,8 +68,8 @@ func TestCauseTable(t *testing.T) {
 			t.Errorf("%v: relayEnd for a cause that is no detector reason", c)
 		}
 	}
-	for _, reason := range []string{"generation_lost", "fenced", "store_unavailable", "shutdown", "max_stream_bytes", "store_full"} {
-		if c := causeOf(reason); c == causeUncleanEnd || causes[c].abort == "" {
+	for _, reason := range cache.Reasons {
+		if c := causeOf(reason); causes[c].name != reason || causes[c].abort == "" {
 			t.Errorf("store reason %q: no row with an abort message", reason)
 		}
 	}

@@ -9,48 +9,12 @@ import (
 	"time"
 )
 
-// A breaker keeps calls away from an upstream while it fails, and finds
-// out within about a second that it serves again: a breaker must never
-// make ssegate worse than no proxy for longer than that.
-//
-// Each upstream has circuits of two scopes, because failures say
-// different things:
-//
-//   - The host circuit counts connect failures. A dial that fails says
-//     the host is down for every model, so it opens for all of them.
-//   - A model circuit counts the 5xx answers and the transport failures
-//     (reset, timeout) of calls for one model, the request's top-level
-//     "model": one model's outage opens that model's circuit only, and
-//     the other models on the same upstream keep being served.
-//
-// A 4xx, 429 included, is an answer: the upstream is alive, and the call
-// counts as a success for both circuits. Failures of this process (its
-// connection pool or file descriptors ran out) count for neither.
-//
-// A circuit opens after BreakerFailures consecutive failures. While it is
-// open, calls skip it (pick tries the next upstream); after BreakerOpen,
-// BreakerProbes calls go through as probes. A failed probe doubles the
-// wait before the next ones, up to BreakerOpenMax, counted from when the
-// failed probe was sent; BreakerProbes successes in a row close the
-// circuit. A probe that does not come back does not hold the circuit: the
-// next wait ends and new probes go. So once the upstream serves again,
-// the circuit closes at the first call after at most BreakerOpenMax.
-//
-// The memory bound: a closed circuit without failures is not kept at all
-// (calls for a healthy model cost a map lookup), so a model circuit takes
-// memory only while it counts failures or is open, and an upstream keeps
-// at most BreakerModels of them, the least recently used one reclaimed
-// first. A reclaimed circuit starts again closed: its model gets calls
-// through again (the retry budget still bounds them), never fewer
-// answers. Model names come from clients, so a name longer than
-// maxModelKey bytes is kept as its prefix and a hash of the whole.
-//
-// gobreaker is not used: its open state lasts a fixed Timeout (no backoff
-// between failed probes), its half-open state refuses every other call
-// until the admitted ones report, so a probe whose answer is slow (a
-// non-streaming completion answers when done) holds a recovered upstream
-// shut, and a breaker per model would need its own bookkeeping of which
-// ones may be dropped anyway.
+// A breaker keeps calls away from an upstream while it fails and finds out
+// within about a second that it serves again, with a host circuit for
+// connect failures and a model circuit per model for the rest, so that one
+// model's outage turns away no other. docs/design.md ("Failover and
+// circuits") gives the rules: what counts as a failure, the probes and
+// their backoff, the memory bound, and why not gobreaker.
 type breaker struct {
 	name    string // the upstream, for logs and metrics
 	cfg     *RetryConfig

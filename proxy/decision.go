@@ -10,6 +10,58 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// A decision is what the proxy made of a request: the decision log's
+// "decision" and the label of ssegate_requests_total. Its row in decisions
+// is everything the log and the metrics know of it; adding one is a
+// constant, a row, and its line in docs/metrics.md (TestDecisionsDocumented).
+type decision uint8
+
+const (
+	decisionNone decision = iota // not counted (causeRow.refusal)
+	decisionMiss
+	decisionHit
+	decisionJoin
+	decisionResume
+	decisionHead
+	decisionConflict
+	decisionInFlight
+	decisionGone
+	decisionInvalid
+	decisionRefused
+	decisionDenied
+	decisionRelay
+	decisionUnprotected
+
+	numDecisions
+)
+
+type decisionRow struct {
+	label string
+	note  string // what the label does not say, for the metric's help
+	// suppressed: answered without a new upstream generation, and so
+	// counted by ssegate_duplicates_suppressed_total too.
+	suppressed bool
+}
+
+// decisions is the table of decisions.
+var decisions = [numDecisions]decisionRow{
+	decisionMiss:        {label: "miss"},
+	decisionHit:         {label: "hit", suppressed: true},
+	decisionJoin:        {label: "join", suppressed: true},
+	decisionResume:      {label: "resume", suppressed: true},
+	decisionHead:        {label: "head", note: "HEAD of a stream"},
+	decisionConflict:    {label: "conflict"},
+	decisionInFlight:    {label: "in_flight"},
+	decisionGone:        {label: "gone"},
+	decisionInvalid:     {label: "invalid"},
+	decisionRefused:     {label: "refused", note: "a bound"},
+	decisionDenied:      {label: "denied", note: "no credential under -anonymous-keys deny"},
+	decisionRelay:       {label: "relay", note: "no key"},
+	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
+}
+
+func (d decision) String() string { return decisions[d].label }
+
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	if err := validKey(key); err != nil {
@@ -33,7 +85,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	b, err := p.store.Begin(sc, fp)
 	if err != nil {
 		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
-			p.logDecision(ctx, "unprotected", sc, fp, "err", err.Error())
+			p.logDecision(ctx, decisionUnprotected, sc, fp, "err", err.Error())
 			p.relay(ctx)
 			return
 		}
@@ -44,23 +96,23 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	// hit, join and miss; a refusal has no stream to resume.
 	switch b.Decision {
 	case cache.Conflict:
-		p.logDecision(ctx, "conflict", sc, fp)
+		p.logDecision(ctx, decisionConflict, sc, fp)
 		p.writeError(ctx, causeConflict.err(""))
 	case cache.Gone:
-		p.logDecision(ctx, "gone", sc, fp)
+		p.logDecision(ctx, decisionGone, sc, fp)
 		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
 	case cache.Hit:
-		p.logDecision(ctx, "hit", sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
+		p.logDecision(ctx, decisionHit, sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
 		p.saved(b.Result.Usage)
 		p.offerResume(ctx, sc, b.Result.Gen)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
-			p.logDecision(ctx, "in_flight", sc, fp, "generation", b.Flight.Gen)
+			p.logDecision(ctx, decisionInFlight, sc, fp, "generation", b.Flight.Gen)
 			p.writeError(ctx, causeInFlight.err(""))
 			return
 		}
-		p.logDecision(ctx, "join", sc, fp, "generation", b.Flight.Gen)
+		p.logDecision(ctx, decisionJoin, sc, fp, "generation", b.Flight.Gen)
 		p.offerResume(ctx, sc, b.Flight.Gen)
 		p.serveFlight(ctx, b.Flight, 0, true)
 	case cache.Miss:
@@ -79,7 +131,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
 		p.offerResume(ctx, sc, f.Gen)
-		p.logDecision(ctx, "miss", sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
+		p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
 }

@@ -57,9 +57,7 @@ type errorFields struct {
 // on it, counts it under the cause's refusal decision, and logs it.
 // detail, when not empty, follows the table's message.
 func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, c cause, detail string, attrs ...any) {
-	if d := causes[c].refusal; d != "" {
-		p.m.requests.WithLabelValues(d).Inc()
-	}
+	p.m.decided(causes[c].refusal)
 	p.writeError(ctx, c.err(detail), attrs...)
 }
 

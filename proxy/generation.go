@@ -316,7 +316,7 @@ func (g *gen) failState(c cause) cache.State {
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}
-	if _, started := g.f.Head(); started && c != causeUpstreamRefused && c != causeUpstreamFailed {
+	if _, started := g.f.Head(); started && !causes[c].byStatus {
 		return cache.StateFailedRetryable
 	}
 	return causes[c].state

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -15,7 +17,7 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	requests       *prometheus.CounterVec
+	requests       [numDecisions]prometheus.Counter // by decision; nil for decisionNone
 	suppressed     prometheus.Counter
 	attempts       *prometheus.CounterVec
 	retries        *prometheus.CounterVec
@@ -57,8 +59,11 @@ func newMetrics(p *Proxy) *metrics {
 		f(v)
 		return v
 	}
-	m.requests = cv("requests_total", "Requests by decision: miss, hit, join, resume, conflict, in_flight, gone, invalid, refused (a bound), relay (no key).", "decision")
-	m.suppressed = c("duplicates_suppressed_total", "Requests answered without a new upstream generation (hit, join, resume): generations saved.")
+	requests := cv("requests_total", "Requests by decision: "+decisionList(false)+".", "decision")
+	for d := decisionNone + 1; d < numDecisions; d++ {
+		m.requests[d] = requests.WithLabelValues(d.String())
+	}
+	m.suppressed = c("duplicates_suppressed_total", "Requests answered without a new upstream generation ("+decisionList(true)+"): generations saved.")
 	m.attempts = cv("upstream_attempts_total", "Upstream calls by outcome.", "outcome")
 	m.retries = cv("retries_total", "Upstream calls retried, by the failure that caused the retry.", "reason")
 	m.noRetry = cv("retries_refused_total", "Retryable failures not retried, by why: attempts, max_elapsed, retry_after_too_long, budget.", "why")
@@ -128,10 +133,39 @@ func newMetrics(p *Proxy) *metrics {
 	for _, b := range []timeBudget{budgetHead, budgetAttempt, budgetIdle} {
 		m.timeouts.WithLabelValues(b.String())
 	}
-	for _, d := range []string{"miss", "hit", "join", "resume", "head", "conflict", "in_flight", "gone", "invalid", "refused", "relay", "unprotected"} {
-		m.requests.WithLabelValues(d)
-	}
 	return m
+}
+
+// decided counts a request under its decision d; decisionNone is not
+// counted (a cause that ends a request already counted).
+func (m *metrics) decided(d decision) {
+	if d == decisionNone {
+		return
+	}
+	m.requests[d].Inc()
+	if decisions[d].suppressed {
+		m.suppressed.Inc()
+	}
+}
+
+// decisionList lists the decisions with their notes, or the labels of
+// those that count as suppressed, for the metrics' help.
+func decisionList(suppressed bool) string {
+	var b strings.Builder
+	for d := decisionNone + 1; d < numDecisions; d++ {
+		r := decisions[d]
+		if suppressed && !r.suppressed {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(r.label)
+		if r.note != "" && !suppressed {
+			b.WriteString(" (" + r.note + ")")
+		}
+	}
+	return b.String()
 }
 
 // handler serves the metrics in Prometheus text format.

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -87,5 +88,38 @@ func TestMetricsAtWarn(t *testing.T) {
 		if got := metricValue(t, s, series); got != want {
 			t.Errorf("%s: got %v; want %v", series, got, want)
 		}
+	}
+}
+
+// TestDecisionsDocumented: docs/metrics.md lists the decisions of the
+// table, notes included, and which of them count as suppressed, as the
+// metrics' help does.
+func TestDecisionsDocumented(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cell := func(metric string) string {
+		for _, line := range strings.Split(string(doc), "\n") {
+			if cells := strings.Split(strings.TrimSuffix(line, " |"), " | "); len(cells) == 3 && cells[0] == "| `"+metric+"`" {
+				return strings.ReplaceAll(cells[2], "`", "")
+			}
+		}
+		t.Fatalf("docs/metrics.md has no row for %s", metric)
+		return ""
+	}
+	seen := map[string]bool{}
+	for d := decisionNone + 1; d < numDecisions; d++ {
+		if l := d.String(); l == "" || seen[l] {
+			t.Errorf("decision %d: label %q empty or not unique", d, l)
+		}
+		seen[d.String()] = true
+	}
+	if got, want := cell("ssegate_requests_total{decision}"), decisionList(false); got != want {
+		t.Errorf("docs/metrics.md, ssegate_requests_total:\n got %s\nwant %s", got, want)
+	}
+	if got, want := cell("ssegate_duplicates_suppressed_total"), decisionList(true)+": "; !strings.HasPrefix(got, want) {
+		t.Errorf("docs/metrics.md, ssegate_duplicates_suppressed_total:\n got %s\nwant it to begin %q", got, want)
 	}
 }

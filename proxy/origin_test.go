@@ -3,7 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
-	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/doctable"
 	"io"
 	"net"
 	"net/http"
@@ -508,7 +508,7 @@ func originTable(t *testing.T) map[originMove]bool {
 		modes[m.String()] = m
 	}
 	rows := map[originMove]bool{}
-	for _, line := range gatetest.DocTable(t, "origin.go", "originMode") {
+	for _, line := range doctable.Rows(t, "origin.go", "originMode") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue

@@ -170,7 +170,7 @@ func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
 		c = causeRequestTimeout
 	}
 	e := c.err(detail)
-	p.m.requests.WithLabelValues(causes[c].refusal).Inc()
+	p.m.decided(causes[c].refusal)
 	fillError(&ctx.Response, e)
 	p.log.Info("request refused", "status", e.status, "type", e.typ, "reason", c.String(), "msg", e.message)
 }
@@ -458,17 +458,16 @@ func (p *Proxy) acquire() bool {
 
 func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 
-func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, decision string, sc cache.Scope, fp string, attrs ...any) {
+// logDecision counts the decision d on a request for the key of sc, and
+// logs it with attrs.
+func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, fp string, attrs ...any) {
 	// Counted whatever the log level: metrics are not the log.
-	p.m.requests.WithLabelValues(decision).Inc()
-	if decision == "hit" || decision == "join" || decision == "resume" {
-		p.m.suppressed.Inc()
-	}
+	p.m.decided(d)
 	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
 	p.log.Info("decision", append([]any{
-		"decision", decision, "key", sc.Key, "tenant", sc.Tenant,
+		"decision", d.String(), "key", sc.Key, "tenant", sc.Tenant,
 		"fingerprint", fpPrefix(fp),
 		"method", string(ctx.Method()), "path", string(ctx.Path()),
 	}, attrs...)...)

@@ -26,7 +26,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
-	p.m.requests.WithLabelValues("relay").Inc()
+	p.m.decided(decisionRelay)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, body)
 	g.relayRaw = true

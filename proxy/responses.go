@@ -119,7 +119,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 		return true
 	}
 	p.offerResume(ctx, sc, a.Gen)
-	p.logDecision(ctx, "resume", sc, "", "generation", a.Gen, "after", after, "response_id", id)
+	p.logDecision(ctx, decisionResume, sc, "", "generation", a.Gen, "after", after, "response_id", id)
 	// openai-go's GetStreaming says stream in a JSON body of its GET; the
 	// API documents it as a query parameter.
 	if !q.GetBool("stream") && !inBody.Stream {

@@ -24,7 +24,7 @@ func (p *Proxy) resume(ctx *fasthttp.RequestCtx, sc cache.Scope, fp, lastEventID
 		return
 	}
 	p.offerResume(ctx, sc, id.Gen)
-	p.logDecision(ctx, "resume", sc, fp, "generation", id.Gen, "after", id.Seq)
+	p.logDecision(ctx, decisionResume, sc, fp, "generation", id.Gen, "after", id.Seq)
 	p.serveAttached(ctx, f, r, id.Seq)
 }
 
@@ -127,11 +127,11 @@ func (p *Proxy) serveStreamGet(ctx *fasthttp.RequestCtx) {
 	}
 	p.offerResume(ctx, sc, gen)
 	if ctx.IsHead() {
-		p.logDecision(ctx, "head", sc, "", "generation", gen)
+		p.logDecision(ctx, decisionHead, sc, "", "generation", gen)
 		p.serveHead(ctx, f, r, id.Seq)
 		return
 	}
-	p.logDecision(ctx, "resume", sc, "", "generation", gen, "after", id.Seq)
+	p.logDecision(ctx, decisionResume, sc, "", "generation", gen, "after", id.Seq)
 	p.serveAttached(ctx, f, r, id.Seq)
 }
 

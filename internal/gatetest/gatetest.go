@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // binDir holds the binary [Binary] builds; set by [Main].
@@ -100,7 +102,6 @@ const (
 	startAttempts = 3                // tries of a fresh port when -listen was taken meanwhile
 	upLimit       = 10 * time.Second // for the process to answer its Probe
 	probeTimeout  = time.Second      // for one probe request
-	probeEvery    = 20 * time.Millisecond
 )
 
 // Start runs the built binary with -listen on a free loopback port
@@ -181,20 +182,21 @@ type Process struct {
 // exits.
 func (p *Process) waitUp(probe string) bool {
 	c := &http.Client{Timeout: probeTimeout}
-	deadline := time.Now().Add(upLimit)
-	for time.Now().Before(deadline) {
+	exited := false
+	up := poll.Until(upLimit, func() bool {
 		select {
 		case <-p.done:
-			return false
+			exited = true
+			return true
 		default:
 		}
-		if resp, err := c.Get(p.URL + probe); err == nil {
+		resp, err := c.Get(p.URL + probe)
+		if err == nil {
 			resp.Body.Close()
-			return true
 		}
-		time.Sleep(probeEvery)
-	}
-	return false
+		return err == nil
+	})
+	return up && !exited
 }
 
 // Logs returns what the process has written to stdout and stderr so far.

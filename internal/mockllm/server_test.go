@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // start runs a Server on loopback for the test and closes it after.
@@ -659,8 +661,8 @@ func TestClientDisconnect(t *testing.T) {
 			if fault != "" {
 				req.Header.Set("X-Mock-Fault", fault)
 			}
-			go func() {
-				time.Sleep(50 * time.Millisecond)
+			go func() { // the client leaves once its stream is being written
+				poll.Until(2*time.Second, func() bool { return s.Active() == 1 })
 				cancel()
 			}()
 			if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -676,11 +678,7 @@ func TestClientDisconnect(t *testing.T) {
 // test if it does not within d.
 func waitActive(t *testing.T, s *Server, n int64, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for s.Active() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("streams being written: got %d after %v; want %d", s.Active(), d, n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Until(d, func() bool { return s.Active() == n }) {
+		t.Fatalf("streams being written: got %d after %v; want %d", s.Active(), d, n)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // Cluster is a Redis Cluster of the test's own: redis-server processes in
@@ -64,34 +66,27 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(20 * time.Second)
+	var info string
+	var err error
 	for _, s := range all {
-		for {
-			info, err := Command(s.Addr, time.Second, "CLUSTER", "INFO")
-			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+		if !poll.Until(time.Until(deadline), func() bool {
+			info, err = Command(s.Addr, time.Second, "CLUSTER", "INFO")
+			return err == nil && strings.Contains(info, "cluster_state:ok") &&
 				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(all))) &&
-				strings.Contains(info, "cluster_slots_ok:16384") {
-				break
-			}
-			if time.Now().After(deadline) {
-				tb.Fatalf("cluster node %s not ok within 20s: %v\n%s", s.Addr, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
+				strings.Contains(info, "cluster_slots_ok:16384")
+		}) {
+			tb.Fatalf("cluster node %s not ok within 20s: %v\n%s", s.Addr, err, info)
 		}
 	}
 	// Roles as redis-cli assigned them: CLUSTER NODES lines are
 	// "id ip:port@bus flags primary-id ...".
 	// A replica shows as one once the configuration has spread.
 	var nodes string
-	for {
-		var err error
+	if !poll.Until(time.Until(deadline), func() bool {
 		nodes, err = Command(all[0].Addr, time.Second, "CLUSTER", "NODES")
-		if err == nil && strings.Count(nodes, "slave") == n*r {
-			break
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("CLUSTER NODES: %d replicas within 20s; want %d: %v\n%s", strings.Count(nodes, "slave"), n*r, err, nodes)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && strings.Count(nodes, "slave") == n*r
+	}) {
+		tb.Fatalf("CLUSTER NODES: %d replicas within 20s; want %d: %v\n%s", strings.Count(nodes, "slave"), n*r, err, nodes)
 	}
 	byAddr, byID, primaryOf := map[string]*Server{}, map[string]*Server{}, map[*Server]string{}
 	for _, s := range all {
@@ -124,15 +119,11 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 		tb.Fatalf("cluster has %d primaries and %d replicas; want %d and %d\n%s", len(c.Nodes), len(c.Replicas), n, n*r, nodes)
 	}
 	for _, s := range c.Replicas {
-		for {
-			info, err := Command(s.Addr, time.Second, "INFO", "replication")
-			if err == nil && strings.Contains(info, "master_link_status:up") {
-				break
-			}
-			if time.Now().After(deadline) {
-				tb.Fatalf("replica %s not in sync within 20s: %v\n%s", s.Addr, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !poll.Until(time.Until(deadline), func() bool {
+			info, err = Command(s.Addr, time.Second, "INFO", "replication")
+			return err == nil && strings.Contains(info, "master_link_status:up")
+		}) {
+			tb.Fatalf("replica %s not in sync within 20s: %v\n%s", s.Addr, err, info)
 		}
 	}
 	return c

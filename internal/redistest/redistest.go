@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // EnvAddr names the environment variable with the address of a Redis the
@@ -97,14 +99,12 @@ func (s *Server) start() {
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := Ping(s.Addr, 200*time.Millisecond); err == nil {
-			return
-		} else if time.Now().After(deadline) {
-			s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if !poll.Until(10*time.Second, func() bool {
+		err = Ping(s.Addr, 200*time.Millisecond)
+		return err == nil
+	}) {
+		s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
 	}
 }
 

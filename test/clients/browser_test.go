@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // chromiumPath is where Debian's chromium package (installed by .ci/run)
@@ -257,24 +258,18 @@ func browserReconnect(t *testing.T, auth string) {
 		}
 		return st
 	}
-	// poll waits, bounded, until cond holds for the page's state.
-	poll := func(what string, limit time.Duration, cond func(pageState) bool) pageState {
+	// await waits, bounded, until cond holds for the page's state.
+	await := func(what string, limit time.Duration, cond func(pageState) bool) pageState {
 		t.Helper()
-		deadline := time.Now().Add(limit)
-		for {
-			st := state()
-			if cond(st) {
-				return st
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("page: %s: not within %v; got ids %d, opens %d, errors %d, readyState %d, aborted %q",
-					what, limit, len(st.IDs), st.Opens, st.Errors, st.State, st.Aborted)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var st pageState
+		if !poll.Until(limit, func() bool { st = state(); return cond(st) }) {
+			t.Fatalf("page: %s: not within %v; got ids %d, opens %d, errors %d, readyState %d, aborted %q",
+				what, limit, len(st.IDs), st.Opens, st.Errors, st.State, st.Aborted)
 		}
+		return st
 	}
 
-	before := poll("receive "+strconv.Itoa(severAfter)+" events", 10*time.Second, func(st pageState) bool {
+	before := await("receive "+strconv.Itoa(severAfter)+" events", 10*time.Second, func(st pageState) bool {
 		return len(st.IDs) >= severAfter || st.Done || st.Aborted != ""
 	})
 	if before.Done || before.Aborted != "" {
@@ -288,7 +283,7 @@ func browserReconnect(t *testing.T, auth string) {
 		t.Fatalf("forwarder cut: got %d connections; want at least 1 (the EventSource's)", cut)
 	}
 
-	final := poll("see [DONE]", 20*time.Second, func(st pageState) bool { return st.Done || st.Aborted != "" })
+	final := await("see [DONE]", 20*time.Second, func(st pageState) bool { return st.Done || st.Aborted != "" })
 	t.Logf("page saw [DONE] %v after the cut: %d events, %d opens, %d network errors",
 		time.Since(cutAt).Round(time.Millisecond), len(final.IDs), final.Opens, final.Errors)
 	if final.Aborted != "" {

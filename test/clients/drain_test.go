@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // drainTimeout is the -shutdown-timeout the drain test gives ssegate.
@@ -93,11 +94,10 @@ func TestGracefulDrain(t *testing.T) {
 	if adminURL != "" {
 		// The drain is 1.5 s long: /readyz must say 503 within it.
 		saw := 0
-		for deadline := time.Now().Add(drainTimeout); time.Now().Before(deadline) && saw != http.StatusServiceUnavailable; {
+		if !poll.Until(drainTimeout, func() bool {
 			saw = getStatus(adminURL + "/readyz")
-			time.Sleep(25 * time.Millisecond)
-		}
-		if saw != http.StatusServiceUnavailable {
+			return saw == http.StatusServiceUnavailable
+		}) {
 			t.Errorf("GET /readyz while draining: got %d; want 503", saw)
 		} else {
 			t.Logf("GET /readyz on -admin-listen: 503 %v after SIGTERM", time.Since(sigAt).Round(time.Millisecond))
@@ -193,21 +193,20 @@ func (s *drainStream) run(ctx context.Context, client *http.Client, base, key st
 // left unanswered, else the status line of the last answer.
 func newConnAnswered(addr string, limit time.Duration) string {
 	answer := ""
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	poll.Until(limit, func() bool {
 		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 		if err != nil {
-			return "" // refused: not accepting
+			answer = "" // refused: not accepting
+			return true
 		}
 		c.SetDeadline(time.Now().Add(500 * time.Millisecond)) //nolint:errcheck // a fresh conn
 		fmt.Fprintf(c, "GET /keys/drain-probe HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr)
 		buf := make([]byte, 64)
 		n, _ := c.Read(buf)
 		c.Close()
-		if n == 0 {
-			return "" // accepted by the kernel's backlog at most, never answered
-		}
 		answer, _, _ = strings.Cut(string(buf[:n]), "\r\n")
-	}
+		return n == 0 // accepted by the kernel's backlog at most, never answered
+	})
 	return answer
 }
 
@@ -280,12 +279,7 @@ func TestDrainAfterClientsLeft(t *testing.T) {
 		return "absent"
 	}
 	got := ""
-	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if got = live(); got == "0" {
-			break
-		}
-	}
-	if got != "0" {
+	if !poll.Until(time.Second, func() bool { got = live(); return got == "0" }) {
 		t.Fatalf("ssegate_live_generations a second after 8 unkeyed clients left: got %s; want 0", got)
 	}
 	// Keyed generations read on after their clients left (40 s of

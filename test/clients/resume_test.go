@@ -17,6 +17,7 @@ import (
 
 	"github.com/ssegate/ssegate/client"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // storedData returns the data of every event of key's stream as ssegate
@@ -278,8 +279,8 @@ func TestOpenAISDKRetryJoins(t *testing.T) {
 	ctx, cancel := context.WithTimeout(client.WithIdempotencyKey(context.Background(), key), 20*time.Second)
 	defer cancel()
 	severed := make(chan int, 1)
-	go func() {
-		time.Sleep(60 * time.Millisecond)
+	go func() { // once the request reached the upstream, which waits before its first event
+		poll.Until(10*time.Second, func() bool { return mock.Calls() > 0 })
 		severed <- f.sever()
 	}()
 	var resp *http.Response

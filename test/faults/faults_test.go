@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 var (
@@ -187,9 +189,15 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 	if err := w.warmUp(); err != nil {
 		t.Fatal(err)
 	}
-	w.quiesce()
-	time.Sleep(100 * time.Millisecond)
-	base := snapshotGoroutines()
+	// The baseline: the warm-up's generation has ended and the
+	// goroutines hold still from one look to the next.
+	var base goroutines
+	poll.Until(5*time.Second, func() bool {
+		now, live, err := w.look()
+		still := now.n == base.n && now.owned == base.owned
+		base = now
+		return err == nil && live == 0 && still
+	})
 	rep := newReport(seed, w.logs)
 
 	// The load: every client of every spec, from one start.
@@ -355,17 +363,11 @@ func settle(w *world, base goroutines, rep *report) time.Duration {
 	var live int
 	var err error
 	var now goroutines
-	for {
-		live, err = w.liveGenerations()
-		w.quiesce()
-		time.Sleep(100 * time.Millisecond) // for the closed connections' goroutines to end
-		now = snapshotGoroutines()
-		if err == nil && live == 0 && now.n <= base.n+slack && now.owned <= base.owned {
-			return time.Since(began)
-		}
-		if time.Since(began) > limit {
-			break
-		}
+	if poll.Until(limit, func() bool {
+		now, live, err = w.look()
+		return err == nil && live == 0 && now.n <= base.n+slack && now.owned <= base.owned
+	}) {
+		return time.Since(began)
 	}
 	if err != nil {
 		rep.add(4, nil, "reading /metrics: %v", err)

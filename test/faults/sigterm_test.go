@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 func TestMain(m *testing.M) { gatetest.Main(m) }
@@ -67,12 +68,10 @@ func sigtermWhileHeadAwaited(t *testing.T, late bool) {
 				case <-time.After(20 * time.Second):
 					return
 				}
-				if !late {
-					<-done // silent until the test ends
-					return
+				if late {
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
 				}
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
-				time.Sleep(2 * time.Second)
+				<-done // silent until the test ends
 			}()
 		}
 	}()
@@ -99,17 +98,13 @@ func sigtermWhileHeadAwaited(t *testing.T, late bool) {
 		b, _ := io.ReadAll(resp.Body)
 		got <- answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for calls.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream got no call within 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.For(t, 10*time.Second, "the upstream gets the call", func() bool { return calls.Load() > 0 })
 	if err := g.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // past -shutdown-timeout: the generation is cut
+	poll.For(t, 10*time.Second, "the drain's time is up and the generation cut", func() bool {
+		return strings.Contains(g.Logs(), "drain time is up")
+	})
 	close(release)
 	defer ln.Close()
 	var a answer

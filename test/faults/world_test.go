@@ -197,6 +197,14 @@ func (w *world) quiesce() {
 	w.up.closeIdle()
 }
 
+// look reads ssegate_live_generations, closes the idle connections that
+// left (quiesce), and takes a snapshot of the goroutines.
+func (w *world) look() (goroutines, int, error) {
+	live, err := w.liveGenerations()
+	w.quiesce()
+	return snapshotGoroutines(), live, err
+}
+
 // liveGenerations reads ssegate_live_generations from GET /metrics.
 func (w *world) liveGenerations() (int, error) {
 	req, _ := http.NewRequest(http.MethodGet, w.url+"/metrics", nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )
@@ -60,7 +61,8 @@ func failover(t *testing.T, forced bool) {
 			first[i], firstErr[i] = s, err
 		})
 	}
-	time.Sleep(700 * time.Millisecond) // every stream has begun, none has ended
+	// Every stream has begun (none ends for two seconds).
+	poll.For(t, 10*time.Second, "every stream reaches the upstream", func() bool { return e.mock.Calls() >= n })
 
 	victim := e.cluster.Nodes[0]
 	promoted := e.cluster.ReplicasOf(victim)[0]
@@ -71,19 +73,13 @@ func failover(t *testing.T, forced bool) {
 			t.Fatalf("CLUSTER FAILOVER FORCE: %v", err)
 		}
 	}
-	within(t, 15*time.Second, "the replica takes over", func() bool {
+	poll.For(t, 15*time.Second, "the replica takes over", func() bool {
 		info, err := redistest.Command(promoted.Addr, time.Second, "INFO", "replication")
 		return err == nil && strings.Contains(info, "role:master")
 	})
 	tookOver := time.Since(killed)
-	within(t, 15*time.Second, "the cluster is ok again", func() bool {
-		for _, s := range []*redistest.Server{promoted, e.cluster.Nodes[1], e.cluster.Nodes[2]} {
-			info, err := redistest.Command(s.Addr, time.Second, "CLUSTER", "INFO")
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false
-			}
-		}
-		return true
+	poll.For(t, 15*time.Second, "the cluster is ok again", func() bool {
+		return clusterOK(promoted, e.cluster.Nodes[1], e.cluster.Nodes[2])
 	})
 	clusterOK := time.Since(killed)
 	wg.Wait()
@@ -107,17 +103,14 @@ func failover(t *testing.T, forced bool) {
 	for i := range n {
 		g := gates[(i+1)%2]
 		wg.Go(func() {
-			deadline := time.Now().Add(10 * time.Second)
-			for time.Now().Before(deadline) {
+			poll.Until(10*time.Second, func() bool {
 				s, err := tryOpen(http.MethodPost, g.URL+"/v1/chat/completions", key(i), "")
-				if err == nil {
-					if s.readAll(); s.status == 200 {
-						retry[i] = s
-						return
-					}
+				if err != nil || s.readAll().status != 200 {
+					return false
 				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				retry[i] = s
+				return true
+			})
 		})
 	}
 	wg.Wait()
@@ -277,11 +270,13 @@ func TestClusterMinReplicasToWrite(t *testing.T) {
 	if _, err := redistest.Command(promoted.Addr, time.Second, "CLUSTER", "FAILOVER", "FORCE"); err != nil {
 		t.Fatalf("CLUSTER FAILOVER FORCE: %v", err)
 	}
-	within(t, 15*time.Second, "the replica takes over", func() bool {
+	poll.For(t, 15*time.Second, "the replica takes over", func() bool {
 		info, err := redistest.Command(promoted.Addr, time.Second, "INFO", "replication")
 		return err == nil && strings.Contains(info, "role:master")
 	})
-	time.Sleep(time.Second) // the replicas' clients learn the new topology
+	poll.For(t, 15*time.Second, "the cluster is ok again", func() bool {
+		return clusterOK(promoted, e.cluster.Nodes[1], e.cluster.Nodes[2])
+	})
 	after, st := batch("after")
 	t.Logf("60 keyed streams: %v without min-replicas-to-write, %v with it (1 on every node); after a failover with it set: %v, statuses %v (-1: a 200 that aborted)",
 		without.Round(time.Millisecond), with.Round(time.Millisecond), after.Round(time.Millisecond), st)

@@ -376,13 +376,15 @@ func (e *env) atMostOneCommit() int64 {
 	return total
 }
 
-func within(t *testing.T, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
+// clusterOK reports whether every one of servers says its cluster is ok:
+// after a failover, that they all know the new topology, which is what a
+// replica's Redis client then learns.
+func clusterOK(servers ...*redistest.Server) bool {
+	for _, s := range servers {
+		info, err := redistest.Command(s.Addr, time.Second, "CLUSTER", "INFO")
+		if err != nil || !strings.Contains(info, "cluster_state:ok") {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	return true
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -56,7 +57,7 @@ func TestRedisPausedWhileHeadAwaited(t *testing.T) {
 	a := e.start("A", "-head-timeout", "10s")
 	got := make(chan answer, 1)
 	go func() { got <- postBody(t, a, "paused-head", body) }()
-	within(t, 5*time.Second, "the upstream call", func() bool { return e.mock.Calls() == 1 })
+	poll.For(t, 5*time.Second, "the upstream call", func() bool { return e.mock.Calls() == 1 })
 	srv.Pause()
 	defer srv.Resume()
 	// Renewals fail for a lease (400 ms, each within -redis-timeout): the
@@ -113,7 +114,7 @@ func TestCommitRefusedAnswerKept(t *testing.T) {
 			base := e.mock.Calls()
 			got := make(chan answer, 1)
 			go func() { got <- postBody(t, a, "refused-"+strings.ReplaceAll(c.name, " ", "-"), c.body) }()
-			within(t, 5*time.Second, "the upstream call", func() bool {
+			poll.For(t, 5*time.Second, "the upstream call", func() bool {
 				select {
 				case r := <-got:
 					t.Fatalf("answered %d before the upstream was called: %s", r.status, r.body)
@@ -136,7 +137,7 @@ func TestCommitRefusedAnswerKept(t *testing.T) {
 			}
 			// Redis again: the replica serves the next key (the lease of
 			// the one before has lapsed by now).
-			within(t, 10*time.Second, "service after the pause", func() bool {
+			poll.For(t, 10*time.Second, "service after the pause", func() bool {
 				s, err := tryOpen(http.MethodPost, a.URL+"/v1/chat/completions", "after-"+strings.ReplaceAll(c.name, " ", "-"), "")
 				if err != nil {
 					return false

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 )
@@ -155,7 +157,7 @@ func TestOwnerPaused(t *testing.T) {
 		s := post(t, a, "pause")
 		s.readN(t, 5)
 		a.Pause()
-		time.Sleep(lease + 200*time.Millisecond)
+		poll.For(t, 10*lease, "A's lease lapses in Redis", func() bool { return len(e.keys("ssg:*:lease")) == 0 })
 		taken := post(t, b, "pause").readAll()
 		if !taken.clean() || taken.header.Get("Idempotent-Replayed") == "true" {
 			t.Fatalf("B after A's lease: clean %v replayed %q; want a fresh clean stream", taken.clean(), taken.header.Get("Idempotent-Replayed"))
@@ -198,6 +200,7 @@ func TestRedisOutage(t *testing.T) {
 		t.Fatal("before the outage: stream not clean")
 	}
 	for _, how := range []string{"paused", "restarted"} {
+		fenced := strings.Count(a.Logs(), "owned generation fenced")
 		live := post(t, a, "live-"+how)
 		live.readN(t, 3)
 		if how == "paused" {
@@ -215,7 +218,10 @@ func TestRedisOutage(t *testing.T) {
 				t.Fatalf("%s, unkeyed request on %s: status %d clean %v; want a relayed stream", how, g.Name, u.status, u.clean())
 			}
 		}
-		time.Sleep(lease) // past the lease: the owner of the live stream fences itself
+		// Past the lease, the owner of the live stream fences itself.
+		poll.For(t, 10*lease, how+": A fences the live stream", func() bool {
+			return strings.Count(a.Logs(), "owned generation fenced") > fenced
+		})
 		if how == "paused" {
 			srv.Resume()
 		} else {
@@ -226,7 +232,7 @@ func TestRedisOutage(t *testing.T) {
 			t.Fatalf("%s: the stream in flight ended clean=%v; want stream_aborted", how, live.clean())
 		}
 		for _, g := range []*gatetest.Process{a, b} {
-			within(t, 10*time.Second, how+": keyed requests on "+g.Name+" again", func() bool {
+			poll.For(t, 10*time.Second, how+": keyed requests on "+g.Name+" again", func() bool {
 				s, err := tryOpen(http.MethodPost, g.URL+"/v1/chat/completions", "after-"+how+"-"+g.Name, "")
 				if err != nil {
 					return false

@@ -1,4 +1,6 @@
-package gatetest
+// Package doctable reads the tables that doc comments draw, so that a test
+// can hold the code to the transitions its comment documents.
+package doctable
 
 import (
 	"go/ast"
@@ -8,11 +10,10 @@ import (
 	"testing"
 )
 
-// DocTable returns the lines of the table in the doc comment of type
-// typeName in the Go file path: the comment's indented lines (a table in
-// a doc comment is a code block), without their indent. A test can then
-// hold the code to the transitions its comment documents.
-func DocTable(tb testing.TB, path, typeName string) []string {
+// Rows returns the lines of the table in the doc comment of type typeName
+// in the Go file path: the comment's indented lines (a table in a doc
+// comment is a code block), without their indent.
+func Rows(tb testing.TB, path, typeName string) []string {
 	tb.Helper()
 	file, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments)
 	if err != nil {
