@@ -130,13 +130,15 @@ func (o *origin) attach(c *client) {
 		o.answerRest()
 		return
 	}
-	if waiting {
+	if waiting && o.f.Gen != 0 {
 		// The generation pushes once it has a head or an end, but a store
 		// can end the flight while the generation still awaits the head
 		// (Redis unreachable for a lease fences it): its client is
 		// answered then, with the outcome-unknown answer, not when the
 		// upstream answers or -head-timeout passes. The wait ends with the
-		// head, so nothing lives on through the stream.
+		// head, so nothing lives on through the stream. A flight without
+		// a key has no store to end it, and may never get a head (an
+		// answer relayed raw): nothing waits for it.
 		go func() {
 			<-o.f.HeadReady()
 			o.push()
