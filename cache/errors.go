@@ -21,6 +21,9 @@ var (
 	// (Limits.MaxKeysPerTenant), so a new key of its is refused; other
 	// tenants' new keys are not. It is not ErrStoreFull.
 	ErrTenantFull = errors.New("too many keys for one tenant")
+	// ErrTooManyFollowers: the flight has its maximum number of
+	// subscribers (-max-followers); the store itself has room.
+	ErrTooManyFollowers = errors.New("too many followers of one stream")
 	// ErrConflict: the key belongs to a request with another fingerprint.
 	ErrConflict = errors.New("key used with another request")
 	// ErrEnded: the generation has already ended; nothing more may be added.

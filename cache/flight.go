@@ -374,7 +374,9 @@ func (f *Flight) Events() int {
 
 // Subscribe registers a subscriber that receives the events after seq
 // (0 for all). Registration and position are taken under the journal's
-// lock, so the subscriber sees every later event exactly once.
+// lock, so the subscriber sees every later event exactly once. It fails
+// with ErrPosition for an event the flight has not journaled, and with
+// ErrTooManyFollowers past -max-followers.
 func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -382,7 +384,7 @@ func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 		return nil, ErrPosition
 	}
 	if f.maxSubs > 0 && len(f.subs) >= f.maxSubs {
-		return nil, ErrStoreFull
+		return nil, ErrTooManyFollowers
 	}
 	s := &Sub{f: f, next: int(after), c: make(chan struct{}, 1)}
 	s.c <- struct{}{} // there may be a backlog to read at once

@@ -317,8 +317,8 @@ func TestBounds(t *testing.T) {
 		if err1 != nil || err2 != nil {
 			t.Fatalf("Subscribe within the bound: got %v, %v; want none", err1, err2)
 		}
-		if _, err := f.Subscribe(0); !errors.Is(err, ErrStoreFull) {
-			t.Errorf("Subscribe past the bound: got %v; want ErrStoreFull", err)
+		if _, err := f.Subscribe(0); !errors.Is(err, ErrTooManyFollowers) || errors.Is(err, ErrStoreFull) {
+			t.Errorf("Subscribe past the bound: got %v; want ErrTooManyFollowers", err)
 		}
 		s1.Close()
 		s1.Close() // safe twice

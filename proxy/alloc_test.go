@@ -81,7 +81,7 @@ func TestDeliverAllocs(t *testing.T) {
 
 // drainedClient is a client on a loopback connection whose other end
 // reads everything.
-func drainedClient(t *testing.T) *client {
+func drainedClient(t *testing.T) *clientConn {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func drainedClient(t *testing.T) *client {
 		t.Fatal(err)
 	}
 	p := &Proxy{m: newMetrics(&Proxy{})}
-	c := &client{p: p, conn: conn, rc: rc}
+	c := &clientConn{p: p, conn: conn, rc: rc}
 	c.wfn = c.writeFD
 	return c
 }

@@ -120,7 +120,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		if b.Regenerated {
 			p.m.missingBodies.Inc()
 		}
-		if !p.acquire() {
+		if !p.acquireSlot() {
 			// No call was made: the one end of a flight that no generation owns.
 			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
 			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
@@ -200,7 +200,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		outcomeHead(&ctx.Response.Header, state, f.Unstored())
 	default:
 	}
-	p.stream(ctx, func(c *client) bool {
+	p.stream(ctx, func(c *clientConn) bool {
 		ok := p.writeFollower(c, sub, f, !replayed)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
@@ -230,12 +230,12 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 		return
 	}
 	writeHead(ctx, r.Head, true)
-	p.stream(ctx, func(c *client) bool { return c.write(data) == nil }, nil)
+	p.stream(ctx, func(c *clientConn) bool { return c.write(data) == nil }, nil)
 }
 
 // whole answers with head h and body on the client's own connection, as a
 // goroutine of its own writes it: in pieces, each within
-// -slow-client-timeout (client.answerWhole), so that a client that stops
+// -slow-client-timeout (clientConn.answerWhole), so that a client that stops
 // reading a large stored body is dropped rather than held, and one that
 // reads it steadily gets it whole.
 func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte, state cache.State, unstored bool) {
@@ -246,7 +246,7 @@ func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, bod
 		resp.Header.Set(resumeURLHeader, u)
 	}
 	resp.SetBodyRaw(body) // the stored body is not changed, only written
-	p.takeOver(ctx, false, func(c *client) {
+	p.takeOver(ctx, false, func(c *clientConn) {
 		ok := c.answerWhole(resp) == nil
 		fasthttp.ReleaseResponse(resp)
 		c.finish(ok, nil)

@@ -21,7 +21,7 @@ var pingComment = sse.AppendComment(nil, "ping")
 // last), and one the connection does not take whole stops it with
 // errBehind, the rest left in c.vec. It returns once caught up, at the
 // flight's end, or at a failed write.
-func deliver(c *client, sub *cache.Sub, f *cache.Flight, wait bool) (d delivery) {
+func deliver(c *clientConn, sub *cache.Sub, f *cache.Flight, wait bool) (d delivery) {
 	for {
 		// On the stack, so that nothing keeps the spans once written.
 		var at [maxParts][]byte
@@ -84,7 +84,7 @@ func (p *Proxy) ttfeAdded(f *cache.Flight) {
 // event when it was not. It returns false when the client went away. With
 // measure set, the delay between journaling the first event and writing
 // it here is observed.
-func (p *Proxy) writeFollower(c *client, sub *cache.Sub, f *cache.Flight, measure bool) bool {
+func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, measure bool) bool {
 	defer sub.Close()
 	hb := time.NewTimer(p.cfg.Heartbeat)
 	defer hb.Stop()
@@ -144,7 +144,7 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		return
 	}
 	method, path := string(ctx.Method()), string(ctx.Path())
-	p.takeOver(ctx, false, func(c *client) {
+	p.takeOver(ctx, false, func(c *clientConn) {
 		c.replayed = replayed
 		gone, stop := watchDeparture(c)
 		leave := func() {
@@ -212,10 +212,13 @@ func (p *Proxy) subscribe(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint6
 	if err == nil {
 		return sub, true
 	}
-	if errors.Is(err, cache.ErrPosition) {
+	switch {
+	case errors.Is(err, cache.ErrPosition):
 		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream has not sent"))
-	} else {
+	case errors.Is(err, cache.ErrTooManyFollowers):
 		p.writeError(ctx, causeMaxFollowers.err(""))
+	default:
+		p.writeError(ctx, causeStoreUnavailable.err(""))
 	}
 	return nil, false
 }
@@ -230,7 +233,7 @@ const maxAhead = 64 << 10
 // What the client sends meanwhile (its next request) is kept for the
 // connection's next request (c.pre). stop ends the watch before the
 // answer is written, and reports whether the client went.
-func watchDeparture(c *client) (gone <-chan struct{}, stop func() bool) {
+func watchDeparture(c *clientConn) (gone <-chan struct{}, stop func() bool) {
 	g := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {

@@ -16,7 +16,7 @@ const nonBlockingWrites = true
 
 // writeFD is the callback of offer's raw write: one writev of c.vec that
 // returns at once, with what the socket buffer took.
-func (c *client) writeFD(fd uintptr) bool {
+func (c *clientConn) writeFD(fd uintptr) bool {
 	n, err := unix.Writev(int(fd), c.vec)
 	switch err {
 	case nil:

@@ -34,7 +34,7 @@ type origin struct {
 	sub          *cache.Sub
 	method, path string // of the request, for the log of a refusal
 	// Written once, by the take-over (attach).
-	c *client
+	c *clientConn
 	// Written once, by the generation (answerRaw), before it pushes: the
 	// upstream's own answer to relay.
 	raw *fasthttp.Response
@@ -120,7 +120,7 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 
 // attach is the take-over's callback: the origin's answer starts on c as
 // far as the flight is known.
-func (o *origin) attach(c *client) {
+func (o *origin) attach(c *clientConn) {
 	o.mu.Lock()
 	o.c, o.mode = c, originAttached
 	rest := o.advanceLocked()

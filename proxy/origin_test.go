@@ -201,7 +201,7 @@ type originRig struct {
 	f    *cache.Flight
 	g    *gen
 	o    *origin
-	c    *client // for attach
+	c    *clientConn // for attach
 	peer net.Conn
 	done bool // the generation is over, or handed its end over (answerRaw)
 }
@@ -239,7 +239,7 @@ func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !p.acquire() {
+	if !p.acquireSlot() {
 		t.Fatal("no stream slot")
 	}
 	f := cache.NewDetached(64 << 20)
@@ -252,8 +252,8 @@ func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
 	o.mu.Lock()
 	o.sub, o.method, o.path = sub, "POST", "/v1/chat/completions"
 	o.mu.Unlock()
-	p.clients.Add(1) // as takeOver does; the answer's end (client.finish) is Done
-	c := &client{p: p, conn: conn, rc: rc}
+	p.clients.Add(1) // as takeOver does; the answer's end (clientConn.finish) is Done
+	c := &clientConn{p: p, conn: conn, rc: rc}
 	c.wfn = c.writeFD
 	r := &originRig{t: t, p: p, f: f, g: g, o: o, c: c, peer: peer}
 	t.Cleanup(func() {
@@ -328,7 +328,7 @@ func TestOriginTransitions(t *testing.T) {
 		name  string
 		move  originMove
 		small bool
-		c     func(*client) // changes the client before the take-over
+		c     func(*clientConn) // changes the client before the take-over
 		run   func(*originRig)
 	}{
 		{name: "taken over", move: originMove{originWaiting, originAttached, "take-over"},
@@ -347,13 +347,13 @@ func TestOriginTransitions(t *testing.T) {
 				r.o.push()
 			}},
 		{name: "head at the take-over, writes that wait", move: originMove{originAttached, originFollower, "take-over"},
-			c: func(c *client) { c.rc = nil },
+			c: func(c *clientConn) { c.rc = nil },
 			run: func(r *originRig) {
 				r.f.SetHead(eventStreamHead)
 				r.o.attach(r.c)
 			}},
 		{name: "head after the take-over, writes that wait", move: originMove{originAttached, originFollower, "generation"},
-			c: func(c *client) { c.rc = nil },
+			c: func(c *clientConn) { c.rc = nil },
 			run: func(r *originRig) {
 				r.o.attach(r.c)
 				r.f.SetHead(eventStreamHead)

@@ -127,7 +127,7 @@ func (p *Proxy) newServer() *fasthttp.Server {
 		IdleTimeout:        p.cfg.IdleTimeout,
 		ReadBufferSize:     8 << 10, // held for a stream's life: requests' headers fit
 		TCPKeepalive:       true,
-		// Streams set their own write deadline; see client.flush.
+		// Streams set their own write deadline; see clientConn.flush.
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
@@ -447,8 +447,8 @@ func under(p []byte, dir string) bool {
 	return bytes.HasPrefix(p, []byte(dir)) && (len(p) == len(dir) || p[len(dir)] == '/')
 }
 
-// acquire takes one of MaxStreams slots for an upstream call.
-func (p *Proxy) acquire() bool {
+// acquireSlot takes one of MaxStreams slots for an upstream call.
+func (p *Proxy) acquireSlot() bool {
 	if p.streams.Add(1) > int64(p.cfg.MaxStreams) {
 		p.streams.Add(-1)
 		return false

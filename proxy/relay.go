@@ -22,7 +22,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 		p.refuseDuplicate(ctx, body.Duplicate)
 		return
 	}
-	if !p.acquire() {
+	if !p.acquireSlot() {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
@@ -40,7 +40,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 // when the client went away or the body was cut short (a reset, a
 // timeout): then the client's answer must end without its last chunk, so
 // that it is not taken for a whole one.
-func copyBody(c *client, r io.Reader) bool {
+func copyBody(c *clientConn, r io.Reader) bool {
 	buf := make([]byte, 16<<10)
 	for {
 		n, err := r.Read(buf)

@@ -133,7 +133,7 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 			// /streams/{key} answers 204 there instead, which stops a
 			// browser's EventSource from reconnecting.)
 			writeHead(ctx, r.Head, true)
-			p.stream(ctx, func(c *client) bool { return c.write(nil) == nil }, nil)
+			p.stream(ctx, func(c *clientConn) bool { return c.write(nil) == nil }, nil)
 			return true
 		}
 	}

@@ -56,7 +56,7 @@ func (p *Proxy) resumeMAC(tenant, key, gen, exp string) []byte {
 }
 
 // offerResume makes the signed resume URL of generation gen of sc part of
-// the answer's head (writeHead, client.answerHead); error answers do not
+// the answer's head (writeHead, clientConn.answerHead); error answers do not
 // carry it. It expires -ttl from now, or with the token that authorised
 // the request if that is sooner: polling a URL does not prolong it.
 func (p *Proxy) offerResume(ctx *fasthttp.RequestCtx, sc cache.Scope, gen uint64) {

@@ -12,18 +12,18 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// client is the writing end of one streamed answer: the client's own
+// clientConn is the writing end of one streamed answer: the client's own
 // connection, taken over from fasthttp and written with HTTP/1.1 chunked
 // framing, one write per batch of events. Taking the connection over,
 // rather than fasthttp's body stream writer, saves a goroutine, a pipe and
 // a copy per event.
 //
-// A client is written either by a goroutine of its own (write: a write
+// A clientConn is written either by a goroutine of its own (write: a write
 // the connection does not accept within SlowClientTimeout fails, so a
 // stalled client is dropped, never waited on), or, for the client whose
 // request started a generation, by the generation itself (offer: a write
 // that never waits; see origin).
-type client struct {
+type clientConn struct {
 	p         *Proxy
 	conn      net.Conn        // the connection itself, not fasthttp's wrapper
 	rc        syscall.RawConn // for writes that never wait; nil when conn has none
@@ -63,7 +63,7 @@ type client struct {
 
 // frame puts parts as one chunk (with the answer head before the first)
 // into c.vec; last adds the end of the body.
-func (c *client) frame(last bool, parts ...[]byte) {
+func (c *clientConn) frame(last bool, parts ...[]byte) {
 	c.vec = c.arr[:0]
 	n := 0
 	for _, p := range parts {
@@ -105,13 +105,13 @@ var (
 // write sends p as one chunk, after whatever an earlier offer left
 // unwritten, waiting at most SlowClientTimeout for the connection to take
 // each writePiece bytes of it.
-func (c *client) write(p []byte) error { return c.send(false, p) }
+func (c *clientConn) write(p []byte) error { return c.send(false, p) }
 
 // end writes the end of the body: the answer is complete.
-func (c *client) end() error { return c.send(true) }
+func (c *clientConn) end() error { return c.send(true) }
 
 // send is write for parts as one chunk; last adds the end of the body.
-func (c *client) send(last bool, parts ...[]byte) error {
+func (c *clientConn) send(last bool, parts ...[]byte) error {
 	if err := c.flush(); err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ const writePiece = 64 << 10
 
 // flush writes c.vec, in pieces of at most writePiece bytes, waiting at
 // most SlowClientTimeout for each.
-func (c *client) flush() error {
+func (c *clientConn) flush() error {
 	if len(c.vec) == 0 {
 		return nil // c.buf may hold the head, for the first chunk
 	}
@@ -162,7 +162,7 @@ func (c *client) flush() error {
 
 // nextPiece puts the first writePiece bytes of c.vec into c.piece, or
 // reports that c.vec holds no more than that.
-func (c *client) nextPiece() (all bool) {
+func (c *clientConn) nextPiece() (all bool) {
 	n := 0
 	for _, b := range c.vec {
 		n += len(b)
@@ -187,7 +187,7 @@ func (c *client) nextPiece() (all bool) {
 // the connection takes it without waiting. done reports that all of it
 // was written; otherwise the rest stays in c.vec for write or end to send
 // first. An error means the client is gone.
-func (c *client) offer(last bool, parts ...[]byte) (done bool, err error) {
+func (c *clientConn) offer(last bool, parts ...[]byte) (done bool, err error) {
 	if len(c.vec) > 0 {
 		return false, nil
 	}
@@ -213,7 +213,7 @@ func (c *client) offer(last bool, parts ...[]byte) (done bool, err error) {
 // reset empties c.vec once written, forgetting the slices it held: they
 // lie in journal blocks that would otherwise stay reachable after the
 // journal dropped them.
-func (c *client) reset() {
+func (c *clientConn) reset() {
 	c.arr, c.pieceArr = [len(c.arr)][]byte{}, [len(c.pieceArr)][]byte{}
 	c.buf, c.vec, c.piece = c.buf[:0], c.arr[:0], c.pieceArr[:0]
 }
@@ -240,7 +240,7 @@ func appendChunkHeader(dst []byte, n int) []byte {
 // chunked body after the status and headers set on ctx; otherwise the
 // client writes its head itself (answerHead, answerWhole). Everything run
 // needs must be copied out of ctx: fasthttp reuses ctx once run returns.
-func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client)) {
+func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*clientConn)) {
 	served := ctx.Conn()
 	// An HTTP/1.0 client cannot read chunked framing (RFC 9112 §6.1): its
 	// answer is close-delimited, and the connection closes at its end.
@@ -266,7 +266,7 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*client))
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &client{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
+		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
 		if !own {
 			c.over = make(chan struct{})
 		}
@@ -325,7 +325,7 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 
 // answerHead puts the head of a chunked answer h into c.buf, to go out
 // with the first chunk.
-func (c *client) answerHead(h cache.Head) {
+func (c *clientConn) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
 	setHead(&rh.Header, h, c.replayed)
@@ -346,7 +346,7 @@ func (c *client) answerHead(h cache.Head) {
 
 // answerWhole writes resp, a whole answer with its body, waiting at most
 // SlowClientTimeout for each writePiece bytes of it.
-func (c *client) answerWhole(resp *fasthttp.Response) error {
+func (c *clientConn) answerWhole(resp *fasthttp.Response) error {
 	if !c.keepAlive {
 		resp.SetConnectionClose()
 	}
@@ -358,8 +358,8 @@ func (c *client) answerWhole(resp *fasthttp.Response) error {
 // stream answers with a chunked body written by fn, on the goroutine
 // fasthttp hands the connection to. fn reports whether the client is
 // still there; onGone runs when not.
-func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone func()) {
-	p.takeOver(ctx, true, func(c *client) {
+func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*clientConn) bool, onGone func()) {
+	p.takeOver(ctx, true, func(c *clientConn) {
 		ok := fn(c) && c.end() == nil
 		c.finish(ok, onGone)
 	})
@@ -368,7 +368,7 @@ func (p *Proxy) stream(ctx *fasthttp.RequestCtx, fn func(*client) bool, onGone f
 // finish ends the client's answer: after a complete one the connection
 // goes back to the server for the client's next request (keep-alive);
 // otherwise it closes, and onGone runs.
-func (c *client) finish(ok bool, onGone func()) {
+func (c *clientConn) finish(ok bool, onGone func()) {
 	if c.over != nil {
 		defer close(c.over)
 	}
