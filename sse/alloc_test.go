@@ -11,6 +11,7 @@ import "testing"
 func TestZeroAllocs(t *testing.T) {
 	buf := make([]byte, 0, 4096)
 	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}
+	role := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}`}
 	d := NewDetector(Expect{Usage: true})
 	req := []byte(`{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"n":2,"stream_options":{"include_usage":true}}`)
 	tests := []struct {
@@ -25,6 +26,8 @@ func TestZeroAllocs(t *testing.T) {
 		{"Detector.Observe", func() { d.Observe(chunk) }},
 		// After a Reset the prefix memo is empty: the whole chunk is scanned.
 		{"Detector.Observe after Reset", func() { d.Reset(Expect{Usage: true}); d.Observe(chunk) }},
+		// Before content, each chunk is also looked at for output.
+		{"Detector.Observe preamble", func() { d.Reset(Expect{Usage: true}); d.Observe(role); d.Observe(chunk) }},
 		{"ParseRequest without model", func() { _ = ParseRequest(req) }},
 	}
 	for _, tt := range tests {

@@ -33,6 +33,9 @@ type Detector struct {
 	// LLM's) it means nothing.
 	malformed bool
 	terminal  bool // the terminal event was observed; later events are ignored
+	// content: an event that carries model output (or that its dialect
+	// does not know) was observed; before it, the stream is a preamble.
+	content bool
 
 	// OpenAI chat/completions.
 	done           bool                    // data: [DONE]
@@ -122,6 +125,9 @@ func (d *Detector) observe(ev Event) {
 		}
 		d.haveSeq, d.lastSeq = true, n
 	}
+	if !d.content && !d.errSeen {
+		d.content = d.carries(ev, &f)
+	}
 	switch d.dialect {
 	case DialectUnknown, DialectOpenAIChat:
 		// Also while unknown: some OpenAI-compatible servers omit "object",
@@ -132,6 +138,67 @@ func (d *Detector) observe(ev Event) {
 	case DialectAnthropic:
 		d.observeAnthropic(ev.Type, &f)
 	}
+}
+
+// carries reports whether ev, which is no error, carries model output:
+// every event but a dialect's preamble (Responses response.created,
+// queued and in_progress; Anthropic message_start and ping; a chat chunk
+// whose choices have neither a finish nor a delta member past its role).
+// It runs only until the first event that does.
+func (d *Detector) carries(ev Event, f *fields) bool {
+	switch d.dialect {
+	case DialectOpenAIResponses:
+		switch t := pick(ev.Type, f.typ); t {
+		case "response.created", "response.queued", "response.in_progress":
+			return false
+		}
+		return true
+	case DialectAnthropic:
+		switch t := pick(ev.Type, f.typ); t {
+		case "message_start", "ping":
+			return false
+		}
+		return true
+	}
+	return chatOutput(ev.Data)
+}
+
+// pick is an event's type: its name, or its data's "type" for an unnamed one.
+func pick(name, typ string) string {
+	if name == "" || name == "message" {
+		return typ
+	}
+	return name
+}
+
+// chatOutput reports whether a chat chunk carries output: a choice with a
+// finish_reason, or with a delta member other than role that is set; a
+// chunk without "choices" is no preamble the dialect knows.
+func chatOutput(data string) bool {
+	for o := walk(data, 0, '{', false); o.next(); {
+		if o.name() != "choices" {
+			o.value()
+			continue
+		}
+		for a := walk(o.value(), 0, '[', false); a.next(); {
+			for c := walk(a.value(), 0, '{', false); c.next(); {
+				switch v := c.value(); c.name() {
+				case "finish_reason", "text":
+					if isSet(v) {
+						return true
+					}
+				case "delta":
+					for m := walk(v, 0, '{', false); m.next(); {
+						if v := m.value(); m.name() != "role" && isSet(v) && v != "[]" {
+							return true
+						}
+					}
+				}
+			}
+		}
+		return false
+	}
+	return true
 }
 
 func (d *Detector) observeChat(f *fields) {
@@ -252,6 +319,12 @@ func (d *Detector) Dialect() Dialect { return d.dialect }
 // error, or data whose top-level "error" is not null or whose "type" is
 // "error". Clean then answers ReasonErrorEvent.
 func (d *Detector) ErrSeen() bool { return d.errSeen }
+
+// Content reports whether an event that carries model output has been
+// observed: text, reasoning, a tool call, a refusal, a finish, or an
+// event the dialect does not know. The events before it (a preamble, or
+// an error) gave no part of an answer.
+func (d *Detector) Content() bool { return d.content }
 
 // LastSequence returns the sequence_number of the last event observed
 // that carried one (OpenAI Responses); ok is false when none did. A
