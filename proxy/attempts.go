@@ -29,6 +29,9 @@ type attempt struct {
 	// a repeat would be a new generation there). Never repeated, never
 	// fallen back from, -retry-ambiguous or not.
 	marked bool
+	// held: a stream's events up to the upstream's error, before any
+	// output; relayed as they came should the attempt be the last.
+	held *preamble
 	// ambiguousStatus: the upstream's error status is one of
 	// -ambiguous-status (504 by default: a gateway timed out, and the
 	// request may be running behind it). Ambiguous: repeated only to an
@@ -254,14 +257,12 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		a.body, _ = readBody(resp, 64<<10)
 		return a
 	case head.Stream:
-		if c, settled := g.pump(resp, head, sent, g.healer(up, tmpl)); !settled {
-			// No valid first event: an error event (the upstream said it
-			// failed: safe to repeat), or a body that ended or broke
-			// without one (the upstream took the request and may be
-			// generating: ambiguous).
-			return attempt{cause: c}
-		}
-		return attempt{settled: true}
+		// Unsettled, nothing reached a client: an error among the
+		// preamble's events (the upstream said it failed, classified as
+		// the status it stands for), or a body that ended or broke
+		// without a first event (the upstream took the request and may
+		// be generating: ambiguous).
+		return g.pump(resp, head, sent, g.healer(up, tmpl), more)
 	case g.relayRaw:
 		a.raw, a.cause = true, causeNone
 		return a

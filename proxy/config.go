@@ -61,6 +61,13 @@ type Config struct {
 	MaxStreamBytes int
 	// MaxStreamDuration bounds one generation (default 30m); past it the stream is aborted.
 	MaxStreamDuration time.Duration
+	// PreambleHold bounds how long a stream's preamble (events that carry
+	// no model output: response.created, message_start, ping, a role-only
+	// chunk) is held back from clients, from its first event (default
+	// 2s; negative: nothing is held). While it is held an error from the
+	// upstream is a failed attempt, retried or fallen back from; the first
+	// event with output, or the bound, relays it.
+	PreambleHold time.Duration
 	// HeadTimeout bounds the wait for the response head of a request that
 	// asks for a stream (top-level "stream": true), from the request's
 	// first byte sent (default 30s: providers send a stream's head before
@@ -192,6 +199,9 @@ func (c *Config) setDefaults() error {
 	def(&c.ResumeTokenTTL, 24*time.Hour)
 	def(&c.MaxStreamDuration, 30*time.Minute)
 	def(&c.HeadTimeout, 30*time.Second)
+	if c.PreambleHold == 0 {
+		c.PreambleHold = 2 * time.Second
+	}
 	def(&c.UpstreamIdleTimeout, 2*time.Minute)
 	def(&c.UpstreamConnectTimeout, 10*time.Second)
 	def(&c.SlowClientTimeout, 30*time.Second)

@@ -88,6 +88,7 @@ func (g *gen) drop() {
 	if resp != nil {
 		if c := connOf(resp); c != nil {
 			c.beforeRead = nil // set by relayBody: the connection may serve another generation next
+			c.holdBy(time.Time{}, nil)
 			if c.interrupted.Load() {
 				// Closed under a body that may have been read whole:
 				// fasthttp would pool it again.
@@ -267,6 +268,13 @@ func (g *gen) giveUp(t tries) {
 		// error; not after a call that may have run (its answer said
 		// "not run", a later call's outcome is unknown).
 		a = t.prev
+	}
+	if a.held != nil {
+		// The upstream's error inside its stream, before any output: the
+		// stream as it came, the error included.
+		f.Mark(cache.StateExecutionStarted, t.calls, a.held.head.Status)
+		a.held.relayFailure()
+		return
 	}
 	f.Mark(cache.StateExecutionStarted, t.calls, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {

@@ -87,8 +87,13 @@ func TestResponseIncompleteClean(t *testing.T) {
 	wantCount(t, "upstream calls", fs.calls.Load(), 1)
 }
 
+// oneAttempt makes no retry: a failure in a stream's preamble is then the
+// last attempt's, relayed as the provider sent it.
+func oneAttempt(pc *Config) { pc.Retry.Attempts = 1 }
+
 // TestProviderFailureRelayed: the provider's own failure, recorded from
-// OpenAI (an insufficient_quota error event, then response.failed), reaches
+// OpenAI (an insufficient_quota error event, then response.failed), when
+// no retry may follow (one attempt, no fallback), reaches
 // the caller, a joiner and a reader of the Responses journal exactly as
 // the provider sent it: response.failed included, no stream_aborted of
 // the proxy's after it. It is not stored: the key ends failed_retryable
@@ -103,7 +108,7 @@ func TestProviderFailureRelayed(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	fs := newFaultServer(t, sseGated(body[:i], body[i:], gate))
-	e := retryEnv(t, []string{fs.url}, nil)
+	e := retryEnv(t, []string{fs.url}, oneAttempt)
 	key := newKey("failed")
 	reqBody := `{"model":"gpt-5-nano","stream":true,"input":"hi"}`
 	origin := e.do(req{key: key, path: "/v1/responses", body: reqBody, auth: "Bearer sk-a"})
@@ -162,7 +167,7 @@ func TestProviderFailureSDK(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			fs := newFaultServer(t, sseAnswer(c.body, "framed"))
-			e := retryEnv(t, []string{fs.url}, nil)
+			e := retryEnv(t, []string{fs.url}, oneAttempt)
 			run := func(base string, opts ...option.RequestOption) (types []string, err error) {
 				t.Helper()
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -265,7 +270,7 @@ func TestProviderFailureWithoutEnd(t *testing.T) {
 	}
 	body := recorded[:j]
 	fs := newFaultServer(t, sseGated(body, "", make(chan struct{})))
-	e := retryEnv(t, []string{fs.url}, func(pc *Config) { pc.UpstreamIdleTimeout = time.Minute })
+	e := retryEnv(t, []string{fs.url}, func(pc *Config) { oneAttempt(pc); pc.UpstreamIdleTimeout = time.Minute })
 	key := newKey("failed-open")
 	start := time.Now()
 	got := e.fetch(req{key: key, path: "/v1/responses", body: `{"model":"gpt-5-nano","stream":true,"input":"hi"}`})

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -14,16 +15,19 @@ import (
 // pump relays the upstream's events: it reads each one, records it into
 // the flight (Append), and the origin is delivered what was recorded
 // before each read of the upstream's socket (relayBody); followers are
-// woken by the flight. The head goes to the flight with the first event:
-// until then nothing has reached a client, and a failure returns settled
-// false so the caller may retry. After it, the flight ends here
-// (settled): committed after a clean end, failed otherwise. What follows
-// the terminal event is drained, within bounds, so the connection can be
-// reused.
+// woken by the flight. A preamble, the events before the first that
+// carries model output (sse.Detector.Content), is held (preamble) until
+// that event, -preamble-hold or -max-event-bytes; the head goes to the
+// flight with the held events. Until then nothing has reached a client,
+// and a failure, an error the upstream sent among them included, returns
+// an unsettled attempt so the caller may retry or fall back. After it,
+// the flight ends here (settled): committed after a clean end, failed
+// otherwise. What follows the terminal event is drained, within bounds,
+// so the connection can be reused.
 //
 // A stream that h can heal (heal.go) and whose connection breaks after
 // the first event goes on with the upstream's resume of it.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer) (c cause, settled bool) {
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool) attempt {
 	f := g.f
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
@@ -33,13 +37,17 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
 	// most maxDrain bytes of it) so that the connection can be reused.
-	begun := false // the first event was seen, and the head went to the flight
+	begun := false // the head went to the flight
 	concluded := false
 	drained := 0
 	// failing: a Responses stream's error event came, and the
 	// response.failed the API sends after it is awaited, within the drain
 	// bounds: an upstream that sends no more ends the stream with its error.
 	failing := false
+	pre := preamble{g: g, det: det, head: head, sent: sent}
+	var failedA *attempt // the held failure, while its response.failed is awaited
+	var c cause
+	var settled bool
 	for { // one pass per body: the answer's, then each heal's
 		body, conn := g.relayBody(resp)
 		for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
@@ -56,21 +64,45 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				continue
 			}
 			det.Observe(ev)
+			if !begun && pre.released {
+				begun = true // at -preamble-hold, in a read (idleConn.holdBy)
+				if appendErr = pre.err; appendErr != nil {
+					break
+				}
+			}
 			if !begun {
 				if ev.Type == "response.created" {
 					g.responseCreated(ev, det, h)
 				}
-				if ok, why := det.Clean(false); !ok && why == sse.ReasonErrorEvent {
-					if ev.Type == "error" && gjson.Get(ev.Data, "error.type").Str == "stream_aborted" {
-						// An ssegate behind cut its stream: not the provider
-						// saying it did not run the request.
-						return causeUpstreamAborted, false
+				if failedA != nil {
+					// The Responses response.failed after its error event.
+					if pre.keep(ev); det.Terminal() {
+						return pre.failed(*failedA)
 					}
-					return causeErrorEvent, false // an upstream error before any event: a failed call
+					continue
 				}
-				f.SetHead(head)
+				if streamFailed(det) {
+					if a, again := g.heldFailure(ev, head, more); again {
+						conn.holdBy(time.Time{}, nil)
+						if a.cause == causeUpstreamAborted || det.Terminal() {
+							if a.cause != causeUpstreamAborted {
+								pre.keep(ev)
+							}
+							return pre.failed(a)
+						}
+						pre.keep(ev)
+						failedA = &a
+						conn.drainBy(time.Now().Add(maxDrainTime))
+						continue
+					}
+				} else if !det.Content() && !det.Terminal() && pre.hold(ev, conn) {
+					continue
+				}
+				conn.holdBy(time.Time{}, nil)
+				if appendErr = pre.release(); appendErr != nil {
+					break
+				}
 				begun = true
-				m.ttfeUpstream.Observe(time.Since(sent).Seconds())
 			}
 			terminal := det.Terminal()
 			// The terminal event is relayed as it came when the stream is
@@ -102,8 +134,19 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				conn.drainBy(time.Now().Add(maxDrainTime))
 			}
 		}
+		conn.holdBy(time.Time{}, nil)
+		if failedA != nil {
+			return pre.failed(*failedA) // no response.failed within the drain's bounds
+		}
 		if concluded {
-			return c, settled
+			return pumped(c, settled)
+		}
+		if !begun && pre.released {
+			begun, appendErr = true, pre.err
+		} else if !begun && readErr != nil && h != nil && len(pre.ends) > 0 {
+			// A break in the preamble: a stream that can heal goes on
+			// from it, as from any event it relayed.
+			appendErr, begun = pre.release(), true
 		}
 		if readErr == nil || appendErr != nil || !begun || h == nil {
 			break
@@ -115,12 +158,172 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 		}
 		resp, readErr = nr, nil
 	}
+	if !begun && readErr == nil && appendErr == nil && len(pre.ends) > 0 {
+		// The body ended with the preamble held: it goes out with the end.
+		appendErr = pre.release()
+	}
 	// The body ended with its framing intact: its last chunk, or all of
 	// its Content-Length (fasthttp fails a read short of either with
 	// io.ErrUnexpectedEOF); a body that ends where the connection closed
 	// (-2) has no framing to vouch for its end.
 	intact := readErr == nil && resp.Header.ContentLength() != -2
-	return g.conclude(det, head, readErr, appendErr, intact)
+	c, settled = g.conclude(det, head, readErr, appendErr, intact)
+	return pumped(c, settled)
+}
+
+// pumped is the attempt of a stream pump ended for c, settled or not.
+func pumped(c cause, settled bool) attempt {
+	if settled {
+		return attempt{settled: true}
+	}
+	return attempt{cause: c}
+}
+
+// streamFailed reports whether the stream det follows failed: an error event or
+// member, or a Responses response.failed.
+func streamFailed(det *sse.Detector) bool {
+	_, why := det.Clean(false)
+	return why == sse.ReasonErrorEvent || why == sse.ReasonResponseFailed
+}
+
+// preamble holds the events of a stream that carry no model output yet,
+// copied, so that an error after them is still a failed attempt that no
+// client saw.
+type preamble struct {
+	g        *gen
+	det      *sse.Detector
+	head     cache.Head
+	sent     time.Time
+	buf      []byte
+	ends     []int // per event, where its type and its data end in buf
+	n        int   // bytes held
+	since    time.Time
+	released bool
+	err      error // the release's, when the bound released it in a read
+	onHold   func()
+}
+
+// hold keeps ev and reports true, unless holding is off, -preamble-hold
+// passed since the first held event, or ev would take the held bytes past
+// -max-event-bytes. The first held event has conn call release at the
+// bound, should the upstream be silent until then.
+func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
+	cfg := &p.g.p.cfg
+	if cfg.PreambleHold <= 0 || p.n+len(ev.Type)+len(ev.Data) > cfg.MaxEventBytes {
+		return false
+	}
+	if p.n == 0 && len(p.ends) == 0 {
+		p.since = time.Now()
+		p.onHold = func() { p.err = p.release() }
+		conn.holdBy(p.since.Add(cfg.PreambleHold), p.onHold)
+	} else if time.Since(p.since) >= cfg.PreambleHold {
+		return false
+	}
+	p.keep(ev)
+	return true
+}
+
+// keep adds ev to the held events.
+func (p *preamble) keep(ev sse.Event) {
+	p.buf = append(p.buf, ev.Type...)
+	p.ends = append(p.ends, len(p.buf))
+	p.buf = append(p.buf, ev.Data...)
+	p.ends = append(p.ends, len(p.buf))
+	p.n += len(ev.Type) + len(ev.Data)
+}
+
+// failed is attempt a, which failed among the held events, with them:
+// should it be the last, they are relayed as the provider sent them
+// (relayFailure).
+func (p *preamble) failed(a attempt) attempt {
+	if a.cause != causeUpstreamAborted {
+		a.held = p
+	}
+	return a
+}
+
+// relayFailure ends the flight with the held events, the upstream's
+// error among them, as the provider sent them: its own failure, relayed
+// and not stored (causeRow.relayEnd).
+func (p *preamble) relayFailure() {
+	err := p.release()
+	p.g.conclude(p.det, p.head, nil, err, true)
+}
+
+// release sets the flight's head and appends the held events to it, in
+// order: clients see the preamble from here on.
+func (p *preamble) release() error {
+	if p.released {
+		return p.err
+	}
+	p.released = true
+	g := p.g
+	g.f.SetHead(p.head)
+	g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
+	start := 0
+	for i := 0; i < len(p.ends); i += 2 {
+		t, d := p.buf[start:p.ends[i]], p.buf[p.ends[i]:p.ends[i+1]]
+		start = p.ends[i+1]
+		g.p.m.events.Inc()
+		if _, err := g.f.Append(string(t), string(d)); err != nil {
+			return err
+		}
+	}
+	p.buf, p.ends = nil, nil
+	return nil
+}
+
+// heldFailure is the attempt of a stream whose upstream failed, in ev,
+// before any output, and whether it may be made again or fallen back
+// from: the error stands for the status the upstream would have answered
+// (insufficient_quota or a rate limit as 429, overloaded_error as 503,
+// server_error and api_error as 500, a -fallback-on-code code as that
+// 400, a numeric code as itself); one that names none is an error_event,
+// as before any event. One that may not is relayed as it came.
+func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bool) {
+	e := gjson.Get(ev.Data, "error")
+	if !e.IsObject() {
+		e = gjson.Get(ev.Data, "response.error")
+	}
+	typ, code := e.Get("type").Str, e.Get("code")
+	if ev.Type == "error" && typ == "stream_aborted" {
+		// An ssegate behind cut its stream: not the provider saying it
+		// did not run the request.
+		return attempt{cause: causeUpstreamAborted}, true
+	}
+	status := 0
+	if code.Type == gjson.Number && code.Int() >= 400 && code.Int() <= 599 {
+		status = int(code.Int())
+	}
+	for _, k := range [2]string{code.Str, typ} {
+		switch k {
+		case "insufficient_quota", "rate_limit_exceeded", "rate_limit_error":
+			status = fasthttp.StatusTooManyRequests
+		case "overloaded_error":
+			status = fasthttp.StatusServiceUnavailable
+		case "server_error", "api_error":
+			status = fasthttp.StatusInternalServerError
+		}
+		if k != "" && slices.Contains(g.p.cfg.FallbackOnCodes, k) {
+			if !more {
+				return attempt{}, false
+			}
+			status = fasthttp.StatusBadRequest
+			code.Str = k
+		}
+	}
+	if status == 0 {
+		return attempt{cause: causeErrorEvent}, true
+	}
+	// Should it be the last attempt, the client gets the error as the
+	// answer of that status.
+	h := cache.Head{Status: status, ContentType: "application/json", Header: head.Header}
+	a := attempt{cause: upstreamStatus(status), head: h, body: []byte(`{"error":` + e.Raw + `}`)}
+	if status == fasthttp.StatusBadRequest && code.Str != "" && slices.Contains(g.p.cfg.FallbackOnCodes, code.Str) {
+		a.fallbackCode = code.Str
+		return a, true
+	}
+	return a, a.verdict() == safe
 }
 
 // relayBody returns resp's body for pump to read, and the connection it

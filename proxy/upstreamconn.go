@@ -155,6 +155,10 @@ type idleConn struct {
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	reused      bool        // a request was written before: the next one's first write checks peerClosed
 	drainUntil  time.Time   // set by drainBy: what is left of the answer must come by then
+	// holdUntil and onHold, set by holdBy: a read still waiting at
+	// holdUntil calls onHold, once, and goes on waiting.
+	holdUntil time.Time
+	onHold    func()
 	// beforeRead, while a generation relays an answer from the connection
 	// (set by gen.relayBody, unset by gen.drop), runs before each read from
 	// the connection (for an https upstream, from its TLS session).
@@ -212,6 +216,7 @@ func (c *idleConn) Write(p []byte) (int, error) {
 		}
 		c.reused = true
 		c.drainUntil = time.Time{}
+		c.holdBy(time.Time{}, nil)
 		// An upstream that stops taking the request is as silent as one
 		// that does not answer, so the same deadline bounds both.
 		c.sending, c.awaiting = true, true
@@ -241,6 +246,20 @@ func (c *idleConn) SetDeadline(t time.Time) error {
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.read(p)
+		if n > 0 || c.onHold == nil || !isTimeout(err) || time.Now().Before(c.holdUntil) {
+			return n, err
+		}
+		// The hold's bound passed in silence: no budget's cut, and the
+		// connection goes on (a read deadline leaves it usable).
+		fn := c.onHold
+		c.holdBy(time.Time{}, nil)
+		fn()
+	}
+}
+
+func (c *idleConn) read(p []byte) (int, error) {
 	if c.beforeRead != nil {
 		c.beforeRead()
 	}
@@ -251,6 +270,10 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	}
 	if !c.drainUntil.IsZero() && c.drainUntil.Before(want) {
 		want, exact = c.drainUntil, true
+	}
+	hold := c.onHold != nil && c.holdUntil.Before(want)
+	if hold {
+		want, exact = c.holdUntil, true
 	}
 	// Moving the deadline costs a timer update per read. The idle bound
 	// is moved only once it is a sixteenth of idle stale, which keeps it
@@ -269,7 +292,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.awaiting = false
 	}
-	if err != nil && c.drainUntil.IsZero() { // a drain's end is no budget's
+	if err != nil && c.drainUntil.IsZero() && !(hold && isTimeout(err)) { // a drain's or a hold's end is no budget's
 		c.report(err, c.bound)
 	}
 	return n, err
@@ -283,6 +306,15 @@ func (c *idleConn) Read(p []byte) (int, error) {
 func (c *idleConn) drainBy(t time.Time) {
 	if c != nil {
 		c.drainUntil = t
+	}
+}
+
+// holdBy has a read that still waits at t call fn (on the reading
+// goroutine) and go on waiting; a zero t with a nil fn unsets it. It costs
+// a deadline's move only when set or reached, not one per event.
+func (c *idleConn) holdBy(t time.Time, fn func()) {
+	if c != nil {
+		c.holdUntil, c.onHold = t, fn
 	}
 }
 

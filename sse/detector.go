@@ -149,7 +149,7 @@ func (d *Detector) carries(ev Event, f *fields) bool {
 	switch d.dialect {
 	case DialectOpenAIResponses:
 		switch t := pick(ev.Type, f.typ); t {
-		case "response.created", "response.queued", "response.in_progress":
+		case "response.created", "response.queued", "response.in_progress", "response.failed":
 			return false
 		}
 		return true

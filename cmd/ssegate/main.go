@@ -79,6 +79,7 @@ type options struct {
 	maxDuration   time.Duration
 	idleTimeout   time.Duration
 	headTimeout   time.Duration
+	preambleHold  time.Duration
 	slowClient    time.Duration
 	shutdown      time.Duration
 	missingBody   string
@@ -132,6 +133,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")
 	fs.DurationVar(&o.maxDuration, "max-stream-duration", 30*time.Minute, "longest upstream stream (aborted after)")
+	fs.DurationVar(&o.preambleHold, "preamble-hold", 2*time.Second, "longest hold of a stream's preamble (events before the first model output), during which an upstream error is retried or fallen back from; negative holds nothing")
 	fs.DurationVar(&o.headTimeout, "head-timeout", 30*time.Second, "longest wait for the response head of a request that asks for a stream (\"stream\": true), from sending it; 504 upstream_timeout after")
 	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 2*time.Minute, "longest upstream silence once its answer began, not the wait for the head (504 before the first event, the stream aborted after it). Anthropic's pings and the Responses API's progress events keep long generations busy; 2m outlasts a reasoning model's pause between a chat completion's role chunk and its content, at twice the 60 s after which common load balancers cut a silent connection")
 	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client that takes no 64 KiB piece of its answer for this long is dropped (it can resume); a big answer read steadily is never slow")
@@ -320,7 +322,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Upstreams: upstreams, Retry: o.retry, ResumeTokenTTL: o.ttl, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
-		HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
+		PreambleHold: o.preambleHold, HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
 		AmbiguousStatus: o.ambigStatuses,
