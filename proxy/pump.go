@@ -323,6 +323,12 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 		a.fallbackCode = code.Str
 		return a, true
 	}
+	if code.Str == "insufficient_quota" || typ == "insufficient_quota" {
+		// A quota does not come back within a retry's wait: as a 429
+		// whose Retry-After is past -retry-after-max, the model is not
+		// asked again, and its fallback is.
+		a.retryAfter = 24 * time.Hour
+	}
 	return a, a.verdict() == safe
 }
 

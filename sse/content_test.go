@@ -22,7 +22,14 @@ func TestContent(t *testing.T) {
 			{Type: "message_start", Data: `{"type":"message_start","message":{"usage":{"input_tokens":3}}}`},
 			{Type: "ping", Data: `{"type": "ping"}`},
 			{Type: "content_block_start", Data: `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`},
-		}, []bool{false, false, true}},
+		}, []bool{false, false, false}},
+		{"anthropic tool use", []Event{
+			{Type: "message_start", Data: `{"type":"message_start","message":{}}`},
+			{Type: "content_block_start", Data: `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"get","input":{}}}`},
+		}, []bool{false, true}},
+		{"anthropic text", []Event{
+			{Type: "content_block_delta", Data: `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"2"}}`},
+		}, []bool{true}},
 		{"chat role only, then content", []Event{
 			{Data: `{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"finish_reason":null}]}`},
 			{Data: `{"object":"chat.completion.chunk","choices":[]}`},

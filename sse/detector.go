@@ -157,6 +157,12 @@ func (d *Detector) carries(ev Event, f *fields) bool {
 		switch t := pick(ev.Type, f.typ); t {
 		case "message_start", "ping":
 			return false
+		case "content_block_start":
+			// A text or thinking block opens empty; a tool_use block
+			// names its tool, which is output.
+			b := gjson.Get(ev.Data, "content_block")
+			t := b.Get("type").Str
+			return (t != "text" && t != "thinking") || b.Get(t).Str != ""
 		}
 		return true
 	}

@@ -1,0 +1,226 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	anthropicopt "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/ssegate/ssegate/cache"
+)
+
+// writeSSE answers body as an event stream, flushed.
+func writeSSE(w http.ResponseWriter, body string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	io.WriteString(w, body) //nolint:errcheck // the test reads what arrived
+	w.(http.Flusher).Flush()
+}
+
+// TestPreambleErrorFallsBack: the recorded Responses failure
+// (response.created, response.in_progress, then an insufficient_quota
+// error and response.failed) is a failed attempt, not an answer: the
+// request falls back, and openai-go reads the fallback model's whole
+// stream, nothing of the primary's. The primary is called once (a quota
+// does not come back within a retry), the fallback once.
+func TestPreambleErrorFallsBack(t *testing.T) {
+	t.Parallel()
+	failed := fixtureBody(t, "openai-responses-error-failed")
+	completed := fixtureBody(t, "openai-responses-completed")
+	ms := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
+		if model == "gpt-5-nano" {
+			writeSSE(w, failed)
+			return
+		}
+		writeSSE(w, completed)
+	})
+	e := retryEnv(t, []string{ms.url}, func(pc *Config) {
+		pc.Fallbacks = map[string][]string{"gpt-5-nano": {"gpt-5-mini"}}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0),
+		option.WithHTTPClient(e.client), option.WithHeader("Idempotency-Key", newKey("preamble-fallback")))
+	s := cl.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "gpt-5-nano",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	defer s.Close()
+	var types []string
+	text := ""
+	for s.Next() {
+		ev := s.Current()
+		types = append(types, ev.Type)
+		if ev.Type == "response.output_text.delta" {
+			text += ev.Delta
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("stream: %v (events %v); want the fallback's whole stream", err, types)
+	}
+	if len(types) == 0 || types[0] != "response.created" || types[len(types)-1] != "response.completed" || text == "" {
+		t.Fatalf("events %v, text %q; want the fallback's stream, response.created to response.completed", types, text)
+	}
+	for _, typ := range types {
+		if typ == "error" || typ == "response.failed" {
+			t.Fatalf("events %v: the primary's failure reached the client", types)
+		}
+	}
+	wantCount(t, "primary calls", ms.callsFor("gpt-5-nano"), 1)
+	wantCount(t, "fallback calls", ms.callsFor("gpt-5-mini"), 1)
+}
+
+// TestPreambleOverloadedRetried: Anthropic's overloaded_error after
+// message_start and a ping is a failed attempt (as a 503): the request is
+// made again, and anthropic-sdk-go reads the second call's whole message.
+func TestPreambleOverloadedRetried(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "anthropic-messages-text")
+	start := whole[:strings.Index(whole, "\n\n")+2]
+	overloaded := start + "event: ping\ndata: {\"type\": \"ping\"}\n\n" +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
+		if n == 1 {
+			writeSSE(w, overloaded)
+			return
+		}
+		writeSSE(w, whole)
+	})
+	e := retryEnv(t, []string{ms.url}, nil)
+	c := anthropic.NewClient(anthropicopt.WithBaseURL(e.url+"/"), anthropicopt.WithAPIKey("sk-ant"),
+		anthropicopt.WithHTTPClient(e.client), anthropicopt.WithMaxRetries(0),
+		anthropicopt.WithHeader("Idempotency-Key", newKey("preamble-overloaded")))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream := c.Messages.NewStreaming(ctx, anthropic.MessageNewParams{
+		Model: "claude-sonnet-4-5", MaxTokens: 64,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Count"))},
+	})
+	defer stream.Close()
+	var msg anthropic.Message
+	for stream.Next() {
+		if err := msg.Accumulate(stream.Current()); err != nil {
+			t.Fatalf("accumulate: %v", err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v; want the retry's whole message", err)
+	}
+	if msg.StopReason == "" || len(msg.Content) == 0 || msg.Content[0].Text == "" {
+		t.Fatalf("message: stop_reason %q, content %v; want a whole message", msg.StopReason, msg.Content)
+	}
+	wantCount(t, "upstream calls", ms.total(), 2)
+}
+
+// TestPreambleErrorMemberRetried: an OpenRouter-style chat stream, a
+// role-only chunk and then a chunk with an error member (a 502 of the
+// provider behind), is a failed attempt: the repeat's whole stream is
+// the answer, with nothing of the first.
+func TestPreambleErrorMemberRetried(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "openai-chat-text")
+	const role = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	const failure = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","error":{"code":502,"message":"Provider returned error"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}` + "\n\n"
+	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
+		if n == 1 {
+			writeSSE(w, role+": OPENROUTER PROCESSING\n\n"+failure+"data: [DONE]\n\n")
+			return
+		}
+		writeSSE(w, whole)
+	})
+	e := retryEnv(t, []string{ms.url}, nil)
+	got := e.fetch(req{key: newKey("preamble-member")})
+	if got.status != 200 || got.aborted || got.lastData() != "[DONE]" {
+		t.Fatalf("got %d aborted %v (%q); want the repeat's whole stream", got.status, got.aborted, got.raw)
+	}
+	if s := stripIDs(got.raw, false); s != whole {
+		t.Fatalf("events:\n%s\nwant exactly the repeat's:\n%s", s, whole)
+	}
+	wantCount(t, "upstream calls", ms.total(), 2)
+}
+
+// TestErrorAfterContentNotRetried: an error after the first text delta
+// ends an answer that began: it is not made again (one call), the client
+// gets the provider's error as it came, and the key is free: the repeat
+// is a new call.
+func TestErrorAfterContentNotRetried(t *testing.T) {
+	t.Parallel()
+	const body = `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n" +
+		`data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n" +
+		`data: {"error":{"message":"The server had an error","type":"server_error","param":null,"code":null}}` + "\n\n"
+	ms := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { writeSSE(w, body) })
+	e := retryEnv(t, []string{ms.url}, nil)
+	key := newKey("after-content")
+	got := e.fetch(req{key: key})
+	if got.status != 200 || !strings.Contains(got.lastData(), "server_error") {
+		t.Fatalf("got %d (%q); want 200 and the provider's error", got.status, got.raw)
+	}
+	if s := stripIDs(got.raw, false); s != body {
+		t.Fatalf("events:\n%s\nwant exactly the provider's:\n%s", s, body)
+	}
+	wantCount(t, "upstream calls", ms.total(), 1)
+	e.waitState(key, "", cache.StateFailedRetryable)
+	again := e.fetch(req{key: key})
+	if again.replayed {
+		t.Fatal("repeat: a replay; want a new generation")
+	}
+	wantCount(t, "upstream calls", ms.total(), 2)
+}
+
+// TestPreambleHoldBound: a preamble followed by a silence longer than
+// -preamble-hold is relayed at the bound, to the caller and to a joiner,
+// before the content comes; the content follows on the same id sequence.
+func TestPreambleHoldBound(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "anthropic-messages-text")
+	i := strings.Index(whole, "\n\n") + 2 // message_start
+	gate := make(chan struct{})
+	ms := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) {
+		writeSSE(w, whole[:i])
+		select {
+		case <-gate:
+		case <-time.After(10 * time.Second):
+		}
+		writeSSE(w, whole[i:])
+	})
+	const hold = 300 * time.Millisecond
+	e := retryEnv(t, []string{ms.url}, func(pc *Config) { pc.PreambleHold = hold })
+	key := newKey("preamble-hold")
+	body := `{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Count"}]}`
+	start := time.Now()
+	firstEvent := func(name string, resp *http.Response) *bufio.Reader {
+		t.Helper()
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		for err == nil && !strings.HasPrefix(line, "event: message_start") {
+			line, err = br.ReadString('\n')
+		}
+		if err != nil {
+			t.Fatalf("%s: %v before message_start", name, err)
+		}
+		if took := time.Since(start); took < hold-50*time.Millisecond || took > hold+time.Second {
+			t.Fatalf("%s: message_start after %v; want it at -preamble-hold (%v)", name, took, hold)
+		}
+		return br
+	}
+	origin := e.do(req{key: key, path: "/v1/messages", body: body})
+	defer origin.Body.Close()
+	joiner := e.do(req{key: key, path: "/v1/messages", body: body})
+	defer joiner.Body.Close()
+	ob := firstEvent("origin", origin)
+	jb := firstEvent("joiner", joiner)
+	close(gate)
+	for name, br := range map[string]*bufio.Reader{"origin": ob, "joiner": jb} {
+		rest, err := io.ReadAll(br)
+		if err != nil || !strings.Contains(string(rest), "message_stop") || strings.Contains(string(rest), "stream_aborted") {
+			t.Fatalf("%s: rest %q (%v); want the whole message", name, rest, err)
+		}
+	}
+	e.waitState(key, "", cache.StateCommitted)
+	wantCount(t, "upstream calls", ms.total(), 1)
+}
