@@ -84,7 +84,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
 	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",
-		Help: "Time from sending the upstream request to its first event.", Buckets: firstEventBuckets})
+		Help: "Time from sending the upstream request to its first event journaled (its first output, or its preamble at -preamble-hold).", Buckets: firstEventBuckets})
 	m.ttfeAdded = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_proxy_first_event_added_seconds",
 		Help: "Time from reading the upstream's first event to flushing it to the client that started the generation.", Buckets: firstEventBuckets})
 	f(m.attemptsPerOK)
