@@ -224,3 +224,22 @@ func TestPreambleHoldBound(t *testing.T) {
 	e.waitState(key, "", cache.StateCommitted)
 	wantCount(t, "upstream calls", ms.total(), 1)
 }
+
+// TestPreambleBytesBound: a preamble past -max-event-bytes is relayed
+// rather than held further, so an error after it is the provider's
+// answer, as it came (one call, not retried).
+func TestPreambleBytesBound(t *testing.T) {
+	t.Parallel()
+	pad := strings.Repeat("x", 600)
+	body := `event: message_start` + "\n" + `data: {"type":"message_start","message":{"id":"` + pad + `"}}` + "\n\n" +
+		"event: ping\ndata: {\"type\": \"ping\",\"pad\":\"" + pad + "\"}\n\n" +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	ms := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { writeSSE(w, body) })
+	e := retryEnv(t, []string{ms.url}, func(pc *Config) { pc.MaxEventBytes = 1000 })
+	got := e.fetch(req{key: newKey("preamble-bytes"), path: "/v1/messages",
+		body: `{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Count"}]}`})
+	if got.status != 200 || stripIDs(got.raw, false) != body {
+		t.Fatalf("got %d (%q); want 200 and the provider's events as they came", got.status, got.raw)
+	}
+	wantCount(t, "upstream calls", ms.total(), 1)
+}
