@@ -31,7 +31,9 @@ func TestAborts(t *testing.T) {
 		{"EOF without end", "eof-after=5", "", "", false},
 		{"[DONE] after error", "error-after=5", "", "", true},
 		{"hang past idle timeout", "hang-after=3", "", "", false},
-		{"anthropic error event", "error-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, true},
+		// After the first text delta: before it (message_start, an empty
+		// block's start, ping) the error is a failed attempt, retried.
+		{"anthropic error event", "error-after=5", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, true},
 		{"anthropic EOF", "eof-after=3", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, false},
 		{"responses error", "error-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`, true},
 		{"responses EOF", "eof-after=3", "/v1/responses", `{"model":"gpt-4o","stream":true,"input":"hi"}`, false},
