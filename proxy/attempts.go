@@ -235,7 +235,9 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 	}
 	head := copyHead(resp)
 	g.p.m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
-	done(health(head.Status, more))
+	if !head.Stream {
+		done(health(head.Status, more))
+	}
 	a := attempt{head: head}
 	if head.Status >= 400 {
 		a.cause = upstreamStatus(head.Status)
@@ -262,7 +264,8 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		// the status it stands for), or a body that ended or broke
 		// without a first event (the upstream took the request and may
 		// be generating: ambiguous).
-		return g.pump(resp, head, sent, g.healer(up, tmpl), more)
+		// The circuits hear of it once the preamble is over (pump).
+		return g.pump(resp, head, sent, g.healer(up, tmpl), more, done)
 	case g.relayRaw:
 		a.raw, a.cause = true, causeNone
 		return a

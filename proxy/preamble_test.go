@@ -243,3 +243,37 @@ func TestPreambleBytesBound(t *testing.T) {
 	}
 	wantCount(t, "upstream calls", ms.total(), 1)
 }
+
+// TestPreambleErrorOpensCircuit: errors in the preamble count against the
+// model's circuit like the statuses they stand for: once it opened, a
+// request goes to the fallback with no call to the primary.
+func TestPreambleErrorOpensCircuit(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "anthropic-messages-text")
+	overloaded := whole[:strings.Index(whole, "\n\n")+2] +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	ms := newModelServer(t, func(model string, _ int64, w http.ResponseWriter) {
+		if model == "claude-primary" {
+			writeSSE(w, overloaded)
+			return
+		}
+		writeSSE(w, whole)
+	})
+	e := retryEnv(t, []string{ms.url}, func(pc *Config) {
+		pc.Fallbacks = map[string][]string{"claude-primary": {"claude-backup"}}
+		pc.Retry.BreakerFailures = 3
+		pc.Retry.BreakerOpen = time.Minute
+		pc.Retry.BreakerOpenMax = time.Minute
+	})
+	const n = 5
+	for i := range n {
+		got := e.fetch(req{path: "/v1/messages", body: `{"model":"claude-primary","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Count"}]}`})
+		if got.status != 200 || !strings.Contains(string(got.raw), "message_stop") || strings.Contains(string(got.raw), "overloaded_error") {
+			t.Fatalf("request %d: got %d (%q); want the fallback's whole message", i, got.status, got.raw)
+		}
+	}
+	if got := ms.callsFor("claude-primary"); got != 3 {
+		t.Fatalf("primary calls: got %d; want 3, then its circuit open", got)
+	}
+	wantCount(t, "fallback calls", ms.callsFor("claude-backup"), n)
+}

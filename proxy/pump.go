@@ -27,7 +27,10 @@ import (
 //
 // A stream that h can heal (heal.go) and whose connection breaks after
 // the first event goes on with the upstream's resume of it.
-func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool) attempt {
+//
+// done tells the circuits what the attempt came to: an answer once the
+// preamble is released, or the status an error in it stands for.
+func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool, done func(error)) attempt {
 	f := g.f
 	m := g.p.m
 	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
@@ -44,7 +47,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// response.failed the API sends after it is awaited, within the drain
 	// bounds: an upstream that sends no more ends the stream with its error.
 	failing := false
-	pre := preamble{g: g, det: det, head: head, sent: sent}
+	pre := preamble{g: g, det: det, head: head, sent: sent, more: more, done: done}
+	defer pre.report(nil)
 	var failedA *attempt // the held failure, while its response.failed is awaited
 	var c cause
 	var settled bool
@@ -201,6 +205,16 @@ type preamble struct {
 	released bool
 	err      error // the release's, when the bound released it in a read
 	onHold   func()
+	more     bool        // another model may follow
+	done     func(error) // the circuits' report, made once (report)
+}
+
+// report tells the circuits, once, what the attempt came to.
+func (p *preamble) report(err error) {
+	if p.done != nil {
+		p.done(err)
+		p.done = nil
+	}
 }
 
 // hold keeps ev and reports true, unless holding is off, -preamble-hold
@@ -239,6 +253,7 @@ func (p *preamble) failed(a attempt) attempt {
 	if a.cause != causeUpstreamAborted {
 		a.held = p
 	}
+	p.report(health(a.head.Status, p.more))
 	return a
 }
 
@@ -257,6 +272,7 @@ func (p *preamble) release() error {
 		return p.err
 	}
 	p.released = true
+	p.report(nil)
 	g := p.g
 	g.f.SetHead(p.head)
 	g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
