@@ -196,6 +196,20 @@ func (b *breaker) allow(model string) (done func(error), ok bool) {
 	return func(err error) { b.settle(model, hostProbe, modelProbe, now, err) }, true
 }
 
+// admits reports whether a call for model would be let through now,
+// without letting one through.
+func (b *breaker) admits(model string) bool {
+	now := time.Now()
+	probes := b.cfg.BreakerProbes
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.host.admits(now, probes) {
+		return false
+	}
+	el := b.models[model]
+	return el == nil || el.Value.(*modelCircuit).admits(now, probes)
+}
+
 // settle records what a call said of the host and of model.
 func (b *breaker) settle(model string, hostProbe, modelProbe uint64, sent time.Time, err error) {
 	host, mo := succeeded, succeeded
