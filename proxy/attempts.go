@@ -132,6 +132,14 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			return t
 		}
 		g.drop()
+		if more && rt.pinned == nil && a.verdict() == safe && !rt.admits(p.ups) {
+			// The failure opened the model's circuits, or was their
+			// failed probe: the next model answers now, rather than a
+			// retry that would wait to find them shut (or probe again
+			// after a Retry-After) and spend the retry budget on it.
+			t.last, t.end = a, failedAll
+			return t
+		}
 		wait := max(jitter.next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
 			t.last, t.end = a, rt.failedEnd()
@@ -162,6 +170,12 @@ func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error),
 		return nil, 0, nil, false
 	}
 	return up, idx, done, ok
+}
+
+// admits reports whether some upstream's circuits would let a call for
+// the route's model through now.
+func (rt *route) admits(ups []*upstream) bool {
+	return slices.ContainsFunc(ups, func(up *upstream) bool { return up.breaker.admits(rt.model) })
 }
 
 // failedEnd is how a model's attempts ended when they all failed: after

@@ -175,25 +175,40 @@ func newBreaker(name string, cfg *RetryConfig, changed func(circuitChange)) *bre
 // the circuits.
 func (b *breaker) allow(model string) (done func(error), ok bool) {
 	now := time.Now()
-	probes := b.cfg.BreakerProbes
 	b.mu.Lock()
-	el := b.models[model]
-	var mc *modelCircuit
-	if el != nil {
-		mc = el.Value.(*modelCircuit)
-	}
-	if !b.host.admits(now, probes) || (mc != nil && !mc.admits(now, probes)) {
+	el, ok := b.admitting(model, now)
+	if !ok {
 		b.mu.Unlock()
 		return nil, false
 	}
 	hostProbe := b.host.admit(now)
 	var modelProbe uint64
-	if mc != nil {
-		modelProbe = mc.admit(now)
+	if el != nil {
+		modelProbe = el.Value.(*modelCircuit).admit(now)
 		b.lru.MoveToFront(el)
 	}
 	b.mu.Unlock()
 	return func(err error) { b.settle(model, hostProbe, modelProbe, now, err) }, true
+}
+
+// admits reports whether a call for model would be let through now,
+// without letting one through.
+func (b *breaker) admits(model string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.admitting(model, time.Now())
+	return ok
+}
+
+// admitting returns model's kept circuit (nil when it has none) and
+// whether its circuits let a call through at now; b.mu is held.
+func (b *breaker) admitting(model string, now time.Time) (*list.Element, bool) {
+	probes := b.cfg.BreakerProbes
+	el := b.models[model]
+	if !b.host.admits(now, probes) {
+		return el, false
+	}
+	return el, el == nil || el.Value.(*modelCircuit).admits(now, probes)
 }
 
 // settle records what a call said of the host and of model.

@@ -46,8 +46,10 @@ func (g *gen) models(body []byte) []string {
 // connect error, an error event before any other, every circuit open) or
 // a 400 with one of -fallback-on-code's codes. run never asks after an
 // ambiguous failure of any attempt (mayHaveRun), which may have left a
-// generation running or run: a fallback would be a second. A fallback after a
-// call is a retry: it is bounded by -retry-max-elapsed and the budget.
+// generation running or run: a fallback would be a second. A fallback is
+// bounded by -retry-max-elapsed but never refused by the retry budget: it
+// is the first call to another model, not a repeat to the failing one,
+// and in an outage the budget is spent just when the fallback is needed.
 func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	p, f := g.p, g.f
 	if g.mayRun { // set by attempts for a too when it was marked or of an ambiguous status
@@ -56,19 +58,11 @@ func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	if !causes[a.cause].fallback && a.fallbackCode == "" {
 		return false
 	}
-	why := ""
-	switch {
-	case time.Since(g.start) > p.cfg.Retry.MaxElapsed:
-		why = "max_elapsed"
-	case calls > 0 && !p.budget.retry(time.Now()):
-		why = "budget"
-		p.m.budgetRefused.Inc()
-	}
 	reason := a.reason()
-	if why != "" {
-		p.m.noRetry.WithLabelValues(why).Inc()
+	if time.Since(g.start) > p.cfg.Retry.MaxElapsed {
+		p.m.noRetry.WithLabelValues("max_elapsed").Inc()
 		p.log.Warn("no fallback", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "model", model,
-			"next", next, "reason", reason, "why", why)
+			"next", next, "reason", reason, "why", "max_elapsed")
 		return false
 	}
 	p.m.fallbacks.WithLabelValues(reason).Inc()
