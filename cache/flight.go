@@ -51,6 +51,7 @@ type Flight struct {
 	hasHead  bool
 	j        journal // encoded events, each with its id
 	reserved int     // bytes accounted with the backend
+	held     int     // of reserved, bytes held for events not yet appended (Hold)
 	subs     []*Sub
 	ended    bool
 	state    State
@@ -194,12 +195,14 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 		f.mu.Unlock()
 		return sse.ID{}, err
 	}
-	if err := f.be.reserve(f, n); err != nil {
+	take := min(n, f.held) // what Hold accounted already
+	if err := f.be.reserve(f, n-take); err != nil {
 		f.j.drop(n)
 		f.mu.Unlock()
 		return sse.ID{}, err
 	}
-	f.reserved += n
+	f.held -= take
+	f.reserved += n - take
 	if id.Seq == 1 {
 		f.first = time.Now()
 	}
@@ -207,6 +210,26 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 	f.signalLocked()
 	f.mu.Unlock()
 	return id, nil
+}
+
+// Hold accounts n bytes of events the owner holds before appending them
+// (a stream's preamble) against the store's live bounds, as journal bytes
+// are: the Appends that follow use them up before they reserve more. What
+// is held and never appended stays accounted until the flight ends, which
+// errs on the side of the bound. It fails as Append would, with
+// ErrStoreFull or ErrEnded.
+func (f *Flight) Hold(n int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return ErrEnded
+	}
+	if err := f.be.reserve(f, n); err != nil {
+		return err
+	}
+	f.held += n
+	f.reserved += n
+	return nil
 }
 
 // settleLocked seals the journal's full blocks that every subscriber has

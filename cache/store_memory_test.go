@@ -269,6 +269,41 @@ func TestBounds(t *testing.T) {
 		}
 	})
 
+	t.Run("Hold counts as live bytes, once", func(t *testing.T) {
+		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: 1000}})
+		a, b := claim(t, m, sc("a"), "fp"), claim(t, m, sc("b"), "fp")
+		big := strings.Repeat("y", 600)
+		if err := a.Hold(len(big)); err != nil {
+			t.Fatalf("Hold: got %v; want none", err)
+		}
+		if got := m.Stats().LiveBytes; got != int64(len(big)) {
+			t.Errorf("LiveBytes after Hold: got %d; want %d", got, len(big))
+		}
+		// Held bytes leave no room for another flight's.
+		if err := b.Hold(len(big)); !errors.Is(err, ErrStoreFull) {
+			t.Fatalf("second flight's Hold: got %v; want ErrStoreFull", err)
+		}
+		if _, err := b.Append("", big); !errors.Is(err, ErrStoreFull) {
+			t.Fatalf("second flight's Append: got %v; want ErrStoreFull", err)
+		}
+		// The held event, appended, is not counted twice: only its
+		// framing comes on top.
+		a.SetHead(streamHead)
+		if _, err := a.Append("", big); err != nil {
+			t.Fatalf("Append of the held event: got %v; want none", err)
+		}
+		if got := m.Stats().LiveBytes; got < int64(len(big)) || got > int64(len(big))+64 {
+			t.Errorf("LiveBytes after the held event's Append: got %d; want %d and its framing", got, len(big))
+		}
+		a.Fail(StateFailedRetryable, "aborted", nil)
+		if got := m.Stats().LiveBytes; got != 0 {
+			t.Errorf("LiveBytes after Fail: got %d; want 0", got)
+		}
+		if err := a.Hold(1); !errors.Is(err, ErrEnded) {
+			t.Errorf("Hold after the end: got %v; want ErrEnded", err)
+		}
+	})
+
 	t.Run("Begin at MaxLiveBytes", func(t *testing.T) {
 		const bound = 500
 		m := newMemory(t, Config{Limits: Limits{MaxLiveBytes: bound, MaxLiveBytesPerTenant: bound}})

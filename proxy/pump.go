@@ -218,20 +218,27 @@ func (p *preamble) report(err error) {
 }
 
 // hold keeps ev and reports true, unless holding is off, -preamble-hold
-// passed since the first held event, or ev would take the held bytes past
-// -max-event-bytes. The first held event has conn call release at the
-// bound, should the upstream be silent until then.
+// passed since the first held event, ev would take the held bytes past
+// -max-event-bytes, or the store's live bounds have no room for it. The
+// first held event has conn call release at the bound, should the
+// upstream be silent until then.
 func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
 	cfg := &p.g.p.cfg
 	if cfg.PreambleHold <= 0 || p.n+len(ev.Type)+len(ev.Data) > cfg.MaxEventBytes {
 		return false
 	}
-	if p.n == 0 && len(p.ends) == 0 {
+	first := p.n == 0 && len(p.ends) == 0
+	if !first && time.Since(p.since) >= cfg.PreambleHold {
+		return false
+	}
+	// Held bytes count against -max-live-bytes as journaled ones do.
+	if p.g.f.Hold(len(ev.Type)+len(ev.Data)) != nil {
+		return false // no room: relayed now, and its Append says why
+	}
+	if first {
 		p.since = time.Now()
 		p.onHold = func() { p.err = p.release() }
 		conn.holdBy(p.since.Add(cfg.PreambleHold), p.onHold)
-	} else if time.Since(p.since) >= cfg.PreambleHold {
-		return false
 	}
 	p.keep(ev)
 	return true
