@@ -272,13 +272,14 @@ func wholeOfSome(calls []call, evs []event, from int) bool {
 
 // statedOfSome reports whether evs is a call's events from position from
 // to the end its provider stated with its own failure (an error event
-// mid-stream), which the proxy relays as it came and does not follow with
+// mid-stream, or one before any output once no retry or fallback may
+// take it), which the proxy relays as it came and does not follow with
 // stream_aborted (docs/design.md, Clean end): all of them, or up to the
 // error event, which ends a chat or Anthropic stream (what the upstream
 // sends after it is not relayed).
 func statedOfSome(calls []call, evs []event, from int) bool {
 	for _, cl := range calls {
-		if cl.fault.kind != fErrorMid || !matches(cl.sent, evs, from, false) {
+		if (cl.fault.kind != fErrorMid && cl.fault.kind != fErrorFirst) || !matches(cl.sent, evs, from, false) {
 			continue
 		}
 		if from+len(evs) == len(cl.sent) || len(evs) > 0 && isProviderError(evs[len(evs)-1]) {

@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -133,4 +134,67 @@ func describeEvents(evs []event) string {
 	default:
 		return fmt.Sprintf("%d events, the last %s", n, evs[n-1])
 	}
+}
+
+// preambleOnly reports whether evs carry no model output: the events a
+// provider sends before its first word (Responses response.created,
+// in_progress and queued; Anthropic message_start, ping and an empty
+// content block's start; a chat chunk whose delta holds only its role and
+// no content, finish or tool call). It is the rule of docs/design.md
+// ("The preamble"), written here apart from the proxy's detector.
+func preambleOnly(evs []event) bool {
+	for _, ev := range evs {
+		if !preambleEvent(ev) {
+			return false
+		}
+	}
+	return true
+}
+
+func preambleEvent(ev event) bool {
+	var v struct {
+		Type         string `json:"type"`
+		ContentBlock *struct {
+			Type     string `json:"type"`
+			Text     string `json:"text"`
+			Thinking string `json:"thinking"`
+		} `json:"content_block"`
+		Choices *[]struct {
+			Delta        map[string]json.RawMessage `json:"delta"`
+			FinishReason *string                    `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal([]byte(ev.data), &v) != nil {
+		return false
+	}
+	switch v.Type {
+	case "response.created", "response.in_progress", "response.queued", "message_start", "ping":
+		return true
+	case "content_block_start":
+		b := v.ContentBlock
+		return b != nil && (b.Type == "text" || b.Type == "thinking") && b.Text == "" && b.Thinking == ""
+	case "":
+	default:
+		return false
+	}
+	if v.Choices == nil {
+		return false
+	}
+	for _, c := range *v.Choices {
+		if c.FinishReason != nil {
+			return false
+		}
+		for k, raw := range c.Delta {
+			switch k {
+			case "role":
+			case "content", "refusal":
+				if r := string(raw); r != "null" && r != `""` {
+					return false
+				}
+			default:
+				return false
+			}
+		}
+	}
+	return true
 }

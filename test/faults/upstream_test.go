@@ -172,6 +172,11 @@ func (u *upstream) handle(ctx *fasthttp.RequestCtx) {
 		key: string(ctx.Request.Header.Peek("Idempotency-Key")), at: time.Now()}
 	c.fault = s.fault(c.n)
 	c.class = c.fault.kind.class()
+	if c.fault.kind == fErrorMid && preambleOnly(s.ref.events[:min(c.fault.n, len(s.ref.events))]) {
+		// An error before any output: the upstream said it failed before
+		// it produced anything (docs/design.md, The preamble).
+		c.class = notRun
+	}
 	u.calls[s.name] = append(u.calls[s.name], c)
 	u.mu.Unlock()
 
