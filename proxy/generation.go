@@ -269,9 +269,12 @@ func (g *gen) giveUp(t tries) {
 		// "not run", a later call's outcome is unknown).
 		a = t.prev
 	}
-	if a.held != nil {
+	if a.held != nil && !g.mayRun {
 		// The upstream's error inside its stream, before any output: the
-		// stream as it came, the error included.
+		// stream as it came, the error included. Not after an attempt
+		// that may have run: a 200 stream's head goes out before its end
+		// could carry the outcome-unknown marker, so that end is the
+		// marked error answer instead.
 		f.Mark(cache.StateExecutionStarted, t.calls, a.held.head.Status)
 		a.held.relayFailure()
 		return

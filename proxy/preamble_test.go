@@ -153,6 +153,32 @@ func TestPreambleErrorMemberRetried(t *testing.T) {
 	wantCount(t, "upstream calls", ms.total(), 2)
 }
 
+// TestPreambleGatewayTimeoutNotRetried: an error member whose code is
+// one of -ambiguous-status (504: a gateway behind timed out, and the
+// request may be running there) is ambiguous, as that status's answer
+// is: not repeated, and the answer says the outcome is unknown.
+func TestPreambleGatewayTimeoutNotRetried(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "openai-chat-text")
+	const role = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	const failure = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","error":{"code":504,"message":"Provider timed out"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}` + "\n\n"
+	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
+		if n == 1 {
+			writeSSE(w, role+failure+"data: [DONE]\n\n")
+			return
+		}
+		writeSSE(w, whole)
+	})
+	e := retryEnv(t, []string{ms.url}, nil)
+	key := newKey("preamble-504")
+	got := e.fetch(req{key: key})
+	wantCount(t, "upstream calls", ms.total(), 1)
+	if got.status != 504 || got.header.Get(outcomeHeader) != "unknown" {
+		t.Fatalf("got %d %s=%q (%q); want the outcome-unknown 504", got.status, outcomeHeader, got.header.Get(outcomeHeader), got.raw)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
+}
+
 // TestErrorAfterContentNotRetried: an error after the first text delta
 // ends an answer that began: it is not made again (one call), the client
 // gets the provider's error as it came, and the key is free: the repeat

@@ -342,6 +342,12 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 	// answer of that status.
 	h := cache.Head{Status: status, ContentType: "application/json", Header: head.Header}
 	a := attempt{cause: upstreamStatus(status), head: h, body: []byte(`{"error":` + e.Raw + `}`)}
+	if slices.Contains(g.p.cfg.AmbiguousStatus, status) {
+		// A gateway's timeout inside the stream (-ambiguous-status): the
+		// request may be running behind it, as for that status's answer.
+		a.ambiguousStatus = true
+		return a, true
+	}
 	if status == fasthttp.StatusBadRequest && code.Str != "" && slices.Contains(g.p.cfg.FallbackOnCodes, code.Str) {
 		a.fallbackCode = code.Str
 		return a, true

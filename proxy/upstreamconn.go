@@ -248,7 +248,9 @@ func (c *idleConn) SetDeadline(t time.Time) error {
 func (c *idleConn) Read(p []byte) (int, error) {
 	for {
 		n, err := c.read(p)
-		if n > 0 || c.onHold == nil || !isTimeout(err) || time.Now().Before(c.holdUntil) {
+		// Only the hold's own deadline releases: another bound that fired
+		// (and was reported) ends the read.
+		if n > 0 || c.onHold == nil || !isTimeout(err) || !c.set.Equal(c.holdUntil) || time.Now().Before(c.holdUntil) {
 			return n, err
 		}
 		// The hold's bound passed in silence: no budget's cut, and the
