@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -126,6 +127,22 @@ func TestPreambleOverloadedRetried(t *testing.T) {
 	wantCount(t, "upstream calls", ms.total(), 2)
 }
 
+// routerFailure is a model server whose first call is an
+// OpenRouter-style chat stream that fails before any output: a role-only
+// chunk, a processing comment, then a chunk whose error member has code,
+// and [DONE]. Every later call answers whole.
+func routerFailure(t *testing.T, code int, whole string) *modelServer {
+	const role = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	failure := fmt.Sprintf(`data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","error":{"code":%d,"message":"Provider returned error"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}`, code) + "\n\n"
+	return newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
+		if n == 1 {
+			writeSSE(w, role+": OPENROUTER PROCESSING\n\n"+failure+"data: [DONE]\n\n")
+			return
+		}
+		writeSSE(w, whole)
+	})
+}
+
 // TestPreambleErrorMemberRetried: an OpenRouter-style chat stream, a
 // role-only chunk and then a chunk with an error member (a 502 of the
 // provider behind), is a failed attempt: the repeat's whole stream is
@@ -133,15 +150,7 @@ func TestPreambleOverloadedRetried(t *testing.T) {
 func TestPreambleErrorMemberRetried(t *testing.T) {
 	t.Parallel()
 	whole := fixtureBody(t, "openai-chat-text")
-	const role = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
-	const failure = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","error":{"code":502,"message":"Provider returned error"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}` + "\n\n"
-	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
-		if n == 1 {
-			writeSSE(w, role+": OPENROUTER PROCESSING\n\n"+failure+"data: [DONE]\n\n")
-			return
-		}
-		writeSSE(w, whole)
-	})
+	ms := routerFailure(t, 502, whole)
 	e := retryEnv(t, []string{ms.url}, nil)
 	got := e.fetch(req{key: newKey("preamble-member")})
 	if got.status != 200 || got.aborted || got.lastData() != "[DONE]" {
@@ -159,16 +168,7 @@ func TestPreambleErrorMemberRetried(t *testing.T) {
 // is: not repeated, and the answer says the outcome is unknown.
 func TestPreambleGatewayTimeoutNotRetried(t *testing.T) {
 	t.Parallel()
-	whole := fixtureBody(t, "openai-chat-text")
-	const role = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
-	const failure = `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","error":{"code":504,"message":"Provider timed out"},"choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}]}` + "\n\n"
-	ms := newModelServer(t, func(_ string, n int64, w http.ResponseWriter) {
-		if n == 1 {
-			writeSSE(w, role+failure+"data: [DONE]\n\n")
-			return
-		}
-		writeSSE(w, whole)
-	})
+	ms := routerFailure(t, 504, fixtureBody(t, "openai-chat-text"))
 	e := retryEnv(t, []string{ms.url}, nil)
 	key := newKey("preamble-504")
 	got := e.fetch(req{key: key})
