@@ -29,6 +29,10 @@ type attempt struct {
 	// a repeat would be a new generation there). Never repeated, never
 	// fallen back from, -retry-ambiguous or not.
 	marked bool
+	// exhausted: the upstream said the model will not answer this
+	// credential again soon (insufficient_quota in its stream): never
+	// repeated on the model, but another model may take it.
+	exhausted bool
 	// held: a stream's events up to the upstream's error, before any
 	// output; relayed as they came should the attempt be the last.
 	held *preamble
@@ -61,7 +65,7 @@ func (a attempt) verdict() verdict {
 	switch {
 	case a.cause != causeNone && !causes[a.cause].byStatus:
 		return causes[a.cause].verdict
-	case a.marked:
+	case a.marked, a.exhausted:
 		return final
 	case a.ambiguousStatus:
 		return ambiguous

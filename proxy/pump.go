@@ -353,10 +353,10 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 		return a, true
 	}
 	if code.Str == "insufficient_quota" || typ == "insufficient_quota" {
-		// A quota does not come back within a retry's wait: as a 429
-		// whose Retry-After is past -retry-after-max, the model is not
-		// asked again, and its fallback is.
-		a.retryAfter = 24 * time.Hour
+		// A quota does not come back within a retry's wait: the model is
+		// not asked again, and its fallback is.
+		a.exhausted = true
+		return a, true
 	}
 	return a, a.verdict() == safe
 }
