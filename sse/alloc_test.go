@@ -13,6 +13,7 @@ func TestZeroAllocs(t *testing.T) {
 	chunk := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}],"usage":null}`}
 	role := Event{Data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1741025614,"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}`}
 	d := NewDetector(Expect{Usage: true})
+	sc := NewScanner(&loop{b: []byte("event: delta\ndata: " + chunk.Data + "\n\ndata: a\ndata: b\n\n: ping\r\n\r\n")}, 0)
 	req := []byte(`{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"n":2,"stream_options":{"include_usage":true}}`)
 	tests := []struct {
 		name string
@@ -28,6 +29,7 @@ func TestZeroAllocs(t *testing.T) {
 		{"Detector.Observe after Reset", func() { d.Reset(Expect{Usage: true}); d.Observe(chunk) }},
 		// Before content, each chunk is also looked at for output.
 		{"Detector.Observe preamble", func() { d.Reset(Expect{Usage: true}); d.Observe(role); d.Observe(chunk) }},
+		{"Scanner.Next", func() { sc.Next() }},
 		{"ParseRequest without model", func() { _ = ParseRequest(req) }},
 	}
 	for _, tt := range tests {
@@ -37,4 +39,16 @@ func TestZeroAllocs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loop returns b over and over, in reads of at most 100 bytes.
+type loop struct {
+	b []byte
+	i int
+}
+
+func (r *loop) Read(p []byte) (int, error) {
+	n := copy(p[:min(len(p), 100)], r.b[r.i:])
+	r.i = (r.i + n) % len(r.b)
+	return n, nil
 }

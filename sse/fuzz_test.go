@@ -29,6 +29,10 @@ var requestSeeds = map[string]string{
 	"n-bounds":        `{"n":129,"model":null,"stream":1}`,
 }
 
+// scanCuts are the read sizes (less one) of FuzzScanner's seeds: a few
+// that split lines and "\r\n" pairs, and reads larger than many events.
+var scanCuts = []byte{0, 77, 255, 13, 1, 200}
+
 // idSeeds are Last-Event-ID values for FuzzParseID's committed corpus: ids
 // as the proxy writes them, and what clients send back wrong.
 var idSeeds = map[string]string{
@@ -44,20 +48,19 @@ var idSeeds = map[string]string{
 
 // seedCorpus returns the seed files generated from testdata: the path
 // under testdata/fuzz, and the contents in the go test fuzz v1 format. Each
-// recorded stream seeds FuzzRead whole, and FuzzDetector with the request
+// recorded stream seeds FuzzRead whole, FuzzScanner twice (scanCuts), and FuzzDetector with the request
 // it answered (n=1; include_usage for openai-chat-usage), a chat stream
 // also without its [DONE].
 func seedCorpus(tb testing.TB) map[string]string {
 	tb.Helper()
 	files := map[string]string{}
-	names, err := filepath.Glob(filepath.Join("testdata", "*.sse"))
-	if err != nil || len(names) == 0 {
-		tb.Fatalf("fixtures: got %d, %v; want some", len(names), err)
-	}
-	for _, path := range names {
-		name := strings.TrimSuffix(filepath.Base(path), ".sse")
+	for _, name := range fixtureNames(tb) {
 		body := fixture(tb, name)
 		files["FuzzRead/"+name] = fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", body)
+		// Whole, in reads of 1 to 256 bytes, under the default bound and
+		// under one of 2 KiB with a cut end.
+		files["FuzzScanner/"+name] = fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n[]byte(%q)\nuint16(0)\nbool(false)\n", body, scanCuts)
+		files["FuzzScanner/"+name+"-bound"] = fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n[]byte(%q)\nuint16(2047)\nbool(true)\n", body, scanCuts)
 		usage := name == "openai-chat-usage"
 		files["FuzzDetector/"+name] = fmt.Sprintf("go test fuzz v1\nbyte(%q)\nbool(%v)\n[]byte(%q)\n", byte(1), usage, body)
 		if cut, ok := strings.CutSuffix(body, "data: [DONE]\n\n"); ok {

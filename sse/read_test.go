@@ -167,7 +167,8 @@ func BenchmarkRead(b *testing.B) {
 	}
 }
 
-func fuzzSeeds(f *testing.F) {
+// fuzzSeeds gives add the seeds of the fuzz targets that read streams.
+func fuzzSeeds(f *testing.F, add func(seed []byte)) {
 	for _, name := range []string{"openai-chat-text", "openai-chat-usage", "openai-responses-completed", "anthropic-messages-text", "groq-chat-error-midstream"} {
 		// Small seeds: the fuzzer minimises every new interesting input, which
 		// crawls on a 28 KB seed. The head and tail keep the dialect's shape.
@@ -176,7 +177,7 @@ func fuzzSeeds(f *testing.F) {
 		if len(seed) > 2048 {
 			seed = seed[len(seed)-2048:]
 		}
-		f.Add([]byte(seed))
+		add([]byte(seed))
 	}
 	for _, s := range []string{
 		"", "data: a\n\n", "data: a\r\ndata: b\r\r", "event: x\n\n", "id: 1\n\n", ": c\n\ndata\n\n",
@@ -184,7 +185,7 @@ func fuzzSeeds(f *testing.F) {
 		"data: {\"choices\":[{\"index\":3,\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
 		"data: {\"error\":{\"a\":\"\\\"\"},\"type\":\"response.x\",\"sequence_number\":1e3}\n\n",
 	} {
-		f.Add([]byte(s))
+		add([]byte(s))
 	}
 }
 
@@ -192,7 +193,7 @@ func fuzzSeeds(f *testing.F) {
 // not panic, every event yielded must re-encode and re-read identically, and
 // the Detector must digest it.
 func FuzzRead(f *testing.F) {
-	fuzzSeeds(f)
+	fuzzSeeds(f, func(seed []byte) { f.Add(seed) })
 	f.Fuzz(func(t *testing.T, in []byte) {
 		d := NewDetector(Expect{Usage: true})
 		var evs []Event
