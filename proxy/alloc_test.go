@@ -4,7 +4,10 @@ package proxy
 
 import (
 	"io"
+	"math"
 	"net"
+	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -107,4 +110,45 @@ func drainedClient(t *testing.T) *clientConn {
 	c := &clientConn{p: p, conn: conn, rc: rc}
 	c.wfn = c.writeFD
 	return c
+}
+
+// TestPumpAllocs holds the relay of an upstream event, from the upstream's
+// socket to the client's (read in place by sse.Scanner, observed,
+// journaled and written), under one allocation per event for the whole
+// process: the mock upstream and the test's client included. It takes the
+// difference between a long stream and a short one, keyed and not, so
+// what a request costs once cancels out.
+func TestPumpAllocs(t *testing.T) {
+	// Not parallel: the count is of every allocation of the process.
+	e := newEnv(t)
+	const short, long = 20, 820
+	mallocs := func(key string, tokens int) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		resp := e.do(req{key: key, header: map[string]string{"X-Mock-Tokens": strconv.Itoa(tokens)}})
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		runtime.ReadMemStats(&after)
+		return after.Mallocs - before.Mallocs
+	}
+	for _, keyed := range []bool{false, true} {
+		key := func() string {
+			if keyed {
+				return newKey("allocs")
+			}
+			return ""
+		}
+		mallocs(key(), long) // warm: buffers and pools grow once
+		best := math.Inf(1)
+		for range 3 { // the least of a few: a stray goroutine's allocations count too
+			s, l := mallocs(key(), short), mallocs(key(), long)
+			best = min(best, (float64(l)-float64(s))/(long-short))
+		}
+		t.Logf("keyed %v: %.3f allocs per event", keyed, best)
+		if best >= 1 {
+			t.Errorf("keyed %v: got %.2f allocs per event; want below 1", keyed, best)
+		}
+	}
 }

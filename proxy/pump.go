@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
@@ -52,15 +53,16 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	var failedA *attempt // the held failure, while its response.failed is awaited
 	var c cause
 	var settled bool
+	// One scanner reads every body, in place: an event's strings point
+	// into its buffer until the next event is read, so what outlives that
+	// is copied (the journal, the preamble, heldFailure and
+	// responseCreated do).
+	sc := sse.NewScanner(nil, g.p.cfg.MaxEventBytes)
 	for { // one pass per body: the answer's, then each heal's
 		body, conn := g.relayBody(resp)
-		for ev, err := range sse.Read(body, g.p.cfg.MaxEventBytes) {
-			if err != nil {
-				if !failing || !isTimeout(err) {
-					readErr = err
-				}
-				break
-			}
+		sc.Reset(body)
+		for sc.Next() {
+			ev := sc.Event()
 			if concluded {
 				if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
 					break
@@ -137,6 +139,9 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				failing = true
 				conn.drainBy(time.Now().Add(maxDrainTime))
 			}
+		}
+		if err := sc.Err(); err != nil && (!failing || !isTimeout(err)) {
+			readErr = err
 		}
 		conn.holdBy(time.Time{}, nil)
 		if failedA != nil {
@@ -309,6 +314,7 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 		e = gjson.Get(ev.Data, "response.error")
 	}
 	typ, code := e.Get("type").Str, e.Get("code")
+	code.Str = strings.Clone(code.Str) // kept in the attempt; ev.Data is the scanner's
 	if ev.Type == "error" && typ == "stream_aborted" {
 		// An ssegate behind cut its stream: not the provider saying it
 		// did not run the request.
