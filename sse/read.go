@@ -26,10 +26,12 @@ type Event struct {
 // size bound; the proxy aborts the stream rather than relay a partial event.
 var ErrEventTooLarge = errors.New("sse: event too large")
 
-// Read yields the events of r, parsed by go-sse's sse.Read with
-// ReadConfig{MaxEventSize: maxEventSize}; maxEventSize <= 0 means
+// Read yields the events of r as owned strings, parsed by go-sse's sse.Read
+// with ReadConfig{MaxEventSize: maxEventSize}; maxEventSize <= 0 means
 // DefaultMaxEventSize. The bound covers one event's raw bytes, field names
-// and line breaks included.
+// and line breaks included. The proxy's upstream path reads with a
+// Scanner instead, which parses as Read does without copying; Read is for
+// events that must outlive the next one, and is the Scanner's reference.
 //
 // At the end of r, Read stops without an error, and an incomplete final
 // event (one not ended by a blank line) is silently discarded, as the SSE
