@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	gosse "github.com/tmaxmax/go-sse"
 )
@@ -225,9 +226,7 @@ func TestScannerReadError(t *testing.T) {
 	if s.Next() {
 		t.Errorf("Next after the error: got true; want false")
 	}
-	s = NewScanner(iotest.TimeoutReader(strings.NewReader("")), 0)
-	empty := readerFunc(func([]byte) (int, error) { return 0, nil })
-	s.Reset(empty)
+	s.Reset(readerFunc(func([]byte) (int, error) { return 0, nil }))
 	if s.Next() || !errors.Is(s.Err(), io.ErrNoProgress) {
 		t.Errorf("a reader that returns nothing: got %v; want io.ErrNoProgress", s.Err())
 	}
@@ -246,6 +245,23 @@ func TestScannerLargeEvent(t *testing.T) {
 	got, end := scanAll(&cutReader{b: []byte(in), cuts: []byte{255, 17}, end: io.EOF}, 0)
 	if end != "" || len(got) != 2 || got[0].Type != "big" || got[0].Data != data+"\nz" || got[1].Data != "after" {
 		t.Fatalf("got %d events, %q; want the big one and after", len(got), end)
+	}
+}
+
+// TestScannerLinear: a 4 MiB event read 256 bytes at a time is searched
+// once, not once a read: searched again on every read it would take tens
+// of gigabytes of scanning, minutes, where once takes milliseconds.
+func TestScannerLinear(t *testing.T) {
+	t.Parallel()
+	data := strings.Repeat("z", 4<<20)
+	in := []byte("data: " + data + "\n\n")
+	start := time.Now()
+	s := NewScanner(&cutReader{b: in, cuts: []byte{255}, end: io.EOF}, 8<<20)
+	if !s.Next() || len(s.Event().Data) != len(data) {
+		t.Fatalf("got %v; want the event", s.Err())
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v; want well under 10s", took)
 	}
 }
 
