@@ -5,25 +5,11 @@
 package client
 
 import (
-	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
 )
-
-// chatStream is n chat chunks with ssegate's ids, and [DONE].
-func chatStream(n int) string {
-	var sb strings.Builder
-	for i := range n {
-		fmt.Fprintf(&sb, "id: 1764403200123-%d\ndata: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" joke\"},\"finish_reason\":null}]}\n\n", i+1)
-		if i%50 == 0 {
-			sb.WriteString(": ping\n\n")
-		}
-	}
-	fmt.Fprintf(&sb, "id: 1764403200123-%d\ndata: [DONE]\n\n", n+1)
-	return sb.String()
-}
 
 // readStream reads body whole through a resumeBody, in reads of 4 KiB.
 func readStream(tb testing.TB, body string, p []byte) {

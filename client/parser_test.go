@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"runtime"
@@ -50,4 +51,17 @@ func TestEventParserIDs(t *testing.T) {
 	if b.lastID != "1-2" || !b.idless {
 		t.Errorf("got last id %q, idless %v; want 1-2, true", b.lastID, b.idless)
 	}
+}
+
+// chatStream is n chat chunks with ssegate's ids, and [DONE].
+func chatStream(n int) string {
+	var sb strings.Builder
+	for i := range n {
+		fmt.Fprintf(&sb, "id: 1764403200123-%d\ndata: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" joke\"},\"finish_reason\":null}]}\n\n", i+1)
+		if i%50 == 0 {
+			sb.WriteString(": ping\n\n")
+		}
+	}
+	fmt.Fprintf(&sb, "id: 1764403200123-%d\ndata: [DONE]\n\n", n+1)
+	return sb.String()
 }
