@@ -44,25 +44,40 @@ func TestReadFixtures(t *testing.T) {
 	}
 }
 
+// shapes are streams of each shape the SSE rules give, and their events,
+// for Read and the Scanner alike.
+var shapes = []struct {
+	name string
+	in   string
+	want []Event
+}{
+	{"multi-line data", "data: a\ndata: b\n\n", []Event{{Data: "a\nb"}}},
+	{"crlf and cr line breaks", "event: x\r\ndata: a\rdata: b\r\n\r\n", []Event{{Type: "x", Data: "a\nb"}}},
+	{"cr after a blank line", "data: a\r\r\ndata: b\n\n", []Event{{Data: "a"}, {Data: "b"}}},
+	{"id-only and retry-only blocks skipped", "id: 7\n\nretry: 10\n\ndata: a\n\n", []Event{{Data: "a"}}},
+	{"comments skipped", ": ping\n\ndata: a\n\n", []Event{{Data: "a"}}},
+	{"field without colon", "data\ndata\n\nevent\ndata:x\n\n", []Event{{Data: "\n"}, {Data: "x"}}},
+	{"unknown and long names ignored", "datas: a\nx: y\ndata: b\nevent:: c\n\n", []Event{{Type: ": c", Data: "b"}}},
+	// go-sse dispatches a block with an event field and no data; the
+	// specification would not.
+	{"named event without data kept", "event: ping\n\n", []Event{{Type: "ping"}}},
+	{"one leading space stripped only", "data:  a\n\n", []Event{{Data: " a"}}},
+	{"type after data", "data: aaaa\nevent: t\ndata: b\ndata: c\n\n", []Event{{Type: "t", Data: "aaaa\nb\nc"}}},
+	{"type between short data", "data:\nevent: tt\ndata: b\n\n", []Event{{Type: "tt", Data: "\nb"}}},
+	{"last type wins", "event: a\nevent: b\ndata: x\n\ndata: y\n\n", []Event{{Type: "b", Data: "x"}, {Data: "y"}}},
+	{"incomplete final event discarded", "data: a\n\ndata: b", []Event{{Data: "a"}}},
+	{"final event without blank line discarded", "data: a\n\ndata: b\n", []Event{{Data: "a"}}},
+	{"empty", "", nil},
+	{"bom removed", "\xef\xbb\xbfdata: a\n\n", []Event{{Data: "a"}}},
+	{"bom removed once", "\xef\xbb\xbf\xef\xbb\xbfdata: a\n\ndata: b\n\n", []Event{{Data: "b"}}},
+	// go-sse strips it from the first line that is not blank.
+	{"bom after blank lines removed", "\n\n\xef\xbb\xbfdata: a\n\n", []Event{{Data: "a"}}},
+	{"bom later kept", "data: a\n\n\xef\xbb\xbfdata: b\n\n", []Event{{Data: "a"}}},
+}
+
 func TestReadShapes(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name string
-		in   string
-		want []Event
-	}{
-		{"multi-line data", "data: a\ndata: b\n\n", []Event{{Data: "a\nb"}}},
-		{"crlf and cr line breaks", "event: x\r\ndata: a\rdata: b\r\n\r\n", []Event{{Type: "x", Data: "a\nb"}}},
-		{"id-only and retry-only blocks skipped", "id: 7\n\nretry: 10\n\ndata: a\n\n", []Event{{Data: "a"}}},
-		{"comments skipped", ": ping\n\ndata: a\n\n", []Event{{Data: "a"}}},
-		{"named event without data kept", "event: ping\n\n", []Event{{Type: "ping"}}},
-		{"one leading space stripped only", "data:  a\n\n", []Event{{Data: " a"}}},
-		{"incomplete final event discarded", "data: a\n\ndata: b", []Event{{Data: "a"}}},
-		{"final event without blank line discarded", "data: a\n\ndata: b\n", []Event{{Data: "a"}}},
-		{"empty", "", nil},
-		{"bom removed", "\xef\xbb\xbfdata: a\n\n", []Event{{Data: "a"}}},
-	}
-	for _, tt := range tests {
+	for _, tt := range shapes {
 		t.Run(tt.name, func(t *testing.T) {
 			got := readAll(t, tt.in, 0)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
@@ -116,23 +131,40 @@ func TestReadDefaultBoundAboveGoSSEDefault(t *testing.T) {
 	}
 }
 
+// TestReadError: a read error ends Read, and the Scanner, with that error
+// after the events before it.
 func TestReadError(t *testing.T) {
 	t.Parallel()
-	r := io.MultiReader(strings.NewReader("data: a\n\ndata: b"), iotest.ErrReader(io.ErrUnexpectedEOF))
-	var got []string
-	var err error
-	for ev, e := range Read(r, 0) {
-		if e != nil {
-			err = e
-			continue
+	readers := map[string]func(r io.Reader) ([]string, error){
+		"Read": func(r io.Reader) (got []string, err error) {
+			for ev, e := range Read(r, 0) {
+				if e != nil {
+					err = e
+					continue
+				}
+				got = append(got, ev.Data)
+			}
+			return got, err
+		},
+		"Scanner": func(r io.Reader) (got []string, err error) {
+			s := NewScanner(r, 0)
+			for s.Next() {
+				got = append(got, s.Event().Data)
+			}
+			if s.Next() {
+				t.Errorf("Scanner: Next after the error: got true; want false")
+			}
+			return got, s.Err()
+		},
+	}
+	for name, read := range readers {
+		got, err := read(io.MultiReader(strings.NewReader("data: a\n\ndata: b"), iotest.ErrReader(io.ErrUnexpectedEOF)))
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s: got error %v; want io.ErrUnexpectedEOF", name, err)
 		}
-		got = append(got, ev.Data)
-	}
-	if !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("got error %v; want io.ErrUnexpectedEOF", err)
-	}
-	if fmt.Sprint(got) != "[a]" {
-		t.Errorf("got events %q; want [a]", got)
+		if fmt.Sprint(got) != "[a]" {
+			t.Errorf("%s: got events %q; want [a]", name, got)
+		}
 	}
 }
 
@@ -148,14 +180,20 @@ func TestReadStopEarly(t *testing.T) {
 	}
 }
 
-func BenchmarkRead(b *testing.B) {
+// openAIStream is 200 OpenAI chat chunks and [DONE], as read from memory
+// by the reader benchmarks.
+func openAIStream() string {
 	chunk := `{"id":"chatcmpl-B74aE2TDl9ZbKx2fXoVatoMDnErNm","object":"chat.completion.chunk","created":1741025614,"model":"gpt-3.5-turbo-0125","choices":[{"index":0,"delta":{"content":" joke"},"logprobs":null,"finish_reason":null}]}`
 	var sb strings.Builder
 	for range 200 {
 		sb.WriteString("data: " + chunk + "\n\n")
 	}
 	sb.WriteString("data: [DONE]\n\n")
-	body := sb.String()
+	return sb.String()
+}
+
+func BenchmarkRead(b *testing.B) {
+	body := openAIStream()
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
