@@ -177,11 +177,11 @@ func TestGenAIMetrics(t *testing.T) {
 		e.scrapeUntil(`gen_ai_server_request_duration_seconds_count{error_type="",`+l+`}`, 1)
 		s := e.scrape()
 		for series, want := range map[string]float64{
-			`gen_ai_client_token_usage_count{` + l + `,gen_ai_token_type="output"}`: 1,
-			`gen_ai_client_token_usage_sum{` + l + `,gen_ai_token_type="output"}`:   16, // the mock's tokens
-			`gen_ai_client_token_usage_count{` + l + `,gen_ai_token_type="input"}`:  1,
-			`gen_ai_server_time_to_first_token_seconds_count{` + l + `}`:            1,
-			`gen_ai_server_time_per_output_token_seconds_count{` + l + `}`:          1,
+			`gen_ai_client_token_usage_count{` + l + `,gen_ai_token_type="output"}`:          1,
+			`gen_ai_client_token_usage_sum{` + l + `,gen_ai_token_type="output"}`:            16, // the mock's tokens
+			`gen_ai_client_token_usage_count{` + l + `,gen_ai_token_type="input"}`:           1,
+			`gen_ai_server_time_to_first_token_seconds_count{` + l + `}`:                     1,
+			`gen_ai_server_time_per_output_token_seconds_count{` + l + `}`:                   1,
 			`gen_ai_client_token_usage_bucket{` + l + `,gen_ai_token_type="output",le="16"}`: 1,
 			`gen_ai_client_token_usage_bucket{` + l + `,gen_ai_token_type="output",le="4"}`:  0,
 		} {

@@ -37,8 +37,8 @@ type reqSpan struct {
 	ctx  context.Context // carries span
 	// f is the flight the request is answered from, whose state at the
 	// end is the key's; state is the key's state when no flight is.
-	f     *cache.Flight
-	state cache.State
+	f      *cache.Flight
+	state  cache.State
 	taken  bool // a clientConn ends it (takeOver)
 	status int  // the answer's, once taken
 }
