@@ -1,11 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
-	"strings"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -55,11 +55,7 @@ type otlpSink struct {
 
 func newOTLPSink(t *testing.T) *otlpSink {
 	s := &otlpSink{spans: map[string]map[string]string{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		var req coltrace.ExportTraceServiceRequest
 		if r.URL.Path != "/v1/traces" || proto.Unmarshal(b, &req) != nil {
@@ -82,10 +78,9 @@ func newOTLPSink(t *testing.T) *otlpSink {
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		b, _ = proto.Marshal(&coltrace.ExportTraceServiceResponse{})
 		w.Write(b) //nolint:errcheck // the exporter reads it
-	})}
-	go srv.Serve(ln) //nolint:errcheck // ends with Close
-	t.Cleanup(func() { srv.Close() })
-	s.url = "http://" + ln.Addr().String()
+	}))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
 	return s
 }
 
@@ -113,7 +108,7 @@ func TestTracesFlushedAtShutdown(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 	rq, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions",
-		strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[]}`))
+		bytes.NewReader([]byte(`{"model":"gpt-4o-mini","stream":true,"messages":[]}`)))
 	rq.Header.Set("Idempotency-Key", "flush-1")
 	resp, err := http.DefaultClient.Do(rq)
 	if err != nil {
