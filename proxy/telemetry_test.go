@@ -326,3 +326,48 @@ func TestTraces(t *testing.T) {
 	}
 	wantCount(t, "upstream calls", up.calls.Load(), 2)
 }
+
+// TestTraceJoinLinked: a duplicate that joins a live generation links
+// its span to the span of the request that started the generation, in
+// another trace; the generation made one upstream call, whose span is a
+// child of the first request's.
+func TestTraceJoinLinked(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	up := newFaultServer(t, sseGated(chatChunk(0, "Hi", ""), chatChunk(0, "", "stop")+"data: [DONE]\n\n", gate))
+	e, exp := tracedEnv(t, []string{up.url}, nil)
+	key := newKey("traced-join")
+	first := e.do(req{key: key, body: chatBody})
+	defer first.Body.Close()
+	e.waitState(key, "", cache.StateExecutionStarted)
+	joined := make(chan result, 1)
+	go func() { joined <- e.fetch(req{key: key, body: chatBody}) }()
+	waitFor(t, func() bool { return metricValue(t, e.scrape(), `ssegate_requests_total{decision="join"}`) == 1 })
+	close(gate)
+	io.Copy(io.Discard, first.Body) //nolint:errcheck // read to its end
+	if r := <-joined; !clean(r) {
+		t.Fatalf("joiner: got %d %q; want the whole stream", r.status, r.raw)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 1)
+	servers := spansOf(t, exp, trace.SpanKindServer, 2)
+	byDecision := map[string]tracetest.SpanStub{}
+	for _, s := range servers {
+		byDecision[attrs(s)["ssegate.decision"]] = s
+	}
+	miss, join := byDecision["miss"], byDecision["join"]
+	if !miss.SpanContext.IsValid() || !join.SpanContext.IsValid() {
+		t.Fatalf("server spans by decision: %v; want a miss and a join", byDecision)
+	}
+	if len(join.Links) != 1 || join.Links[0].SpanContext.SpanID() != miss.SpanContext.SpanID() {
+		t.Errorf("join's links %v; want one to the miss's span %s", join.Links, miss.SpanContext.SpanID())
+	}
+	if join.SpanContext.TraceID() == miss.SpanContext.TraceID() {
+		t.Errorf("join in the miss's trace %s; want a trace of its own", miss.SpanContext.TraceID())
+	}
+	if s := attrs(join)["ssegate.key.state"]; s != "committed" {
+		t.Errorf("join's key state %q; want committed", s)
+	}
+	if c := spansOf(t, exp, trace.SpanKindClient, 1); len(c) != 1 || c[0].Parent.SpanID() != miss.SpanContext.SpanID() {
+		t.Errorf("call spans %d, parent %v; want one, a child of the miss's span", len(c), c[0].Parent.SpanID())
+	}
+}
