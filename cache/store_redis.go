@@ -130,6 +130,9 @@ type RedisStats struct {
 	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
 	LiveBytes   int64
 	LiveFlights int64
+	// MaxLiveBytes is this replica's bound on LiveBytes (Limits), so that
+	// a dashboard can show how near it is.
+	MaxLiveBytes int64
 }
 
 // Redis is the store of several replicas: the claim, the live journals,
@@ -321,7 +324,7 @@ func (r *Redis) Stats() RedisStats {
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Abandoned: r.abandoned.Load(),
-		LiveBytes: r.shares.total.Load(), LiveFlights: n,
+		LiveBytes: r.shares.total.Load(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
 	}
 }
 

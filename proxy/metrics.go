@@ -92,6 +92,8 @@ func newMetrics(p *Proxy) *metrics {
 	f(m.ttfeAdded)
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations", Help: "Upstream calls and streams in progress."},
 		func() float64 { return float64(p.streams.Load()) }))
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations_limit", Help: "The bound on ssegate_live_generations (-max-streams)."},
+		func() float64 { return float64(p.cfg.MaxStreams) }))
 	for _, up := range p.ups {
 		b := up.breaker
 		l := prometheus.Labels{"upstream": up.name}
@@ -185,8 +187,11 @@ var (
 	descCommits  = prometheus.NewDesc("ssegate_commits_total", "Answers committed to the ledger.", nil, nil)
 	descKeys     = prometheus.NewDesc("ssegate_keys", "Keys in the ledger by state.", []string{"state"}, nil)
 	descRegen    = prometheus.NewDesc("ssegate_regenerated_total", "Keys regenerated because their committed body was gone.", nil, nil)
+	descLiveMax  = prometheus.NewDesc("ssegate_live_journal_bytes_limit", "The bound on ssegate_live_journal_bytes (-max-live-bytes).", nil, nil)
+	descBytesMax = prometheus.NewDesc("ssegate_store_bytes_limit", "The bound on ssegate_store_bytes (-max-store-bytes).", nil, nil)
+	descKeysMax  = prometheus.NewDesc("ssegate_keys_limit", "The bound on the ledger's keys, all states together (-max-keys).", nil, nil)
 	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
-	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen}
+	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax}
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -206,6 +211,9 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descEntries, s.StoreEntries)
 	g(descBytes, s.StoredBytes)
 	g(descLive, s.LiveBytes)
+	g(descLiveMax, s.MaxLiveBytes)
+	g(descBytesMax, s.MaxStoreBytes)
+	g(descKeysMax, s.MaxKeys)
 	k(descEvicted, s.Evicted)
 	k(descRefused, s.Rejected)
 	k(descCommits, s.Commits)
@@ -244,6 +252,7 @@ func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- descLive
+	ch <- descLiveMax
 }
 
 func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
@@ -262,4 +271,5 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRUnavail, s.Unavailable)
 	k(descRAbandon, s.Abandoned)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
+	ch <- prometheus.MustNewConstMetric(descLiveMax, prometheus.GaugeValue, float64(s.MaxLiveBytes))
 }

@@ -63,6 +63,17 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, s, "ssegate_proxy_first_event_added_seconds_count"); v < 2 {
 		t.Errorf("first-event histogram count: got %v; want at least 2", v)
 	}
+	// The bounds beside what they bound, at their defaults.
+	for series, want := range map[string]float64{
+		"ssegate_live_generations_limit":   10000,
+		"ssegate_live_journal_bytes_limit": 256 << 20,
+		"ssegate_store_bytes_limit":        512 << 20,
+		"ssegate_keys_limit":               1_000_000,
+	} {
+		if v := metricValue(t, s, series); v != want {
+			t.Errorf("%s: got %v; want %v", series, v, want)
+		}
+	}
 	for _, line := range strings.Split(s, "\n") {
 		if strings.Contains(line, key) {
 			t.Fatalf("a key leaked into a label: %s", line)
