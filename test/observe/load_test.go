@@ -17,6 +17,7 @@ type request struct {
 	path, body  string
 	key, fault  string // Idempotency-Key, X-Mock-Fault (the embedded mock's)
 	lastEventID string
+	traceparent string        // the caller's span (W3C Trace Context)
 	delay       time.Duration // before it is sent
 }
 
@@ -37,7 +38,7 @@ func send(t *testing.T, base string, r request) answer {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer sk-observe")
-	for h, v := range map[string]string{"Idempotency-Key": r.key, "X-Mock-Fault": r.fault, "Last-Event-ID": r.lastEventID} {
+	for h, v := range map[string]string{"Idempotency-Key": r.key, "X-Mock-Fault": r.fault, "Last-Event-ID": r.lastEventID, "traceparent": r.traceparent} {
 		if v != "" {
 			req.Header.Set(h, v)
 		}
