@@ -10,18 +10,19 @@ import (
 	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
-func TestMain(m *testing.M) { gatetest.Main(m) }
-
-// gates runs the built binary; the probe is a key unknown to this tenant,
-// answered by ssegate itself without touching the upstream.
-var gates = gatetest.Config{Probe: "/keys/startup-probe", Grace: 10 * time.Second}
-
 // What ships, relative to this package.
 var (
 	rulesFile     = filepath.Join("..", "..", "deploy", "prometheus", "ssegate.rules.yml")
 	rulesTestFile = filepath.Join("..", "..", "deploy", "prometheus", "ssegate.rules.test.yml")
 	dashboardFile = filepath.Join("..", "..", "deploy", "grafana", "ssegate.json")
 )
+
+// The built binary, built once for the package's tests (gatetest.Main),
+// polled on /healthz until it answers and given the time to drain that
+// a test's load needs.
+var gates = gatetest.Config{Grace: 10 * time.Second}
+
+func TestMain(m *testing.M) { gatetest.Main(m) }
 
 // program returns the path of name on PATH, failing the test when it is
 // missing: these tests are what shows the shipped files work, so they

@@ -212,7 +212,7 @@ func traceID(t *testing.T) (id, traceparent string) {
 func TestTraces(t *testing.T) {
 	t.Parallel()
 	j := startJaeger(t)
-	g := gatetest.Config{Probe: gates.Probe, Grace: gates.Grace,
+	g := gatetest.Config{Grace: gates.Grace,
 		Env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + j.otlp, "OTEL_BSP_SCHEDULE_DELAY=100"}}.Start(t, append(mockFlags, "-mock-delay", "50ms")...)
 
 	// A request whose model fails (503, retried) and falls back, and a
