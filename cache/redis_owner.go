@@ -301,7 +301,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		cancel()
 		if err == nil {
 			if a.written() {
-				o.r.keyEnded(f.Scope, o.k, ttl)
+				o.r.keyEnded(f.Scope, o.k, state, ttl)
 			}
 			return
 		}

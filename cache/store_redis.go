@@ -503,7 +503,7 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 					r.abandoned.Add(1)
 					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
 						"key", sc.Key, "tenant", sc.Tenant, "state", StateFailedRetryable)
-					r.keyEnded(sc, k, r.cfg.FailedTTL)
+					r.keyEnded(sc, k, StateFailedRetryable, r.cfg.FailedTTL)
 				}
 				return
 			}

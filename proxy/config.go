@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Inflight is what a request gets when its key's generation is still live.
@@ -173,6 +175,15 @@ type Config struct {
 	AdminSeparate bool
 	// Logger receives the decision log (default slog.Default()).
 	Logger *slog.Logger
+	// MetricsModels bounds the request models that get a label of their
+	// own in the GenAI metrics (gen_ai_request_model), the first seen
+	// first (default 20; negative: none); every other model is "other".
+	MetricsModels int
+	// Tracer makes the proxy's spans (docs/metrics.md, Traces): one per
+	// request, one per upstream call. nil: no spans are made, and the
+	// upstream gets no traceparent of the proxy's (the caller's goes as
+	// it came).
+	Tracer trace.TracerProvider
 }
 
 func (c *Config) setDefaults() error {
@@ -247,6 +258,12 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("secret: %d bytes; want at least %d", len(c.Secret), MinSecretBytes)
 	default:
 		c.Secret = bytes.Clone(c.Secret)
+	}
+	switch {
+	case c.MetricsModels == 0:
+		c.MetricsModels = 20
+	case c.MetricsModels < 0:
+		c.MetricsModels = 0
 	}
 	c.Retry.setDefaults()
 	if c.Logger == nil {

@@ -39,7 +39,32 @@ type metrics struct {
 	commitUnknowns prometheus.Counter
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
+	tokensLost     [numLosses][2]prometheus.Counter // by loss, then input and output
+	retryAdded     [2]prometheus.Observer           // by what answered: a retry of the model, or a fallback model
+
+	genAI *genAIMetrics
 }
+
+// A loss is what became of a generation that the upstream may have paid
+// tokens for and that no client got whole: the label of
+// ssegate_tokens_lost_total.
+type loss uint8
+
+const (
+	lossAborted  loss = iota // the stream reached clients and did not end whole
+	lossRetried              // the attempt failed before any output and was made again
+	lossFallback             // the model's last attempt, given up for the next model
+	lossFailed               // the last attempt failed before any output, relayed as it came
+
+	numLosses
+)
+
+var lossLabels = [numLosses]string{lossAborted: "aborted", lossRetried: "retried", lossFallback: "fallback", lossFailed: "failed"}
+
+func (l loss) String() string { return lossLabels[l] }
+
+// retryAddedBuckets span a quick retry's milliseconds to a minute of backoff.
+var retryAddedBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
 // firstEventBuckets span a loopback relay's microseconds to a reasoning
 // model's minute.
@@ -81,6 +106,16 @@ func newMetrics(p *Proxy) *metrics {
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
+	lost := cv("tokens_lost_total", "Upstream-reported tokens of generations no client got whole, by kind (input, output) and loss: aborted (the stream reached clients and did not end whole), retried (an attempt failed before any output and was made again), fallback (the model's last attempt, given up for the next model), failed (the last attempt failed before any output).", "kind", "loss")
+	for l := range numLosses {
+		m.tokensLost[l] = [2]prometheus.Counter{lost.WithLabelValues("input", l.String()), lost.WithLabelValues("output", l.String())}
+	}
+	added := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ssegate_retry_added_seconds",
+		Help:    "Time retries and fallbacks added to answers that took more than one upstream call: from the first call's start to the start of the call that answered, by what answered (retry: the request's model; fallback: another).",
+		Buckets: retryAddedBuckets}, []string{"by"})
+	f(added)
+	m.retryAdded = [2]prometheus.Observer{added.WithLabelValues("retry"), added.WithLabelValues("fallback")}
+	m.genAI = newGenAIMetrics(reg, p.cfg.MetricsModels)
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
 	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",
@@ -127,8 +162,8 @@ func newMetrics(p *Proxy) *metrics {
 	switch s := p.store.(type) {
 	case interface{ Stats() cache.Stats }:
 		f(&storeCollector{stats: s.Stats})
-	case interface{ Stats() cache.RedisStats }:
-		f(&redisCollector{stats: s.Stats})
+	case redisStore:
+		f(&redisCollector{stats: s.Stats, unknown: s.UnknownKeys})
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -190,8 +225,9 @@ var (
 	descLiveMax  = prometheus.NewDesc("ssegate_live_journal_bytes_limit", "The bound on ssegate_live_journal_bytes (-max-live-bytes).", nil, nil)
 	descBytesMax = prometheus.NewDesc("ssegate_store_bytes_limit", "The bound on ssegate_store_bytes (-max-store-bytes).", nil, nil)
 	descKeysMax  = prometheus.NewDesc("ssegate_keys_limit", "The bound on the ledger's keys, all states together (-max-keys).", nil, nil)
+	descUnknown  = prometheus.NewDesc("ssegate_commit_unknown_keys", "Keys in state commit_unknown now: in memory, exactly; in Redis, the keys its scripts left so until their records expire (the same on every replica).", nil, nil)
 	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
-	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax}
+	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax, descUnknown}
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -221,10 +257,21 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range allStates {
 		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(s.ByState[st]), string(st))
 	}
+	g(descUnknown, s.ByState[cache.StateCommitUnknown])
 }
 
-// redisCollector reads a Redis store's counters at scrape time.
-type redisCollector struct{ stats func() cache.RedisStats }
+// redisStore is what the metrics read of a Redis store.
+type redisStore interface {
+	Stats() cache.RedisStats
+	UnknownKeys() (int64, error)
+}
+
+// redisCollector reads a Redis store's counters at scrape time, and asks
+// Redis for its commit_unknown keys (no answer: the gauge is left out).
+type redisCollector struct {
+	stats   func() cache.RedisStats
+	unknown func() (int64, error)
+}
 
 var redisDescs = map[string]*prometheus.Desc{}
 
@@ -253,6 +300,7 @@ func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- descLive
 	ch <- descLiveMax
+	ch <- descUnknown
 }
 
 func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
@@ -272,4 +320,7 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRAbandon, s.Abandoned)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 	ch <- prometheus.MustNewConstMetric(descLiveMax, prometheus.GaugeValue, float64(s.MaxLiveBytes))
+	if n, err := c.unknown(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.GaugeValue, float64(n))
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func main() {
@@ -85,6 +86,8 @@ type options struct {
 	missingBody   string
 	mockTokens    int
 	mockDelay     time.Duration
+	metricsModels int
+	traces        string
 	redis         redisOptions
 
 	// The Go runtime's memory settings; setGC is false when the GOGC
@@ -155,6 +158,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
+	fs.IntVar(&o.metricsModels, "metrics-models", 20, "request models that get a label of their own in the GenAI metrics (gen_ai_request_model), the first seen first; every other model is \"other\" (0: none)")
+	fs.StringVar(&o.traces, "traces", "", "otlp: export spans over OTLP/HTTP, configured by the standard OTEL_EXPORTER_OTLP_* environment; none: no spans. Empty: from OTEL_TRACES_EXPORTER, else on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.IntVar(&o.gcPercent, "gc-percent", 50, "the Go garbage collector's heap growth between collections, as GOGC (-1: off); lower holds less memory per stream for more CPU. Without this flag a GOGC environment variable is used instead")
 	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it (0: none, or GOMEMLIMIT's)")
 	o.redis.register(fs)
@@ -318,6 +323,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	var tracer trace.TracerProvider
+	if on, err := tracesOn(o.traces, getenv); err != nil {
+		return err
+	} else if on {
+		tp, shutdown, err := newTracer(ctx)
+		if err != nil {
+			return err
+		}
+		tracer = tp
+		// After the drain: the spans of the streams it ended go too.
+		defer func() {
+			flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := shutdown(flush); err != nil {
+				log.Warn("traces: spans not flushed", "err", err.Error())
+			}
+		}()
+		log.Info("traces exported over OTLP")
+	}
+	models := o.metricsModels
+	if models == 0 {
+		models = -1 // Config's zero is its default
+	}
 	p, err := proxy.New(proxy.Config{
 		Upstreams: upstreams, Retry: o.retry, ResumeTokenTTL: o.ttl, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
@@ -329,6 +357,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
 		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
+		MetricsModels: models, Tracer: tracer,
 	})
 	if err != nil {
 		return err
