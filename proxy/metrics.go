@@ -95,6 +95,13 @@ func newMetrics(p *Proxy) *metrics {
 	m.fallbacks = cv("fallbacks_total", "Requests that went on to the next model of their -fallback rule, by the failure of the model given up on.", "reason")
 	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
 	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
+	// Each cause a stream can be aborted with starts at 0: a series born
+	// at 1 shows no increase, and rate() would miss each cause's first.
+	for c := causeNone + 1; c < numCauses; c++ {
+		if causes[c].abort != "" && !causes[c].relayEnd {
+			m.aborted.WithLabelValues(c.String())
+		}
+	}
 	m.cacheSkipped = cv("cache_skipped_total", "Answers relayed whole and not stored, by reason: no_key, store_refused, error_body, or the detector reason of a stream its provider ended that is its failure or cannot be proven whole (error_event, response_failed, unexpected_choice, missing_usage, missing_stop_reason, unknown_dialect).", "reason")
 	m.tokensSaved = cv("tokens_saved_total", "Upstream-reported tokens of answers served without a new generation.", "kind")
 	m.events = c("events_relayed_total", "Events read from upstream streams and journaled.")

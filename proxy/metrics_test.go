@@ -63,6 +63,15 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, s, "ssegate_proxy_first_event_added_seconds_count"); v < 2 {
 		t.Errorf("first-event histogram count: got %v; want at least 2", v)
 	}
+	// Every cause a stream can be aborted with is there from the start,
+	// at 0, so that rate() sees its first abort; a cause the provider
+	// states itself (an error event) is no abort.
+	if v := metricValue(t, s, `ssegate_streams_aborted_total{cause="upstream_read_error"}`); v != 0 {
+		t.Errorf("aborts by upstream_read_error: got %v; want 0", v)
+	}
+	if strings.Contains(s, `ssegate_streams_aborted_total{cause="error_event"}`) {
+		t.Error("error_event is counted as an abort cause")
+	}
 	// The bounds beside what they bound, at their defaults.
 	for series, want := range map[string]float64{
 		"ssegate_live_generations_limit":   10000,

@@ -55,6 +55,34 @@ func TestDashboardAndRules(t *testing.T) {
 	t.Run("dashboard", func(t *testing.T) { checkDashboard(t, pr) })
 	t.Run("rules", func(t *testing.T) { checkRules(t, pr) })
 	t.Run("rule test series", func(t *testing.T) { checkRuleTestSeries(t, pr) })
+	t.Run("values", func(t *testing.T) { checkValues(t, pr) })
+}
+
+// checkValues: what the load made is what the recording rules say, per
+// job: one key left commit_unknown by the 504 (the Redis replica's count
+// is Redis's, taken once), and some key reuse.
+func checkValues(t *testing.T, pr *prom) {
+	for expr, want := range map[string]func(float64) bool{
+		"job:ssegate_commit_unknown_keys:sum":      func(v float64) bool { return v == 1 },
+		"job:ssegate_key_reuse:ratio_rate5m":       func(v float64) bool { return v > 0 && v < 1 },
+		"job:ssegate_streams_aborted:ratio_rate5m": func(v float64) bool { return v > 0 && v < 1 },
+	} {
+		s, err := pr.query(expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs := map[string]bool{}
+		for _, x := range s {
+			v, ok := value(x)
+			jobs[x.Metric["job"]] = true
+			if !ok || !want(v) {
+				t.Errorf("%s{job=%q}: got %v", expr, x.Metric["job"], x.Value[1])
+			}
+		}
+		if !jobs["ssegate"] || !jobs["ssegate-redis"] {
+			t.Errorf("%s: got the jobs %v; want ssegate and ssegate-redis", expr, jobs)
+		}
+	}
 }
 
 // waitScraped waits until Prometheus holds a scrape of every target taken
