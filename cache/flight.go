@@ -66,6 +66,7 @@ type Flight struct {
 	first    time.Time // when the first event was journaled
 	model    string
 	fallback []Fallback
+	trace    string // the traceparent of the generation's request (SetTrace)
 	// The journal's read blocks are sealed while sealNow is set. It is
 	// decided again each time a block fills (asked: the number of blocks
 	// when it last was).
@@ -89,6 +90,23 @@ func (f *Flight) Model() (string, []Fallback) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.model, f.fallback
+}
+
+// SetTrace records the W3C traceparent of the request that started the
+// generation, opaque to the store, for the requests that follow or
+// replay it to link to; its committed Result keeps it while this process
+// holds the Result.
+func (f *Flight) SetTrace(traceparent string) {
+	f.mu.Lock()
+	f.trace = traceparent
+	f.mu.Unlock()
+}
+
+// Trace returns what SetTrace recorded.
+func (f *Flight) Trace() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.trace
 }
 
 // Usage is the token count an upstream reported for one answer.
@@ -281,7 +299,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		f.mu.Unlock()
 		return false
 	}
-	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
+	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage, Trace: f.trace}
 	if f.head.Stream {
 		if !f.j.discard { // a flight no store records keeps no result
 			res.packed, res.size = f.j.frames(), f.j.size

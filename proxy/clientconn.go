@@ -36,6 +36,7 @@ type clientConn struct {
 	// resumeURL, for a keyed stream, goes into a head the client writes
 	// itself (answerHead).
 	resumeURL string
+	span      *reqSpan // the request's span, ended with the answer; nil when tracing is off
 	// replayed: the answer is another request's generation, and a head
 	// the client writes itself says so (Idempotent-Replayed).
 	replayed bool
@@ -263,10 +264,16 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*clientCo
 		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	}
 	resume := resumeURL(ctx)
+	var rs *reqSpan
+	if p.tracer != nil {
+		if rs = requestSpan(ctx); rs != nil {
+			rs.taken, rs.status = true, ctx.Response.StatusCode()
+		}
+	}
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
+		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume, span: rs}
 		if !own {
 			c.over = make(chan struct{})
 		}
@@ -373,6 +380,9 @@ func (c *clientConn) finish(ok bool, onGone func()) {
 		defer close(c.over)
 	}
 	p := c.p
+	if c.span != nil {
+		c.span.end(c.span.status, ok)
+	}
 	if !ok {
 		if c.stalled {
 			p.m.slowDropped.Inc()

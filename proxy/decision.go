@@ -127,6 +127,8 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			return
 		}
 		g := p.newGen(f, body)
+		g.traceFrom(ctx)
+		p.traceAnswer(ctx, f, "", "")
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
@@ -168,6 +170,9 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // serveFlight answers from a live flight: the upstream's head once known,
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	if replayed {
+		p.traceAnswer(ctx, f, "", f.Trace())
+	}
 	if p.awaits(ctx, f) {
 		p.await(ctx, f, after, replayed)
 		return
@@ -213,6 +218,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 
 // replay answers from a committed result, from the event after seq.
 func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
+	p.traceAnswer(ctx, nil, cache.StateCommitted, r.Trace)
 	data, err := r.After(after)
 	if err != nil {
 		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))

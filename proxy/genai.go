@@ -2,11 +2,13 @@ package proxy
 
 import (
 	"bytes"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ssegate/ssegate/cache"
 )
 
 // The OpenTelemetry GenAI semantic conventions' metrics, as Prometheus
@@ -132,4 +134,39 @@ func (m *genAIMetrics) ended(o genAIOp, start, first time.Time, errType string, 
 // firstToken observes a generation's time to its first output.
 func (m *genAIMetrics) firstToken(o genAIOp, start time.Time) {
 	m.ttft.WithLabelValues(o.operation, o.provider, o.model).Observe(time.Since(start).Seconds())
+}
+
+// errorType is the error.type of an end for c: the upstream's status for
+// its own error answer, as OpenTelemetry's HTTP conventions name it, or
+// the cause's name.
+func errorType(c cause, status int) string {
+	if causes[c].byStatus && status != 0 {
+		return strconv.Itoa(status)
+	}
+	return causes[c].name
+}
+
+// observeEnd observes the generation's end in the GenAI metrics; errType
+// is the cause of an end without a whole answer ("" for none).
+func (g *gen) observeEnd(errType string) {
+	m, f := g.p.m.genAI, g.f
+	u := f.Usage()
+	if errType == "" && u != (cache.Usage{}) {
+		m.usage(g.ai, u.Input, u.Output)
+	}
+	m.ended(g.ai, g.start, f.FirstEventAt(), errType, u.Output)
+}
+
+// lost counts the tokens the upstream reported for attempt a, whose
+// generation no client got whole, as l.
+func (g *gen) lost(l loss, a attempt) {
+	if a.used {
+		g.p.m.lostTokens(l, a.usage)
+	}
+}
+
+// lostTokens counts u as lost to l.
+func (m *metrics) lostTokens(l loss, u cache.Usage) {
+	m.tokensLost[l][0].Add(float64(u.Input))
+	m.tokensLost[l][1].Add(float64(u.Output))
 }

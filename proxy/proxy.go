@@ -20,6 +20,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Proxy is the ssegate handler. Create it with New; serve it with Server.
@@ -30,6 +31,7 @@ type Proxy struct {
 	ups    []*upstream
 	budget *budget
 	m      *metrics
+	tracer trace.Tracer // nil: no spans
 
 	draining atomic.Bool // set by Drain: /readyz answers 503
 
@@ -69,6 +71,9 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, err
 		}
 		p.ups = append(p.ups, up)
+	}
+	if cfg.Tracer != nil {
+		p.tracer = cfg.Tracer.Tracer(tracerName)
 	}
 	p.m = newMetrics(p)
 	p.metricsHandler = p.m.handler()
@@ -171,6 +176,7 @@ func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
 	}
 	e := c.err(detail)
 	p.m.decided(causes[c].refusal)
+	p.traceDecision(ctx, causes[c].refusal, 0)
 	fillError(&ctx.Response, e)
 	p.log.Info("request refused", "status", e.status, "type", e.typ, "reason", c.String(), "msg", e.message)
 }
@@ -279,6 +285,9 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return
+	}
+	if p.tracer != nil {
+		defer endRequest(ctx, p.startRequest(ctx))
 	}
 	if underPath(ctx, "/streams") {
 		p.serveStreams(ctx)
@@ -463,6 +472,15 @@ func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, fp string, attrs ...any) {
 	// Counted whatever the log level: metrics are not the log.
 	p.m.decided(d)
+	if p.tracer != nil {
+		var gen uint64
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if attrs[i] == "generation" {
+				gen, _ = attrs[i+1].(uint64)
+			}
+		}
+		p.traceDecision(ctx, d, gen)
+	}
 	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
