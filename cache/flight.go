@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ssegate/ssegate/sse"
@@ -45,6 +46,7 @@ type Flight struct {
 	share     *tenantLive // its tenant's live bytes (liveShares), or nil
 	headReady chan struct{}
 	done      chan struct{}
+	trace     atomic.Pointer[string] // the traceparent of the generation's request (SetTrace)
 
 	mu       sync.Mutex // guards everything below
 	head     Head
@@ -66,7 +68,6 @@ type Flight struct {
 	first    time.Time // when the first event was journaled
 	model    string
 	fallback []Fallback
-	trace    string // the traceparent of the generation's request (SetTrace)
 	// The journal's read blocks are sealed while sealNow is set. It is
 	// decided again each time a block fills (asked: the number of blocks
 	// when it last was).
@@ -96,17 +97,14 @@ func (f *Flight) Model() (string, []Fallback) {
 // generation, opaque to the store, for the requests that follow or
 // replay it to link to; its committed Result keeps it while this process
 // holds the Result.
-func (f *Flight) SetTrace(traceparent string) {
-	f.mu.Lock()
-	f.trace = traceparent
-	f.mu.Unlock()
-}
+func (f *Flight) SetTrace(traceparent string) { f.trace.Store(&traceparent) }
 
-// Trace returns what SetTrace recorded.
+// Trace returns what SetTrace recorded, "" before.
 func (f *Flight) Trace() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.trace
+	if tp := f.trace.Load(); tp != nil {
+		return *tp
+	}
+	return ""
 }
 
 // Usage is the token count an upstream reported for one answer.
@@ -299,7 +297,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		f.mu.Unlock()
 		return false
 	}
-	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage, Trace: f.trace}
+	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage, Trace: f.Trace()}
 	if f.head.Stream {
 		if !f.j.discard { // a flight no store records keeps no result
 			res.packed, res.size = f.j.frames(), f.j.size

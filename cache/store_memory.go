@@ -249,9 +249,10 @@ func (m *Memory) Close() {
 // chunks of one completion are nearly identical JSON), with the scope and
 // generation to verify a lookup by (ristretto keeps only hashes of keys).
 type blob struct {
-	sc  Scope
-	gen uint64
-	z   []byte
+	sc    Scope
+	gen   uint64
+	z     []byte
+	trace string // Result.Trace, which the encoding leaves out
 }
 
 func (b *blob) cost() int64 { return int64(len(b.z)) + 128 }
@@ -271,6 +272,7 @@ func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 		return nil, false
 	}
+	r.Trace = b.trace
 	m.hot.SetWithTTL(id, r, r.cost(), m.cfg.TTL)
 	return r, true
 }
@@ -582,7 +584,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 	id := f.Scope.id()
 	stored := false
 	if z, err := m.codec.encode(res); err == nil {
-		b := &blob{sc: f.Scope, gen: f.Gen, z: z}
+		b := &blob{sc: f.Scope, gen: f.Gen, z: z, trace: res.Trace}
 		cost := b.cost()
 		// Set is asynchronous and may drop or later reject the item: wait
 		// for it to be applied, then look, so the ledger knows whether it

@@ -3,14 +3,22 @@
 package proxy
 
 import (
+	"context"
 	"io"
+	"math"
 	"net"
+	"net/http"
+	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestOfferAllocs holds the generation's write of an event to its client
@@ -18,17 +26,19 @@ import (
 // the race detector's instrumentation allocates, hence the build tag.
 func TestOfferAllocs(t *testing.T) {
 	// Not parallel: AllocsPerRun counts every allocation of the process.
-	c := drainedClient(t)
-	ev := sse.AppendEvent(nil, sse.ID{Gen: 1, Seq: 1}, "", `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`)
-	if got := testing.AllocsPerRun(1000, func() {
-		if _, err := c.offer(false, ev); err != nil {
-			t.Fatal(err)
+	for _, traced := range []bool{false, true} {
+		c := drainedClient(t, traced)
+		ev := sse.AppendEvent(nil, sse.ID{Gen: 1, Seq: 1}, "", `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`)
+		if got := testing.AllocsPerRun(1000, func() {
+			if _, err := c.offer(false, ev); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.flush(); err != nil { // whatever the socket did not take
+				t.Fatal(err)
+			}
+		}); got != 0 {
+			t.Errorf("offer, traced %v: got %v allocs per event; want 0", traced, got)
 		}
-		if err := c.flush(); err != nil { // whatever the socket did not take
-			t.Fatal(err)
-		}
-	}); got != 0 {
-		t.Errorf("offer: got %v allocs per event; want 0", got)
 	}
 }
 
@@ -37,15 +47,17 @@ func TestOfferAllocs(t *testing.T) {
 // allocations.
 func TestWriteAllocs(t *testing.T) {
 	// Not parallel: AllocsPerRun counts every allocation of the process.
-	c := drainedClient(t)
-	c.p.cfg.SlowClientTimeout = 10 * time.Second
-	big := make([]byte, 5*writePiece+123)
-	if got := testing.AllocsPerRun(100, func() {
-		if err := c.write(big); err != nil {
-			t.Fatal(err)
+	for _, traced := range []bool{false, true} {
+		c := drainedClient(t, traced)
+		c.p.cfg.SlowClientTimeout = 10 * time.Second
+		big := make([]byte, 5*writePiece+123)
+		if got := testing.AllocsPerRun(100, func() {
+			if err := c.write(big); err != nil {
+				t.Fatal(err)
+			}
+		}); got != 0 {
+			t.Errorf("write of %d bytes, traced %v: got %v allocs; want 0", len(big), traced, got)
 		}
-	}); got != 0 {
-		t.Errorf("write of %d bytes: got %v allocs; want 0", len(big), got)
 	}
 }
 
@@ -55,9 +67,10 @@ func TestWriteAllocs(t *testing.T) {
 func TestDeliverAllocs(t *testing.T) {
 	// Not parallel: AllocsPerRun counts every allocation of the process.
 	data := `{"choices":[{"index":0,"delta":{"content":"hello"}}]}`
-	c := drainedClient(t)
-	c.p.cfg.SlowClientTimeout = 10 * time.Second
-	for _, wait := range []bool{false, true} {
+	for i := range 4 {
+		traced, wait := i >= 2, i%2 == 1
+		c := drainedClient(t, traced)
+		c.p.cfg.SlowClientTimeout = 10 * time.Second
 		f := cache.NewDetached(1 << 30)
 		sub, err := f.Subscribe(0)
 		if err != nil {
@@ -74,14 +87,15 @@ func TestDeliverAllocs(t *testing.T) {
 				t.Fatal(err)
 			}
 		}); got != 0 {
-			t.Errorf("deliver, wait %v: got %v allocs per event; want 0", wait, got)
+			t.Errorf("deliver, wait %v, traced %v: got %v allocs per event; want 0", wait, traced, got)
 		}
 	}
 }
 
 // drainedClient is a client on a loopback connection whose other end
-// reads everything.
-func drainedClient(t *testing.T) *clientConn {
+// reads everything; traced, its proxy makes spans and the client's
+// answer has one, recorded in memory.
+func drainedClient(t *testing.T, traced bool) *clientConn {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +119,61 @@ func drainedClient(t *testing.T) *clientConn {
 	}
 	p := &Proxy{m: newMetrics(&Proxy{})}
 	c := &clientConn{p: p, conn: conn, rc: rc}
+	if traced {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) }) //nolint:errcheck // in memory
+		p.tracer = tp.Tracer(tracerName)
+		ctx, span := p.tracer.Start(context.Background(), "POST", trace.WithSpanKind(trace.SpanKindServer))
+		c.span = &reqSpan{span: span, ctx: ctx, taken: true, status: 200}
+	}
 	c.wfn = c.writeFD
 	return c
+}
+
+// TestGenerationAllocs holds a generation's events, from the upstream's
+// body to the client, at no more allocations with spans made than
+// without: the events of a stream of many events cost what those of a
+// short one do, per event, traced or not (the spans hear of a call's head,
+// first output and end only).
+func TestGenerationAllocs(t *testing.T) {
+	// Not parallel: the process's allocations are counted.
+	perEvent := func(traced bool) float64 {
+		up := newFaultServer(t, nil)
+		var e *env
+		if traced {
+			e, _ = tracedEnv(t, []string{up.url}, nil)
+		} else {
+			e = retryEnv(t, []string{up.url}, nil)
+		}
+		mallocs := func(events int) uint64 {
+			body := strings.Repeat(chatChunk(0, "t", ""), events) + chatChunk(0, "", "stop") + "data: [DONE]\n\n"
+			up.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { writeSSE(w, body) })
+			get := func() {
+				resp := e.do(req{key: newKey("allocs"), body: chatBody})
+				defer resp.Body.Close()
+				// Read, not parsed: the test's own reading allocates nothing per event.
+				if n, err := io.Copy(io.Discard, resp.Body); err != nil || resp.StatusCode != 200 || n < int64(len(body)) {
+					t.Fatalf("%d events: got %d, %d bytes, %v; want a whole stream", events, resp.StatusCode, n, err)
+				}
+			}
+			get() // warm
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			get()
+			runtime.ReadMemStats(&after)
+			return after.Mallocs - before.Mallocs
+		}
+		const short, long = 100, 3100
+		// The lowest of a few runs: other goroutines' allocations only add.
+		best := math.Inf(1)
+		for range 3 {
+			best = min(best, float64(int64(mallocs(long))-int64(mallocs(short)))/(long-short))
+		}
+		return best
+	}
+	off, on := perEvent(false), perEvent(true)
+	t.Logf("allocations per event: %.3f untraced, %.3f traced", off, on)
+	if on > off+0.05 {
+		t.Errorf("traced: %.3f allocations per event; want no more than untraced (%.3f)", on, off)
+	}
 }

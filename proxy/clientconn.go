@@ -335,6 +335,9 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 func (c *clientConn) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
+	if c.span != nil {
+		c.span.status = h.Status
+	}
 	setHead(&rh.Header, h, c.replayed)
 	if c.resumeURL != "" {
 		rh.Header.Set(resumeURLHeader, c.resumeURL)
@@ -358,6 +361,9 @@ func (c *clientConn) answerWhole(resp *fasthttp.Response) error {
 		resp.SetConnectionClose()
 	}
 	resp.Header.SetContentLength(len(resp.Body()))
+	if c.span != nil {
+		c.span.status = resp.StatusCode()
+	}
 	c.vec = append(c.arr[:0], resp.Header.AppendBytes(c.buf[:0]), resp.Body())
 	return c.flush()
 }

@@ -170,7 +170,7 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // serveFlight answers from a live flight: the upstream's head once known,
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
-	if replayed {
+	if replayed && p.tracer != nil {
 		p.traceAnswer(ctx, f, "", f.Trace())
 	}
 	if p.awaits(ctx, f) {

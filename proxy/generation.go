@@ -53,7 +53,7 @@ type gen struct {
 	lastSent   time.Time       // the latest call's start
 	heldFailed bool            // the last attempt's held failure is being relayed (lossFailed)
 	traceCtx   context.Context // the request's span; nil when tracing is off
-	call1      *callSpan       // the current call's span
+	span       *callSpan       // the current call's span
 }
 
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {

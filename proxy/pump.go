@@ -75,7 +75,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 			}
 			if !begun {
-				if g.call1 != nil {
+				if g.span != nil {
 					g.sawEvent(ev.Data)
 				}
 				if ev.Type == "response.created" {

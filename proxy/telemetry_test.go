@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/redistest"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // scrapeUntil polls the scrape until series reads want, and fails the
@@ -189,5 +193,181 @@ func TestGenAIMetrics(t *testing.T) {
 				t.Errorf("%s: got %v; want %v", series, got, want)
 			}
 		}
+	}
+}
+
+// tracedEnv is retryEnv with spans recorded in memory.
+func tracedEnv(t *testing.T, upstreams []string, tune func(*Config)) (*env, *tracetest.InMemoryExporter) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) }) //nolint:errcheck // in memory
+	e := retryEnv(t, upstreams, func(pc *Config) {
+		pc.Tracer = tp
+		if tune != nil {
+			tune(pc)
+		}
+	})
+	return e, exp
+}
+
+// spansOf waits for n ended spans of kind and returns them, oldest first.
+func spansOf(t *testing.T, exp *tracetest.InMemoryExporter, kind trace.SpanKind, n int) []tracetest.SpanStub {
+	t.Helper()
+	var got []tracetest.SpanStub
+	if !within(10*time.Second, func() bool {
+		got = got[:0]
+		for _, s := range exp.GetSpans() {
+			if s.SpanKind == kind {
+				got = append(got, s)
+			}
+		}
+		return len(got) >= n
+	}) {
+		t.Fatalf("%d %v spans ended; want %d", len(got), kind, n)
+	}
+	return got
+}
+
+// attrs reads a span's attributes as strings.
+func attrs(s tracetest.SpanStub) map[string]string {
+	m := map[string]string{}
+	for _, kv := range s.Attributes {
+		m[string(kv.Key)] = kv.Value.Emit()
+	}
+	return m
+}
+
+// TestTraces: a keyed request whose first upstream call failed with 503
+// and whose retry answered makes a server span, a child of the caller's
+// traceparent, with its decision and the key's end state, and a client
+// span per call with the GenAI attributes, the retry's reason on the
+// first and the answer's model, usage and time to first token on the
+// second; each call carried its own span's traceparent to the upstream.
+// A repeat of the key (a hit) links to the generation's request span.
+func TestTraces(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "openai-chat-usage")
+	var seen [3]string // the traceparent of each upstream call
+	up := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n <= int64(len(seen)) {
+			seen[n-1] = r.Header.Get("traceparent")
+		}
+		if n == 1 {
+			status(503)(n, w, r)
+			return
+		}
+		writeSSE(w, whole)
+	})
+	e, exp := tracedEnv(t, []string{up.url}, nil)
+	const callerTrace, callerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	key := newKey("traced")
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`
+	r := e.fetch(req{key: key, body: body, header: map[string]string{"traceparent": "00-" + callerTrace + "-" + callerSpan + "-01"}})
+	if r.status != 200 || r.lastData() != "[DONE]" {
+		t.Fatalf("got %d %q; want the retry's whole stream", r.status, r.raw)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 2)
+
+	server := spansOf(t, exp, trace.SpanKindServer, 1)[0]
+	if got := server.SpanContext.TraceID().String(); got != callerTrace {
+		t.Errorf("server span trace %s; want the caller's %s", got, callerTrace)
+	}
+	if got := server.Parent.SpanID().String(); got != callerSpan {
+		t.Errorf("server span parent %s; want the caller's span %s", got, callerSpan)
+	}
+	sa := attrs(server)
+	for k, want := range map[string]string{"ssegate.decision": "miss", "ssegate.key.state": "committed",
+		"http.request.method": "POST", "http.response.status_code": "200"} {
+		if sa[k] != want {
+			t.Errorf("server span %s = %q; want %q (all: %v)", k, sa[k], want, sa)
+		}
+	}
+	calls := spansOf(t, exp, trace.SpanKindClient, 2)
+	for i, c := range calls {
+		if c.Parent.SpanID() != server.SpanContext.SpanID() {
+			t.Errorf("call %d: parent %s; want the request's span %s", i+1, c.Parent.SpanID(), server.SpanContext.SpanID())
+		}
+		want := "00-" + callerTrace + "-" + c.SpanContext.SpanID().String() + "-01"
+		if seen[i] != want {
+			t.Errorf("call %d: the upstream got traceparent %q; want its span's %q", i+1, seen[i], want)
+		}
+		if c.Name != "chat gpt-4o" {
+			t.Errorf("call %d: span name %q; want %q", i+1, c.Name, "chat gpt-4o")
+		}
+	}
+	first, second := attrs(calls[0]), attrs(calls[1])
+	for k, want := range map[string]string{"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+		"gen_ai.request.model": "gpt-4o", "ssegate.attempt": "1", "http.response.status_code": "503",
+		"error.type": "upstream_status_503", "ssegate.retry.reason": "upstream_status_503"} {
+		if first[k] != want {
+			t.Errorf("first call's span %s = %q; want %q (all: %v)", k, first[k], want, first)
+		}
+	}
+	for k, want := range map[string]string{"gen_ai.request.model": "gpt-4o", "gen_ai.response.model": "gpt-4o-2024-08-06",
+		"gen_ai.usage.input_tokens": "14", "gen_ai.usage.output_tokens": "8", "ssegate.attempt": "2",
+		"http.response.status_code": "200", "error.type": ""} {
+		if second[k] != want {
+			t.Errorf("second call's span %s = %q; want %q (all: %v)", k, second[k], want, second)
+		}
+	}
+	if second["ssegate.time_to_first_token"] == "" {
+		t.Errorf("second call's span has no ssegate.time_to_first_token (all: %v)", second)
+	}
+
+	if r := e.fetch(req{key: key, body: body}); r.status != 200 || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("repeat: got %d %q; want the replay", r.status, r.raw)
+	}
+	hit := spansOf(t, exp, trace.SpanKindServer, 2)[1]
+	if a := attrs(hit); a["ssegate.decision"] != "hit" || a["ssegate.key.state"] != "committed" {
+		t.Errorf("repeat's span: %v; want decision hit, state committed", a)
+	}
+	if len(hit.Links) != 1 || hit.Links[0].SpanContext.SpanID() != server.SpanContext.SpanID() {
+		t.Errorf("repeat's span links %v; want one to the generation's request span %s", hit.Links, server.SpanContext.SpanID())
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 2)
+}
+
+// TestTraceJoinLinked: a duplicate that joins a live generation links
+// its span to the span of the request that started the generation, in
+// another trace; the generation made one upstream call, whose span is a
+// child of the first request's.
+func TestTraceJoinLinked(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	up := newFaultServer(t, sseGated(chatChunk(0, "Hi", ""), chatChunk(0, "", "stop")+"data: [DONE]\n\n", gate))
+	e, exp := tracedEnv(t, []string{up.url}, nil)
+	key := newKey("traced-join")
+	first := e.do(req{key: key, body: chatBody})
+	defer first.Body.Close()
+	e.waitState(key, "", cache.StateExecutionStarted)
+	joined := make(chan result, 1)
+	go func() { joined <- e.fetch(req{key: key, body: chatBody}) }()
+	waitFor(t, func() bool { return metricValue(t, e.scrape(), `ssegate_requests_total{decision="join"}`) == 1 })
+	close(gate)
+	io.Copy(io.Discard, first.Body) //nolint:errcheck // read to its end
+	if r := <-joined; !clean(r) {
+		t.Fatalf("joiner: got %d %q; want the whole stream", r.status, r.raw)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 1)
+	servers := spansOf(t, exp, trace.SpanKindServer, 2)
+	byDecision := map[string]tracetest.SpanStub{}
+	for _, s := range servers {
+		byDecision[attrs(s)["ssegate.decision"]] = s
+	}
+	miss, join := byDecision["miss"], byDecision["join"]
+	if !miss.SpanContext.IsValid() || !join.SpanContext.IsValid() {
+		t.Fatalf("server spans by decision: %v; want a miss and a join", byDecision)
+	}
+	if len(join.Links) != 1 || join.Links[0].SpanContext.SpanID() != miss.SpanContext.SpanID() {
+		t.Errorf("join's links %v; want one to the miss's span %s", join.Links, miss.SpanContext.SpanID())
+	}
+	if join.SpanContext.TraceID() == miss.SpanContext.TraceID() {
+		t.Errorf("join in the miss's trace %s; want a trace of its own", miss.SpanContext.TraceID())
+	}
+	if s := attrs(join)["ssegate.key.state"]; s != "committed" {
+		t.Errorf("join's key state %q; want committed", s)
+	}
+	if c := spansOf(t, exp, trace.SpanKindClient, 1); len(c) != 1 || c[0].Parent.SpanID() != miss.SpanContext.SpanID() {
+		t.Errorf("call spans %d, parent %v; want one, a child of the miss's span", len(c), c[0].Parent.SpanID())
 	}
 }

@@ -58,9 +58,15 @@ func (p *Proxy) startRequest(ctx *fasthttp.RequestCtx) *reqSpan {
 		return nil
 	}
 	parent := traceContext.Extract(context.Background(), headerCarrier{&ctx.Request.Header})
-	method := string(ctx.Method())
+	method, path := string(ctx.Method()), string(ctx.Path())
+	// The paths that name a key name it as their route does.
+	for _, dir := range [...]string{"/streams", "/keys"} {
+		if underPath(ctx, dir) {
+			path = dir + "/{key}"
+		}
+	}
 	c, span := p.tracer.Start(parent, method, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("http.request.method", method), attribute.String("url.path", string(ctx.Path()))))
+		trace.WithAttributes(attribute.String("http.request.method", method), attribute.String("url.path", path)))
 	rs := &reqSpan{span: span, ctx: c}
 	ctx.SetUserValue(reqSpanKey, rs)
 	return rs
@@ -194,13 +200,13 @@ func (g *gen) startCall(up *upstream, req *fasthttp.Request, n int) {
 	}
 	c, span := g.p.tracer.Start(g.traceCtx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	traceContext.Inject(c, headerCarrier{&req.Header})
-	g.call1 = &callSpan{span: span, sent: time.Now()}
+	g.span = &callSpan{span: span, sent: time.Now()}
 }
 
 // sawEvent lets the call's span read the response's model off the
 // stream's events before its first output (it stops there).
 func (g *gen) sawEvent(data string) {
-	cs := g.call1
+	cs := g.span
 	if cs == nil || cs.model != "" {
 		return
 	}
@@ -214,14 +220,14 @@ func (g *gen) sawEvent(data string) {
 
 // firstOutput notes the call's first output relayed.
 func (g *gen) firstOutput() {
-	if cs := g.call1; cs != nil && cs.first.IsZero() {
+	if cs := g.span; cs != nil && cs.first.IsZero() {
 		cs.first = time.Now()
 	}
 }
 
 // endSettled ends the span of the call whose answer ended the flight.
 func (g *gen) endSettled() {
-	if g.call1 == nil {
+	if g.span == nil {
 		return
 	}
 	h, _ := g.f.Head()
@@ -234,7 +240,7 @@ func (g *gen) endSettled() {
 
 // callUsage notes the tokens the call's upstream reported.
 func (g *gen) callUsage(in, out int64) {
-	if cs := g.call1; cs != nil {
+	if cs := g.span; cs != nil {
 		cs.usage, cs.used = cache.Usage{Input: in, Output: out}, true
 	}
 }
@@ -243,11 +249,11 @@ func (g *gen) callUsage(in, out int64) {
 // errType its failure ("" for none), attrs what became of it (a retry, a
 // fallback).
 func (g *gen) endCall(status int, errType string, attrs ...attribute.KeyValue) {
-	cs := g.call1
+	cs := g.span
 	if cs == nil {
 		return
 	}
-	g.call1 = nil
+	g.span = nil
 	s := cs.span
 	if status != 0 {
 		s.SetAttributes(attribute.Int("http.response.status_code", status))
