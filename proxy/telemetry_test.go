@@ -50,20 +50,22 @@ func privateRedis(t *testing.T) *cache.Redis {
 
 // TestCommitUnknownKeys: ssegate_commit_unknown_keys counts a key whose
 // upstream took the request and hung up (its outcome unknown, not
-// repeated), and no longer once the client's retry claimed the key again
-// and committed it: on the memory store, and on Redis by the set its
-// scripts keep.
+// repeated), and no longer once the client's retry claimed the key again,
+// while that generation runs and after it committed: on the memory store,
+// and on Redis by the set its scripts keep.
 func TestCommitUnknownKeys(t *testing.T) {
 	t.Parallel()
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
+			gate := make(chan struct{})
+			retry := sseGated(chatChunk(0, "Hi", ""), chatChunk(0, "", "stop")+"data: [DONE]\n\n", gate)
 			up := newFaultServer(t, func(n int64, w http.ResponseWriter, r *http.Request) {
 				if n == 1 {
 					hangUp(n, w, r)
 					return
 				}
-				okStream(w)
+				retry(n, w, r)
 			})
 			e := retryEnv(t, []string{up.url}, func(pc *Config) {
 				if store == "redis" {
@@ -78,8 +80,12 @@ func TestCommitUnknownKeys(t *testing.T) {
 				t.Fatalf("first answer %d %q: want the outcome-unknown answer", r.status, r.raw)
 			}
 			e.scrapeUntil(series, 1)
-			if r = e.fetch(req{key: key, body: chatBody}); !clean(r) {
-				t.Fatalf("the retry: got %d %q; want a whole stream", r.status, r.raw)
+			resp := e.do(req{key: key, body: chatBody})
+			defer resp.Body.Close()
+			e.scrapeUntil(series, 0) // claimed again: live, its head relayed
+			close(gate)
+			if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("the retry: got %d %q; want a whole stream", resp.StatusCode, b)
 			}
 			e.scrapeUntil(series, 0)
 			wantCount(t, "upstream calls", up.calls.Load(), 2)
