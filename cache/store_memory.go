@@ -93,6 +93,9 @@ type Stats struct {
 	ByState      map[State]int64
 	StoredBytes  int64 // bytes the body store currently holds
 	StoreEntries int64
+	// The bounds, so that a dashboard can show how near they are:
+	// Config.MaxLiveBytes, MaxStoreBytes and MaxKeys.
+	MaxLiveBytes, MaxStoreBytes, MaxKeys int64
 }
 
 type entry struct {
@@ -554,6 +557,7 @@ func (m *Memory) Stats() Stats {
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
 		Failed: m.failed.Load(), LiveBytes: m.shares.total.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
 		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
+		MaxLiveBytes: m.cfg.MaxLiveBytes, MaxStoreBytes: m.cfg.MaxStoreBytes, MaxKeys: int64(m.cfg.MaxKeys),
 	}
 }
 

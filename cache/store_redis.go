@@ -133,6 +133,9 @@ type RedisStats struct {
 	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
 	LiveBytes   int64
 	LiveFlights int64
+	// MaxLiveBytes is this replica's bound on LiveBytes (Limits), so that
+	// a dashboard can show how near it is.
+	MaxLiveBytes int64
 }
 
 // Redis is the store of several replicas: the claim, the live journals,
@@ -330,7 +333,7 @@ func (r *Redis) Stats() RedisStats {
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Renewals: r.renewals.Load(), Asks: r.asks.Load(), Mirrors: r.mirrors.Load(),
 		Abandoned: r.abandoned.Load(),
-		LiveBytes: r.shares.total.Load(), LiveFlights: n,
+		LiveBytes: r.shares.total.Load(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
 	}
 }
 

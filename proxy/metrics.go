@@ -95,6 +95,13 @@ func newMetrics(p *Proxy) *metrics {
 	m.fallbacks = cv("fallbacks_total", "Requests that went on to the next model of their -fallback rule, by the failure of the model given up on.", "reason")
 	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
 	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
+	// Each cause a stream can be aborted with starts at 0: a series born
+	// at 1 shows no increase, and rate() would miss each cause's first.
+	for c := causeNone + 1; c < numCauses; c++ {
+		if causes[c].abort != "" && !causes[c].relayEnd {
+			m.aborted.WithLabelValues(c.String())
+		}
+	}
 	m.cacheSkipped = cv("cache_skipped_total", "Answers relayed whole and not stored, by reason: no_key, store_refused, error_body, or the detector reason of a stream its provider ended that is its failure or cannot be proven whole (error_event, response_failed, unexpected_choice, missing_usage, missing_stop_reason, unknown_dialect).", "reason")
 	m.tokensSaved = cv("tokens_saved_total", "Upstream-reported tokens of answers served without a new generation.", "kind")
 	m.events = c("events_relayed_total", "Events read from upstream streams and journaled.")
@@ -127,6 +134,8 @@ func newMetrics(p *Proxy) *metrics {
 	f(m.ttfeAdded)
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations", Help: "Upstream calls and streams in progress."},
 		func() float64 { return float64(p.streams.Load()) }))
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations_limit", Help: "The bound on ssegate_live_generations (-max-streams)."},
+		func() float64 { return float64(p.cfg.MaxStreams) }))
 	for _, up := range p.ups {
 		b := up.breaker
 		l := prometheus.Labels{"upstream": up.name}
@@ -220,9 +229,12 @@ var (
 	descCommits  = prometheus.NewDesc("ssegate_commits_total", "Answers committed to the ledger.", nil, nil)
 	descKeys     = prometheus.NewDesc("ssegate_keys", "Keys in the ledger by state.", []string{"state"}, nil)
 	descRegen    = prometheus.NewDesc("ssegate_regenerated_total", "Keys regenerated because their committed body was gone.", nil, nil)
+	descLiveMax  = prometheus.NewDesc("ssegate_live_journal_bytes_limit", "The bound on ssegate_live_journal_bytes (-max-live-bytes).", nil, nil)
+	descBytesMax = prometheus.NewDesc("ssegate_store_bytes_limit", "The bound on ssegate_store_bytes (-max-store-bytes).", nil, nil)
+	descKeysMax  = prometheus.NewDesc("ssegate_keys_limit", "The bound on the ledger's keys, all states together (-max-keys).", nil, nil)
 	descUnknown  = prometheus.NewDesc("ssegate_commit_unknown_keys", "Keys in state commit_unknown now: in memory, exactly; in Redis, the keys its scripts left so until their records expire (the same on every replica).", nil, nil)
 	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
-	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descUnknown}
+	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax, descUnknown}
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -242,6 +254,9 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descEntries, s.StoreEntries)
 	g(descBytes, s.StoredBytes)
 	g(descLive, s.LiveBytes)
+	g(descLiveMax, s.MaxLiveBytes)
+	g(descBytesMax, s.MaxStoreBytes)
+	g(descKeysMax, s.MaxKeys)
 	k(descEvicted, s.Evicted)
 	k(descRefused, s.Rejected)
 	k(descCommits, s.Commits)
@@ -294,6 +309,7 @@ func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- descLive
+	ch <- descLiveMax
 	ch <- descUnknown
 }
 
@@ -316,6 +332,7 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRAsks, s.Asks)
 	k(descRMirrors, s.Mirrors)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
+	ch <- prometheus.MustNewConstMetric(descLiveMax, prometheus.GaugeValue, float64(s.MaxLiveBytes))
 	if n, err := c.unknown(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.GaugeValue, float64(n))
 	}
