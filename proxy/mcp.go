@@ -100,6 +100,30 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	p.serveOrigin(ctx, g)
 }
 
+// cancelOnDeparture closes the upstream connection of resp, whose body
+// is being relayed to c, as soon as c's client closes its connection, so
+// that the server sees the call cancelled at once rather than at a write
+// that fails (an MCP server's stream may be silent for long). stop ends
+// the watch and reports whether the client went.
+func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
+	gone, stopWatch := watchDeparture(c)
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-gone:
+			interrupt(resp)
+		case <-over:
+		}
+	}()
+	return func() bool {
+		close(over)
+		<-ended
+		return stopWatch()
+	}
+}
+
 // parseToolCall reads a single JSON-RPC tools/call request; ok is false
 // for anything else (a batch, a notification, a response, another
 // method, a body that is not JSON).
