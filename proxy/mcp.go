@@ -47,7 +47,12 @@ type toolCall struct {
 
 // mcpPath reports whether the request's path is one of -mcp-path.
 func (p *Proxy) mcpPath(ctx *fasthttp.RequestCtx) bool {
-	return len(p.cfg.MCPPaths) > 0 && slices.Contains(p.cfg.MCPPaths, string(ctx.Path()))
+	for _, mp := range p.cfg.MCPPaths {
+		if string(ctx.Path()) == mp { // compared without a copy: every request asks
+			return true
+		}
+	}
+	return false
 }
 
 // serveMCP serves a request on an MCP path: a tools/call with a key is

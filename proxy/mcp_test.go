@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mcpmock"
+	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // mcpEnv is ssegate on -mcp-path /mcp in front of the MCP mock server
@@ -30,7 +33,12 @@ type mcpEnv struct {
 
 func newMCPEnv(t *testing.T, mc mcpmock.Config, tune func(*Config)) *mcpEnv {
 	t.Helper()
-	srv := mcpmock.New(mc)
+	return newMCPEnvOn(t, mcpmock.New(mc), tune)
+}
+
+// newMCPEnvOn is newMCPEnv in front of srv, which may be another's.
+func newMCPEnvOn(t *testing.T, srv *mcpmock.Server, tune func(*Config)) *mcpEnv {
+	t.Helper()
 	me := &mcpEnv{srv: srv, ended: make(chan time.Time, 64)}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -197,9 +205,16 @@ func TestToolReissueAfterCut(t *testing.T) {
 		t.Fatal("the re-issue got no progress of the call it joined")
 	}
 	e.wantRuns(key, 1)
-	ki := e.waitState(key, "", cache.StateCommitted)
-	if ki.Tool != "write" {
-		t.Fatalf("GET /keys: tool %q; want write", ki.Tool)
+	e.waitState(key, "", cache.StateCommitted)
+	resp, err := e.client.Get(e.url + "/keys/" + key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ki cache.KeyInfo
+	json.NewDecoder(resp.Body).Decode(&ki) //nolint:errcheck // checked below
+	resp.Body.Close()
+	if ki.Tool != "write" || ki.State != cache.StateCommitted {
+		t.Fatalf("GET /keys: %+v; want the tool write, committed", ki)
 	}
 }
 
@@ -391,6 +406,9 @@ func TestToolServerDies(t *testing.T) {
 	if got := metricValue(t, e.scrape(), `ssegate_tool_calls_unknown`); got != 1 {
 		t.Fatalf("tool calls unknown: %v; want 1", got)
 	}
+	if d := e.del(key, "Authorization", "Bearer another-tenant"); d != http.StatusNotFound {
+		t.Fatalf("DELETE by another tenant: %d; want 404", d)
+	}
 	if d := e.del(key); d != http.StatusNoContent {
 		t.Fatalf("DELETE: %d; want 204", d)
 	}
@@ -400,9 +418,12 @@ func TestToolServerDies(t *testing.T) {
 }
 
 // del deletes key by DELETE /keys/{key}, and returns the status.
-func (e *mcpEnv) del(key string) int {
+func (e *mcpEnv) del(key string, hdr ...string) int {
 	e.t.Helper()
 	rq, _ := http.NewRequest(http.MethodDelete, e.url+"/keys/"+key, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		rq.Header.Set(hdr[i], hdr[i+1])
+	}
 	resp, err := e.client.Do(rq)
 	if err != nil {
 		e.t.Fatal(err)
@@ -439,4 +460,47 @@ func TestToolUnkeyedCancelled(t *testing.T) {
 	if st := e.store.Stats(); st.Keys != 0 {
 		t.Fatalf("an unkeyed call was recorded: %d keys", st.Keys)
 	}
+}
+
+// TestToolRedis: two replicas on one Redis share tool calls: a call
+// committed on one replays on the other, and one whose server died on
+// one answers "unknown" on the other until DELETE /keys/{key} there.
+func TestToolRedis(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	srv := mcpmock.New(mcpmock.Config{Stateless: true, Delay: 2 * time.Second})
+	var logs gatetest.LogBuffer
+	prefix := redistest.Prefix(t)
+	replica := func() *mcpEnv {
+		store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + rs.Addr, Prefix: prefix,
+			Lease: 3 * time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(store.Close)
+		return newMCPEnvOn(t, srv, func(pc *Config) { pc.Store = store })
+	}
+	a, b := replica(), replica()
+	key := newKey("redis")
+	wantResult(t, a.call(callBody(1, "write", map[string]any{"target": key, "ms": 50}, nil), "Idempotency-Key", key), 1)
+	r := b.call(callBody(2, "write", map[string]any{"target": key, "ms": 50}, nil), "Idempotency-Key", key)
+	wantResult(t, r, 2)
+	if r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the other replica's answer is not a replay: %v", r.header)
+	}
+	a.wantRuns(key, 1)
+
+	dies := newKey("redis-dies")
+	args := map[string]any{"target": dies, "die": true}
+	wantUnknown(t, a.call(callBody(3, "write", args, nil), "Idempotency-Key", dies), 3)
+	wantUnknown(t, b.call(callBody(4, "write", args, nil), "Idempotency-Key", dies), 4)
+	a.wantRuns(dies, 1)
+	if got := metricValue(t, a.scrape(), `ssegate_tool_calls_unknown`); got != 1 {
+		t.Fatalf("replica a's tool calls unknown: %v; want 1", got)
+	}
+	if d := b.del(dies); d != http.StatusNoContent {
+		t.Fatalf("DELETE on the other replica: %d; want 204", d)
+	}
+	wantResult(t, a.call(callBody(5, "write", map[string]any{"target": dies, "ms": 50}, nil), "Idempotency-Key", dies), 5)
+	a.wantRuns(dies, 2)
 }
