@@ -260,9 +260,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		p.followTool(ctx, b.Flight, caller, true)
 	case cache.Miss:
 		f := b.Flight
-		if !p.acquireSlot() {
-			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+		if !p.claimSlot(ctx, f) {
 			return
 		}
 		g := p.newGen(f, sse.Request{}) // the answer's whole time is -attempt-timeout's: JSON comes when the tool is done
