@@ -66,11 +66,7 @@ func (d decision) String() string { return decisions[d].label }
 
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
-	if err := validKey(key); err != nil {
-		p.refuse(ctx, causeInvalidKey, err.Error())
-		return
-	}
-	sc, ok := p.scope(ctx, key)
+	sc, ok := p.keyScope(ctx, key)
 	if !ok {
 		return
 	}
