@@ -233,7 +233,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		p.storeError(ctx, sc, err)
 		return
 	}
-	caller := &toolCaller{id: call.id, token: call.token}
+	caller := &toolCaller{id: call.id, token: call.token, session: bytes.Clone(ctx.Request.Header.Peek("Mcp-Session-Id"))}
 	switch b.Decision {
 	case cache.Conflict:
 		p.logTool(ctx, decisionConflict, "conflict", sc, call)

@@ -231,8 +231,12 @@ func TestToolConflict(t *testing.T) {
 	key := newKey("conflict")
 	wantResult(t, e.call(callBody(1, "write", map[string]any{"target": key}, map[string]any{"progressToken": 7}), "Idempotency-Key", key), 1)
 	same := callBody(2, "write", map[string]any{"target": key}, map[string]any{"progressToken": 8, "traceparent": "00-abc-def-01", MetaKey: "ignored"})
-	wantResult(t, e.call(same, "Idempotency-Key", key, "Mcp-Session-Id", "another"), 2)
-	r := e.call(callBody(3, "write", map[string]any{"target": key + "-other"}, nil), "Idempotency-Key", key)
+	r := e.call(same, "Idempotency-Key", key, "Mcp-Session-Id", "another")
+	wantResult(t, r, 2)
+	if got := r.header.Get("Mcp-Session-Id"); got != "another" {
+		t.Fatalf("the replay's Mcp-Session-Id: %q; want the caller's own", got)
+	}
+	r = e.call(callBody(3, "write", map[string]any{"target": key + "-other"}, nil), "Idempotency-Key", key)
 	if r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("other arguments: got %d; want 422", r.status)
 	}

@@ -189,7 +189,6 @@ func (p *Proxy) replayTool(ctx *fasthttp.RequestCtx, r *cache.Result, tc *toolCa
 // included: the server's answer as it comes, each message rewritten for
 // the caller. The call goes on whatever becomes of its callers.
 func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, tc *toolCaller, replayed bool) {
-	tc.session = bytes.Clone(ctx.Request.Header.Peek("Mcp-Session-Id"))
 	sub, ok := p.subscribe(ctx, f, 0)
 	if !ok {
 		return
