@@ -19,7 +19,9 @@ import (
 //	st     HASH    phase (live|done|failed|lost), state (docs/design.md, Key states),
 //	               gen, tok, fp, owner, created, updated, attempts, status,
 //	               reason, events, bytes, commits, regen and reaped (what
-//	               the claim answered, for a re-claim: claimScript)
+//	               the claim answered, for a re-claim: claimScript); tool
+//	               and utl for an MCP tool call (BeginTool): its name, and
+//	               how long its commit_unknown holds the key (ms)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
