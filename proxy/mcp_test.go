@@ -48,7 +48,9 @@ func newMCPEnvOn(t *testing.T, srv *mcpmock.Server, tune func(*Config)) *mcpEnv 
 	}))
 	hs.Config.ConnContext = srv.ConnContext // a write with die cuts its connection
 	hs.Start()
-	t.Cleanup(hs.Close)
+	// http.Server's Close, not httptest's, which would wait for a tool
+	// the test left running (the SDK's handler waits for it).
+	t.Cleanup(func() { hs.Config.Close() })
 	pc := Config{MCPPaths: []string{mcpmock.Path}}
 	if tune != nil {
 		tune(&pc)
