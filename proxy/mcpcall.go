@@ -24,6 +24,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		g.finish()
 	}()
 	p := g.p
+	p.budget.request(g.start)
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	next := 0 // the upstream to try first: the one after one that failed
 	for n := 1; ; n++ {
