@@ -74,9 +74,9 @@ const maxSeq = "18446744073709551615"
 // {"new"} (with ask: nothing was written), or {"miss", gen, regenerated
 // (0|1), reaped (0|1)}.
 var claimScript = rueidis.NewLuaScriptRetryable(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
-local held = ARGV[9] ~= '' and s[8] and s[8] ~= ''
+local held = s[8] and s[8] ~= ''
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
 end
@@ -84,11 +84,11 @@ if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]
   -- A tool call whose owner died: it may have run, so it is not run again.
   redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
   redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6])
-  redis.call('PEXPIRE', KEYS[1], ARGV[10])
+  redis.call('PEXPIRE', KEYS[1], s[9])
   phase, s[7] = 'lost', 'commit_unknown'
 end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
-  if fp ~= ARGV[1] then return {'conflict'} end
+  if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict'} end
   return {'unknown', gen}
 end
 if phase == 'live' and s[4] == ARGV[2] then

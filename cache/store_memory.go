@@ -303,8 +303,9 @@ func nextGen(now time.Time, prev uint64) uint64 {
 func (m *Memory) Begin(sc Scope, fp string) (Begun, error) { return m.beginTool(sc, fp, nil) }
 
 // BeginTool is Begin for an MCP tool call t: a key whose call ended
-// commit_unknown is Unknown (with fp) or Conflict (with another), until
-// it expires (t.UnknownTTL) or is forgotten, rather than a Miss.
+// commit_unknown is Unknown (with fp) or Conflict (with another, and for
+// Begin), until it expires (t.UnknownTTL) or is forgotten, rather than a
+// Miss.
 func (m *Memory) BeginTool(sc Scope, fp string, t Tool) (Begun, error) {
 	return m.beginTool(sc, fp, &t)
 }
@@ -352,8 +353,8 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 	regenerated := false
 	if e != nil {
 		switch {
-		case t != nil && heldUnknown(e.state, e.tool):
-			if e.fp != fp {
+		case heldUnknown(e.state, e.tool):
+			if t == nil || e.fp != fp {
 				return Begun{Decision: Conflict}, 0, nil
 			}
 			return Begun{Decision: Unknown}, 0, nil
@@ -407,8 +408,8 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time, t *Tool) (b Begun, hit uint64, decided bool, err error) {
 	e := m.keys[id]
 	switch {
-	case e != nil && t != nil && heldUnknown(e.state, e.tool) && !now.After(e.expires):
-		if e.fp != fp {
+	case e != nil && heldUnknown(e.state, e.tool) && !now.After(e.expires):
+		if t == nil || e.fp != fp {
 			return Begun{Decision: Conflict}, 0, true, nil
 		}
 		return Begun{Decision: Unknown}, 0, true, nil

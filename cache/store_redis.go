@@ -406,7 +406,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	tok := newToken()
 	tool, utl := "", "0"
 	if t != nil {
-		tool, utl = t.Name, ms(t.UnknownTTL)
+		tool, utl = t.Name, ms(t.keepFor(StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL))
 		if tool == "" {
 			tool = "?" // a tool call must be known as one
 		}

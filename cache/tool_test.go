@@ -36,6 +36,9 @@ func TestToolUnknownHeld(t *testing.T) {
 	if b, _ := m.BeginTool(sc, "other", tool); b.Decision != Conflict {
 		t.Fatalf("other fingerprint: %v; want conflict", b.Decision)
 	}
+	if b, _ := m.Begin(sc, "fp"); b.Decision != Conflict {
+		t.Fatalf("a request that is no tool call: %v; want conflict", b.Decision)
+	}
 	if ki, _ := m.Info(sc); ki.Tool != "write" || ki.State != StateCommitUnknown {
 		t.Fatalf("Info: %+v", ki)
 	}
