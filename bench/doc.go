@@ -156,8 +156,11 @@
 //     in-memory store: CPU per event (ssegate's and redis-server's, apart
 //     and summed) and Redis round trips per event at the -redis-load step;
 //     the latency a joiner on another replica adds to each event over the
-//     first client's (p50/p99) at the -redis-join step, beside a joiner on
-//     the owner replica and one on a single in-memory replica.
+//     first client's (p50/p99) and its wait for its first event at the
+//     -redis-join step (one follower per stream on another replica, so
+//     those journals are mirrored), beside a joiner on the owner replica
+//     and one on a single in-memory replica; round trips are counted by
+//     redis-server (INFO commandstats) per event produced.
 //
 // # Output
 //

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,16 +28,19 @@ import (
 //     ssegate with the in-memory store and one with the Redis store, in
 //     turn every round. The Redis store's CPU is ssegate's plus the
 //     redis-server's (utime+stime of its /proc/<pid>/stat), shown apart and
-//     summed; Redis round trips per event come from the owner's /metrics:
-//     (claims + append batches + commits + reads) / events appended.
+//     summed; Redis round trips per event are the commands clients sent
+//     (redis-server's INFO commandstats: every script call, XREAD, BLPOP,
+//     LPOP, RPUSH) per event the upstream produced.
 //   - Joiner latency: the -redis-join step: N streams, each started by a
 //     client on replica A with a key; once it has its first event, a second
 //     client sends the same request (a joiner) on B, another replica on the
 //     same Redis, and a third on A itself (in-memory fan-out). For every
 //     event, the joiner's arrival time minus the first client's (all
 //     clients in the bench process, one clock): p50/p99 over the events
-//     that arrived live. A single ssegate with the in-memory store and a
-//     joiner on it is the baseline of the same rounds.
+//     that arrived live, and the joiner's wait from its request to its
+//     first event (on B: the claim, the ask to A, A's first mirrored
+//     batch). A single ssegate with the in-memory store and a joiner on it
+//     is the baseline of the same rounds.
 
 // kindRedis is the redis-server of scenario redis.
 const kindRedis kind = "redis"
@@ -57,17 +61,24 @@ type redisNumbers struct {
 	SumToMemory num `json:"cpu_sum_ratio_to_memory"`
 
 	// The replica's /metrics deltas over the load (the row's replica: the
-	// owner, or the joiners' replica B), and events appended by the owner.
+	// owner, or the joiners' replica B), and events the owner appended to
+	// Redis (only journals a follower asked for are).
 	Claims         int64 `json:"redis_claims"`
 	Batches        int64 `json:"redis_append_batches"`
 	Commits        int64 `json:"redis_commits"`
 	Reads          int64 `json:"redis_reads"`
 	Tails          int64 `json:"redis_tails"`
 	EventsAppended int64 `json:"redis_events_appended"`
-	// RoundTripsPerEvent = (claims + batches + commits + reads) /
-	// events appended; BatchesPerEvent = batches / events appended.
-	RoundTripsPerEvent num `json:"redis_round_trips_per_event"`
-	BatchesPerEvent    num `json:"redis_append_batches_per_event"`
+	// Commands is what every client sent redis-server over the step (INFO
+	// commandstats: script calls, XREAD, BLPOP, LPOP, RPUSH); per event
+	// the upstream produced, RoundTripsPerEvent. BatchesPerEvent is the
+	// row's replica's append batches per event produced;
+	// RedisCPUusPerProduced, redis-server's CPU per event produced.
+	Commands              int64 `json:"redis_commands"`
+	Produced              int64 `json:"events_produced"`
+	RoundTripsPerEvent    num   `json:"redis_round_trips_per_event"`
+	BatchesPerEvent       num   `json:"redis_append_batches_per_event"`
+	RedisCPUusPerProduced num   `json:"redis_cpu_us_per_event_produced"`
 
 	// Joiner rows: the joiner's arrival time of each live event minus the
 	// first client's, over Samples events.
@@ -75,12 +86,16 @@ type redisNumbers struct {
 	AddedP50us num   `json:"added_p50_us"`
 	AddedP99us num   `json:"added_p99_us"`
 	AddedMaxus num   `json:"added_max_us"`
+	// Joiner rows: the joiner's wait from its request to its first event.
+	JoinWaitP50us num `json:"join_wait_p50_us"`
+	JoinWaitP99us num `json:"join_wait_p99_us"`
 }
 
 func newRedisNumbers(store string) *redisNumbers {
 	return &redisNumbers{Store: store,
 		SsegateCPUusPerEvent: nan, RedisCPUSec: nan, RedisCPUusPerEvent: nan, SumCPUusPerEvent: nan, SumToMemory: nan,
-		RoundTripsPerEvent: nan, BatchesPerEvent: nan, AddedP50us: nan, AddedP99us: nan, AddedMaxus: nan}
+		RoundTripsPerEvent: nan, BatchesPerEvent: nan, RedisCPUusPerProduced: nan, AddedP50us: nan, AddedP99us: nan, AddedMaxus: nan,
+		JoinWaitP50us: nan, JoinWaitP99us: nan}
 }
 
 // The paths of scenario redis.
@@ -96,8 +111,8 @@ var (
 var redisTable = table{"redis", "(redis) Redis store",
 	"ssegate with `-redis` on a private redis-server (`--save '' --appendonly no`, loopback, same machine) beside the in-memory store, in turn every round. " +
 		"CPU step: keyed streams opened at once and paced by the upstream (as in c), one replica; ssegate CPU and redis-server CPU per event delivered, shown apart and summed; \"sum to in-memory\" is the median of the per-round ratios to the in-memory store's CPU. " +
-		"Redis round trips per event = (claims + append batches + commits + reads) / events appended, from the replica's /metrics over the load (lease renewals are not counted; an append batch may carry only a state change, so a stream costs a batch or two beyond its events). " +
-		"Joiner step: each stream is started by a client on replica A; after its first event a joiner sends the same request on B (another replica on the same Redis) and one on A itself; added latency = the joiner's arrival time of each event minus the first client's (one clock, the bench process), over the events that arrived live; the baseline is a joiner on a single replica with the in-memory store. On the B row, round trips are B's (its tail's reads and its claim) per event appended by A. On joiner rows the CPU columns are the whole setup's (every replica, and redis-server) per event delivered to any client.",
+		"Redis round trips per event = the commands all clients sent redis-server over the step (INFO commandstats: every script call (claims, key counts, appends, lease renewals, commits, reaps and asks), XREAD, BLPOP, LPOP, RPUSH) per event the upstream produced; Redis CPU per produced event likewise; append batches per event are the row's replica's. " +
+		"Joiner step: each stream is started by a client on replica A; after its first event a joiner sends the same request on B (another replica on the same Redis: one cross-replica follower per stream) and one on A itself; added latency = the joiner's arrival time of each event minus the first client's (one clock, the bench process), over the events that arrived live; join wait = from the joiner's request to its first event (on B: its claim, its ask to A and A's first mirrored batch); the baseline is a joiner on a single replica with the in-memory store. On joiner rows the CPU columns are the whole setup's (every replica, and redis-server) per event delivered to any client; the round trips and Redis CPU per produced event are the whole setup's too.",
 	cpuEv, []column{colPath,
 		{"events/s (nominal)", "---:", func(a *agg) string {
 			return fmtNum(a.med(evps), 0) + " (" + fmtNum(a.med(func(m *measurement) float64 { return float64(m.NominalPerSec) }), 0) + ")"
@@ -112,6 +127,9 @@ var redisTable = table{"redis", "(redis) Redis store",
 			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.SumCPUusPerEvent })), 2)
 		}},
 		{"sum to in-memory", "---:", func(a *agg) string { return fmtRatio(a.med(rnum(func(x *redisNumbers) num { return x.SumToMemory }))) }},
+		{"Redis CPU µs / produced event", "---:", func(a *agg) string {
+			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.RedisCPUusPerProduced })), 2)
+		}},
 		{"Redis round trips / event", "---:", func(a *agg) string {
 			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.RoundTripsPerEvent })), 3)
 		}},
@@ -120,6 +138,13 @@ var redisTable = table{"redis", "(redis) Redis store",
 		}},
 		{"added p50 µs", "---:", func(a *agg) string { return fmtSigned(a.med(rnum(func(x *redisNumbers) num { return x.AddedP50us }))) }},
 		{"added p99 µs", "---:", func(a *agg) string { return fmtSigned(a.med(rnum(func(x *redisNumbers) num { return x.AddedP99us }))) }},
+		{"join wait p50 / p99 ms", "---:", func(a *agg) string {
+			p50, p99 := a.med(rnum(func(x *redisNumbers) num { return x.JoinWaitP50us })), a.med(rnum(func(x *redisNumbers) num { return x.JoinWaitP99us }))
+			if math.IsNaN(p50) {
+				return "—"
+			}
+			return fmtNum(p50/1000, 1) + " / " + fmtNum(p99/1000, 1)
+		}},
 		{"samples", "---:", func(a *agg) string {
 			n := a.sum(func(m *measurement) int64 {
 				if m.Redis == nil {
@@ -252,6 +277,52 @@ func redisCommand(addr, name string) error {
 	return nil
 }
 
+// clientCommands are the commands only clients send (never a script):
+// what ssegate's round trips to Redis are counted by.
+var clientCommands = []string{"evalsha", "eval", "xread", "blpop", "lpop", "rpush"}
+
+// redisCommands returns the calls of clientCommands redis-server counted
+// (INFO commandstats), summed.
+func redisCommands(addr string) (int64, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprint(c, "*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n"); err != nil {
+		return 0, err
+	}
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return 0, fmt.Errorf("INFO commandstats: %q", line)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(br, b); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, l := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd || !slices.Contains(clientCommands, cmd) {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO commandstats: %q", l)
+		}
+		total += v
+	}
+	return total, nil
+}
+
 // startSsegate starts ssegate as env.start does, with extra flags.
 func (e *env) startSsegate(extra ...string) (*server, error) {
 	addr, err := freeAddr()
@@ -334,15 +405,17 @@ func scrapeRedis(addr string) (redisCounters, error) {
 	return out, nil
 }
 
-// fill sets x's counters to after − before of the replica, per events
-// appended (by the owner; appended when zero means this replica's own).
-func (x *redisNumbers) fill(before, after redisCounters, appended int64) {
+// fill sets x's counters to after − before of the replica, and the
+// commands Redis took and its CPU over the step per event produced.
+func (x *redisNumbers) fill(before, after redisCounters, commands int64, rcpu time.Duration, produced int64) {
 	d := func(k string) int64 { return after[k] - before[k] }
 	x.Claims, x.Batches, x.Commits, x.Reads, x.Tails = d("claims"), d("append_batches"), d("commits"), d("reads"), d("tails")
-	x.EventsAppended = appended
-	if appended > 0 {
-		x.RoundTripsPerEvent = num(float64(x.Claims+x.Batches+x.Commits+x.Reads) / float64(appended))
-		x.BatchesPerEvent = num(float64(x.Batches) / float64(appended))
+	x.EventsAppended = d("events_appended")
+	x.Commands, x.Produced = commands, produced
+	if produced > 0 {
+		x.RoundTripsPerEvent = num(float64(commands) / float64(produced))
+		x.BatchesPerEvent = num(float64(x.Batches) / float64(produced))
+		x.RedisCPUusPerProduced = num(us(rcpu) / float64(produced))
 	}
 }
 
@@ -393,8 +466,13 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 
 	var m0 redisCounters
 	var rcpu0 time.Duration
+	var cmds0 int64
 	if rs != nil {
 		if m0, err = scrapeRedis(srv.addr); err != nil {
+			m.Error = err.Error()
+			return m
+		}
+		if cmds0, err = redisCommands(rs.addr); err != nil {
 			m.Error = err.Error()
 			return m
 		}
@@ -428,18 +506,24 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 			m.Error = err.Error()
 			return m
 		}
-		x.fill(m0, m1, m1["events_appended"]-m0["events_appended"])
+		cmds1, err := redisCommands(rs.addr)
+		if err != nil {
+			m.Error = err.Error()
+			return m
+		}
+		x.fill(m0, m1, cmds1-cmds0, rcpu1-rcpu0, lr.events)
 	}
 	_, m.PeakRSS, _ = memory(srv.pids)
 
 	m.fillLoad(lr)
 	setCPU(&m, x, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(lr.events))
-	r.logf("%-40s %s, redis cpu %.2fµs/ev, %.3f round trips/ev", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RoundTripsPerEvent))
+	r.logf("%-40s %s, redis cpu %.2fµs/ev, %.3f round trips/ev (%d commands)", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RoundTripsPerEvent), x.Commands)
 	return m
 }
 
 // timedStream is one stream read with the arrival time of every event.
 type timedStream struct {
+	sent     time.Time // when the request went out
 	status   int
 	times    []time.Time
 	ids      []string
@@ -481,6 +565,7 @@ func readTimed(addr string, req []byte, deadline time.Time, onFirst func()) (t t
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(deadline)
+	t.sent = time.Now()
 	if _, err := nc.Write(req); err != nil {
 		t.err = fmt.Errorf("write: %w", err)
 		return t
@@ -593,8 +678,12 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 		return fail(err)
 	}
 	var rcpu0 time.Duration
+	var cmds0 int64
 	if rs != nil {
 		if rcpu0, err = cpuOf(rs); err != nil {
+			return fail(err)
+		}
+		if cmds0, err = redisCommands(rs.addr); err != nil {
 			return fail(err)
 		}
 	}
@@ -650,8 +739,12 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 	}
 	var rcpu1 time.Duration
 	var after []redisCounters
+	var cmds1 int64
 	if rs != nil {
 		if rcpu1, err = cpuOf(rs); err != nil {
+			return fail(err)
+		}
+		if cmds1, err = redisCommands(rs.addr); err != nil {
 			return fail(err)
 		}
 		for _, s := range srvs {
@@ -664,10 +757,13 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 	}
 
 	expect := st.events
-	var delivered int64
+	var delivered, origins int64
+	for i := range trials {
+		origins += int64(len(trials[i].origin.times))
+	}
 	for k := range ms {
 		m, x := &ms[k], ms[k].Redis
-		var deltas []time.Duration
+		var deltas, waits []time.Duration
 		for i := range trials {
 			tr := &trials[i]
 			m.Streams++
@@ -693,6 +789,7 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 			}
 			m.OK++
 			m.Events += int64(len(j.times))
+			waits = append(waits, j.times[0].Sub(j.sent))
 			// Live events: those the first client received after the
 			// joiner had its first event (its catch-up), less two more
 			// for margin.
@@ -721,25 +818,26 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 			x.AddedP99us = num(us(percentile(deltas, 99)))
 			x.AddedMaxus = num(us(deltas[len(deltas)-1]))
 		}
+		sort.Slice(waits, func(a, b int) bool { return waits[a] < waits[b] })
+		if len(waits) > 0 {
+			x.JoinWaitP50us = num(us(percentile(waits, 50)))
+			x.JoinWaitP99us = num(us(percentile(waits, 99)))
+		}
 		if rs != nil {
-			appended := after[0]["events_appended"] - before[0]["events_appended"]
-			x.fill(before[k], after[k], appended)
+			x.fill(before[k], after[k], cmds1-cmds0, rcpu1-rcpu0, origins)
 		}
 	}
 	// CPU of the whole setup (every replica, Redis) per event delivered to
 	// every client, the first ones included; the same on each row.
-	var origins int64
-	for i := range trials {
-		origins += int64(len(trials[i].origin.times))
-	}
 	for k := range ms {
 		setCPU(&ms[k], ms[k].Redis, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(delivered+origins))
 	}
 	for k := range ms {
 		m := &ms[k]
-		r.logf("redis %s r%d %-40s %d/%d streams ok, added p50 %.0fµs p99 %.0fµs over %d events, %.3f round trips/ev%s",
+		r.logf("redis %s r%d %-40s %d/%d streams ok, added p50 %.0fµs p99 %.0fµs over %d events, join wait p50 %.1fms p99 %.1fms, %.3f round trips/ev, redis cpu %.2fµs/ev produced%s",
 			step, round, m.Path, m.OK, m.Streams, float64(m.Redis.AddedP50us), float64(m.Redis.AddedP99us), m.Redis.Samples,
-			float64(m.Redis.RoundTripsPerEvent), errSuffix(m))
+			float64(m.Redis.JoinWaitP50us)/1000, float64(m.Redis.JoinWaitP99us)/1000,
+			float64(m.Redis.RoundTripsPerEvent), float64(m.Redis.RedisCPUusPerProduced), errSuffix(m))
 	}
 	return ms
 }

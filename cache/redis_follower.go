@@ -36,12 +36,12 @@ func (fl *follower) commit(f *Flight, res *Result) bool {
 func (fl *follower) fail(f *Flight, _ State, _ string) { fl.r.forget(fl.k, f) }
 func (fl *follower) mark(*Flight, State, int, int)     {}
 
-// tail reads the generation's journal from its start, with explicit ids so
-// that nothing falls between catching up and following (XREAD with an id
-// returns at once what follows it and blocks only when caught up), and
-// ends the flight as the journal's terminal entry says. When the journal
-// stays idle it asks whether the owner's lease stands, and reaps the
-// generation when it does not.
+// tail asks the owner for the generation's journal, then reads it from
+// its start, with explicit ids so that nothing falls between catching up
+// and following (XREAD with an id returns at once what follows it and
+// blocks only when caught up), and ends the flight as the journal's
+// terminal entry says. When the journal stays idle it asks again whether
+// the owner's lease stands, and reaps the generation when it does not.
 func (fl *follower) tail() {
 	r, f := fl.r, fl.f
 	defer r.wg.Done()
@@ -50,6 +50,10 @@ func (fl *follower) tail() {
 	var downSince time.Time
 	backoff := 5 * time.Millisecond
 	ended := 0 // consecutive idle checks that found the generation over
+	// An error here leaves the ask to the first idle check.
+	if stop, _ := fl.poll(&ended); stop {
+		return
+	}
 	for {
 		if r.ctx.Err() != nil {
 			f.Fail(StateFailedRetryable, ReasonShutdown, nil)
@@ -61,25 +65,10 @@ func (fl *follower) tail() {
 			Streams().Key(fl.k.j).Id(last).Build()).AsXRead()
 		cancel()
 		if rueidis.IsRedisNil(err) {
-			var state reapAnswer
-			if state, err = fl.check(); err == nil {
-				switch state {
-				case reapAlive:
-					ended = 0
-				case reapReaped:
-					// The next read returns the lost entry this wrote.
-					r.reaped.Add(1)
-					r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-						"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-						"state", StateCommitUnknown)
-					r.keyEnded(f.Scope, fl.k, r.cfg.FailedTTL)
-				default:
-					// Over, yet no terminal entry after ours: read once
-					// more (it may have just been written), then give up.
-					if ended++; ended >= 2 {
-						f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
-						return
-					}
+			var stop bool
+			if stop, err = fl.poll(&ended); err == nil {
+				if stop {
+					return
 				}
 				downSince = time.Time{}
 				continue
@@ -116,6 +105,64 @@ func (fl *follower) tail() {
 	}
 }
 
+// poll runs reapScript: it asks the owner for the journal (signalling its
+// replica when the ask is new), reaps a generation whose owner is dead,
+// and ends the flight from the result of one committed before its journal
+// was mirrored. It reports whether the flight has ended.
+func (fl *follower) poll(ended *int) (bool, error) {
+	r, f := fl.r, fl.f
+	state, owner, err := fl.check()
+	if err != nil {
+		return false, err
+	}
+	switch state {
+	case reapAlive:
+		*ended = 0
+	case reapAsked:
+		*ended = 0
+		fl.signal(owner)
+	case reapDone:
+		fl.fromResult()
+		return true, nil
+	case reapReaped:
+		// The next read returns the lost entry this wrote.
+		r.reaped.Add(1)
+		r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
+			"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+			"state", StateCommitUnknown)
+		r.keyEnded(f.Scope, fl.k, r.cfg.FailedTTL)
+	default:
+		// Over, yet no terminal entry after ours: read once more (it may
+		// have just been written), then give up.
+		if *ended++; *ended >= 2 {
+			f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// signal pushes the ask to the owner replica's inbox, so that it mirrors
+// the journal at once rather than at its next renewal.
+func (fl *follower) signal(owner string) {
+	r := fl.r
+	if owner == "" {
+		return
+	}
+	key := r.inboxKey(owner)
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	r.asks.Add(1)
+	for _, res := range r.c.DoMulti(ctx,
+		r.c.B().Rpush().Key(key).Element(fl.k.h+" "+fl.gen).Build(),
+		r.c.B().Pexpire().Key(key).Milliseconds(journalTTL.Milliseconds()).Build()) {
+		if res.Error() != nil {
+			r.unavailable.Add(1)
+			return
+		}
+	}
+}
+
 // apply copies one journal entry into the flight; true when the flight
 // has ended.
 func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
@@ -142,18 +189,23 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 		}
 	}
 	if err := f.appendWire(seq, []byte(e.FieldValues["e"])); err != nil {
-		reason := ReasonGenerationLost
-		switch {
-		case errors.Is(err, ErrStreamTooLarge):
-			reason = ReasonMaxStreamBytes
-		case errors.Is(err, ErrStoreFull):
-			reason = ReasonStoreFull
-		}
-		f.Fail(StateFailedRetryable, reason, nil)
+		fl.failCopy(err)
 		return true
 	}
 	*next = seq + 1
 	return false
+}
+
+// failCopy ends the flight when this replica could not keep its copy.
+func (fl *follower) failCopy(err error) {
+	reason := ReasonGenerationLost
+	switch {
+	case errors.Is(err, ErrStreamTooLarge):
+		reason = ReasonMaxStreamBytes
+	case errors.Is(err, ErrStoreFull):
+		reason = ReasonStoreFull
+	}
+	fl.f.Fail(StateFailedRetryable, reason, nil)
 }
 
 // end ends the flight as the owner ended the generation.
@@ -167,26 +219,7 @@ func (fl *follower) end(fields map[string]string) {
 		}
 		// A non-streaming answer, or a stream without events: the result
 		// holds the head and body.
-		var res *Result
-		var err error
-		deadline := time.Now().Add(fl.r.cfg.Lease)
-		for {
-			res, err = fl.r.result(f.Scope, fl.k, f.Gen)
-			if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(fl.r.idle / 4)
-		}
-		if err != nil {
-			f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
-			return
-		}
-		f.SetHead(res.Head)
-		if res.Head.Stream {
-			f.Commit(nil)
-		} else {
-			f.Commit(res.Data)
-		}
+		fl.fromResult()
 	case "failed":
 		if h := fields["h"]; h != "" {
 			var hd Head
@@ -213,8 +246,49 @@ func (fl *follower) end(fields map[string]string) {
 	}
 }
 
-// check asks whether the generation's owner is alive, reaping it if not.
-func (fl *follower) check() (reapAnswer, error) {
+// fromResult ends the flight from the committed result: its head, the
+// events the journal did not give (none, when the generation was
+// committed before its journal was mirrored), byte for byte, or its body.
+func (fl *follower) fromResult() {
+	f := fl.f
+	var res *Result
+	var err error
+	deadline := time.Now().Add(fl.r.cfg.Lease)
+	for {
+		res, err = fl.r.result(f.Scope, fl.k, f.Gen)
+		if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(fl.r.idle / 4)
+	}
+	if err == nil {
+		err = res.unpack()
+	}
+	if err != nil {
+		f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
+		return
+	}
+	f.SetHead(res.Head)
+	if !res.Head.Stream {
+		f.Commit(res.Data)
+		return
+	}
+	for seq := f.Events() + 1; seq <= res.Events(); seq++ {
+		from := uint32(0)
+		if seq > 1 {
+			from = res.Ends[seq-2]
+		}
+		if err := f.appendWire(uint64(seq), res.Data[from:res.Ends[seq-1]]); err != nil {
+			fl.failCopy(err)
+			return
+		}
+	}
+	f.Commit(nil)
+}
+
+// check asks for the journal and whether the generation's owner is alive,
+// reaping it if not, and returns the owner replica's name for a new ask.
+func (fl *follower) check() (reapAnswer, string, error) {
 	r := fl.r
 	ctx, cancel := r.opCtx()
 	defer cancel()

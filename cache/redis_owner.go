@@ -14,9 +14,12 @@ import (
 
 // Bounds of one append script. A batch takes whatever the proxy journaled
 // while the previous batch was in flight (Nagle-style: about one round trip
-// of latency, bigger batches under load), up to these.
+// of latency, bigger batches under load), up to these. The first batch,
+// written when a follower asks, takes up to maxCatchUp events, so that
+// the follower's wait for what the owner holds is one round trip.
 const (
 	maxBatch      = 64
+	maxCatchUp    = 4096
 	maxBatchBytes = 1 << 20
 )
 
@@ -27,6 +30,12 @@ const journalTTL = 60 * time.Second
 // owner is the backend of a flight this replica claimed. Two goroutines
 // serve it: the flusher mirrors the journal to Redis and runs the commit;
 // the renewer keeps the lease. Both stop at shutdown.
+//
+// The journal is mirrored only once a follower on another replica asks
+// for it (st.want, signalled through this replica's inbox, or seen by a
+// renewal or the commit when the signal was lost): until then the
+// generation costs Redis its claim, its renewals (which carry its marks)
+// and its commit, whatever its length.
 //
 // Fencing: Redis refuses appends and the commit once k.st names another
 // (tok, gen); the owner then fails its flight with generation_lost, so its
@@ -50,6 +59,9 @@ type owner struct {
 	// flushedBytes is the journal's size in Redis, for the failure record;
 	// stored by the flusher, read by fail.
 	flushedBytes atomic.Int64
+	// mirror is set, for good, once a follower asked for the journal: the
+	// flusher then writes what the journal holds, and every event after.
+	mirror atomic.Bool
 
 	// Made by newOwner. kick is sent by whoever journals or marks (poke)
 	// and commitC by the generation's commit, both received by the
@@ -162,6 +174,30 @@ func (o *owner) shutdown() {
 		close(o.stop)
 		o.cancel()
 	})
+}
+
+// ask makes the owner mirror its journal to Redis from now on.
+func (o *owner) ask() {
+	if !o.mirror.Swap(true) {
+		o.r.mirrors.Add(1)
+		o.poke()
+	}
+}
+
+// journalBytes is the size of the local journal's encoded events.
+func (o *owner) journalBytes() int64 {
+	o.f.mu.Lock()
+	defer o.f.mu.Unlock()
+	return int64(o.f.j.size)
+}
+
+// storedBytes is the journal's size as Redis records it: what was
+// mirrored, or, unmirrored, the local journal's.
+func (o *owner) storedBytes() int64 {
+	if o.mirror.Load() {
+		return o.flushedBytes.Load()
+	}
+	return o.journalBytes()
 }
 
 func (o *owner) poke() {
@@ -295,9 +331,11 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 	if f.wasDenied() {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
+	mk, _ := o.markNow()
 	args := []string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
-		strconv.Itoa(f.Events()), strconv.FormatInt(o.flushedBytes.Load(), 10), ""}
+		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
+		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
 	for range 2 {
 		ctx, cancel := o.r.opCtx()
 		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
@@ -312,6 +350,14 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 	}
 }
 
+// mirrored is finishScript's word for whether the journal is mirrored.
+func mirrored(m bool) string {
+	if m {
+		return "1"
+	}
+	return "0"
+}
+
 func headJSON(h Head) string {
 	b, _ := json.Marshal(h) // a Head always marshals
 	return string(b)
@@ -319,26 +365,39 @@ func headJSON(h Head) string {
 
 // renewer keeps the lease every Lease/3 and fences the flight when Redis
 // says another replica took over, or when no renewal got through for a
-// whole lease.
+// whole lease. While the journal is not mirrored, each renewal carries
+// the marks and the journal's size; one that finds a follower's ask
+// starts the mirror (the ask's signal may have been lost).
 func (o *owner) renewer() {
 	defer o.r.wg.Done()
 	lease := o.r.cfg.Lease
 	t := time.NewTicker(lease / 3)
 	defer t.Stop()
-	args := []string{o.tok, o.gen, ms(lease), ms(o.r.cfg.LiveTTL)}
+	base := []string{o.tok, o.gen, ms(lease), ms(o.r.cfg.LiveTTL)}
 	for {
 		select {
 		case <-o.stop:
 			return
 		case <-t.C:
 		}
+		args := base
+		if !o.mirror.Load() {
+			mk, _ := o.markNow()
+			args = append(base[:len(base):len(base)], string(mk.state), strconv.Itoa(mk.attempts),
+				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()),
+				strconv.FormatInt(o.journalBytes(), 10), nowMS(o.r.cfg.Now()))
+		}
 		sent := time.Since(o.t0)
 		ctx, cancel := context.WithTimeout(o.ctx, min(o.r.cfg.Timeout, lease/2))
+		o.r.renewals.Add(1)
 		n, err := renewScript.Exec(ctx, o.r.c, o.k.withoutResult, args).AsInt64()
 		cancel()
 		switch {
-		case err == nil && n == 1:
+		case err == nil && n >= 1:
 			o.lastRenew.Store(int64(sent))
+			if n == 2 {
+				o.ask()
+			}
 		case err == nil:
 			o.fence(ReasonGenerationLost)
 			return
@@ -394,10 +453,18 @@ const (
 
 // flush appends journaled events until at most keep of them are not in
 // Redis. It returns a fence reason, or "" (done, or stopped).
+// Nothing is written until a follower asked for the journal.
 func (o *owner) flush(pos *journalPos, keep int) string {
+	if !o.mirror.Load() {
+		return ""
+	}
 	backoff := 5 * time.Millisecond
 	for {
-		evs, h, _ := o.f.wireSince(pos.flushed, maxBatch+keep)
+		n := maxBatch
+		if pos.flushed == 0 {
+			n = maxCatchUp
+		}
+		evs, h, _ := o.f.wireSince(pos.flushed, n+keep)
 		if len(evs) <= keep {
 			evs = nil
 		} else if keep > 0 {
@@ -515,19 +582,35 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		if o.ctx.Err() != nil {
 			return commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
 		}
-		evs, h, _ := o.f.wireSince(pos.flushed, maxBatch)
+		// Unmirrored, the commit carries no events: the result holds them.
+		mirror := o.mirror.Load()
+		var evs [][]byte
+		var h Head
+		if mirror {
+			evs, h, _ = o.f.wireSince(pos.flushed, maxBatch)
+		}
 		head := ""
 		if pos.flushed == 0 && len(evs) > 0 {
 			head = headJSON(h)
 		}
+		mk, _ := o.markNow()
 		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
-			strconv.Itoa(o.f.Events()), "", head}
+			strconv.Itoa(o.f.Events()), "", head,
+			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
 		args, bytes := o.appendEvents(args, pos, evs)
+		if !mirror {
+			bytes = o.journalBytes()
+		}
 		args[12] = strconv.FormatInt(bytes, 10)
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
 		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
 		cancel()
+		if err == nil && a.verdict == writeWant {
+			// A follower asked before the commit: mirror, then commit.
+			o.ask()
+			continue
+		}
 		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
 			if a.written() {

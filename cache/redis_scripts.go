@@ -19,19 +19,24 @@ import (
 //	st     HASH    phase (live|done|failed|lost), state (docs/design.md, Key states),
 //	               gen, tok, fp, owner, created, updated, attempts, status,
 //	               reason, events, bytes, commits, regen and reaped (what
-//	               the claim answered, for a re-claim: claimScript); tool
-//	               and utl for an MCP tool call (BeginTool): its name, and
-//	               how long its commit_unknown holds the key (ms)
+//	               the claim answered, for a re-claim: claimScript), want
+//	               (set by a follower on another replica: mirror the journal);
+//	               tool and utl for an MCP tool call (BeginTool): its name,
+//	               and how long its commit_unknown holds the key (ms)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
 //	               1..n carry the events (field e: the encoded event, id
 //	               included; field h on seq 1: the head), <gen>-maxSeq
-//	               ends the generation (field t: done|failed|lost).
+//	               ends the generation (field t: done|failed|lost). The
+//	               events are written only once want is set; a committed
+//	               generation nobody followed leaves no journal.
 //	res    STRING  the committed result, compressed (see blob.go)
 //
 // Each tenant also has a sorted set of its keys, in its own slot, for
-// the bound on keys per tenant (redis_quota.go holds it and its scripts).
+// the bound on keys per tenant (redis_quota.go holds it and its scripts),
+// and each replica an inbox (a LIST, prefix:inbox:{digest of its name})
+// where followers push "<h> <gen>" to ask it to mirror a journal.
 //
 // Generations come from the server's clock (TIME in ms, or the previous
 // generation + 1 when the clock has not moved past it), so they increase
@@ -111,6 +116,7 @@ local g = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
 local gs = string.format('%.0f', g)
 redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('HDEL', KEYS[1], 'want')
 redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
 redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
   'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
@@ -254,6 +260,7 @@ const (
 	writeAlready                     // finishScript: this (tok, gen) had finished the generation so
 	writeFenced                      // another (tok, gen) holds the key, or the generation is over
 	writePrev                        // the journal does not end where the owner thinks: nothing written
+	writeWant                        // finishScript: a follower asked for the journal the owner did not mirror
 )
 
 // written reports whether Redis holds what the script was sent.
@@ -261,7 +268,7 @@ func (a writeAnswer) written() bool { return a.verdict == writeOK || a.verdict =
 
 // writeWords are the words of appendScript and finishScript for their
 // verdicts.
-var writeWords = [...]string{writeOK: "ok", writeAlready: "already", writeFenced: "fenced", writePrev: "prev"}
+var writeWords = [...]string{writeOK: "ok", writeAlready: "already", writeFenced: "fenced", writePrev: "prev", writeWant: "want"}
 
 // parseWriteAnswer reads the answer of appendScript or finishScript. An
 // error is the client's or Redis's; an answer no script gives is a fence.
@@ -283,40 +290,59 @@ func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
 
 // renewScript extends the owner's lease. A lease that expired while st
 // still names this owner (a pause nobody reaped) is set again: ownership
-// lives in st, the lease only signals death.
+// lives in st, the lease only signals death. An owner that does not
+// mirror its journal sends its marks here, so that other replicas' key
+// info follows it within a renewal without a write per event.
 //
 // KEYS: st, lease, j
-// ARGV: tok, gen, lease ms, live ttl ms
+// ARGV: tok, gen, lease ms, live ttl ms, then, or "" to leave st as it
+// is: state, attempts, status, model, fallbacks, events, bytes, now ms
 //
-// Returns 1 while this owner holds the generation, 0 once it does not.
+// Returns 1 while this owner holds the generation, 2 when it does and a
+// follower asked for its journal (st.want), 0 once it does not.
 var renewScript = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
 local cur = redis.call('GET', KEYS[2])
 if cur and cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if ARGV[5] and ARGV[5] ~= '' then
+  local f = {'state', ARGV[5], 'attempts', ARGV[6], 'events', ARGV[10], 'bytes', ARGV[11], 'updated', ARGV[12]}
+  if ARGV[7] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[7]) end
+  if ARGV[8] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[8]) end
+  if ARGV[9] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[9]) end
+  redis.call('HSET', KEYS[1], unpack(f))
+end
+if s[4] then return 2 end
 return 1
 `)
 
 // finishScript ends a generation: committed with its result, or failed.
 // It is idempotent per (gen, tok): re-running it after a lost reply
 // answers "already", which settles a commit whose outcome was unknown.
+// An owner that did not mirror its journal commits without it, unless a
+// follower asked meanwhile ("want": the owner mirrors, then finishes);
+// the journal of a committed generation nobody followed is deleted (the
+// result holds its events), that of a failed one keeps its terminal entry.
 //
 // KEYS: st, lease, j, res
 // ARGV: tok, gen, kind (done|failed), prev, st ttl ms, journal ttl ms,
 // state, reason, now ms, blob (done) or head JSON (failed), body
-// (failed), events, bytes, head JSON (for seq 1), then id, event pairs
-// still to append.
+// (failed), events, bytes, head JSON (for seq 1), mirrored (1 when the
+// owner mirrors its journal), attempts, status, model, fallbacks (each
+// "" or 0 for none), then id, event pairs still to append.
 //
-// Returns {"ok"}, {"already"}, {"fenced"} or {"prev", last id}.
+// Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
 var finishScript = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 if s[1] == ARGV[3] then return {'already'} end
 if s[1] ~= 'live' then return {'fenced'} end
-local first = 15
+local mirrored = ARGV[15] == '1'
+if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
+local first = 20
 if #ARGV >= first then
   local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   local lastId = ''
@@ -333,62 +359,85 @@ if #ARGV >= first then
 end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
 if ARGV[3] == 'done' then
-  redis.call('XADD', KEYS[3], term, 't', 'done')
+  if mirrored then
+    redis.call('XADD', KEYS[3], term, 't', 'done')
+  else
+    redis.call('DEL', KEYS[3])
+  end
   redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
   redis.call('HINCRBY', KEYS[1], 'commits', 1)
 else
   redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11], 'n', ARGV[12])
 end
-redis.call('HSET', KEYS[1], 'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
-  'events', ARGV[12], 'bytes', ARGV[13])
+local f = {'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
+  'events', ARGV[12], 'bytes', ARGV[13]}
+if ARGV[16] ~= '' then table.insert(f, 'attempts'); table.insert(f, ARGV[16]) end
+if ARGV[17] ~= '' and ARGV[17] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[17]) end
+if ARGV[18] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[18]) end
+if ARGV[19] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[19]) end
+redis.call('HSET', KEYS[1], unpack(f))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[3], ARGV[6])
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
 redis.call('DEL', KEYS[2])
 return {'ok'}
 `)
 
-// reapScript is run by a follower whose tail went idle: it reports the
+// reapScript is run by a follower as its tail starts and whenever it goes
+// idle: it asks the owner for the journal (sets st.want), reports the
 // generation alive while its owner's lease stands, and otherwise ends it
 // as lost (commit_unknown in docs/design.md, Key states) so that the key is free.
 //
 // KEYS: st, lease, j
 // ARGV: gen, st ttl ms, journal ttl ms, now ms
 //
-// Returns "alive", "reaped" (this call ended it) or "ended" (it is not
-// live any more, or another generation holds the key).
+// Returns {"alive"}, {"asked", owner} (alive, and want was set by this
+// call: the follower signals the owner replica's inbox), {"reaped"} (this
+// call ended it), {"done"} (committed: the result holds its events) or
+// {"ended"} (failed or lost, or another generation holds the key).
 var reapScript = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen')
-if s[1] ~= 'live' or s[2] ~= ARGV[1] then return 'ended' end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
+if s[2] ~= ARGV[1] then return {'ended'} end
+if s[1] == 'done' then return {'done'} end
+if s[1] ~= 'live' then return {'ended'} end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  if redis.call('HSETNX', KEYS[1], 'want', '1') == 1 then return {'asked', s[3] or ''} end
+  return {'alive'}
+end
 redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
 redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
 -- A tool call's unknown outcome holds its key for its own time.
 local utl = redis.call('HGET', KEYS[1], 'utl')
 if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return 'reaped'
+return {'reaped'}
 `)
 
 // reapAnswer is reapScript's answer.
 type reapAnswer uint8
 
 const (
-	reapEnded  reapAnswer = iota // not live any more, or another generation holds the key
+	reapEnded  reapAnswer = iota // failed or lost, or another generation holds the key
 	reapAlive                    // the owner's lease stands
 	reapReaped                   // this call ended the generation as lost
+	reapAsked                    // the owner's lease stands, and this call asked for the journal
+	reapDone                     // committed
 )
 
 // reapWords are reapScript's words for its answers.
-var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped"}
+var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped", reapAsked: "asked", reapDone: "done"}
 
-// parseReapAnswer reads reapScript's answer; one no script gives is
-// reapEnded.
-func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, error) {
-	s, err := res.ToString()
+// parseReapAnswer reads reapScript's answer and, for reapAsked, the
+// owner replica's name; an answer no script gives is reapEnded.
+func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
+	out, err := scriptStrings(res)
 	if err != nil {
-		return reapEnded, err
+		return reapEnded, "", err
 	}
-	return reapAnswer(max(slices.Index(reapWords[:], s), 0)), nil
+	a := reapAnswer(max(slices.Index(reapWords[:], out[0]), 0))
+	if a == reapAsked && len(out) > 1 {
+		return a, out[1], nil
+	}
+	return a, "", nil
 }
 
 // forgetScript deletes a key's records unless its generation is live

@@ -126,6 +126,9 @@ type RedisStats struct {
 	Reaped      int64 // generations of dead owners this replica ended as lost
 	Tails       int64 // tails started (one per followed generation)
 	Reads       int64 // XREAD calls of tails
+	Renewals    int64 // lease renewals of owned generations
+	Asks        int64 // signals sent to owner replicas for their journals
+	Mirrors     int64 // owned generations whose journal a follower asked for
 	Unavailable int64 // operations that failed for want of Redis
 	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
 	LiveBytes   int64
@@ -139,10 +142,12 @@ type RedisStats struct {
 // cannot tell the stores apart.
 //
 // On the replica that claimed a key, the Flight's journal is mirrored to
-// Redis in batches while the proxy appends to it. On another replica, a
-// join or resume gets a follower Flight fed by one tail per generation,
-// which copies the owner's encoded events byte for byte; local clients of
-// both read the same journal code.
+// Redis in batches while the proxy appends to it, once another replica
+// asks for it: a generation nobody follows from elsewhere costs Redis its
+// claim, lease renewals and commit. On another replica, a join or resume
+// gets a follower Flight fed by one tail per generation, which asks the
+// owner for the journal and copies its encoded events byte for byte;
+// local clients of both read the same journal code.
 type Redis struct {
 	cfg   RedisConfig
 	c     rueidis.Client
@@ -168,6 +173,9 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+	renewals, asks, mirrors                                                     atomic.Int64
+
+	inboxOnce sync.Once // starts inbox at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
 	abandoning atomic.Int64 // abandon's goroutines running
@@ -323,6 +331,7 @@ func (r *Redis) Stats() RedisStats {
 		Claims: r.claims.Load(), Batches: r.batches.Load(), Events: r.events.Load(),
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
+		Renewals: r.renewals.Load(), Asks: r.asks.Load(), Mirrors: r.mirrors.Load(),
 		Abandoned: r.abandoned.Load(),
 		LiveBytes: r.shares.total.Load(), LiveFlights: n,
 	}
@@ -673,7 +682,69 @@ func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.
 	r.flights[k.h] = f
 	r.mu.Unlock()
 	o.start()
+	r.inboxOnce.Do(func() { r.wg.Go(r.inbox) })
 	return f
+}
+
+// inboxKey names the list where followers ask the replica named replica
+// for journals: its own hash tag, since it serves every scope.
+func (r *Redis) inboxKey(replica string) string {
+	return r.cfg.Prefix + ":inbox:{" + digest(replica) + "}"
+}
+
+// inbox takes the asks of followers on other replicas, "<h> <gen>" each,
+// and starts the mirror of the owned generation they name. An ask lost
+// here (an outage, a failover) is found by the owner's next renewal.
+func (r *Redis) inbox() {
+	key := r.inboxKey(r.replica)
+	backoff := 5 * time.Millisecond
+	for r.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
+		kv, err := r.c.Do(ctx, r.c.B().Blpop().Key(key).Timeout(r.idle.Seconds()).Build()).AsStrSlice()
+		cancel()
+		switch {
+		case rueidis.IsRedisNil(err):
+			continue
+		case err != nil:
+			if r.ctx.Err() != nil {
+				return
+			}
+			r.unavailable.Add(1)
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, r.idle)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		if len(kv) == 2 {
+			r.asked(kv[1])
+		}
+		// A burst of asks is taken in one more round trip, not one each.
+		ctx, cancel = r.opCtx()
+		more, _ := r.c.Do(ctx, r.c.B().Lpop().Key(key).Count(maxBatch).Build()).AsStrSlice()
+		cancel()
+		for _, v := range more {
+			r.asked(v)
+		}
+	}
+}
+
+// asked starts the mirror of the owned generation an ask names, if this
+// replica still owns it.
+func (r *Redis) asked(v string) {
+	h, gen, _ := strings.Cut(v, " ")
+	r.mu.Lock()
+	f := r.flights[h]
+	r.mu.Unlock()
+	if f == nil || strconv.FormatUint(f.Gen, 10) != gen {
+		return
+	}
+	if o, ok := f.be.(*owner); ok {
+		o.ask()
+	}
 }
 
 // follow returns this replica's flight of a live generation: the one it

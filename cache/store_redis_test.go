@@ -99,10 +99,7 @@ func TestRedisClaimAtomic(t *testing.T) {
 func TestRedisReplay(t *testing.T) {
 	t.Parallel()
 	rs := replicas(t, 2)
-	sc := Scope{Tenant: "t", Key: "replay"}
-	a := rbegin(t, rs[0], sc, "fp").Flight
-	startStream(t, a)
-	want := appendN(t, a, 1, 40)
+	sc, a, want := ownedStream(t, rs[0], "replay", 40)
 	a.Commit(nil)
 	_, res, err := rs[1].Attach(sc, "", sse.ID{Gen: a.Gen, Seq: 25}, true)
 	if err != nil {

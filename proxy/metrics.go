@@ -253,6 +253,9 @@ var (
 	descRReads   = redisDesc("reads_total", "Journal reads (XREAD) of tails.")
 	descRUnavail = redisDesc("unavailable_total", "Operations that failed because Redis was unreachable.")
 	descRAbandon = redisDesc("claims_abandoned_total", "Generations of claims whose reply was lost, ended failed_retryable so that nobody waits a lease on them.")
+	descRRenew   = redisDesc("renewals_total", "Lease renewals of owned generations.")
+	descRAsks    = redisDesc("asks_total", "Signals sent to owner replicas asking for a journal to follow.")
+	descRMirrors = redisDesc("mirrors_total", "Owned generations whose journal was mirrored to Redis because a follower asked.")
 )
 
 func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -277,5 +280,8 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRReads, s.Reads)
 	k(descRUnavail, s.Unavailable)
 	k(descRAbandon, s.Abandoned)
+	k(descRRenew, s.Renewals)
+	k(descRAsks, s.Asks)
+	k(descRMirrors, s.Mirrors)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 }

@@ -19,7 +19,14 @@ import (
 // logging to logs.
 func redisEnv(t *testing.T, addr string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *cache.Redis) {
 	t.Helper()
-	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: redistest.Prefix(t),
+	return replicaEnv(t, addr, redistest.Prefix(t), logs, opts...)
+}
+
+// replicaEnv is redisEnv with the keys' prefix given: envs of one prefix
+// are replicas of one deployment.
+func replicaEnv(t *testing.T, addr, prefix string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *cache.Redis) {
+	t.Helper()
+	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: prefix,
 		Lease: 3 * time.Second, Timeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
@@ -201,13 +208,16 @@ func TestClaimReplyLost(t *testing.T) {
 // answer was lost (the connection cut after it ran) is sent again, finds
 // its own events in the journal and goes on: the stream ends whole and
 // is stored, with one upstream call, rather than the owner taking its
-// own events for another replica's and aborting a healthy stream.
+// own events for another replica's and aborting a healthy stream. The
+// journal is mirrored because a duplicate on another replica follows it.
 func TestAppendReplyLost(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	relay := redistest.NewRelay(t, srv.Addr)
 	var logs gatetest.LogBuffer
-	e, _ := redisEnv(t, relay.Addr, &logs, slowMock(20*time.Millisecond, 30))
+	prefix := redistest.Prefix(t)
+	e, _ := replicaEnv(t, relay.Addr, prefix, &logs, slowMock(20*time.Millisecond, 30))
+	other, _ := replicaEnv(t, srv.Addr, prefix, &logs)
 	key := newKey("append")
 	resp := e.do(req{key: key})
 	br := bufio.NewReader(resp.Body)
@@ -222,12 +232,19 @@ func TestAppendReplyLost(t *testing.T) {
 			ids++
 		}
 	}
-	// The next "ok" is an append's: the stream has events to come.
+	// The duplicate's head comes with the first mirrored batch: from then
+	// on the owner appends, and the next "ok" is an append's.
+	join := other.do(req{key: key})
 	lost := relay.LoseReply("*1\r\n$2\r\nok\r\n", 0)
 	rest, err := io.ReadAll(br)
 	resp.Body.Close()
 	raw.Write(rest)
 	got := parseResult(resp, raw.Bytes(), err)
+	jraw, jerr := io.ReadAll(join.Body)
+	join.Body.Close()
+	if dup := parseResult(join, jraw, jerr); !clean(dup) || !bytes.Equal(eventBytes(dup.raw), eventBytes(got.raw)) {
+		t.Fatalf("the duplicate on the other replica: got %d, last event %q; want the whole stream", dup.status, dup.lastData())
+	}
 	select {
 	case <-lost:
 	default:

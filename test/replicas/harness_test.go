@@ -362,6 +362,30 @@ func (e *env) commits() map[string]int64 {
 	return out
 }
 
+// journalEntries returns the entries of every journal of the test.
+func (e *env) journalEntries() int64 {
+	e.t.Helper()
+	var n int64
+	for _, k := range e.keys("ssg:*:j") {
+		l, err := e.rc.Do(context.Background(), e.rc.B().Xlen().Key(k).Build()).AsInt64()
+		if err != nil {
+			e.t.Fatalf("XLEN %s: %v", k, err)
+		}
+		n += l
+	}
+	return n
+}
+
+// wanted reports whether a follower asked for a journal of the test.
+func (e *env) wanted() bool {
+	for _, k := range e.keys("ssg:*:st") {
+		if v, _ := e.rc.Do(context.Background(), e.rc.B().Hget().Key(k).Field("want").Build()).ToString(); v == "1" {
+			return true
+		}
+	}
+	return false
+}
+
 // atMostOneCommit checks the invariant over every key of the test, and
 // returns the total.
 func (e *env) atMostOneCommit() int64 {

@@ -147,6 +147,62 @@ func TestOwnerKilled(t *testing.T) {
 	})
 }
 
+// TestOwnerKilledBeforeFirstBatch: A owns a generation nobody follows, so
+// its journal is not in Redis; B joins it and asks A for the journal
+// while A cannot answer (stopped), and A is SIGKILLed while B waits for
+// the first batch. B's joiner ends within A's lease and B's idle bound,
+// never with a clean stream; the key is free, a retry regenerates, and
+// exactly one generation commits.
+func TestOwnerKilledBeforeFirstBatch(t *testing.T) {
+	backends(t, func(t *testing.T, be backend) {
+		e := be.newEnv(t, mockllm.Config{Tokens: 300, Delay: 10 * time.Millisecond})
+		// A's lease is long enough that B joins it while A is stopped.
+		const aLease = 2 * time.Second
+		a, b := e.start("A", "-redis-lease", aLease.String()), e.start("B")
+		s := post(t, a, "unasked")
+		s.readN(t, 10)
+		if n := e.journalEntries(); n != 1 {
+			t.Fatalf("journal entries in Redis with no follower: got %d; want only the start marker", n)
+		}
+		a.Pause()
+		joined := make(chan *stream, 1)
+		go func() {
+			j, err := tryOpen(http.MethodPost, b.URL+"/v1/chat/completions", "unasked", "")
+			if err != nil {
+				j = &stream{err: err}
+			} else {
+				j.readAll()
+			}
+			joined <- j
+		}()
+		poll.For(t, aLease/2, "B asks A for the journal", e.wanted)
+		killed := time.Now()
+		a.Kill()
+		j := <-joined
+		took := time.Since(killed)
+		t.Logf("joiner: status %d, %d events, ended %v after the kill", j.status, len(j.events), took)
+		if bound := aLease + min(lease/2, 2*time.Second) + time.Second; took > bound {
+			t.Fatalf("joiner: ended %v after the kill; want within %v", took, bound)
+		}
+		if j.err == nil && j.status == 200 && (j.clean() || j.aborted() != "generation_lost") {
+			t.Fatalf("joiner: 200 ending with %+v; want stream_aborted generation_lost", j.events)
+		}
+		if j.status == 200 && len(j.events) > 1 {
+			contiguous(t, j, sse.ID{})
+		}
+		retry := post(t, b, "unasked").readAll()
+		if retry.status != 200 || !retry.clean() || retry.header.Get("Idempotent-Replayed") == "true" {
+			t.Fatalf("retry: status %d clean %v replayed %q; want a fresh, clean 200", retry.status, retry.clean(), retry.header.Get("Idempotent-Replayed"))
+		}
+		if n := e.mock.Calls(); n != 2 {
+			t.Fatalf("upstream calls: got %d; want 2 (the lost generation and the retry)", n)
+		}
+		if n := e.atMostOneCommit(); n != 1 {
+			t.Fatalf("commits: got %d; want 1", n)
+		}
+	})
+}
+
 // TestOwnerPaused: A is stopped past its lease; B takes the key over and
 // commits; when A continues it is fenced: its own client gets
 // stream_aborted, and B's result is what replays everywhere.

@@ -1,0 +1,208 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
+	"github.com/ssegate/ssegate/sse"
+)
+
+// journalLen returns the entries of sc's journal in Redis (0 when it has
+// none).
+func journalLen(tb testing.TB, r *Redis, sc Scope) int64 {
+	tb.Helper()
+	n, err := r.c.Do(context.Background(), r.c.B().Xlen().Key(r.keys(sc).j).Build()).AsInt64()
+	if err != nil {
+		tb.Fatalf("XLEN: %v", err)
+	}
+	return n
+}
+
+// askDirectly sets st.want as a follower's ask does, without the signal
+// to the owner's inbox: an ask whose signal was lost.
+func askDirectly(tb testing.TB, r *Redis, sc Scope) {
+	tb.Helper()
+	if err := r.c.Do(context.Background(), r.c.B().Hset().Key(r.keys(sc).st).FieldValue().
+		FieldValue("want", "1").Build()).Error(); err != nil {
+		tb.Fatalf("HSET want: %v", err)
+	}
+}
+
+// ownedStream claims key on r, starts a stream and journals n events; it
+// returns the scope, the flight and the events' bytes.
+func ownedStream(tb testing.TB, r *Redis, key string, n int) (Scope, *Flight, []byte) {
+	tb.Helper()
+	sc := Scope{Tenant: "t", Key: key}
+	f := rbegin(tb, r, sc, "fp").Flight
+	startStream(tb, f)
+	return sc, f, appendN(tb, f, 1, n)
+}
+
+// TestRedisMirrorOnlyWhenAsked: a generation nobody follows from another
+// replica writes no event to Redis, whatever its length, and leaves no
+// journal once committed; its marks still reach Redis, and a resume on
+// another replica reads the committed result.
+func TestRedisMirrorOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	sc, f, want := ownedStream(t, rs[0], "unfollowed", 300)
+	// The renewals (every lease/3) carry the marks.
+	eventually(t, 10*testLease, func() error {
+		if ki, ok := rs[1].Info(sc); !ok || ki.State != StateExecutionStarted || ki.Events != 300 {
+			return fmt.Errorf("the other replica's key info while live: %+v (found %v); want execution_started with 300 events", ki, ok)
+		}
+		return nil
+	})
+	if n := journalLen(t, rs[0], sc); n != 1 {
+		t.Fatalf("journal entries in Redis while live: got %d; want only the start marker", n)
+	}
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false; want true")
+	}
+	if n := journalLen(t, rs[0], sc); n != 0 {
+		t.Fatalf("journal entries in Redis after the commit: got %d; want no journal", n)
+	}
+	if st := rs[0].Stats(); st.Events != 0 || st.Mirrors != 0 {
+		t.Fatalf("owner: %d events appended to Redis, %d mirrors; want none", st.Events, st.Mirrors)
+	}
+	_, res, err := rs[1].Attach(sc, "fp", sse.ID{Gen: f.Gen, Seq: 100}, true)
+	if err != nil || res == nil {
+		t.Fatalf("resume on the other replica: %v, result %v; want the result", err, res)
+	}
+	p, _ := res.After(100)
+	if full, _ := res.After(0); !bytes.Equal(full, want) || len(p) == 0 {
+		t.Fatal("the committed result differs from the events journaled")
+	}
+	checkSeq(t, parseWire(t, p), f.Gen, 100, 300)
+}
+
+// TestRedisFollowerAsks: followers on another replica join generations at
+// once and mid-way; each owner mirrors on its follower's ask, the first
+// batch carrying all it held, and every follower copies every event byte
+// for byte. The wait for the first batch is logged (p50, p99) and bounded:
+// an ask whose signal were lost is found by a renewal (every lease/3), so
+// a lease, which leaves room for a loaded machine, means no ask was
+// answered.
+func TestRedisFollowerAsks(t *testing.T) {
+	t.Parallel()
+	// A longer lease than the other tests': 32 owners and followers at
+	// once on a loaded machine can miss a 400 ms lease's renewals.
+	const lease = 2 * time.Second
+	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+	mod := func(c *RedisConfig) { c.Lease = lease }
+	rs := []*Redis{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
+	const streams, before, after = 32, 40, 20
+	waits := make([]time.Duration, streams)
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Go(func() {
+			sc := Scope{Tenant: "t", Key: "asked-" + strconv.Itoa(i)}
+			f := rbegin(t, rs[0], sc, "fp").Flight
+			startStream(t, f)
+			held := (i % 2) * before // half join at the first event, half mid-way
+			want := appendN(t, f, 1, max(held, 1))
+			held = f.Events()
+			t0 := time.Now()
+			j := rbegin(t, rs[1], sc, "fp")
+			if j.Decision != Join {
+				t.Errorf("stream %d: duplicate got %v; want join", i, j.Decision)
+				return
+			}
+			sub, _ := j.Flight.Subscribe(0)
+			defer sub.Close()
+			var got []byte
+			timeout := time.After(3 * lease)
+		wait:
+			for len(got) < len(want) {
+				select {
+				case <-sub.C():
+				case <-timeout:
+					break wait
+				}
+				p, ended := readAll(sub)
+				got = append(got, p...)
+				if ended {
+					break
+				}
+			}
+			waits[i] = time.Since(t0)
+			if !bytes.Equal(got, want) {
+				t.Errorf("stream %d: the follower's first %d bytes differ from the owner's %d", i, len(got), len(want))
+				return
+			}
+			want = append(want, appendN(t, f, held+1, after)...)
+			f.Commit(nil)
+			p, _ := follow(sub, 3*lease)
+			got = append(got, p...)
+			if waitDone(t, j.Flight, 3*lease) != StateCommitted || !bytes.Equal(got, want) {
+				t.Errorf("stream %d: the follower did not end committed with every event", i)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	slices.Sort(waits)
+	p50, p99 := waits[streams/2], waits[streams*99/100]
+	t.Logf("wait for the first mirrored batch over %d streams: p50 %v, p99 %v, max %v", streams, p50, p99, waits[streams-1])
+	if bound := lease; waits[streams-1] > bound {
+		t.Fatalf("a follower waited %v for the first batch; want within %v", waits[streams-1], bound)
+	}
+	if a, m := rs[1].Stats().Asks, rs[0].Stats().Mirrors; a != streams || m != streams {
+		t.Fatalf("asks %d, mirrors %d; want %d each: one per followed generation", a, m, streams)
+	}
+}
+
+// TestRedisFollowAfterUnmirroredCommit: a follower whose ask comes after
+// the generation was committed unmirrored (it saw the key live a moment
+// before) copies the events from the committed result, byte for byte.
+func TestRedisFollowAfterUnmirroredCommit(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	sc, f, want := ownedStream(t, rs[0], "late", 120)
+	if !f.Commit(nil) || journalLen(t, rs[0], sc) != 0 {
+		t.Fatal("the unmirrored commit: not stored, or its journal kept")
+	}
+	fl := rs[1].follow(sc, rs[1].keys(sc), f.Gen, "fp")
+	sub, _ := fl.Subscribe(0)
+	defer sub.Close()
+	got, ended := follow(sub, 3*testLease)
+	if !ended || waitDone(t, fl, time.Second) != StateCommitted || !bytes.Equal(got, want) {
+		t.Fatalf("late follower: ended %v with %d bytes of %d; want committed with every event", ended, len(got), len(want))
+	}
+}
+
+// TestRedisAskSignalLost: an ask whose signal to the owner was lost is
+// found by the owner's next renewal, and one that comes just before the
+// commit by the commit itself: either way the journal is mirrored whole
+// and kept with its terminal entry for the follower.
+func TestRedisAskSignalLost(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 1)
+	for _, atCommit := range []bool{false, true} {
+		t.Run(fmt.Sprintf("at commit %v", atCommit), func(t *testing.T) {
+			sc, f, _ := ownedStream(t, rs[0], fmt.Sprintf("lost-ask-%v", atCommit), 150)
+			askDirectly(t, rs[0], sc)
+			if !atCommit {
+				eventually(t, 10*testLease, func() error {
+					if n := journalLen(t, rs[0], sc); n != 151 {
+						return fmt.Errorf("journal entries after a renewal: got %d; want 151", n)
+					}
+					return nil
+				})
+			}
+			f.Commit(nil)
+			if n := journalLen(t, rs[0], sc); n != 152 {
+				t.Fatalf("journal entries after the commit: got %d; want every event, the start and the end", n)
+			}
+		})
+	}
+}
