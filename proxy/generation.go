@@ -29,6 +29,10 @@ type gen struct {
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
 	relayRaw bool
+	// rawAlways, with relayRaw: every answer goes to the origin as it is,
+	// an event stream or an error status included, never retried once
+	// the upstream answered (an MCP path's relay: relayMCP).
+	rawAlways bool
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
@@ -37,6 +41,10 @@ type gen struct {
 	// No fallback follows it either: its model's route is pinned
 	// (mayHaveRun).
 	mayRun bool
+	// endState, when set, is the state of the flight's failed end, which
+	// a tool call decides itself (runTool: never retried once it may have
+	// run).
+	endState cache.State
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
@@ -347,6 +355,9 @@ func (g *gen) fail(c cause, status int, body []byte) {
 // repeated under -retry-ambiguous) it is commit_unknown, whatever came
 // after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
+	if g.endState != "" {
+		return g.endState
+	}
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}

@@ -42,7 +42,10 @@ type metrics struct {
 	tokensLost     [numLosses][2]prometheus.Counter // by loss, then input and output
 	retryAdded     [2]prometheus.Observer           // by what answered: a retry of the model, or a fallback model
 
-	genAI *genAIMetrics
+	genAI          *genAIMetrics
+	tools          *prometheus.CounterVec // MCP tool calls by decision
+	toolSuppressed prometheus.Counter
+	toolAttempts   prometheus.Histogram
 }
 
 // A loss is what became of a generation that the upstream may have paid
@@ -123,6 +126,19 @@ func newMetrics(p *Proxy) *metrics {
 	f(added)
 	m.retryAdded = [2]prometheus.Observer{added.WithLabelValues("retry"), added.WithLabelValues("fallback")}
 	m.genAI = newGenAIMetrics(reg, p.cfg.MetricsModels)
+	m.tools = cv("tool_calls_total", "MCP tools/call requests by decision: miss, join, hit, conflict, unknown (its outcome unknown: not run again), in_flight, gone, unprotected, relay (no key).", "decision")
+	for _, d := range []string{"miss", "join", "hit", "conflict", "unknown", "in_flight", "gone", "unprotected", "relay"} {
+		m.tools.WithLabelValues(d)
+	}
+	m.toolSuppressed = c("tool_duplicate_side_effects_suppressed_total", "Keyed MCP tool calls answered without running the tool again (join, hit, unknown): side effects not repeated.")
+	m.toolAttempts = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_tool_call_attempts",
+		Help: "Calls to the MCP server per keyed tool call that was sent.", Buckets: []float64{1, 2, 3, 4, 5}})
+	f(m.toolAttempts)
+	if ts, ok := p.store.(ToolStore); ok && len(p.cfg.MCPPaths) > 0 {
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_tool_calls_unknown",
+			Help: "Keyed MCP tool calls whose outcome is unknown (commit_unknown), held until -mcp-unknown-ttl or DELETE /keys/{key}; with -redis, those this replica ended."},
+			func() float64 { return float64(ts.ToolUnknowns()) }))
+	}
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
 	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",
