@@ -74,6 +74,8 @@ type Flight struct {
 	// denied: the flight ended by Deny, and the store keeps no record of
 	// its key.
 	denied bool
+
+	tool *Tool // set by BeginTool before the flight is handed out
 }
 
 // SetModel records the model of the attempts to come, and the models

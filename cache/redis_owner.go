@@ -288,7 +288,10 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		head = headJSON(h)
 	}
 	_, _, body := f.Outcome()
-	ttl := o.r.cfg.FailedTTL
+	ttl := f.keepFor(state, o.r.cfg.TTL, o.r.cfg.FailedTTL)
+	if f.tool != nil && heldUnknown(state, "?") {
+		o.r.noteUnknown(o.k, o.r.cfg.Now().Add(ttl))
+	}
 	if f.wasDenied() {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
@@ -517,7 +520,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		if pos.flushed == 0 && len(evs) > 0 {
 			head = headJSON(h)
 		}
-		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.r.cfg.TTL), ms(journalTTL),
+		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head}
 		args, bytes := o.appendEvents(args, pos, evs)

@@ -53,6 +53,10 @@ type options struct {
 	ambigStatuses []int // parsed from ambigStatus
 	fallbacks     fallbackFlag
 	fallbackCodes listFlag
+	mcpPaths      listFlag
+	mcpDedupe     listFlag
+	mcpWindow     time.Duration
+	mcpUnknownTTL time.Duration
 	upstreams     listFlag
 	retry         proxy.RetryConfig
 	inflight      string
@@ -108,6 +112,10 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated. Default context_length_exceeded (Anthropic's \"prompt is too long\" counts as it)")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
+	fs.Var(&o.mcpPaths, "mcp-path", "a path (e.g. /mcp) on which requests are MCP streamable HTTP: a tools/call with a key (Idempotency-Key, or params._meta[\"ssegate/idempotency-key\"]) runs once, its re-issues join or replay it under their own JSON-RPC id; everything else there is relayed untouched. Repeatable or comma-separated; default none")
+	fs.Var(&o.mcpDedupe, "mcp-dedupe", "a tool (or * for all) whose calls without a key get one derived from the tenant, the tool's name and its arguments, standing for -mcp-dedupe-window; repeatable or comma-separated")
+	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", 10*time.Minute, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
+	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", 24*time.Hour, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
 	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
 	fs.StringVar(&o.secret, "secret", "", "the deployment secret that keys the tenant hash (at least 16 bytes; better given as SSEGATE_SECRET than on the command line). Default: with -redis, one kept in Redis and shared by every replica; without, a random one per process")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
@@ -228,6 +236,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
 	}
+	if o.mcpWindow <= 0 || o.mcpUnknownTTL <= 0 {
+		return nil, errors.New("-mcp-dedupe-window and -mcp-unknown-ttl must be positive")
+	}
 	var err error
 	if o.ambigStatuses, err = statusList(o.ambigStatus); err != nil {
 		return nil, err
@@ -328,7 +339,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		AmbiguousStatus: o.ambigStatuses,
 		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
-		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
+		MCPPaths:           o.mcpPaths, MCPDedupe: o.mcpDedupe, MCPDedupeWindow: o.mcpWindow, MCPUnknownTTL: o.mcpUnknownTTL,
+		TenantHeaders: o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
 	})
 	if err != nil {
 		return err
