@@ -1,7 +1,8 @@
 // Package mcpmock is an MCP server for ssegate's tests and demos, built
 // with the official MCP Go SDK and served over streamable HTTP on /mcp,
 // answering either with SSE streams or with application/json
-// (Config.JSON).
+// (Config.JSON), with sessions (protocol revisions up to 2025-11-25) or
+// without (Config.Stateless, which 2026-07-28 needs).
 //
 // Its tools have side effects a test can count (Server.Runs, or the runs
 // tool over MCP), so that a test proves a tool ran once however often it

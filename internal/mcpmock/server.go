@@ -30,6 +30,10 @@ type Config struct {
 	// Steps is the number of progress notifications a write sends when its
 	// caller asked for progress; 0 means 4.
 	Steps int
+	// Stateless serves without sessions (no Mcp-Session-Id), which the
+	// SDK needs to speak protocol 2026-07-28; a stateful server speaks the
+	// earlier revisions, with sessions.
+	Stateless bool
 }
 
 // connHeader carries the request's connection number from the HTTP
@@ -67,7 +71,7 @@ func New(cfg Config) *Server {
 	ms.AddTool(&mcp.Tool{Name: "reject", Description: "Counts a run and answers a JSON-RPC error.", InputSchema: object}, s.reject)
 	ms.AddTool(&mcp.Tool{Name: "runs", Description: "How many runs target has had.", InputSchema: object}, s.count)
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms },
-		&mcp.StreamableHTTPOptions{JSONResponse: cfg.JSON, DisableLocalhostProtection: true})
+		&mcp.StreamableHTTPOptions{JSONResponse: cfg.JSON, Stateless: cfg.Stateless, DisableLocalhostProtection: true})
 	mux := http.NewServeMux()
 	mux.Handle(Path, s.track(sdk))
 	s.handler = mux

@@ -45,12 +45,12 @@ func textOf(r *mcp.CallToolResult) string {
 
 func TestTools(t *testing.T) {
 	for _, mode := range []struct {
-		name string
-		json bool
-	}{{"sse", false}, {"json", true}} {
+		name            string
+		json, stateless bool
+	}{{"sse", false, false}, {"json", true, false}, {"sse-stateless", false, true}, {"json-stateless", true, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			var progress atomic.Int64
-			m, cs := connect(t, mcpmock.Config{JSON: mode.json, Delay: 200 * time.Millisecond}, &progress)
+			m, cs := connect(t, mcpmock.Config{JSON: mode.json, Stateless: mode.stateless, Delay: 200 * time.Millisecond}, &progress)
 			ctx := context.Background()
 			p := &mcp.CallToolParams{Name: "write", Arguments: map[string]any{"target": "a"}}
 			p.SetProgressToken("tok")
