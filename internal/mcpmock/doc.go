@@ -5,7 +5,7 @@
 // without (Config.Stateless, which 2026-07-28 needs).
 //
 // Its tools have side effects a test can count (Server.Runs, or the runs
-// tool over MCP), so that a test proves a tool ran once however often it
+// tool over MCP, or GET /runs?target=T), so that a test proves a tool ran once however often it
 // was called through ssegate:
 //
 //	write {target, ms?, die?}  counts a run for target, sends progress

@@ -18,6 +18,10 @@ import (
 // Path is where the server answers MCP.
 const Path = "/mcp"
 
+// RunsPath answers GET ?target=T with T's runs as a decimal number, for
+// tests in another process than the server's.
+const RunsPath = "/runs"
+
 // Config sets the server's behaviour. Its zero value answers with SSE
 // streams, a write taking a second in four progress steps.
 type Config struct {
@@ -74,6 +78,9 @@ func New(cfg Config) *Server {
 		&mcp.StreamableHTTPOptions{JSONResponse: cfg.JSON, Stateless: cfg.Stateless, DisableLocalhostProtection: true})
 	mux := http.NewServeMux()
 	mux.Handle(Path, s.track(sdk))
+	mux.HandleFunc("GET "+RunsPath, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, s.Runs(r.URL.Query().Get("target")))
+	})
 	s.handler = mux
 	return s
 }
