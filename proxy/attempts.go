@@ -263,6 +263,9 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
 	}
 	switch {
+	case g.rawAlways:
+		a.raw, a.cause = true, causeNone
+		return a
 	case head.Status == fasthttp.StatusBadRequest && more && !head.Stream:
 		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
 		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {

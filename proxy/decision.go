@@ -31,6 +31,7 @@ const (
 	decisionDenied
 	decisionRelay
 	decisionUnprotected
+	decisionUnknown
 
 	numDecisions
 )
@@ -58,6 +59,7 @@ var decisions = [numDecisions]decisionRow{
 	decisionDenied:      {label: "denied", note: "no credential under -anonymous-keys deny"},
 	decisionRelay:       {label: "relay", note: "no key"},
 	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
+	decisionUnknown:     {label: "unknown", note: "a tool call whose outcome is unknown, not run again", suppressed: true},
 }
 
 func (d decision) String() string { return decisions[d].label }

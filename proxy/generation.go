@@ -27,6 +27,10 @@ type gen struct {
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
 	relayRaw bool
+	// rawAlways, with relayRaw: every answer goes to the origin as it is,
+	// an event stream or an error status included, never retried once
+	// the upstream answered (an MCP path's relay: relayMCP).
+	rawAlways bool
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its

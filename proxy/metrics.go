@@ -39,6 +39,9 @@ type metrics struct {
 	commitUnknowns prometheus.Counter
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
+	tools          *prometheus.CounterVec // MCP tool calls by decision
+	toolSuppressed prometheus.Counter
+	toolAttempts   prometheus.Histogram
 }
 
 // firstEventBuckets span a loopback relay's microseconds to a reasoning
@@ -81,6 +84,19 @@ func newMetrics(p *Proxy) *metrics {
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
+	m.tools = cv("tool_calls_total", "MCP tools/call requests by decision: miss, join, hit, conflict, unknown (its outcome unknown: not run again), in_flight, gone, unprotected, relay (no key).", "decision")
+	for _, d := range []string{"miss", "join", "hit", "conflict", "unknown", "in_flight", "gone", "unprotected", "relay"} {
+		m.tools.WithLabelValues(d)
+	}
+	m.toolSuppressed = c("tool_duplicate_side_effects_suppressed_total", "Keyed MCP tool calls answered without running the tool again (join, hit, unknown): side effects not repeated.")
+	m.toolAttempts = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_tool_call_attempts",
+		Help: "Calls to the MCP server per keyed tool call that was sent.", Buckets: []float64{1, 2, 3, 4, 5}})
+	f(m.toolAttempts)
+	if ts, ok := p.store.(ToolStore); ok && len(p.cfg.MCPPaths) > 0 {
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_tool_calls_unknown",
+			Help: "Keyed MCP tool calls whose outcome is unknown (commit_unknown), held until -mcp-unknown-ttl or DELETE /keys/{key}; with -redis, those this replica ended."},
+			func() float64 { return float64(ts.ToolUnknowns()) }))
+	}
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
 	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",

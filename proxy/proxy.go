@@ -70,6 +70,9 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.ups = append(p.ups, up)
 	}
+	if _, ok := cfg.Store.(ToolStore); len(cfg.MCPPaths) > 0 && cfg.Store != nil && !ok {
+		return nil, fmt.Errorf("mcp-path: the store (%T) does not record tool calls", cfg.Store)
+	}
 	p.m = newMetrics(p)
 	p.metricsHandler = p.m.handler()
 	p.srv = p.newServer()
@@ -278,6 +281,14 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	}
 	path := string(ctx.Path())
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
+		return
+	}
+	if ctx.IsDelete() && underPath(ctx, "/keys") {
+		p.serveKeyDelete(ctx)
+		return
+	}
+	if p.mcpPath(ctx) {
+		p.serveMCP(ctx)
 		return
 	}
 	if underPath(ctx, "/streams") {

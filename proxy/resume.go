@@ -230,3 +230,34 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }
+
+// serveKeyDelete serves DELETE /keys/{key}: the key, if it is not running,
+// is forgotten with its answer, whatever it ended in; a tool call whose
+// outcome is unknown is free to run again after it.
+func (p *Proxy) serveKeyDelete(ctx *fasthttp.RequestCtx) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return
+	}
+	sc, ok := p.scope(ctx, key)
+	if !ok {
+		return
+	}
+	ts, ok := p.store.(ToolStore)
+	if !ok {
+		p.writeError(ctx, causeKeyNotFound.err(""))
+		return
+	}
+	switch err := ts.Forget(sc); {
+	case err == nil:
+		p.log.Info("key deleted", "key", sc.Key, "tenant", sc.Tenant)
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	case errors.Is(err, cache.ErrLive):
+		p.writeError(ctx, causeInFlight.err("the key's call is running: it can be deleted once it ended"))
+	case errors.Is(err, cache.ErrNotFound):
+		p.writeError(ctx, causeKeyNotFound.err(""))
+	default:
+		p.storeError(ctx, sc, err)
+	}
+}

@@ -1,0 +1,216 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// runTool is the goroutine of a keyed tool call: it sends the call to the
+// MCP server and records its answer into the flight, whatever becomes of
+// the callers. It is tried again only where the server certainly did not
+// receive it (a connect error, a pooled connection found closed before
+// writing, 429 or 503); once it may have run, no answer but the server's
+// response to it ends the flight otherwise than commit_unknown.
+func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
+	defer func() {
+		fasthttp.ReleaseRequest(tmpl)
+		g.finish()
+	}()
+	p := g.p
+	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	for n := 1; ; n++ {
+		if c := g.cutShort(); c != causeNone {
+			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c.String(), nil)
+			return
+		}
+		up, _, done, ok := pick(p.ups, 0, "")
+		if !ok {
+			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable.String(), nil)
+			return
+		}
+		g.mark(cache.StateExecutionStarted, n, 0)
+		resp, err := g.call(up, up.prepare(tmpl))
+		if err != nil {
+			if errors.Is(err, errCancelled) {
+				done(nil)
+				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort().String(), nil)
+				return
+			}
+			done(err)
+			c := causeUpstreamReset
+			switch {
+			case isDial(err):
+				c = causeConnectError
+			case isStale(err):
+				c = causeStaleConnection
+			case isTimeout(err):
+				c = causeUpstreamTimeout
+			}
+			p.m.attempts.WithLabelValues(c.String()).Inc()
+			unsent := c == causeConnectError || c == causeStaleConnection || errors.Is(err, fasthttp.ErrNoFreeConns)
+			if !unsent {
+				g.mayRun = true
+			}
+			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, c.String(), jitter.next()) {
+				continue
+			}
+			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), c.String(), nil)
+			return
+		}
+		head := copyHead(resp)
+		st := head.Status
+		done(health(st, false))
+		p.m.attempts.WithLabelValues(statusClass(st)).Inc()
+		reason := upstreamStatus(st).reason(st)
+		switch {
+		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !markedUnknown(resp):
+			// The server said it did not take the call.
+			body, _ := readBody(resp, 64<<10)
+			wait := max(jitter.next(), min(retryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
+			g.drop()
+			if n < p.cfg.Retry.Attempts && g.toolRetry(n, reason, wait) {
+				continue
+			}
+			g.f.SetHead(head)
+			g.toolEnd(n, cache.StateFailedRetryable, reason, body)
+		case st >= 400 && st < 500 && !markedUnknown(resp):
+			// Refused (a session the server does not know, a request it
+			// cannot read): relayed as it came.
+			body, _ := readBody(resp, 64<<10)
+			g.f.SetHead(head)
+			g.toolEnd(n, cache.StateFailedTerminal, reason, body)
+		case st < 200 || st >= 300:
+			// A 5xx, or an answer marked unknown: the server may have run
+			// the tool before it failed.
+			g.mayRun = true
+			g.toolEnd(n, cache.StateCommitUnknown, reason, nil)
+		case head.Stream:
+			g.mayRun = true
+			g.f.SetHead(head)
+			g.toolStream(n, resp, id)
+		default:
+			g.mayRun = true
+			g.toolWhole(n, resp, head, id)
+		}
+		return
+	}
+}
+
+// toolRetry waits d before attempt n+1, unless the retry budget is spent
+// or the call is cut short meanwhile; it reports whether to go on.
+func (g *gen) toolRetry(n int, reason string, d time.Duration) bool {
+	p := g.p
+	if !p.budget.retry(time.Now()) {
+		return false
+	}
+	p.m.retries.WithLabelValues(reason).Inc()
+	p.log.Info("retry", "key", g.f.Scope.Key, "tenant", g.f.Scope.Tenant, "attempt", n, "reason", reason, "backoff", d.String())
+	return g.pause(d)
+}
+
+// toolState is the state of a failed end whose own is s: commit_unknown
+// once the call may have run.
+func (g *gen) toolState(s cache.State) cache.State {
+	if g.mayRun {
+		return cache.StateCommitUnknown
+	}
+	return s
+}
+
+// toolWhole records a JSON answer: a response with a result commits (an
+// isError result too: the tool ran), an error is relayed and not stored,
+// and anything else leaves the outcome unknown.
+func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []byte) {
+	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+	g.f.SetHead(head)
+	switch {
+	case err != nil:
+		g.toolEnd(n, cache.StateCommitUnknown, readFailure(err).String(), nil)
+	case !sameID(body, id):
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream.String(), nil)
+	case gjson.GetBytes(body, "result").Exists():
+		g.toolCommitted(n, body)
+	case gjson.GetBytes(body, "error").Exists():
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorBody.String(), body)
+	default:
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream.String(), nil)
+	}
+}
+
+// toolStream records an SSE answer, each event as it comes, until the
+// response to the call: a result commits, an error is relayed and not
+// stored; a stream that ends before it leaves the outcome unknown.
+func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
+	f := g.f
+	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
+		if err != nil {
+			c := causeUpstreamReadError
+			if errors.Is(err, sse.ErrEventTooLarge) {
+				c = causeMaxEventBytes
+			}
+			g.toolEnd(n, cache.StateCommitUnknown, c.String(), nil)
+			return
+		}
+		if _, err := f.Append(ev.Type, ev.Data); err != nil {
+			g.toolEnd(n, cache.StateCommitUnknown, cache.ReasonMaxStreamBytes, nil)
+			return
+		}
+		data := []byte(ev.Data)
+		if gjson.GetBytes(data, "method").Exists() || !sameID(data, id) {
+			continue // a notification or a request of the server's
+		}
+		if gjson.GetBytes(data, "result").Exists() {
+			if c := connOf(resp); c != nil {
+				c.drainBy(time.Now().Add(time.Second)) // the server ends the stream after its response
+			}
+			g.toolCommitted(n, nil)
+			return
+		}
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorEvent.String(), nil)
+		return
+	}
+	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent.String(), nil)
+}
+
+// sameID reports whether msg is a JSON-RPC message with the id id.
+func sameID(msg, id []byte) bool {
+	r := gjson.GetBytes(msg, "id")
+	return r.Exists() && bytes.Equal(compactJSON(r.Raw), compactJSON(string(id)))
+}
+
+func compactJSON(s string) []byte {
+	var b bytes.Buffer
+	if err := json.Compact(&b, []byte(s)); err != nil {
+		return []byte(s)
+	}
+	return b.Bytes()
+}
+
+// toolCommitted ends the flight with the call's result.
+func (g *gen) toolCommitted(n int, body []byte) {
+	g.f.Mark(cache.StateExecutionStarted, n, 0)
+	g.p.m.toolAttempts.Observe(float64(n))
+	g.skipped(g.f.Commit(body))
+	g.logEnd()
+}
+
+// toolEnd ends the flight without a result, in state, for reason (with
+// the server's answer body, relayed to the callers, when it has one).
+func (g *gen) toolEnd(n int, state cache.State, reason string, body []byte) {
+	f := g.f
+	f.Mark(cache.StateExecutionStarted, n, 0)
+	if n > 0 {
+		g.p.m.toolAttempts.Observe(float64(n))
+	}
+	if f.Fail(state, reason, body) && state == cache.StateCommitUnknown {
+		g.p.m.commitUnknowns.Inc()
+	}
+	g.logEnd()
+}
