@@ -47,9 +47,11 @@ func checkProgress(t *testing.T, jsonMode bool, c *caller, tokens ...string) {
 // joins the run and gets its result under its own id and progress token;
 // a re-issue after the end replays it. The tool ran once.
 func TestReissueAfterCut(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		for _, carrier := range []string{"header", "meta"} {
 			t.Run(mode.name+"/"+carrier, func(t *testing.T) {
+				t.Parallel()
 				w := newWorld(t, mode)
 				target, key := unique("cut"), unique("key")
 				header, meta := key, ""
@@ -91,8 +93,10 @@ func TestReissueAfterCut(t *testing.T) {
 // own JSON-RPC id and progress token on one session: one run, and every
 // caller gets the result and the progress under its own id and token.
 func TestConcurrentReissues(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode)
 			target, key := unique("many"), unique("key")
 			c := w.dial(w.gate.URL, "")
@@ -127,8 +131,10 @@ func TestConcurrentReissues(t *testing.T) {
 // the same arguments are one intent (one run, both answered), while other
 // arguments are another; without the opt-in two keyless calls run twice.
 func TestDerivedKey(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
 			target, other := unique("derived"), unique("other")
 			a, b := w.dial(w.gate.URL, ""), w.dial(w.gate.URL, "")
@@ -169,8 +175,10 @@ func TestDerivedKey(t *testing.T) {
 // again, GET /keys/{key} shows the tool and the state, and only
 // DELETE /keys/{key} frees the key for a new run.
 func TestServerDiesMidCall(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode)
 			target, key := unique("dies"), unique("key")
 			die := map[string]any{"die": true}
@@ -202,8 +210,10 @@ func TestServerDiesMidCall(t *testing.T) {
 // replayed (one run); a JSON-RPC error is relayed and not kept, so a
 // re-issue runs the tool again.
 func TestToolOutcomes(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode)
 			refused, rejected := unique("refused"), unique("rejected")
 			rkey, jkey := unique("key"), unique("key")
@@ -232,8 +242,10 @@ func TestToolOutcomes(t *testing.T) {
 // notifications come through ssegate as the server sent them, sessions
 // included.
 func TestPassThrough(t *testing.T) {
+	t.Parallel()
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode)
 			const (
 				initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`

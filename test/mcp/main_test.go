@@ -111,6 +111,17 @@ func (w *world) settle(target string, want int64) {
 	}
 }
 
+// settleAll is settle for several targets at once.
+func (w *world) settleAll(want map[string]int64) {
+	w.t.Helper()
+	time.Sleep(delay + 500*time.Millisecond)
+	for target, n := range want {
+		if got := w.mock.Runs(target); got != n {
+			w.t.Errorf("runs of %s: got %d; want %d", target, got, n)
+		}
+	}
+}
+
 // caller is one MCP client session (the Go SDK) through ssegate: its
 // connections can be cut, and it counts the progress notifications it
 // gets per token.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,9 +28,17 @@ type tsResult struct {
 	Progress int    `json:"progress"`
 }
 
-// node runs client.mjs's scenario through g with opts (url, runs and auth
-// are set here) and decodes what it prints into out.
-func (w *world) node(url, scenario string, opts map[string]any, out any) {
+// step is one scenario of client.mjs: what it is given and where its
+// outcome goes.
+type step struct {
+	url, scenario string
+	opts          map[string]any
+	out           any
+}
+
+// node runs client.mjs with steps, in one process, and decodes each
+// step's outcome into its out.
+func (w *world) node(steps ...step) {
 	w.t.Helper()
 	bin, err := exec.LookPath("node")
 	if err != nil {
@@ -44,19 +53,30 @@ func (w *world) node(url, scenario string, opts map[string]any, out any) {
 		}
 		w.t.Skipf("the TypeScript SDK is not installed: run npm ci in test/mcp/node (%v)", err)
 	}
-	opts["url"], opts["runs"], opts["auth"] = url, w.up+mcpmock.RunsPath, w.auth
-	arg, _ := json.Marshal(opts)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	var plan []map[string]any
+	for _, s := range steps {
+		opts := map[string]any{"scenario": s.scenario, "url": s.url, "runs": w.up + mcpmock.RunsPath, "auth": w.auth}
+		maps.Copy(opts, s.opts)
+		plan = append(plan, opts)
+	}
+	arg, _ := json.Marshal(plan)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "client.mjs", scenario, string(arg))
+	cmd := exec.CommandContext(ctx, bin, "client.mjs", string(arg))
 	cmd.Dir = "node"
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		w.t.Fatalf("node client.mjs %s: %v\nstdout: %s\nstderr: %s", scenario, err, stdout.String(), stderr.String())
+		w.t.Fatalf("node client.mjs: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
 	}
-	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
-		w.t.Fatalf("node client.mjs %s: %v in %q (stderr: %s)", scenario, err, stdout.String(), stderr.String())
+	var outs []json.RawMessage
+	if err := json.Unmarshal(stdout.Bytes(), &outs); err != nil || len(outs) != len(steps) {
+		w.t.Fatalf("node client.mjs: %v, %d outcomes in %q; want %d (stderr: %s)", err, len(outs), stdout.String(), len(steps), stderr.String())
+	}
+	for i, s := range steps {
+		if err := json.Unmarshal(outs[i], s.out); err != nil {
+			w.t.Fatalf("node client.mjs %s: %v in %s", s.scenario, err, outs[i])
+		}
 	}
 }
 
@@ -73,9 +93,31 @@ func isCI() bool {
 // calls without it, and a server that dies mid-call. Every case counts
 // the tool's runs.
 func TestTypeScriptSDK(t *testing.T) {
+	t.Parallel()
 	for _, mode := range nodeModes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
+			plain := w.startGate() // the same server, no opt-in
+			type reissued struct {
+				Tools          []string
+				Reissue, After tsResult
+			}
+			type calls struct{ Calls []tsResult }
+			var (
+				cut                             [2]reissued
+				many, derived, keyless, dies    calls
+				header, meta                    = unique("ts-header"), unique("ts-meta")
+				manyT, derivedT, keylessT, dieT = unique("ts-many"), unique("ts-derived"), unique("ts-keyless"), unique("ts-dies")
+			)
+			w.node(
+				step{w.gate.URL, "reissue", map[string]any{"target": header, "key": unique("key"), "carrier": "header"}, &cut[0]},
+				step{w.gate.URL, "reissue", map[string]any{"target": meta, "key": unique("key"), "carrier": "meta"}, &cut[1]},
+				step{w.gate.URL, "concurrent", map[string]any{"target": manyT, "key": unique("key")}, &many},
+				step{w.gate.URL, "keyless", map[string]any{"target": derivedT}, &derived},
+				step{plain.URL, "keyless", map[string]any{"target": keylessT, "ms": 50}, &keyless},
+				step{w.gate.URL, "dies", map[string]any{"target": dieT, "key": unique("key")}, &dies},
+			)
 			// wantProgress is what a write's caller gets: each of its
 			// notifications, under its own token, on an SSE answer.
 			wantProgress := steps
@@ -85,61 +127,31 @@ func TestTypeScriptSDK(t *testing.T) {
 			check := func(what string, got tsResult, want string) {
 				t.Helper()
 				if got.Error != "" || got.Text != want || got.Progress != wantProgress {
-					t.Fatalf("%s: got %+v; want %q with %d progress notifications", what, got, want, wantProgress)
+					t.Errorf("%s: got %+v; want %q with %d progress notifications", what, got, want, wantProgress)
 				}
 			}
-
-			for _, carrier := range []string{"header", "meta"} {
-				target := unique("ts-cut")
-				var out struct {
-					Tools          []string
-					Reissue, After tsResult
+			for i, target := range []string{header, meta} {
+				if len(cut[i].Tools) != 4 {
+					t.Errorf("tools/list: got %v; want the mock's 4 tools", cut[i].Tools)
 				}
-				w.node(w.gate.URL, "reissue", map[string]any{"target": target, "key": unique("key"), "carrier": carrier}, &out)
-				if len(out.Tools) != 4 {
-					t.Fatalf("tools/list: got %v; want the mock's 4 tools", out.Tools)
-				}
-				check(carrier+" key: re-issue after a cut", out.Reissue, wrote(target))
-				check(carrier+" key: re-issue after the end", out.After, wrote(target))
-				w.settle(target, 1)
+				check(target+": re-issue after a cut", cut[i].Reissue, wrote(target))
+				check(target+": re-issue after the end", cut[i].After, wrote(target))
 			}
-
-			target := unique("ts-many")
-			var many struct{ Calls []tsResult }
-			w.node(w.gate.URL, "concurrent", map[string]any{"target": target, "key": unique("key")}, &many)
 			if len(many.Calls) != 16 {
-				t.Fatalf("concurrent: got %d answers; want 16", len(many.Calls))
+				t.Errorf("concurrent: got %d answers; want 16", len(many.Calls))
 			}
 			for i, c := range many.Calls {
-				check(fmt.Sprintf("concurrent call %d", i), c, wrote(target))
+				check(fmt.Sprintf("concurrent call %d", i), c, wrote(manyT))
 			}
-			w.settle(target, 1)
-
-			target = unique("ts-derived")
-			var derived struct{ Calls []tsResult }
-			w.node(w.gate.URL, "keyless", map[string]any{"target": target}, &derived)
 			for i, c := range derived.Calls {
-				check(fmt.Sprintf("keyless call %d with -mcp-dedupe", i), c, wrote(target))
+				check(fmt.Sprintf("keyless call %d with -mcp-dedupe", i), c, wrote(derivedT))
 			}
-			w.settle(target, 1)
-
-			plain := w.startGate()
-			target = unique("ts-keyless")
-			var keyless struct{ Calls []tsResult }
-			w.node(plain.URL, "keyless", map[string]any{"target": target, "ms": 50}, &keyless)
-			if got := w.mock.Runs(target); got != 2 {
-				t.Fatalf("runs of two keyless calls without the opt-in: got %d; want 2 (%+v)", got, keyless.Calls)
-			}
-
-			target = unique("ts-dies")
-			var dies struct{ Calls []tsResult }
-			w.node(w.gate.URL, "dies", map[string]any{"target": target, "key": unique("key")}, &dies)
 			for i, c := range dies.Calls {
 				if !strings.Contains(strings.ToLower(c.Error), "unknown") {
-					t.Fatalf("call %d of a server that died: got %+v; want a JSON-RPC error saying the outcome is unknown", i, c)
+					t.Errorf("call %d of a server that died: got %+v; want a JSON-RPC error saying the outcome is unknown", i, c)
 				}
 			}
-			w.settle(target, 1)
+			w.settleAll(map[string]int64{header: 1, meta: 1, manyT: 1, derivedT: 1, keylessT: 2, dieT: 1})
 		})
 	}
 }

@@ -13,11 +13,13 @@ import (
 // other and replayed by both after its end; a call whose server died on
 // one is commit_unknown on the other too. The tool runs once.
 func TestReplicas(t *testing.T) {
+	t.Parallel()
 	// Keys and targets are unique, so the test may share a Redis (db 0)
 	// with other packages' tests.
 	url := "redis://" + redistest.Shared(t) + "/0"
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t, mode, "-redis", url)
 			other := w.startGate("-redis", url)
 			target, key := unique("replicas"), unique("key")

@@ -1,16 +1,18 @@
 // The MCP TypeScript SDK's client, driven by test/mcp (node_test.go):
 //
-//   node client.mjs SCENARIO '{"url": ..., "runs": ..., "auth": ..., ...}'
+//   node client.mjs '[{"scenario": ..., "url": ..., "runs": ..., "auth": ..., ...}, ...]'
 //
-// runs one scenario through ssegate at url and prints its outcome as one
-// JSON line; the Go test counts the tool's runs on the server. A cut is a
-// fetch aborted under the SDK, as a network that drops the connection.
+// runs each scenario in turn through ssegate at its url and prints their
+// outcomes as one JSON array; the Go test counts the tool's runs on the
+// server. (One process for them all: loading the SDK takes a while.) A
+// cut is a fetch aborted under the SDK, as a network that drops the
+// connection.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const META_KEY = "ssegate/idempotency-key";
-const [scenario, raw] = process.argv.slice(2);
-const opts = JSON.parse(raw);
+const plan = JSON.parse(process.argv[2]);
+let opts; // the scenario's, while it runs
 
 // connect opens a client session through ssegate. With headerKey, the
 // key goes as Idempotency-Key on its tools/call POSTs.
@@ -112,8 +114,9 @@ const scenarios = {
 };
 
 try {
-  const out = await scenarios[scenario]();
-  process.stdout.write(JSON.stringify(out) + "\n");
+  const outs = [];
+  for (opts of plan) outs.push(await scenarios[opts.scenario]());
+  process.stdout.write(JSON.stringify(outs) + "\n");
   process.exit(0);
 } catch (e) {
   process.stdout.write(JSON.stringify({ fatal: String(e.stack || e) }) + "\n");
