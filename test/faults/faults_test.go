@@ -263,7 +263,7 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 		c.delivered(s, calls)
 	}
 	// 6: the tool calls' side effects.
-	checkTools(w.up.tools, toolXs, rep)
+	toolSummary := checkTools(w.up.tools, toolXs, rep)
 	for _, u := range w.up.unknownRequests() {
 		rep.add(3, nil, "the upstream got a request no client made: %s", u)
 	}
@@ -278,8 +278,8 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 	for _, s := range p.tools {
 		n += len(toolXs[s])
 	}
-	t.Logf("seed %d: %d specs, %d exchanges, load %s, settled in %s, round %s",
-		seed, len(p.specs), n, loaded.Round(time.Millisecond), settled.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	t.Logf("seed %d: %d specs, %d exchanges, load %s, settled in %s, round %s; %s",
+		seed, len(p.specs), n, loaded.Round(time.Millisecond), settled.Round(time.Millisecond), time.Since(began).Round(time.Millisecond), toolSummary)
 	for inv := 1; inv <= 6; inv++ {
 		msgs := rep.found[inv]
 		for i, m := range msgs {

@@ -427,10 +427,12 @@ func (cl *clients) callTool(x *toolExchange, dropAfter time.Duration) {
 // ran at most once; every message a caller got carries its own id and
 // progress token; a result is the first run's for a keyed call; and a
 // caller that stayed got a JSON-RPC answer or an HTTP error, never a
-// stream that just stops.
-func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) {
+// stream that just stops. It returns a summary of what the callers got.
+func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string {
+	var results, rpcErrors, httpErrors, left, total int64
 	for _, s := range sortedTools(t.plan) {
 		runs := t.runs(s)
+		total += runs
 		calls := t.callsOf(s.name)
 		fail := func(format string, args ...any) {
 			rep.add(6, nil, "%s, server calls %v, %d runs: %s", s.describe(), calls, runs, fmt.Sprintf(format, args...))
@@ -453,22 +455,31 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) {
 				}
 				answer = m
 			}
-			if x.dropped || x.err != nil {
+			if x.dropped {
+				left++
+				continue
+			}
+			if x.err != nil {
+				fail("%s stayed and got no answer: %s", x, x.got())
 				continue
 			}
 			switch {
 			case answer != nil && answer.Result != nil:
+				results++
 				want := fmt.Sprintf("wrote %s (run 1)", s.name)
 				if len(answer.Result.Content) != 1 || (s.keyed && answer.Result.Content[0].Text != want) {
 					fail("%s got the result %s; want %q", x, x.got(), want)
 				}
 			case answer != nil && answer.Error != nil:
+				rpcErrors++
 			case x.status >= 400:
+				httpErrors++
 			default:
 				fail("%s got no JSON-RPC answer: %s", x, x.got())
 			}
 		}
 	}
+	return fmt.Sprintf("tool calls: %d results, %d JSON-RPC errors, %d HTTP errors, %d left mid-call, %d runs", results, rpcErrors, httpErrors, left, total)
 }
 
 func sortedTools(m map[string]*toolSpec) []*toolSpec {
