@@ -388,3 +388,38 @@ func clusterOK(servers ...*redistest.Server) bool {
 	}
 	return true
 }
+
+// unstored returns the generations, by key, whose whole answer reached its
+// clients while the store refused its commit (docs/design.md, "An answer
+// received whole is never dropped"), from every replica's warnings: a
+// repeat of such a key may start a new generation, so its clean streams
+// need not match another's.
+func (e *env) unstored() map[string]map[uint64]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]map[uint64]bool{}
+	for _, g := range e.gates {
+		for line := range strings.Lines(g.Logs()) {
+			if !strings.Contains(line, "whole answer not stored") {
+				continue
+			}
+			var key string
+			var gen uint64
+			for f := range strings.FieldsSeq(line) {
+				if v, ok := strings.CutPrefix(f, "key="); ok {
+					key = v
+				} else if v, ok := strings.CutPrefix(f, "generation="); ok {
+					fmt.Sscan(v, &gen)
+				}
+			}
+			if key == "" || gen == 0 {
+				e.t.Fatalf("%s: a warning without its key or generation: %s", g.Name, line)
+			}
+			if out[key] == nil {
+				out[key] = map[uint64]bool{}
+			}
+			out[key][gen] = true
+		}
+	}
+	return out
+}
