@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,6 +184,17 @@ func (s *Server) run(target string) int64 {
 	defer s.mu.Unlock()
 	s.runs[target]++
 	return s.runs[target]
+}
+
+// Text returns the text content of a tool's result, for clients.
+func Text(r *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
 }
 
 func text(format string, a ...any) []mcp.Content {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/poll"
 )
 
@@ -47,10 +48,9 @@ func checkProgress(t *testing.T, jsonMode bool, c *caller, tokens ...string) {
 // joins the run and gets its result under its own id and progress token;
 // a re-issue after the end replays it. The tool ran once.
 func TestReissueAfterCut(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
+	forModes(t, modes, func(t *testing.T, mode mode) {
 		for _, carrier := range []string{"header", "meta"} {
-			t.Run(mode.name+"/"+carrier, func(t *testing.T) {
+			t.Run(carrier, func(t *testing.T) {
 				t.Parallel()
 				w := newWorld(t, mode)
 				target, key := unique("cut"), unique("key")
@@ -72,101 +72,91 @@ func TestReissueAfterCut(t *testing.T) {
 				if err != nil {
 					t.Fatalf("re-issue: %v", err)
 				}
-				if got := textOf(r); got != wrote(target) {
+				if got := mcpmock.Text(r); got != wrote(target) {
 					t.Fatalf("re-issue: got %q; want %q", got, wrote(target))
 				}
 				checkProgress(t, mode.json, b, "b")
 
 				c := w.dial(w.gate.URL, header)
 				r, err = c.callTool(call("write", target, meta, "c", nil))
-				if err != nil || textOf(r) != wrote(target) {
+				if err != nil || mcpmock.Text(r) != wrote(target) {
 					t.Fatalf("re-issue after the end: got %v, %v; want %q", r, err, wrote(target))
 				}
 				checkProgress(t, mode.json, c, "c")
 				w.settle(target, 1)
 			})
 		}
-	}
+	})
 }
 
 // TestConcurrentReissues: 16 re-issues of one call at once, each with its
 // own JSON-RPC id and progress token on one session: one run, and every
 // caller gets the result and the progress under its own id and token.
 func TestConcurrentReissues(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode)
-			target, key := unique("many"), unique("key")
-			c := w.dial(w.gate.URL, "")
-			const n = 16
-			var wg sync.WaitGroup
-			errs := make([]error, n)
-			texts := make([]string, n)
-			var tokens []string
-			for i := range n {
-				tok := fmt.Sprintf("t%d", i)
-				tokens = append(tokens, tok)
-				wg.Go(func() {
-					r, err := c.callTool(call("write", target, key, tok, nil))
-					if errs[i] = err; err == nil {
-						texts[i] = textOf(r)
-					}
-				})
-			}
-			wg.Wait()
-			for i := range n {
-				if errs[i] != nil || texts[i] != wrote(target) {
-					t.Fatalf("call %d: got %q, %v; want %q", i, texts[i], errs[i], wrote(target))
+	forModes(t, modes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode)
+		target, key := unique("many"), unique("key")
+		c := w.dial(w.gate.URL, "")
+		const n = 16
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		texts := make([]string, n)
+		var tokens []string
+		for i := range n {
+			tok := fmt.Sprintf("t%d", i)
+			tokens = append(tokens, tok)
+			wg.Go(func() {
+				r, err := c.callTool(call("write", target, key, tok, nil))
+				if errs[i] = err; err == nil {
+					texts[i] = mcpmock.Text(r)
 				}
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil || texts[i] != wrote(target) {
+				t.Fatalf("call %d: got %q, %v; want %q", i, texts[i], errs[i], wrote(target))
 			}
-			checkProgress(t, mode.json, c, tokens...)
-			w.settle(target, 1)
-		})
-	}
+		}
+		checkProgress(t, mode.json, c, tokens...)
+		w.settle(target, 1)
+	})
 }
 
 // TestDerivedKey: with -mcp-dedupe write, two keyless calls of write with
 // the same arguments are one intent (one run, both answered), while other
 // arguments are another; without the opt-in two keyless calls run twice.
 func TestDerivedKey(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
-			target, other := unique("derived"), unique("other")
-			a, b := w.dial(w.gate.URL, ""), w.dial(w.gate.URL, "")
-			var wg sync.WaitGroup
-			for _, c := range []*caller{a, b} {
-				wg.Go(func() {
-					r, err := c.callTool(call("write", target, "", "", nil))
-					if err != nil || textOf(r) != wrote(target) {
-						t.Errorf("keyless write: got %v, %v; want %q", r, err, wrote(target))
-					}
-				})
-			}
-			wg.Wait()
-			if r, err := a.callTool(call("write", other, "", "", nil)); err != nil || textOf(r) != wrote(other) {
-				t.Fatalf("keyless write of other arguments: got %v, %v; want %q", r, err, wrote(other))
-			}
-			w.settle(target, 1)
-			w.settle(other, 1)
-
-			plain := w.startGate() // the same server, no opt-in
-			target = unique("keyless")
-			c := w.dial(plain.URL, "")
-			for range 2 {
-				if _, err := c.callTool(call("write", target, "", "", map[string]any{"ms": 50})); err != nil {
-					t.Fatalf("keyless write without the opt-in: %v", err)
+	forModes(t, modes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
+		target, other := unique("derived"), unique("other")
+		a, b := w.dial(w.gate.URL, ""), w.dial(w.gate.URL, "")
+		var wg sync.WaitGroup
+		for _, c := range []*caller{a, b} {
+			wg.Go(func() {
+				r, err := c.callTool(call("write", target, "", "", nil))
+				if err != nil || mcpmock.Text(r) != wrote(target) {
+					t.Errorf("keyless write: got %v, %v; want %q", r, err, wrote(target))
 				}
+			})
+		}
+		wg.Wait()
+		if r, err := a.callTool(call("write", other, "", "", nil)); err != nil || mcpmock.Text(r) != wrote(other) {
+			t.Fatalf("keyless write of other arguments: got %v, %v; want %q", r, err, wrote(other))
+		}
+		w.settle(target, 1)
+		w.settle(other, 1)
+
+		plain := w.startGate() // the same server, no opt-in
+		target = unique("keyless")
+		c := w.dial(plain.URL, "")
+		for range 2 {
+			if _, err := c.callTool(call("write", target, "", "", map[string]any{"ms": 50})); err != nil {
+				t.Fatalf("keyless write without the opt-in: %v", err)
 			}
-			if got := w.mock.Runs(target); got != 2 {
-				t.Fatalf("runs of two keyless calls without the opt-in: got %d; want 2", got)
-			}
-		})
-	}
+		}
+		w.wantRuns(target, 2)
+	})
 }
 
 // TestServerDiesMidCall: a keyed call whose server dies after the tool
@@ -175,114 +165,96 @@ func TestDerivedKey(t *testing.T) {
 // again, GET /keys/{key} shows the tool and the state, and only
 // DELETE /keys/{key} frees the key for a new run.
 func TestServerDiesMidCall(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode)
-			target, key := unique("dies"), unique("key")
-			die := map[string]any{"die": true}
-			for i := range 2 {
-				c := w.dial(w.gate.URL, "")
-				_, err := c.callTool(call("write", target, key, "p", die))
-				if err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown") {
-					t.Fatalf("call %d: got %v; want a JSON-RPC error saying the outcome is unknown", i, err)
-				}
-			}
-			w.settle(target, 1)
-			status, body := w.keyState(w.gate, key)
-			if status != http.StatusOK || !strings.Contains(body, "commit_unknown") || !strings.Contains(body, `"tool"`) || !strings.Contains(body, "write") {
-				t.Fatalf("GET /keys/%s: got %d %s; want 200 with state commit_unknown and tool write", key, status, body)
-			}
-			if status, body := w.keyRequest(w.gate, http.MethodDelete, key); status/100 != 2 {
-				t.Fatalf("DELETE /keys/%s: got %d %s; want 2xx", key, status, body)
-			}
+	forModes(t, modes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode)
+		target, key := unique("dies"), unique("key")
+		die := map[string]any{"die": true}
+		for i := range 2 {
 			c := w.dial(w.gate.URL, "")
-			c.callTool(call("write", target, key, "p", die))
-			if got := w.mock.Runs(target); got != 2 {
-				t.Fatalf("runs after DELETE and a re-issue: got %d; want 2", got)
+			_, err := c.callTool(call("write", target, key, "p", die))
+			if err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown") {
+				t.Fatalf("call %d: got %v; want a JSON-RPC error saying the outcome is unknown", i, err)
 			}
-		})
-	}
+		}
+		w.settle(target, 1)
+		status, body := w.keyState(w.gate, key)
+		if status != http.StatusOK || !strings.Contains(body, "commit_unknown") || !strings.Contains(body, `"tool"`) || !strings.Contains(body, "write") {
+			t.Fatalf("GET /keys/%s: got %d %s; want 200 with state commit_unknown and tool write", key, status, body)
+		}
+		if status, body := w.keyRequest(w.gate, http.MethodDelete, key); status/100 != 2 {
+			t.Fatalf("DELETE /keys/%s: got %d %s; want 2xx", key, status, body)
+		}
+		c := w.dial(w.gate.URL, "")
+		c.callTool(call("write", target, key, "p", die))
+		w.wantRuns(target, 2)
+	})
 }
 
 // TestToolOutcomes: a result with isError is the tool's answer, kept and
 // replayed (one run); a JSON-RPC error is relayed and not kept, so a
 // re-issue runs the tool again.
 func TestToolOutcomes(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode)
-			refused, rejected := unique("refused"), unique("rejected")
-			rkey, jkey := unique("key"), unique("key")
-			for i := range 2 {
-				c := w.dial(w.gate.URL, "")
-				r, err := c.callTool(call("refuse", refused, rkey, "", nil))
-				if want := fmt.Sprintf("refused %s (run 1)", refused); err != nil || !r.IsError || textOf(r) != want {
-					t.Fatalf("refuse, call %d: got %v, %v; want isError %q", i, r, err, want)
-				}
-				_, err = c.callTool(call("reject", rejected, jkey, "", nil))
-				if want := fmt.Sprintf("rejected %s (run %d)", rejected, i+1); err == nil || !strings.Contains(err.Error(), want) {
-					t.Fatalf("reject, call %d: got %v; want a JSON-RPC error %q", i, err, want)
-				}
+	forModes(t, modes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode)
+		refused, rejected := unique("refused"), unique("rejected")
+		rkey, jkey := unique("key"), unique("key")
+		for i := range 2 {
+			c := w.dial(w.gate.URL, "")
+			r, err := c.callTool(call("refuse", refused, rkey, "", nil))
+			if want := fmt.Sprintf("refused %s (run 1)", refused); err != nil || !r.IsError || mcpmock.Text(r) != want {
+				t.Fatalf("refuse, call %d: got %v, %v; want isError %q", i, r, err, want)
 			}
-			if got := w.mock.Runs(refused); got != 1 {
-				t.Fatalf("runs of refuse: got %d; want 1", got)
+			_, err = c.callTool(call("reject", rejected, jkey, "", nil))
+			if want := fmt.Sprintf("rejected %s (run %d)", rejected, i+1); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("reject, call %d: got %v; want a JSON-RPC error %q", i, err, want)
 			}
-			if got := w.mock.Runs(rejected); got != 2 {
-				t.Fatalf("runs of reject: got %d; want 2", got)
-			}
-		})
-	}
+		}
+		w.wantRuns(refused, 1)
+		w.wantRuns(rejected, 2)
+	})
 }
 
 // TestPassThrough: initialize, tools/list and an unkeyed call's progress
 // notifications come through ssegate as the server sent them, sessions
 // included.
 func TestPassThrough(t *testing.T) {
-	t.Parallel()
-	for _, mode := range modes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode)
-			const (
-				initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
-				list       = `{"jsonrpc":"2.0","id":41,"method":"tools/list"}`
-			)
-			// exchange initializes a session on url and lists its tools.
-			exchange := func(url string) (init, tools answer) {
-				init = w.rawPost(url, initialize, nil)
-				hdr := map[string]string{"Mcp-Protocol-Version": "2025-11-25"}
-				if sid := init.header.Get("Mcp-Session-Id"); sid != "" {
-					hdr["Mcp-Session-Id"] = sid
-					w.rawPost(url, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, hdr)
-				}
-				return init, w.rawPost(url, list, hdr)
+	forModes(t, modes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode)
+		const (
+			initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+			list       = `{"jsonrpc":"2.0","id":41,"method":"tools/list"}`
+		)
+		// exchange initializes a session on url and lists its tools.
+		exchange := func(url string) (init, tools answer) {
+			init = w.rawPost(url, initialize, nil)
+			hdr := map[string]string{"Mcp-Protocol-Version": "2025-11-25"}
+			if sid := init.header.Get("Mcp-Session-Id"); sid != "" {
+				hdr["Mcp-Session-Id"] = sid
+				w.rawPost(url, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, hdr)
 			}
-			dinit, dlist := exchange(w.up)
-			pinit, plist := exchange(w.gate.URL)
-			if got, want := pinit.header.Get("Mcp-Session-Id") != "", !mode.stateless; got != want {
-				t.Fatalf("initialize through ssegate: Mcp-Session-Id given: %v; want %v", got, want)
+			return init, w.rawPost(url, list, hdr)
+		}
+		dinit, dlist := exchange(w.up)
+		pinit, plist := exchange(w.gate.URL)
+		if got, want := pinit.header.Get("Mcp-Session-Id") != "", !mode.stateless; got != want {
+			t.Fatalf("initialize through ssegate: Mcp-Session-Id given: %v; want %v", got, want)
+		}
+		for _, ex := range []struct {
+			what          string
+			direct, proxy answer
+		}{{"initialize", dinit, pinit}, {"tools/list", dlist, plist}} {
+			d, p := ex.direct, ex.proxy
+			if d.status != http.StatusOK || p.status != d.status || p.header.Get("Content-Type") != d.header.Get("Content-Type") || string(p.body) != string(d.body) {
+				t.Fatalf("%s through ssegate: got %d %s %q; want %d %s %q", ex.what,
+					p.status, p.header.Get("Content-Type"), p.body, d.status, d.header.Get("Content-Type"), d.body)
 			}
-			for _, ex := range []struct {
-				what          string
-				direct, proxy answer
-			}{{"initialize", dinit, pinit}, {"tools/list", dlist, plist}} {
-				d, p := ex.direct, ex.proxy
-				if d.status != http.StatusOK || p.status != d.status || p.header.Get("Content-Type") != d.header.Get("Content-Type") || string(p.body) != string(d.body) {
-					t.Fatalf("%s through ssegate: got %d %s %q; want %d %s %q", ex.what,
-						p.status, p.header.Get("Content-Type"), p.body, d.status, d.header.Get("Content-Type"), d.body)
-				}
-			}
+		}
 
-			c := w.dial(w.gate.URL, "")
-			target := unique("plain")
-			if r, err := c.callTool(call("write", target, "", "tok", nil)); err != nil || textOf(r) != wrote(target) {
-				t.Fatalf("unkeyed write: got %v, %v; want %q", r, err, wrote(target))
-			}
-			checkProgress(t, mode.json, c, "tok")
-		})
-	}
+		c := w.dial(w.gate.URL, "")
+		target := unique("plain")
+		if r, err := c.callTool(call("write", target, "", "tok", nil)); err != nil || mcpmock.Text(r) != wrote(target) {
+			t.Fatalf("unkeyed write: got %v, %v; want %q", r, err, wrote(target))
+		}
+		checkProgress(t, mode.json, c, "tok")
+	})
 }

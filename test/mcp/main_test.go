@@ -44,6 +44,18 @@ type mode struct {
 // modes are the server's modes the Go SDK client is tested against.
 var modes = []mode{{"sse-stateless", false, true}, {"json-sessions", true, false}}
 
+// forModes runs f for each of ms as a parallel subtest, in parallel with
+// the package's other tests: they mostly wait for tools to run.
+func forModes(t *testing.T, ms []mode, f func(t *testing.T, m mode)) {
+	t.Parallel()
+	for _, m := range ms {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, m)
+		})
+	}
+}
+
 // world is one test's MCP server and the ssegate in front of it.
 type world struct {
 	t    *testing.T
@@ -106,6 +118,12 @@ func (w *world) waitRuns(target string, n int64) {
 func (w *world) settle(target string, want int64) {
 	w.t.Helper()
 	time.Sleep(delay + 500*time.Millisecond)
+	w.wantRuns(target, want)
+}
+
+// wantRuns checks that target has run want times.
+func (w *world) wantRuns(target string, want int64) {
+	w.t.Helper()
 	if got := w.mock.Runs(target); got != want {
 		w.t.Fatalf("runs of %s: got %d; want %d", target, got, want)
 	}
@@ -219,17 +237,6 @@ func (c *caller) callTool(p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	return c.cs.CallTool(ctx, p)
-}
-
-// textOf is a result's text content.
-func textOf(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
 }
 
 // keyed sets the tenant's credential on every request, and the

@@ -93,65 +93,61 @@ func isCI() bool {
 // calls without it, and a server that dies mid-call. Every case counts
 // the tool's runs.
 func TestTypeScriptSDK(t *testing.T) {
-	t.Parallel()
-	for _, mode := range nodeModes {
-		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel()
-			w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
-			plain := w.startGate() // the same server, no opt-in
-			type reissued struct {
-				Tools          []string
-				Reissue, After tsResult
+	forModes(t, nodeModes, func(t *testing.T, mode mode) {
+		w := newWorld(t, mode, "-mcp-dedupe", "write", "-mcp-dedupe-window", "1m")
+		plain := w.startGate() // the same server, no opt-in
+		type reissued struct {
+			Tools          []string
+			Reissue, After tsResult
+		}
+		type calls struct{ Calls []tsResult }
+		var (
+			cut                             [2]reissued
+			many, derived, keyless, dies    calls
+			header, meta                    = unique("ts-header"), unique("ts-meta")
+			manyT, derivedT, keylessT, dieT = unique("ts-many"), unique("ts-derived"), unique("ts-keyless"), unique("ts-dies")
+		)
+		w.node(
+			step{w.gate.URL, "reissue", map[string]any{"target": header, "key": unique("key"), "carrier": "header"}, &cut[0]},
+			step{w.gate.URL, "reissue", map[string]any{"target": meta, "key": unique("key"), "carrier": "meta"}, &cut[1]},
+			step{w.gate.URL, "concurrent", map[string]any{"target": manyT, "key": unique("key")}, &many},
+			step{w.gate.URL, "keyless", map[string]any{"target": derivedT}, &derived},
+			step{plain.URL, "keyless", map[string]any{"target": keylessT, "ms": 50}, &keyless},
+			step{w.gate.URL, "dies", map[string]any{"target": dieT, "key": unique("key")}, &dies},
+		)
+		// wantProgress is what a write's caller gets: each of its
+		// notifications, under its own token, on an SSE answer.
+		wantProgress := steps
+		if mode.json {
+			wantProgress = 0
+		}
+		check := func(what string, got tsResult, want string) {
+			t.Helper()
+			if got.Error != "" || got.Text != want || got.Progress != wantProgress {
+				t.Errorf("%s: got %+v; want %q with %d progress notifications", what, got, want, wantProgress)
 			}
-			type calls struct{ Calls []tsResult }
-			var (
-				cut                             [2]reissued
-				many, derived, keyless, dies    calls
-				header, meta                    = unique("ts-header"), unique("ts-meta")
-				manyT, derivedT, keylessT, dieT = unique("ts-many"), unique("ts-derived"), unique("ts-keyless"), unique("ts-dies")
-			)
-			w.node(
-				step{w.gate.URL, "reissue", map[string]any{"target": header, "key": unique("key"), "carrier": "header"}, &cut[0]},
-				step{w.gate.URL, "reissue", map[string]any{"target": meta, "key": unique("key"), "carrier": "meta"}, &cut[1]},
-				step{w.gate.URL, "concurrent", map[string]any{"target": manyT, "key": unique("key")}, &many},
-				step{w.gate.URL, "keyless", map[string]any{"target": derivedT}, &derived},
-				step{plain.URL, "keyless", map[string]any{"target": keylessT, "ms": 50}, &keyless},
-				step{w.gate.URL, "dies", map[string]any{"target": dieT, "key": unique("key")}, &dies},
-			)
-			// wantProgress is what a write's caller gets: each of its
-			// notifications, under its own token, on an SSE answer.
-			wantProgress := steps
-			if mode.json {
-				wantProgress = 0
+		}
+		for i, target := range []string{header, meta} {
+			if len(cut[i].Tools) != 4 {
+				t.Errorf("tools/list: got %v; want the mock's 4 tools", cut[i].Tools)
 			}
-			check := func(what string, got tsResult, want string) {
-				t.Helper()
-				if got.Error != "" || got.Text != want || got.Progress != wantProgress {
-					t.Errorf("%s: got %+v; want %q with %d progress notifications", what, got, want, wantProgress)
-				}
+			check(target+": re-issue after a cut", cut[i].Reissue, wrote(target))
+			check(target+": re-issue after the end", cut[i].After, wrote(target))
+		}
+		if len(many.Calls) != 16 {
+			t.Errorf("concurrent: got %d answers; want 16", len(many.Calls))
+		}
+		for i, c := range many.Calls {
+			check(fmt.Sprintf("concurrent call %d", i), c, wrote(manyT))
+		}
+		for i, c := range derived.Calls {
+			check(fmt.Sprintf("keyless call %d with -mcp-dedupe", i), c, wrote(derivedT))
+		}
+		for i, c := range dies.Calls {
+			if !strings.Contains(strings.ToLower(c.Error), "unknown") {
+				t.Errorf("call %d of a server that died: got %+v; want a JSON-RPC error saying the outcome is unknown", i, c)
 			}
-			for i, target := range []string{header, meta} {
-				if len(cut[i].Tools) != 4 {
-					t.Errorf("tools/list: got %v; want the mock's 4 tools", cut[i].Tools)
-				}
-				check(target+": re-issue after a cut", cut[i].Reissue, wrote(target))
-				check(target+": re-issue after the end", cut[i].After, wrote(target))
-			}
-			if len(many.Calls) != 16 {
-				t.Errorf("concurrent: got %d answers; want 16", len(many.Calls))
-			}
-			for i, c := range many.Calls {
-				check(fmt.Sprintf("concurrent call %d", i), c, wrote(manyT))
-			}
-			for i, c := range derived.Calls {
-				check(fmt.Sprintf("keyless call %d with -mcp-dedupe", i), c, wrote(derivedT))
-			}
-			for i, c := range dies.Calls {
-				if !strings.Contains(strings.ToLower(c.Error), "unknown") {
-					t.Errorf("call %d of a server that died: got %+v; want a JSON-RPC error saying the outcome is unknown", i, c)
-				}
-			}
-			w.settleAll(map[string]int64{header: 1, meta: 1, manyT: 1, derivedT: 1, keylessT: 2, dieT: 1})
-		})
-	}
+		}
+		w.settleAll(map[string]int64{header: 1, meta: 1, manyT: 1, derivedT: 1, keylessT: 2, dieT: 1})
+	})
 }
