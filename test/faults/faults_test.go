@@ -145,8 +145,10 @@ func seeds(t *testing.T) (int64, int) {
 //     leave mid-call and re-issue with a new JSON-RPC id. The tool's
 //     side-effect counter is the oracle: a keyed call runs at most once;
 //     every message a caller gets carries its own id and progress token;
-//     a keyed call's result is its first run's; a caller that stays gets
-//     a JSON-RPC answer or an HTTP error, never a stream that just stops.
+//     a keyed call's result is its first run's; a keyed call's caller
+//     that stays gets a JSON-RPC answer or an HTTP error, never a stream
+//     that just stops. (An unkeyed call is relayed as it is; its callers
+//     cut with no fault of the server's are counted in the round's log.)
 //
 // Failures name the seed, the key (with its dialect and planned faults),
 // the invariant, what the client got or the calls made, and ssegate's log

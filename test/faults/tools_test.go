@@ -429,7 +429,7 @@ func (cl *clients) callTool(x *toolExchange, dropAfter time.Duration) {
 // caller that stayed got a JSON-RPC answer or an HTTP error, never a
 // stream that just stops. It returns a summary of what the callers got.
 func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string {
-	var results, rpcErrors, httpErrors, left, total int64
+	var results, rpcErrors, httpErrors, left, unkeyedCut, total int64
 	for _, s := range sortedTools(t.plan) {
 		runs := t.runs(s)
 		total += runs
@@ -459,6 +459,17 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string 
 				left++
 				continue
 			}
+			if x.err != nil && !s.keyed {
+				// An unkeyed call is relayed as it is, not held to an
+				// answer: a server that cut or never gave its answer
+				// leaves its caller cut too. The others are counted.
+				if cutBy(calls, x.origin) {
+					left++
+				} else {
+					unkeyedCut++
+				}
+				continue
+			}
 			if x.err != nil {
 				fail("%s stayed and got no answer: %s", x, x.got())
 				continue
@@ -479,7 +490,19 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string 
 			}
 		}
 	}
-	return fmt.Sprintf("tool calls: %d results, %d JSON-RPC errors, %d HTTP errors, %d left mid-call, %d runs", results, rpcErrors, httpErrors, left, total)
+	return fmt.Sprintf("tool calls: %d results, %d JSON-RPC errors, %d HTTP errors, %d left mid-call or cut with the server, %d unkeyed cut otherwise, %d runs",
+		results, rpcErrors, httpErrors, left, unkeyedCut, total)
+}
+
+// cutBy reports whether the server cut or withheld its answer to a call
+// made for origin.
+func cutBy(calls []toolCall, origin string) bool {
+	for _, c := range calls {
+		if c.origin == origin && (c.fault == tDie || c.fault == tHang || c.fault == tResetHead) {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedTools(m map[string]*toolSpec) []*toolSpec {
