@@ -47,7 +47,12 @@ type toolCall struct {
 
 // mcpPath reports whether the request's path is one of -mcp-path.
 func (p *Proxy) mcpPath(ctx *fasthttp.RequestCtx) bool {
-	return len(p.cfg.MCPPaths) > 0 && slices.Contains(p.cfg.MCPPaths, string(ctx.Path()))
+	for _, mp := range p.cfg.MCPPaths {
+		if string(ctx.Path()) == mp { // compared without a copy: every request asks
+			return true
+		}
+	}
+	return false
 }
 
 // serveMCP serves a request on an MCP path: a tools/call with a key is
@@ -98,6 +103,30 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(newTemplate(ctx))
 	p.serveOrigin(ctx, g)
+}
+
+// cancelOnDeparture closes the upstream connection of resp, whose body
+// is being relayed to c, as soon as c's client closes its connection, so
+// that the server sees the call cancelled at once rather than at a write
+// that fails (an MCP server's stream may be silent for long). stop ends
+// the watch and reports whether the client went.
+func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
+	gone, stopWatch := watchDeparture(c)
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-gone:
+			interrupt(resp)
+		case <-over:
+		}
+	}()
+	return func() bool {
+		close(over)
+		<-ended
+		return stopWatch()
+	}
 }
 
 // parseToolCall reads a single JSON-RPC tools/call request; ok is false

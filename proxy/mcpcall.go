@@ -25,12 +25,13 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 	}()
 	p := g.p
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	next := 0 // the upstream to try first: the one after one that failed
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
 			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c.String(), nil)
 			return
 		}
-		up, _, done, ok := pick(p.ups, 0, "")
+		up, idx, done, ok := pick(p.ups, next, "")
 		if !ok {
 			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable.String(), nil)
 			return
@@ -58,6 +59,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 			if !unsent {
 				g.mayRun = true
 			}
+			next = idx + 1
 			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, c.String(), jitter.next()) {
 				continue
 			}
@@ -75,6 +77,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 			body, _ := readBody(resp, 64<<10)
 			wait := max(jitter.next(), min(retryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
 			g.drop()
+			next = idx + 1
 			if n < p.cfg.Retry.Attempts && g.toolRetry(n, reason, wait) {
 				continue
 			}
