@@ -66,11 +66,7 @@ func (d decision) String() string { return decisions[d].label }
 
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
-	if err := validKey(key); err != nil {
-		p.refuse(ctx, causeInvalidKey, err.Error())
-		return
-	}
-	sc, ok := p.scope(ctx, key)
+	sc, ok := p.keyScope(ctx, key)
 	if !ok {
 		return
 	}
@@ -122,10 +118,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		if b.Regenerated {
 			p.m.missingBodies.Inc()
 		}
-		if !p.acquireSlot() {
-			// No call was made: the one end of a flight that no generation owns.
-			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+		if !p.claimSlot(ctx, f) {
 			return
 		}
 		g := p.newGen(f, body)
@@ -136,6 +129,19 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
+}
+
+// claimSlot takes a slot for the upstream call of the flight f a miss
+// claimed; at -max-streams it ends f, refuses the request and reports
+// false. No call was made: the one end of a flight that no generation
+// owns.
+func (p *Proxy) claimSlot(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
+	if p.acquireSlot() {
+		return true
+	}
+	f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
+	p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+	return false
 }
 
 // storeError answers a failure of the store itself, or a bound it holds,

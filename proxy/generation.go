@@ -39,6 +39,10 @@ type gen struct {
 	// No fallback follows it either: its model's route is pinned
 	// (mayHaveRun).
 	mayRun bool
+	// endState, when set, is the state of the flight's failed end, which
+	// a tool call decides itself (runTool: never retried once it may have
+	// run).
+	endState cache.State
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
@@ -328,6 +332,9 @@ func (g *gen) fail(c cause, status int, body []byte) {
 // repeated under -retry-ambiguous) it is commit_unknown, whatever came
 // after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
+	if g.endState != "" {
+		return g.endState
+	}
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
@@ -74,7 +73,7 @@ func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
 	if key == "" {
 		key = call.metaKey
 	}
-	if key == "" && (slices.Contains(p.cfg.MCPDedupe, call.name) || slices.Contains(p.cfg.MCPDedupe, "*")) {
+	if key == "" && p.dedupes(call.name) {
 		key, derived = derivedKey(call), true
 	}
 	if key == "" {
@@ -83,6 +82,16 @@ func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p.serveTool(ctx, call, key, derived)
+}
+
+// dedupes reports whether -mcp-dedupe names tool (or is "*").
+func (p *Proxy) dedupes(tool string) bool {
+	for _, t := range p.cfg.MCPDedupe {
+		if t == tool || t == "*" {
+			return true
+		}
+	}
+	return false
 }
 
 // relayMCP relays a request on an MCP path without recording it: its
@@ -182,15 +191,7 @@ func parseToolCall(ctx *fasthttp.RequestCtx) (*toolCall, bool) {
 		return nil, false
 	}
 	c.args, _ = json.Marshal(params["arguments"])
-	h := sha256.New()
-	h.Write(ctx.Method())
-	h.Write([]byte{0})
-	h.Write(ctx.URI().PathOriginal())
-	h.Write([]byte{0})
-	writeQuery(h, ctx.URI().QueryString())
-	h.Write([]byte{0})
-	h.Write(canon)
-	c.fp = string(h.Sum(nil))
+	c.fp = fingerprintOf(ctx, canon)
 	return c, true
 }
 
@@ -209,11 +210,7 @@ func derivedKey(c *toolCall) string {
 // keyed tools/call: a re-issue joins or replays the call under its own
 // id, and a call whose outcome is unknown is not run again.
 func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, derived bool) {
-	if err := validKey(key); err != nil {
-		p.refuse(ctx, causeInvalidKey, err.Error())
-		return
-	}
-	sc, ok := p.scope(ctx, key)
+	sc, ok := p.keyScope(ctx, key)
 	if !ok {
 		return
 	}
@@ -260,9 +257,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		p.followTool(ctx, b.Flight, caller, true)
 	case cache.Miss:
 		f := b.Flight
-		if !p.acquireSlot() {
-			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+		if !p.claimSlot(ctx, f) {
 			return
 		}
 		g := p.newGen(f, sse.Request{}) // the answer's whole time is -attempt-timeout's: JSON comes when the tool is done

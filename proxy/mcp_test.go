@@ -6,19 +6,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/ssegate/ssegate/cache"
-	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mcpmock"
-	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // mcpEnv is ssegate on -mcp-path /mcp in front of the MCP mock server
@@ -40,11 +36,7 @@ func newMCPEnv(t *testing.T, mc mcpmock.Config, tune func(*Config)) *mcpEnv {
 func newMCPEnvOn(t *testing.T, srv *mcpmock.Server, tune func(*Config)) *mcpEnv {
 	t.Helper()
 	me := &mcpEnv{srv: srv, ended: make(chan time.Time, 64)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{ConnContext: srv.ConnContext, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			<-r.Context().Done()
 			select {
@@ -53,14 +45,15 @@ func newMCPEnvOn(t *testing.T, srv *mcpmock.Server, tune func(*Config)) *mcpEnv 
 			}
 		}()
 		srv.Handler().ServeHTTP(w, r)
-	})}
-	go hs.Serve(ln) //nolint:errcheck // ends with Close
-	t.Cleanup(func() { hs.Close() })
+	}))
+	hs.Config.ConnContext = srv.ConnContext // a write with die cuts its connection
+	hs.Start()
+	t.Cleanup(hs.Close)
 	pc := Config{MCPPaths: []string{mcpmock.Path}}
 	if tune != nil {
 		tune(&pc)
 	}
-	me.env = newEnvUpstream(t, "http://"+ln.Addr().String(), nil, pc, cache.Config{})
+	me.env = newEnvUpstream(t, hs.URL, nil, pc, cache.Config{})
 	return me
 }
 
@@ -215,43 +208,6 @@ func TestToolReissueAfterCut(t *testing.T) {
 	resp.Body.Close()
 	if ki.Tool != "write" || ki.State != cache.StateCommitted {
 		t.Fatalf("GET /keys: %+v; want the tool write, committed", ki)
-	}
-}
-
-// TestToolConcurrent: 16 concurrent re-issues of one keyed call, each
-// with its own id, run the tool once and each get the result under its
-// own id; a later one replays it. In SSE and in JSON mode.
-func TestToolConcurrent(t *testing.T) {
-	t.Parallel()
-	for _, json := range []bool{false, true} {
-		t.Run(fmt.Sprintf("json=%v", json), func(t *testing.T) {
-			t.Parallel()
-			e := newMCPEnv(t, mcpmock.Config{Stateless: true, JSON: json, Delay: 300 * time.Millisecond}, nil)
-			key := newKey("many")
-			var wg sync.WaitGroup
-			results := make([]rpc, 16)
-			for i := range results {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					results[i] = e.call(callBody(100+i, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key)
-				}()
-			}
-			wg.Wait()
-			for i, r := range results {
-				wantResult(t, r, 100+i)
-			}
-			e.wantRuns(key, 1)
-			r := e.call(callBody("later", "write", map[string]any{"target": key}, nil), "Idempotency-Key", key)
-			wantResult(t, r, "later")
-			if r.header.Get("Idempotent-Replayed") != "true" {
-				t.Fatalf("the replay is not marked replayed: %v", r.header)
-			}
-			e.wantRuns(key, 1)
-			if got := metricValue(t, e.scrape(), `ssegate_tool_duplicate_side_effects_suppressed_total`); got != 16 {
-				t.Fatalf("side effects suppressed: %v; want 16", got)
-			}
-		})
 	}
 }
 
@@ -460,129 +416,4 @@ func TestToolUnkeyedCancelled(t *testing.T) {
 	if st := e.store.Stats(); st.Keys != 0 {
 		t.Fatalf("an unkeyed call was recorded: %d keys", st.Keys)
 	}
-}
-
-// TestToolRedis: two replicas on one Redis share tool calls: a call
-// committed on one replays on the other, and one whose server died on
-// one answers "unknown" on the other until DELETE /keys/{key} there.
-func TestToolRedis(t *testing.T) {
-	t.Parallel()
-	rs := redistest.Start(t)
-	srv := mcpmock.New(mcpmock.Config{Stateless: true, Delay: 2 * time.Second})
-	var logs gatetest.LogBuffer
-	prefix := redistest.Prefix(t)
-	replica := func() *mcpEnv {
-		store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + rs.Addr, Prefix: prefix,
-			Lease: 3 * time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(store.Close)
-		return newMCPEnvOn(t, srv, func(pc *Config) { pc.Store = store })
-	}
-	a, b := replica(), replica()
-	key := newKey("redis")
-	wantResult(t, a.call(callBody(1, "write", map[string]any{"target": key, "ms": 50}, nil), "Idempotency-Key", key), 1)
-	r := b.call(callBody(2, "write", map[string]any{"target": key, "ms": 50}, nil), "Idempotency-Key", key)
-	wantResult(t, r, 2)
-	if r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("the other replica's answer is not a replay: %v", r.header)
-	}
-	a.wantRuns(key, 1)
-
-	dies := newKey("redis-dies")
-	args := map[string]any{"target": dies, "die": true}
-	wantUnknown(t, a.call(callBody(3, "write", args, nil), "Idempotency-Key", dies), 3)
-	wantUnknown(t, b.call(callBody(4, "write", args, nil), "Idempotency-Key", dies), 4)
-	a.wantRuns(dies, 1)
-	if got := metricValue(t, a.scrape(), `ssegate_tool_calls_unknown`); got != 1 {
-		t.Fatalf("replica a's tool calls unknown: %v; want 1", got)
-	}
-	if d := b.del(dies); d != http.StatusNoContent {
-		t.Fatalf("DELETE on the other replica: %d; want 204", d)
-	}
-	wantResult(t, a.call(callBody(5, "write", map[string]any{"target": dies, "ms": 50}, nil), "Idempotency-Key", dies), 5)
-	a.wantRuns(dies, 2)
-}
-
-// TestToolRetries: a keyed tool call is sent again only where the server
-// said it did not take it (429, 503) or could not have got it (connect
-// error); a 5xx, or a stream that ends without the response, leaves the
-// outcome unknown and is never repeated; a 4xx is the server's refusal,
-// relayed. Every case counts the server's calls.
-func TestToolRetries(t *testing.T) {
-	t.Parallel()
-	answer := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"result":{"content":[]}}`)
-	}
-	cutStream := func(w http.ResponseWriter) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n")
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler) // the server died mid-call
-	}
-	for _, c := range []struct {
-		name   string
-		script func(n int64, w http.ResponseWriter, r *http.Request)
-		calls  int64
-		want   string // result, unknown, or a status
-	}{
-		{"503", func(n int64, w http.ResponseWriter, r *http.Request) {
-			if n == 1 {
-				status(503)(n, w, r)
-				return
-			}
-			answer(w, r)
-		}, 2, "result"},
-		{"429", func(n int64, w http.ResponseWriter, r *http.Request) {
-			if n == 1 {
-				status(429)(n, w, r)
-				return
-			}
-			answer(w, r)
-		}, 2, "result"},
-		{"500", status(500), 1, "unknown"},
-		{"502", status(502), 1, "unknown"},
-		{"504", status(504), 1, "unknown"},
-		{"cut", func(_ int64, w http.ResponseWriter, _ *http.Request) { cutStream(w) }, 1, "unknown"},
-		{"404", status(404), 1, "404"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			fs := newFaultServer(t, c.script)
-			e := &mcpEnv{env: retryEnv(t, []string{fs.url}, func(pc *Config) { pc.MCPPaths = []string{mcpmock.Path} })}
-			key := newKey("retry")
-			r := e.call(callBody(1, "write", map[string]any{"target": key}, map[string]any{"progressToken": 1}), "Idempotency-Key", key)
-			switch c.want {
-			case "result":
-				wantResult(t, r, 1)
-			case "unknown":
-				wantUnknown(t, r, 1)
-				wantUnknown(t, e.call(callBody(2, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), 2)
-			default:
-				if fmt.Sprint(r.status) != c.want {
-					t.Fatalf("got %d; want %s", r.status, c.want)
-				}
-			}
-			wantCount(t, "server calls", fs.calls.Load(), c.calls)
-		})
-	}
-}
-
-// TestToolConnectRetried: a call the server could not have received (its
-// connection refused) is sent again, to the next upstream.
-func TestToolConnectRetried(t *testing.T) {
-	t.Parallel()
-	refused, _ := refusedAddr(t)
-	srv := mcpmock.New(mcpmock.Config{Stateless: true, JSON: true, Delay: 10 * time.Millisecond})
-	up, err := srv.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	e := &mcpEnv{env: retryEnv(t, []string{"http://" + refused, up}, func(pc *Config) { pc.MCPPaths = []string{mcpmock.Path} }), srv: srv}
-	key := newKey("connect")
-	wantResult(t, e.call(callBody(1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), 1)
-	e.wantRuns(key, 1)
 }

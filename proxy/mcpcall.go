@@ -28,12 +28,12 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 	next := 0 // the upstream to try first: the one after one that failed
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
-			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c.String(), nil)
+			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c, 0, nil)
 			return
 		}
 		up, idx, done, ok := pick(p.ups, next, "")
 		if !ok {
-			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable.String(), nil)
+			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable, 0, nil)
 			return
 		}
 		g.mark(cache.StateExecutionStarted, n, 0)
@@ -41,7 +41,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		if err != nil {
 			if errors.Is(err, errCancelled) {
 				done(nil)
-				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort().String(), nil)
+				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort(), 0, nil)
 				return
 			}
 			done(err)
@@ -63,7 +63,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, c.String(), jitter.next()) {
 				continue
 			}
-			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), c.String(), nil)
+			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), c, 0, nil)
 			return
 		}
 		head := copyHead(resp)
@@ -71,6 +71,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		done(health(st, false))
 		p.m.attempts.WithLabelValues(statusClass(st)).Inc()
 		reason := upstreamStatus(st).reason(st)
+		sc := upstreamStatus(st)
 		switch {
 		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !markedUnknown(resp):
 			// The server said it did not take the call.
@@ -82,18 +83,18 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 				continue
 			}
 			g.f.SetHead(head)
-			g.toolEnd(n, cache.StateFailedRetryable, reason, body)
+			g.toolEnd(n, cache.StateFailedRetryable, sc, st, body)
 		case st >= 400 && st < 500 && !markedUnknown(resp):
 			// Refused (a session the server does not know, a request it
 			// cannot read): relayed as it came.
 			body, _ := readBody(resp, 64<<10)
 			g.f.SetHead(head)
-			g.toolEnd(n, cache.StateFailedTerminal, reason, body)
+			g.toolEnd(n, cache.StateFailedTerminal, sc, st, body)
 		case st < 200 || st >= 300:
 			// A 5xx, or an answer marked unknown: the server may have run
 			// the tool before it failed.
 			g.mayRun = true
-			g.toolEnd(n, cache.StateCommitUnknown, reason, nil)
+			g.toolEnd(n, cache.StateCommitUnknown, sc, st, nil)
 		case head.Stream:
 			g.mayRun = true
 			g.f.SetHead(head)
@@ -135,15 +136,15 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 	g.f.SetHead(head)
 	switch {
 	case err != nil:
-		g.toolEnd(n, cache.StateCommitUnknown, readFailure(err).String(), nil)
+		g.toolEnd(n, cache.StateCommitUnknown, readFailure(err), 0, nil)
 	case !sameID(body, id):
-		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream.String(), nil)
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
 	case gjson.GetBytes(body, "result").Exists():
 		g.toolCommitted(n, body)
 	case gjson.GetBytes(body, "error").Exists():
-		g.toolEnd(n, cache.StateFailedTerminal, causeErrorBody.String(), body)
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorBody, 0, body)
 	default:
-		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream.String(), nil)
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
 	}
 }
 
@@ -158,11 +159,11 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 			if errors.Is(err, sse.ErrEventTooLarge) {
 				c = causeMaxEventBytes
 			}
-			g.toolEnd(n, cache.StateCommitUnknown, c.String(), nil)
+			g.toolEnd(n, cache.StateCommitUnknown, c, 0, nil)
 			return
 		}
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
-			g.toolEnd(n, cache.StateCommitUnknown, cache.ReasonMaxStreamBytes, nil)
+			g.toolEnd(n, cache.StateCommitUnknown, causeMaxStreamBytes, 0, nil)
 			return
 		}
 		data := []byte(ev.Data)
@@ -176,10 +177,10 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 			g.toolCommitted(n, nil)
 			return
 		}
-		g.toolEnd(n, cache.StateFailedTerminal, causeErrorEvent.String(), nil)
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorEvent, 0, nil)
 		return
 	}
-	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent.String(), nil)
+	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent, 0, nil)
 }
 
 // sameID reports whether msg is a JSON-RPC message with the id id.
@@ -196,24 +197,21 @@ func compactJSON(s string) []byte {
 	return b.Bytes()
 }
 
-// toolCommitted ends the flight with the call's result.
+// toolCommitted ends the flight with the call's result, after n calls.
 func (g *gen) toolCommitted(n int, body []byte) {
 	g.f.Mark(cache.StateExecutionStarted, n, 0)
 	g.p.m.toolAttempts.Observe(float64(n))
-	g.skipped(g.f.Commit(body))
-	g.logEnd()
+	g.commit(body)
 }
 
-// toolEnd ends the flight without a result, in state, for reason (with
-// the server's answer body, relayed to the callers, when it has one).
-func (g *gen) toolEnd(n int, state cache.State, reason string, body []byte) {
-	f := g.f
-	f.Mark(cache.StateExecutionStarted, n, 0)
+// toolEnd ends the flight without a result after n calls, in state, for
+// c (with the server's status and answer body, relayed to the callers,
+// when it has one).
+func (g *gen) toolEnd(n int, state cache.State, c cause, status int, body []byte) {
+	g.f.Mark(cache.StateExecutionStarted, n, status)
 	if n > 0 {
 		g.p.m.toolAttempts.Observe(float64(n))
 	}
-	if f.Fail(state, reason, body) && state == cache.StateCommitUnknown {
-		g.p.m.commitUnknowns.Inc()
-	}
-	g.logEnd()
+	g.endState = state
+	g.fail(c, status, body)
 }

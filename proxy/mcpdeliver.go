@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
-	"time"
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/tidwall/gjson"
@@ -195,36 +194,11 @@ func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, tc *toolCa
 	if !ok {
 		return
 	}
-	p.takeOver(ctx, false, func(c *clientConn) {
-		c.replayed = replayed
-		gone, stop := watchDeparture(c)
-		leave := func() {
-			sub.Close()
-			stop()
-			c.finish(false, nil)
-		}
-		select {
-		case <-f.HeadReady():
-		case <-gone:
-			leave()
-			return
-		}
-		h, hasHead := f.Head()
-		if hasHead && h.Stream {
-			stop()
-			c.answerHead(tc.head(h))
-			ok := p.writeToolEvents(c, sub, f, tc)
-			c.finish(ok && c.end() == nil, nil)
-			return
-		}
-		select {
-		case <-f.Done():
-		case <-gone:
-			leave()
-			return
-		}
-		sub.Close()
-		stop()
+	p.waitFlight(ctx, f, sub, replayed, func(c *clientConn, h cache.Head) {
+		c.answerHead(tc.head(h))
+		ok := p.writeToolEvents(c, sub, f, tc)
+		c.finish(ok && c.end() == nil, nil)
+	}, func(c *clientConn, h cache.Head, hasHead bool) {
 		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
 		state, reason, body := f.Outcome()
@@ -251,20 +225,8 @@ func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, tc *toolCa
 // without the server's response ends with the outcome-unknown error.
 // It reports false when the client went away.
 func (p *Proxy) writeToolEvents(c *clientConn, sub *cache.Sub, f *cache.Flight, tc *toolCaller) bool {
-	defer sub.Close()
-	hb := time.NewTimer(p.cfg.Heartbeat)
-	defer hb.Stop()
 	var out []byte
-	for {
-		select {
-		case <-sub.C():
-		case <-hb.C:
-			if c.write(pingComment) != nil {
-				return false
-			}
-			hb.Reset(p.cfg.Heartbeat)
-			continue
-		}
+	return p.follow(c, sub, func() (end, ok bool) {
 		for {
 			wire, ended := sub.Read()
 			out = tc.events(out[:0], wire)
@@ -274,15 +236,11 @@ func (p *Proxy) writeToolEvents(c *clientConn, sub *cache.Sub, f *cache.Flight, 
 				}
 			}
 			if len(out) > 0 && c.write(out) != nil {
-				return false
+				return true, false
 			}
-			if ended {
-				return true
-			}
-			if len(wire) == 0 {
-				break
+			if ended || len(wire) == 0 {
+				return ended, true
 			}
 		}
-		hb.Reset(p.cfg.Heartbeat)
-	}
+	})
 }

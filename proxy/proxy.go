@@ -336,6 +336,26 @@ func (p *Proxy) keyTenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
 	return t, cred || p.cfg.AnonymousKeys != AnonymousDeny
 }
 
+// keyScope is scope for a key the request gave, once it is a valid one
+// (400 invalid_idempotency_key otherwise).
+func (p *Proxy) keyScope(ctx *fasthttp.RequestCtx, key string) (cache.Scope, bool) {
+	if err := validKey(key); err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// pathScope is keyScope for the {key} of /keys/{key}.
+func (p *Proxy) pathScope(ctx *fasthttp.RequestCtx) (cache.Scope, bool) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
 // scope returns the scope of key for the request's tenant. A request
 // without a credential, under AnonymousKeys deny, gets 401 and ok false.
 func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
@@ -351,7 +371,10 @@ func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok 
 // fingerprint hashes what makes two requests the same request: method,
 // path, query and body. The key query parameter is left out: it is a
 // credential, part of the tenant.
-func fingerprint(ctx *fasthttp.RequestCtx) string {
+func fingerprint(ctx *fasthttp.RequestCtx) string { return fingerprintOf(ctx, ctx.Request.Body()) }
+
+// fingerprintOf is fingerprint with body in place of the request's.
+func fingerprintOf(ctx *fasthttp.RequestCtx, body []byte) string {
 	h := sha256.New()
 	h.Write(ctx.Method())
 	h.Write([]byte{0})
@@ -359,7 +382,7 @@ func fingerprint(ctx *fasthttp.RequestCtx) string {
 	h.Write([]byte{0})
 	writeQuery(h, ctx.URI().QueryString())
 	h.Write([]byte{0})
-	h.Write(ctx.Request.Body())
+	h.Write(body)
 	return string(h.Sum(nil))
 }
 
