@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,10 @@ import (
 
 // Path is where the server answers MCP.
 const Path = "/mcp"
+
+// RunsPath answers GET ?target=T with T's runs as a decimal number, for
+// tests in another process than the server's.
+const RunsPath = "/runs"
 
 // Config sets the server's behaviour. Its zero value answers with SSE
 // streams, a write taking a second in four progress steps.
@@ -74,6 +79,9 @@ func New(cfg Config) *Server {
 		&mcp.StreamableHTTPOptions{JSONResponse: cfg.JSON, Stateless: cfg.Stateless, DisableLocalhostProtection: true})
 	mux := http.NewServeMux()
 	mux.Handle(Path, s.track(sdk))
+	mux.HandleFunc("GET "+RunsPath, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, s.Runs(r.URL.Query().Get("target")))
+	})
 	s.handler = mux
 	return s
 }
@@ -176,6 +184,17 @@ func (s *Server) run(target string) int64 {
 	defer s.mu.Unlock()
 	s.runs[target]++
 	return s.runs[target]
+}
+
+// Text returns the text content of a tool's result, for clients.
+func Text(r *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
 }
 
 func text(format string, a ...any) []mcp.Content {

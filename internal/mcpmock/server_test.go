@@ -33,16 +33,6 @@ func connect(t *testing.T, cfg mcpmock.Config, progress *atomic.Int64) (*mcpmock
 	return m, cs
 }
 
-func textOf(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
-
 func TestTools(t *testing.T) {
 	for _, mode := range []struct {
 		name            string
@@ -62,7 +52,7 @@ func TestTools(t *testing.T) {
 				if got := m.Runs("a"); got != want {
 					t.Fatalf("runs of a: got %d; want %d", got, want)
 				}
-				if r.IsError || !strings.Contains(textOf(r), "wrote a") {
+				if r.IsError || !strings.Contains(mcpmock.Text(r), "wrote a") {
 					t.Fatalf("write: got %+v; want wrote a", r)
 				}
 			}
@@ -78,7 +68,7 @@ func TestTools(t *testing.T) {
 				t.Fatalf("reject: got %v; want a JSON-RPC error", err)
 			}
 			r, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "runs", Arguments: map[string]any{"target": "a"}})
-			if err != nil || !strings.Contains(textOf(r), "a: 2 runs") {
+			if err != nil || !strings.Contains(mcpmock.Text(r), "a: 2 runs") {
 				t.Fatalf("runs: got %+v, %v; want a: 2 runs", r, err)
 			}
 			if m.Runs("b") != 1 || m.Runs("c") != 1 {
