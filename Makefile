@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/ssegate
 ADDR ?= 127.0.0.1:8080
 
-.PHONY: build run check test vet fmt bench soak fuzz clean
+.PHONY: build run check test observe vet fmt bench soak fuzz clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/ssegate
@@ -34,6 +34,14 @@ test:
 	$(GO) -C bench/firstevent vet .
 	$(GOFMT_CHECK)
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The shipped dashboard and rules (deploy/) in a real Prometheus scraping
+# the built binary, promtool on the rules, and the traces in a real
+# Jaeger (built from test/observe/jaeger on first use, a few minutes):
+# the end-to-end package make test also runs. It needs Debian's
+# prometheus (apt-get install prometheus), as .ci/run installs it.
+observe:
+	$(GO) test -count=1 -timeout 15m ./test/observe
 
 # Every fuzz target of the module for $(FUZZTIME) each, one after the
 # other (go fuzzes one target per run): the packages that have them and

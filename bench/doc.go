@@ -2,7 +2,7 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-profile DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-traces] [-profile DIR]
 //	make bench                      # the whole suite
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
@@ -106,6 +106,19 @@
 // scenario's main metric and proxy CPU per event of both, and the medians
 // of their per-round ratios. It needs ssegate in -peers. Without -baseline
 // the run is as before.
+//
+// # Traces
+//
+// With -traces the measured ssegate exports its spans (-traces otlp) over
+// OTLP/HTTP to a sink in the bench process, which reads and counts them
+// (a note of the report says how many); ssegate@baseline does not. With
+// the same binary as -baseline, the summary is what tracing costs:
+//
+//	go build -o /tmp/ssegate ./cmd/ssegate
+//	go run ./bench -ssegate /tmp/ssegate -baseline /tmp/ssegate -traces -scenarios a,b
+//
+// Without -traces, and a baseline built before the spans, it shows what
+// they cost while off.
 //
 // # Profiles
 //

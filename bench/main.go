@@ -38,6 +38,7 @@ type options struct {
 	ssegateEnv string
 	baseline   string        // a second ssegate binary, measured beside ssegate
 	profile    string        // -profile: where ssegate's CPU and heap profiles go; "" for none
+	traces     bool          // -traces: the measured ssegate exports spans (ssegate@baseline does not)
 	peers      map[kind]bool // the peers to measure; direct always is
 	soak       soakOptions
 }
@@ -67,6 +68,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
 	fs.StringVar(&o.baseline, "baseline", "", "a second ssegate binary to measure beside ssegate, e.g. one built from the commit before a change: paths ssegate@baseline and ssegate@baseline+key, started with the same flags and environment (-ssegate-args, -ssegate-env), each measured right after its ssegate counterpart in every round of a, b, c, e and sweep; in every table, the JSON, the SVG, and a summary of ssegate against it at the top of the report. Needs ssegate in -peers")
 	fs.StringVar(&o.profile, "profile", "", "a directory for ssegate's CPU and heap profiles: every ssegate (and -baseline) measurement starts ssegate with -pprof on an admin listener of its own, fetches a CPU profile over the first -duration of the load (at least 1s) and a heap profile after it, and writes SCENARIO-STEP-rROUND-PATH.cpu.pprof and .heap.pprof there (go tool pprof reads them)")
+	fs.BoolVar(&o.traces, "traces", false, "the measured ssegate exports its spans (-traces otlp) to an OTLP/HTTP sink in the bench process; ssegate@baseline does not, so -baseline with the same binary measures what tracing costs: e.g. -baseline \"$(go env GOPATH)/bin/ssegate\" -ssegate \"$(go env GOPATH)/bin/ssegate\" -traces")
 	peers := fs.String("peers", "httputil,fasthttp,nginx,caddy,portkey,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx (when on PATH), caddy (built from the bench/caddy module with go build at the start; the Go module proxy serves it on the first build), portkey (the Portkey gateway, installed with npm ci from bench/portkey into the user's cache directory on first use; only when node and npm are on PATH, skipped with a note otherwise), ssegate")
 	o.soak.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -229,9 +231,10 @@ type env struct {
 	ssegateBin  string
 	ssegateArgs []string
 	ssegateEnv  []string
-	baselineBin string // -baseline, absolute; "" without
-	profile     bool   // -profile: ssegate serves its profiler on an admin listener
-	self        string // this binary, for its peer children (httputil, fasthttp, the mock)
+	baselineBin string    // -baseline, absolute; "" without
+	profile     bool      // -profile: ssegate serves its profiler on an admin listener
+	otlp        *otlpSink // -traces: where the measured ssegate exports its spans
+	self        string    // this binary, for its peer children (httputil, fasthttp, the mock)
 	nginxBin    string
 	caddyBin    string       // built at the start when caddy is in -peers; "" otherwise or when the build failed
 	dirs        map[kind]int // measurements of each peer that has a directory of its own (peerDir)
@@ -401,6 +404,12 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		e.profile = true
 	}
 	e.ssegateEnv = strings.Fields(opt.ssegateEnv)
+	if opt.traces {
+		if e.otlp, err = startOTLPSink(); err != nil {
+			return fmt.Errorf("-traces: %w", err)
+		}
+		defer e.otlp.close()
+	}
 	if opt.peers[kindNginx] {
 		if p, err := exec.LookPath("nginx"); err == nil {
 			e.nginxBin = p
@@ -456,6 +465,9 @@ func run(opt *options, stdout, stderr io.Writer) error {
 		}
 	}
 
+	if e.otlp != nil {
+		r.notes = append(r.notes, e.otlp.note())
+	}
 	rep := r.report(start, time.Since(start))
 	base := filepath.Join(opt.out, "bench-"+stamp)
 	if err := writeJSON(base+".json", rep); err != nil {

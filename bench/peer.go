@@ -97,7 +97,11 @@ func (e *env) start(k kind) (*server, error) {
 	}
 	switch k {
 	case kindSsegate:
-		cmd = e.ssegateCmd(e.ssegateBin, addr, profile...)
+		args, environ := e.tracesArgs()
+		cmd = e.ssegateCmd(e.ssegateBin, addr, append(profile, args...)...)
+		if environ != nil {
+			cmd.Env = append(append(os.Environ(), e.ssegateEnv...), environ...)
+		}
 	case kindBaseline:
 		if e.baselineBin == "" {
 			return nil, errors.New("no -baseline binary")

@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ssegate/ssegate/sse"
@@ -45,6 +46,7 @@ type Flight struct {
 	share     *tenantLive // its tenant's live bytes (liveShares), or nil
 	headReady chan struct{}
 	done      chan struct{}
+	trace     atomic.Pointer[string] // the traceparent of the generation's request (SetTrace)
 
 	mu       sync.Mutex // guards everything below
 	head     Head
@@ -74,6 +76,8 @@ type Flight struct {
 	// denied: the flight ended by Deny, and the store keeps no record of
 	// its key.
 	denied bool
+
+	tool *Tool // set by BeginTool before the flight is handed out
 }
 
 // SetModel records the model of the attempts to come, and the models
@@ -89,6 +93,20 @@ func (f *Flight) Model() (string, []Fallback) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.model, f.fallback
+}
+
+// SetTrace records the W3C traceparent of the request that started the
+// generation, opaque to the store, for the requests that follow or
+// replay it to link to; its committed Result keeps it while this process
+// holds the Result.
+func (f *Flight) SetTrace(traceparent string) { f.trace.Store(&traceparent) }
+
+// Trace returns what SetTrace recorded, "" before.
+func (f *Flight) Trace() string {
+	if tp := f.trace.Load(); tp != nil {
+		return *tp
+	}
+	return ""
 }
 
 // Usage is the token count an upstream reported for one answer.
@@ -281,7 +299,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		f.mu.Unlock()
 		return false
 	}
-	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage}
+	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage, Trace: f.Trace()}
 	if f.head.Stream {
 		if !f.j.discard { // a flight no store records keeps no result
 			res.packed, res.size = f.j.frames(), f.j.size

@@ -66,9 +66,12 @@ const (
 	// Gone: the key is committed but its body is no longer held and the
 	// store's policy is not to regenerate.
 	Gone
+	// Unknown: the key is a tool call whose outcome is unknown
+	// (BeginTool): it must not run again.
+	Unknown
 )
 
-var decisionNames = [...]string{"miss", "join", "hit", "conflict", "gone"}
+var decisionNames = [...]string{"miss", "join", "hit", "conflict", "gone", "unknown"}
 
 func (d Decision) String() string { return decisionNames[d] }
 
@@ -99,7 +102,9 @@ type KeyInfo struct {
 	// before it (the proxy's -fallback), each with why.
 	Model     string     `json:"model,omitempty"`
 	Fallbacks []Fallback `json:"fallbacks,omitempty"`
-	Created   time.Time  `json:"created"`
-	Updated   time.Time  `json:"updated"`
-	Expires   time.Time  `json:"expires"`
+	// Tool is the tool's name when the key is an MCP tool call.
+	Tool    string    `json:"tool,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	Expires time.Time `json:"expires"`
 }

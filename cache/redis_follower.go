@@ -130,7 +130,7 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
 			"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
 			"state", StateCommitUnknown)
-		r.keyEnded(f.Scope, fl.k, r.cfg.FailedTTL)
+		r.keyEnded(f.Scope, fl.k, StateCommitUnknown, r.cfg.FailedTTL)
 	default:
 		// Over, yet no terminal entry after ours: read once more (it may
 		// have just been written), then give up.

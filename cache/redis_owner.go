@@ -324,7 +324,10 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		head = headJSON(h)
 	}
 	_, _, body := f.Outcome()
-	ttl := o.r.cfg.FailedTTL
+	ttl := f.keepFor(state, o.r.cfg.TTL, o.r.cfg.FailedTTL)
+	if f.tool != nil && heldUnknown(state, "?") {
+		o.r.noteUnknown(o.k, o.r.cfg.Now().Add(ttl))
+	}
 	if f.wasDenied() {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
@@ -339,7 +342,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		cancel()
 		if err == nil {
 			if a.written() {
-				o.r.keyEnded(f.Scope, o.k, ttl)
+				o.r.keyEnded(f.Scope, o.k, state, ttl)
 			}
 			return
 		}
@@ -591,7 +594,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			head = headJSON(h)
 		}
 		mk, _ := o.markNow()
-		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.r.cfg.TTL), ms(journalTTL),
+		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
 			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}

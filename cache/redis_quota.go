@@ -48,6 +48,12 @@ import (
 // slots, two scripts); a key the whole refuses is taken out of its
 // tenant's set again. A key denied by the upstream (Flight.Deny) is taken
 // out of both at once, and its records deleted.
+//
+// The keys Redis holds in commit_unknown are a third set in that slot,
+// prefix:unknown:{all}, kept the same way by the same scripts: a key ended
+// commit_unknown (a failed write of that state, a reap) is added with its
+// records' expiry, and leaves when it is claimed again or ended otherwise;
+// an expired member is removed when the set is counted (UnknownKeys).
 
 // tenantKey names the set of the keys of sc's tenant. The tenant, itself
 // a hash of a credential, is hashed again so that the set's name does not
@@ -66,9 +72,10 @@ func (r *Redis) setTTL() string {
 // tenant set's slot.
 func (r *Redis) knownKey(sc Scope) string { return r.tenantKey(sc) + ":known" }
 
-// globalKeys names the sets of all keys and of strangers' keys.
+// globalKeys names the sets of all keys, of strangers' keys and of
+// commit_unknown keys.
 func (r *Redis) globalKeys() []string {
-	return []string{r.cfg.Prefix + ":keys:{all}", r.cfg.Prefix + ":strangers:{all}"}
+	return []string{r.cfg.Prefix + ":keys:{all}", r.cfg.Prefix + ":strangers:{all}", r.cfg.Prefix + ":unknown:{all}"}
 }
 
 // countKey counts sc's key, as live, against its tenant's bound, then
@@ -122,25 +129,30 @@ func (r *Redis) tenantFull() error {
 }
 
 // keyEnded sets when sc's key stops counting against its tenant and the
-// whole, now that its generation ended and its records expire in ttl (0:
-// at once, a denied key). A failure to tell Redis leaves the key counted
-// until its live score passes.
-func (r *Redis) keyEnded(sc Scope, k rkeys, ttl time.Duration) { r.keyEnd(sc, k, ttl, false) }
+// whole, now that its generation ended in state and its records expire
+// in ttl (0: at once, a denied key). A failure to tell Redis leaves the
+// key counted until its live score passes.
+func (r *Redis) keyEnded(sc Scope, k rkeys, state State, ttl time.Duration) {
+	r.keyEnd(sc, k, ttl, false, state == StateCommitUnknown)
+}
 
 // keyCommitted is keyEnded for a committed key, whose commit makes its
 // tenant known for TTL.
-func (r *Redis) keyCommitted(sc Scope, k rkeys) { r.keyEnd(sc, k, r.cfg.TTL, true) }
+func (r *Redis) keyCommitted(sc Scope, k rkeys) { r.keyEnd(sc, k, r.cfg.TTL, true, false) }
 
-func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known bool) {
+func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	mark, committed := "0", "0"
+	mark, committed, unk := "0", "0", "0"
 	if known {
 		mark, committed = ms(r.cfg.TTL), "1"
 	}
+	if unknown {
+		unk = "1"
+	}
 	for _, err := range []error{
 		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(ttl), r.setTTL(), mark}).Error(),
-		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, ms(ttl), r.setTTL(), committed}).Error(),
+		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, ms(ttl), r.setTTL(), committed, unk}).Error(),
 	} {
 		if err != nil && !rueidis.IsRedisNil(err) {
 			r.unavailable.Add(1)
@@ -170,9 +182,11 @@ return 1 + redis.call('EXISTS', KEYS[2])
 `)
 
 // globalScript counts a key in the set of all keys and, for a
-// stranger's, in the set of strangers' keys.
+// stranger's, in the set of strangers' keys; a key claimed again is
+// live, and leaves the set of commit_unknown keys.
 //
-// KEYS: the set of all keys, the set of strangers' keys
+// KEYS: the set of all keys, the set of strangers' keys, the set of
+// commit_unknown keys
 // ARGV: member, bound on all (-1: none), bound on strangers' (-1: none),
 // stranger (1|0), live ttl ms, set ttl ms
 //
@@ -194,6 +208,7 @@ end
 local exp = now + tonumber(ARGV[5])
 if not cur or tonumber(cur) < exp then redis.call('ZADD', KEYS[1], exp, ARGV[1]) end
 if ARGV[4] == '1' and (not scur or tonumber(scur) < exp) then redis.call('ZADD', KEYS[2], exp, ARGV[1]) end
+redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
@@ -224,17 +239,27 @@ return 1
 
 // globalEndScript is keyEndScript for the sets of all keys and of
 // strangers' keys. A committed key leaves the strangers' set: its tenant
-// is known now.
+// is known now. A key ended commit_unknown joins the set of those until
+// its records expire; any other end takes it out.
 //
-// KEYS: the set of all keys, the set of strangers' keys
-// ARGV: member, ttl ms (0: no longer counted), set ttl ms, committed (1|0)
+// KEYS: the set of all keys, the set of strangers' keys, the set of
+// commit_unknown keys
+// ARGV: member, ttl ms (0: no longer counted), set ttl ms, committed
+// (1|0), commit_unknown (1|0)
 //
 // Returns 1.
 var globalEndScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-for i, key in ipairs(KEYS) do
+if ARGV[5] == '1' and ttl > 0 then
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+else
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+for i = 1, 2 do
+  local key = KEYS[i]
   if redis.call('ZSCORE', key, ARGV[1]) then
     if ttl <= 0 or (i == 2 and ARGV[4] == '1') then
       redis.call('ZREM', key, ARGV[1])
@@ -246,3 +271,29 @@ for i, key in ipairs(KEYS) do
 end
 return 1
 `)
+
+// unknownScript counts the keys in commit_unknown, once the expired are
+// removed.
+//
+// KEYS: the set of commit_unknown keys
+//
+// Returns the count.
+var unknownScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+return redis.call('ZCARD', KEYS[1])
+`)
+
+// UnknownKeys returns how many keys Redis holds in commit_unknown: those
+// the store's scripts ended so, until their records expire or the key is
+// claimed again. Every replica that shares the store counts the same set.
+func (r *Redis) UnknownKeys() (int64, error) {
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	n, err := unknownScript.Exec(ctx, r.c, r.globalKeys()[2:], nil).AsInt64()
+	if err != nil {
+		return 0, r.unavailableErr("commit_unknown keys", err)
+	}
+	return n, nil
+}

@@ -20,7 +20,9 @@ import (
 //	               gen, tok, fp, owner, created, updated, attempts, status,
 //	               reason, events, bytes, commits, regen and reaped (what
 //	               the claim answered, for a re-claim: claimScript), want
-//	               (set by a follower on another replica: mirror the journal)
+//	               (set by a follower on another replica: mirror the journal);
+//	               tool and utl for an MCP tool call (BeginTool): its name,
+//	               and how long its commit_unknown holds the key (ms)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
@@ -68,16 +70,31 @@ const maxSeq = "18446744073709551615"
 // KEYS: st, lease, j, res
 // ARGV: fp, tok, owner, lease ms, live ttl ms, now ms, refuse (1 when a
 // committed key whose body is gone must not regenerate), ask (1 when a
-// key with no record must be counted against its tenant first)
+// key with no record must be counted against its tenant first), tool
+// (the tool's name for a tool call: BeginTool; empty otherwise), unknown
+// ttl ms (how long a tool call that ended commit_unknown holds its key)
 //
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
+// {"unknown", gen} (a tool call whose outcome is unknown),
 // {"new"} (with ask: nothing was written), or {"miss", gen, regenerated
 // (0|1), reaped (0|1)}.
 var claimScript = rueidis.NewLuaScriptRetryable(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
+local held = s[8] and s[8] ~= ''
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
+end
+if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]) == 0 then
+  -- A tool call whose owner died: it may have run, so it is not run again.
+  redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
+  redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], s[9])
+  phase, s[7] = 'lost', 'commit_unknown'
+end
+if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
+  if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict'} end
+  return {'unknown', gen}
 end
 if phase == 'live' and s[4] == ARGV[2] then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
@@ -104,7 +121,7 @@ redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
 redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
   'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
   'attempts', 0, 'status', 0, 'reason', '', 'events', 0, 'bytes', 0,
-  'regen', regenerated, 'reaped', reaped)
+  'regen', regenerated, 'reaped', reaped, 'tool', ARGV[9], 'utl', ARGV[10])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
@@ -130,11 +147,12 @@ const (
 	claimGone                         // committed, its body gone, and refuse asked
 	claimNew                          // no record, and ask asked: nothing was written
 	claimMiss                         // the caller owns a new generation
+	claimUnknown                      // a tool call whose outcome is unknown
 )
 
 // claimWords are claimScript's words for its verdicts.
 var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
-	claimGone: "gone", claimNew: "new", claimMiss: "miss"}
+	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown"}
 
 // parseClaimAnswer reads claimScript's answer out.
 func parseClaimAnswer(out []string) (claimAnswer, error) {
@@ -387,7 +405,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
 redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- A tool call's unknown outcome holds its key for its own time.
+local utl = redis.call('HGET', KEYS[1], 'utl')
+if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return {'reaped'}
 `)
@@ -419,3 +439,17 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 	}
 	return a, "", nil
 }
+
+// forgetScript deletes a key's records unless its generation is live
+// with its owner's lease standing (Forget).
+//
+// KEYS: st, lease, j, res
+//
+// Returns "live", "none" or "ok".
+var forgetScript = rueidis.NewLuaScript(`
+local phase = redis.call('HGET', KEYS[1], 'phase')
+if not phase then return 'none' end
+if phase == 'live' and redis.call('EXISTS', KEYS[2]) == 1 then return 'live' end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+return 'ok'
+`)

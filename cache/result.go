@@ -12,6 +12,9 @@ type Result struct {
 	Ends  []uint32
 	// Usage is what the upstream reported; a replay saves that many tokens.
 	Usage Usage
+	// Trace is the traceparent of the generation's request (Flight.SetTrace),
+	// kept in memory only: a result read back from Redis has none.
+	Trace string
 
 	// packed, for a result just committed from a journal, holds Data as
 	// S2 blocks, in order (journal.frames), and Data is nil until unpack:

@@ -93,6 +93,9 @@ type Stats struct {
 	ByState      map[State]int64
 	StoredBytes  int64 // bytes the body store currently holds
 	StoreEntries int64
+	// The bounds, so that a dashboard can show how near they are:
+	// Config.MaxLiveBytes, MaxStoreBytes and MaxKeys.
+	MaxLiveBytes, MaxStoreBytes, MaxKeys int64
 }
 
 type entry struct {
@@ -108,6 +111,7 @@ type entry struct {
 	bytes      int
 	bodyStored bool
 	reason     string
+	tool       string // the tool's name, for a tool call's key (BeginTool)
 	created    time.Time
 	updated    time.Time
 	expires    time.Time // zero while live
@@ -166,6 +170,9 @@ type Memory struct {
 	exp     expiries        // the ended entries of keys, by expiry
 	flights int64           // live flights
 	states  map[State]int64 // keys per state
+	// toolUnknowns counts the keys of tool calls in commit_unknown,
+	// expired ones not yet deleted included.
+	toolUnknowns int64
 	// strangers counts the keys of tenants not known, expired ones not
 	// yet deleted included (Limits.MaxStrangerKeys).
 	strangers int
@@ -246,9 +253,10 @@ func (m *Memory) Close() {
 // chunks of one completion are nearly identical JSON), with the scope and
 // generation to verify a lookup by (ristretto keeps only hashes of keys).
 type blob struct {
-	sc  Scope
-	gen uint64
-	z   []byte
+	sc    Scope
+	gen   uint64
+	z     []byte
+	trace string // Result.Trace, which the encoding leaves out
 }
 
 func (b *blob) cost() int64 { return int64(len(b.z)) + 128 }
@@ -268,6 +276,7 @@ func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 		return nil, false
 	}
+	r.Trace = b.trace
 	m.hot.SetWithTTL(id, r, r.cost(), m.cfg.TTL)
 	return r, true
 }
@@ -296,11 +305,21 @@ func nextGen(now time.Time, prev uint64) uint64 {
 // stranger; a new generation is refused with ErrStoreFull when the live
 // journals hold MaxLiveBytes, or when its tenant is past its share of
 // them (Limits.MaxLiveBytesPerTenant).
-func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
+func (m *Memory) Begin(sc Scope, fp string) (Begun, error) { return m.beginTool(sc, fp, nil) }
+
+// BeginTool is Begin for an MCP tool call t: a key whose call ended
+// commit_unknown is Unknown (with fp) or Conflict (with another, and for
+// Begin), until it expires (t.UnknownTTL) or is forgotten, rather than a
+// Miss.
+func (m *Memory) BeginTool(sc Scope, fp string, t Tool) (Begun, error) {
+	return m.beginTool(sc, fp, &t)
+}
+
+func (m *Memory) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	id := sc.id()
 	var gone uint64 // a committed generation found without its body
 	for {
-		b, hit, err := m.begin(id, sc, fp, gone)
+		b, hit, err := m.begin(id, sc, fp, gone, t)
 		if hit == 0 {
 			return b, err
 		}
@@ -321,10 +340,10 @@ func (m *Memory) Begin(sc Scope, fp string) (Begun, error) {
 // request's fingerprint it returns the generation whose result the caller
 // reads (hit), or, when that is gone (its body was found missing), hands
 // the key out for a new generation.
-func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hit uint64, err error) {
+func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b Begun, hit uint64, err error) {
 	now := m.cfg.Now()
 	m.mu.RLock()
-	b, hit, decided, err := m.peekLocked(id, sc.Tenant, fp, gone, now)
+	b, hit, decided, err := m.peekLocked(id, sc.Tenant, fp, gone, now, t)
 	m.mu.RUnlock()
 	if decided {
 		return b, hit, err
@@ -339,6 +358,11 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 	regenerated := false
 	if e != nil {
 		switch {
+		case heldUnknown(e.state, e.tool):
+			if t == nil || e.fp != fp {
+				return Begun{Decision: Conflict}, 0, nil
+			}
+			return Begun{Decision: Unknown}, 0, nil
 		case e.state.Live():
 			if e.fp != fp {
 				return Begun{Decision: Conflict}, 0, nil
@@ -369,10 +393,14 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
 	f.share = m.shares.enter(sc.Tenant)
-	m.putLocked(sc.Tenant, e, &entry{
+	ne := &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
 		created: now, updated: now, id: id,
-	})
+	}
+	if t != nil {
+		f.tool, ne.tool = t, t.Name
+	}
+	m.putLocked(sc.Tenant, e, ne)
 	m.flights++
 	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, 0, nil
 }
@@ -382,9 +410,14 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64) (b Begun, hi
 // that no expired key could make room under. decided is false when the
 // decision must be taken under the write lock (a claim, an expired
 // entry to delete).
-func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time) (b Begun, hit uint64, decided bool, err error) {
+func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time, t *Tool) (b Begun, hit uint64, decided bool, err error) {
 	e := m.keys[id]
 	switch {
+	case e != nil && heldUnknown(e.state, e.tool) && !now.After(e.expires):
+		if t == nil || e.fp != fp {
+			return Begun{Decision: Conflict}, 0, true, nil
+		}
+		return Begun{Decision: Unknown}, 0, true, nil
 	case e == nil:
 		t := m.tenants[tenant]
 		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) {
@@ -523,7 +556,7 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	}
 	ki := KeyInfo{
 		State: e.state, Generation: e.gen, Attempts: e.attempts, LastStatus: e.lastStatus,
-		Events: e.events, Bytes: e.bytes, Reason: e.reason, Model: e.model, Fallbacks: e.fallbacks,
+		Events: e.events, Bytes: e.bytes, Reason: e.reason, Model: e.model, Fallbacks: e.fallbacks, Tool: e.tool,
 		Created: e.created, Updated: e.updated, Expires: e.expires,
 	}
 	f := e.flight
@@ -552,6 +585,7 @@ func (m *Memory) Stats() Stats {
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
 		Failed: m.failed.Load(), LiveBytes: m.shares.total.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
 		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
+		MaxLiveBytes: m.cfg.MaxLiveBytes, MaxStoreBytes: m.cfg.MaxStoreBytes, MaxKeys: int64(m.cfg.MaxKeys),
 	}
 }
 
@@ -578,12 +612,12 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 	id := f.Scope.id()
 	stored := false
 	if z, err := m.codec.encode(res); err == nil {
-		b := &blob{sc: f.Scope, gen: f.Gen, z: z}
+		b := &blob{sc: f.Scope, gen: f.Gen, z: z, trace: res.Trace}
 		cost := b.cost()
 		// Set is asynchronous and may drop or later reject the item: wait
 		// for it to be applied, then look, so the ledger knows whether it
 		// is held.
-		m.bodies.SetWithTTL(id, b, cost, m.cfg.TTL)
+		m.bodies.SetWithTTL(id, b, cost, f.keepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL))
 		m.bodies.Wait()
 		got, ok := m.bodies.Get(id)
 		stored = ok && got == b
@@ -609,7 +643,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 		e.bytes = res.dataSize()
 		e.bodyStored = stored
 		e.updated = now
-		m.expireAtLocked(e, now.Add(m.cfg.TTL))
+		m.expireAtLocked(e, now.Add(f.keepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL)))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -632,7 +666,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 		e.reason = reason
 		e.events = f.Events()
 		e.updated = now
-		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
+		m.expireAtLocked(e, now.Add(f.keepFor(state, m.cfg.TTL, m.cfg.FailedTTL)))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -706,6 +740,7 @@ func (m *Memory) putLocked(tenant string, old, e *entry) {
 	if old != nil {
 		m.unscheduleLocked(old)
 		m.unaliasLocked(old)
+		m.countLocked(old, -1)
 		m.states[old.state]--
 		e.tenant = old.tenant
 	} else {
@@ -743,13 +778,59 @@ func (m *Memory) unscheduleLocked(e *entry) {
 }
 
 func (m *Memory) setStateLocked(e *entry, s State) {
+	m.countLocked(e, -1)
 	m.states[e.state]--
 	m.states[s]++
 	e.state = s
+	m.countLocked(e, 1)
+}
+
+// countLocked adds d to the counts by kind that e's state is part of.
+func (m *Memory) countLocked(e *entry, d int64) {
+	if heldUnknown(e.state, e.tool) {
+		m.toolUnknowns += d
+	}
+}
+
+// ToolUnknowns returns how many tool calls' keys hold commit_unknown.
+func (m *Memory) ToolUnknowns() int64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.toolUnknowns
+}
+
+// Forget deletes a key that is not running, whatever it ended in, and
+// its stored answer: ErrLive while it runs, ErrNotFound when the ledger
+// holds nothing for it.
+func (m *Memory) Forget(sc Scope) error {
+	id := sc.id()
+	now := m.cfg.Now()
+	m.mu.Lock()
+	e := m.knownLocked(id, now)
+	switch {
+	case e == nil:
+		m.mu.Unlock()
+		return ErrNotFound
+	case e.state.Live():
+		m.mu.Unlock()
+		return ErrLive
+	}
+	m.deleteLocked(e)
+	m.mu.Unlock()
+	b, ok := m.bodies.Get(id)
+	m.bodies.Del(id)
+	m.bodies.Wait()
+	if ok {
+		m.storeBytes.Add(-b.cost())
+		m.storeCount.Add(-1)
+	}
+	m.hot.Del(id)
+	return nil
 }
 
 func (m *Memory) deleteLocked(e *entry) {
 	m.unscheduleLocked(e)
+	m.countLocked(e, -1)
 	m.states[e.state]--
 	delete(m.keys, e.id)
 	m.unaliasLocked(e)

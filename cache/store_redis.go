@@ -133,6 +133,9 @@ type RedisStats struct {
 	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
 	LiveBytes   int64
 	LiveFlights int64
+	// MaxLiveBytes is this replica's bound on LiveBytes (Limits), so that
+	// a dashboard can show how near it is.
+	MaxLiveBytes int64
 }
 
 // Redis is the store of several replicas: the claim, the live journals,
@@ -162,8 +165,11 @@ type Redis struct {
 	shares *liveShares // bytes of local journals, all and per tenant
 	seal   *sealPolicy // when local journals seal (Limits)
 
-	mu      sync.Mutex // guards flights
+	mu      sync.Mutex // guards flights and unknowns
 	flights map[string]*Flight
+	// unknowns: the hashes of tool calls this replica ended
+	// commit_unknown, with when their hold expires (ToolUnknowns).
+	unknowns map[string]time.Time
 
 	ctx    context.Context // cancelled by Close: ends blocking reads
 	cancel context.CancelFunc
@@ -330,7 +336,7 @@ func (r *Redis) Stats() RedisStats {
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Renewals: r.renewals.Load(), Asks: r.asks.Load(), Mirrors: r.mirrors.Load(),
 		Abandoned: r.abandoned.Load(),
-		LiveBytes: r.shares.total.Load(), LiveFlights: n,
+		LiveBytes: r.shares.total.Load(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
 	}
 }
 
@@ -390,7 +396,13 @@ func newToken() string {
 // when its tenant is one) or ErrTenantFull (a new key of a tenant that
 // holds MaxKeysPerTenant keys); keys are counted across replicas (see
 // redis_quota.go).
-func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
+func (r *Redis) Begin(sc Scope, fp string) (Begun, error) { return r.beginTool(sc, fp, nil) }
+
+// BeginTool is Begin for an MCP tool call t (Memory.BeginTool): a key
+// whose call ended commit_unknown, or whose owner died, answers Unknown.
+func (r *Redis) BeginTool(sc Scope, fp string, t Tool) (Begun, error) { return r.beginTool(sc, fp, &t) }
+
+func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	if err := r.shares.full(); err != nil {
 		return Begun{}, err
 	}
@@ -404,6 +416,13 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 	// again after its reply was lost finds the key live under it and takes
 	// it (claimScript). A claim whose outcome stays unknown is abandoned.
 	tok := newToken()
+	tool, utl := "", "0"
+	if t != nil {
+		tool, utl = t.Name, ms(t.keepFor(StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL))
+		if tool == "" {
+			tool = "?" // a tool call must be known as one
+		}
+	}
 	// A replay can find its result expired between the claim and the GET;
 	// the claim then decides again, which is bounded by the TTL's arrival.
 	for range 4 {
@@ -411,7 +430,7 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
 		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, []string{
-			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask,
+			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl,
 		}))
 		cancel()
 		if err != nil {
@@ -436,6 +455,8 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 			continue
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
+		case claimUnknown:
+			return Begun{Decision: Unknown}, nil
 		case claimGone:
 			return Begun{Decision: Gone}, nil
 		case claimReplay:
@@ -462,7 +483,9 @@ func (r *Redis) Begin(sc Scope, fp string) (Begun, error) {
 				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
 			r.reaped.Add(1)
 		}
-		return Begun{Decision: Miss, Flight: r.own(sc, k, a.gen, tok, fp, sent), Regenerated: a.regenerated}, nil
+		f := r.own(sc, k, a.gen, tok, fp, sent)
+		f.tool = t
+		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
 }
@@ -509,7 +532,7 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 					r.abandoned.Add(1)
 					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
 						"key", sc.Key, "tenant", sc.Tenant, "state", StateFailedRetryable)
-					r.keyEnded(sc, k, r.cfg.FailedTTL)
+					r.keyEnded(sc, k, StateFailedRetryable, r.cfg.FailedTTL)
 				}
 				return
 			}
@@ -793,7 +816,7 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 	ki := KeyInfo{
 		State: State(m["state"]), Generation: gen, Attempts: num("attempts"),
 		LastStatus: num("status"), Events: num("events"), Bytes: num("bytes"),
-		Reason: m["reason"], Model: m["model"], Created: at("created"), Updated: at("updated"),
+		Reason: m["reason"], Model: m["model"], Tool: m["tool"], Created: at("created"), Updated: at("updated"),
 		BodyStored: m["phase"] == "done" && hasRes == 1,
 	}
 	if fb := m["fallbacks"]; fb != "" {
@@ -809,4 +832,54 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 		ki.Events = max(ki.Events, f.Events())
 	}
 	return ki, true
+}
+
+// Forget deletes a key that is not running, and its stored answer:
+// ErrLive while its generation runs, ErrNotFound when Redis holds
+// nothing for it.
+func (r *Redis) Forget(sc Scope) error {
+	k := r.keys(sc)
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	out, err := forgetScript.Exec(ctx, r.c, k.all, nil).ToString()
+	if err != nil {
+		return r.unavailableErr("forget", err)
+	}
+	switch out {
+	case "live":
+		return ErrLive
+	case "none":
+		return ErrNotFound
+	}
+	r.keyEnded(sc, k, "", 0)
+	r.mu.Lock()
+	delete(r.unknowns, k.h)
+	r.mu.Unlock()
+	return nil
+}
+
+// ToolUnknowns returns how many tool calls this replica saw end
+// commit_unknown whose hold has not expired: Redis keeps no count of its
+// own, so replicas each report those they know.
+func (r *Redis) ToolUnknowns() int64 {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for h, t := range r.unknowns {
+		if now.After(t) {
+			delete(r.unknowns, h)
+		}
+	}
+	return int64(len(r.unknowns))
+}
+
+// noteUnknown notes a tool call of this replica that ended commit_unknown,
+// for ToolUnknowns.
+func (r *Redis) noteUnknown(k rkeys, until time.Time) {
+	r.mu.Lock()
+	if r.unknowns == nil {
+		r.unknowns = map[string]time.Time{}
+	}
+	r.unknowns[k.h] = until
+	r.mu.Unlock()
 }

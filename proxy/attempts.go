@@ -7,6 +7,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // attempt is what one call to the upstream came to.
@@ -36,6 +37,10 @@ type attempt struct {
 	// held: a stream's events up to the upstream's error, before any
 	// output; relayed as they came should the attempt be the last.
 	held *preamble
+	// usage, when used, is what the upstream reported of its tokens
+	// before the attempt failed (ssegate_tokens_lost_total).
+	usage cache.Usage
+	used  bool
 	// ambiguousStatus: the upstream's error status is one of
 	// -ambiguous-status (504 by default: a gateway timed out, and the
 	// request may be running behind it). Ambiguous: repeated only to an
@@ -121,16 +126,25 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 		}
 		t.calls++
 		g.mark(cache.StateExecutionStarted, t.calls, t.prev.head.Status)
-		a := g.try(up, tmpl, done, more)
+		a := g.try(up, tmpl, done, more, t.calls)
 		if a.unknown() {
 			g.mayRun = true
 		}
 		switch {
 		case a.settled:
 			p.m.attemptsPerOK.Observe(float64(t.calls))
+			if t.calls > 1 {
+				by := 0
+				if g.fellBack {
+					by = 1
+				}
+				p.m.retryAdded[by].Observe(g.lastSent.Sub(g.firstSent).Seconds())
+			}
+			g.endSettled()
 			t.end = settled
 			return t
 		case a.raw:
+			g.endCall(a.head.Status, "")
 			g.passRaw()
 			t.end = passedRaw
 			return t
@@ -149,6 +163,8 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			t.last, t.end = a, rt.failedEnd()
 			return t
 		}
+		g.lost(lossRetried, a)
+		g.endCall(a.head.Status, a.reason(), attribute.String("ssegate.retry.reason", a.reason()))
 		t.prev = a
 		rt.failed(a, up, idx)
 		g.pause(wait) // a cut is seen at the loop's top
@@ -245,9 +261,15 @@ func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
 
 // try makes one attempt on up: the call, then what its answer's head says
 // to do with the answer.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool) attempt {
+func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool, n int) attempt {
+	req := up.prepare(tmpl)
+	g.startCall(up, req, n)
 	sent := time.Now()
-	resp, err := g.call(up, up.prepare(tmpl))
+	if g.firstSent.IsZero() {
+		g.firstSent = sent
+	}
+	g.lastSent = sent
+	resp, err := g.call(up, req)
 	if err != nil {
 		return g.callFailed(err, done)
 	}
@@ -263,6 +285,9 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
 	}
 	switch {
+	case g.rawAlways:
+		a.raw, a.cause = true, causeNone
+		return a
 	case head.Status == fasthttp.StatusBadRequest && more && !head.Stream:
 		body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
 		if code := errorCode(body); err == nil && slices.Contains(g.p.cfg.FallbackOnCodes, code) {

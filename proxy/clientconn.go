@@ -36,6 +36,7 @@ type clientConn struct {
 	// resumeURL, for a keyed stream, goes into a head the client writes
 	// itself (answerHead).
 	resumeURL string
+	span      *reqSpan // the request's span, ended with the answer; nil when tracing is off
 	// replayed: the answer is another request's generation, and a head
 	// the client writes itself says so (Idempotent-Replayed).
 	replayed bool
@@ -263,10 +264,16 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*clientCo
 		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
 	}
 	resume := resumeURL(ctx)
+	var rs *reqSpan
+	if p.tracer != nil {
+		if rs = requestSpan(ctx); rs != nil {
+			rs.taken, rs.status = true, ctx.Response.StatusCode()
+		}
+	}
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume}
+		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume, span: rs}
 		if !own {
 			c.over = make(chan struct{})
 		}
@@ -328,6 +335,9 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 func (c *clientConn) answerHead(h cache.Head) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
+	if c.span != nil {
+		c.span.status = h.Status
+	}
 	setHead(&rh.Header, h, c.replayed)
 	if c.resumeURL != "" {
 		rh.Header.Set(resumeURLHeader, c.resumeURL)
@@ -351,6 +361,9 @@ func (c *clientConn) answerWhole(resp *fasthttp.Response) error {
 		resp.SetConnectionClose()
 	}
 	resp.Header.SetContentLength(len(resp.Body()))
+	if c.span != nil {
+		c.span.status = resp.StatusCode()
+	}
 	c.vec = append(c.arr[:0], resp.Header.AppendBytes(c.buf[:0]), resp.Body())
 	return c.flush()
 }
@@ -373,6 +386,9 @@ func (c *clientConn) finish(ok bool, onGone func()) {
 		defer close(c.over)
 	}
 	p := c.p
+	if c.span != nil {
+		c.span.end(c.span.status, ok)
+	}
 	if !ok {
 		if c.stalled {
 			p.m.slowDropped.Inc()

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Inflight is what a request gets when its key's generation is still live.
@@ -168,11 +170,40 @@ type Config struct {
 	// draws a random one, which suits a single process with an in-memory
 	// store only (its keys are unreachable after a restart anyway).
 	Secret []byte
+	// MCPPaths are the paths (exact, e.g. "/mcp") on which requests are
+	// MCP streamable HTTP (docs/design.md, Tool calls): a keyed tools/call
+	// is one intent, answered under each caller's own JSON-RPC id;
+	// everything else on them is relayed untouched. None by default.
+	MCPPaths []string
+	// MCPDedupe names the tools (or "*" for all) whose calls without a
+	// key get one derived from the tenant, the tool's name and its
+	// canonical arguments, standing for MCPDedupeWindow.
+	MCPDedupe []string
+	// MCPDedupeWindow is how long a derived key stands (default 10m): an
+	// agent that is not sure a write ran calls it again within its turn,
+	// seconds to minutes later, while a deliberate repeat of the same
+	// call comes later than that.
+	MCPDedupeWindow time.Duration
+	// MCPUnknownTTL is how long a tool call whose outcome is unknown
+	// (commit_unknown) keeps answering so to its re-issues, rather than
+	// running again (default 24h: a day for someone to look, as long as a
+	// committed answer is kept by default). DELETE /keys/{key} clears it
+	// sooner.
+	MCPUnknownTTL time.Duration
 	// AdminSeparate keeps /metrics, /healthz and /readyz off the proxy's
 	// handler (they are served by AdminHandler on another listener).
 	AdminSeparate bool
 	// Logger receives the decision log (default slog.Default()).
 	Logger *slog.Logger
+	// MetricsModels bounds the request models that get a label of their
+	// own in the GenAI metrics (gen_ai_request_model), the first seen
+	// first (default 20; negative: none); every other model is "other".
+	MetricsModels int
+	// Tracer makes the proxy's spans (docs/metrics.md, Traces): one per
+	// request, one per upstream call. nil: no spans are made, and the
+	// upstream gets no traceparent of the proxy's (the caller's goes as
+	// it came).
+	Tracer trace.TracerProvider
 }
 
 func (c *Config) setDefaults() error {
@@ -196,6 +227,8 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	def(&c.Heartbeat, 15*time.Second)
+	def(&c.MCPDedupeWindow, 10*time.Minute)
+	def(&c.MCPUnknownTTL, 24*time.Hour)
 	def(&c.ResumeTokenTTL, 24*time.Hour)
 	def(&c.MaxStreamDuration, 30*time.Minute)
 	def(&c.HeadTimeout, 30*time.Second)
@@ -234,6 +267,11 @@ func (c *Config) setDefaults() error {
 	if c.AnonymousKeys != AnonymousAllow && c.AnonymousKeys != AnonymousDeny {
 		return fmt.Errorf("anonymous-keys: %q is neither allow nor deny", c.AnonymousKeys)
 	}
+	for _, mp := range c.MCPPaths {
+		if !strings.HasPrefix(mp, "/") {
+			return fmt.Errorf("mcp-path: %q does not start with /", mp)
+		}
+	}
 	headers, err := tenantHeaders(c.TenantHeaders)
 	if err != nil {
 		return err
@@ -247,6 +285,12 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("secret: %d bytes; want at least %d", len(c.Secret), MinSecretBytes)
 	default:
 		c.Secret = bytes.Clone(c.Secret)
+	}
+	switch {
+	case c.MetricsModels == 0:
+		c.MetricsModels = 20
+	case c.MetricsModels < 0:
+		c.MetricsModels = 0
 	}
 	c.Retry.setDefaults()
 	if c.Logger == nil {

@@ -31,6 +31,7 @@ const (
 	decisionDenied
 	decisionRelay
 	decisionUnprotected
+	decisionUnknown
 
 	numDecisions
 )
@@ -58,17 +59,14 @@ var decisions = [numDecisions]decisionRow{
 	decisionDenied:      {label: "denied", note: "no credential under -anonymous-keys deny"},
 	decisionRelay:       {label: "relay", note: "no key"},
 	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
+	decisionUnknown:     {label: "unknown", note: "a tool call whose outcome is unknown, not run again", suppressed: true},
 }
 
 func (d decision) String() string { return decisions[d].label }
 
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
-	if err := validKey(key); err != nil {
-		p.refuse(ctx, causeInvalidKey, err.Error())
-		return
-	}
-	sc, ok := p.scope(ctx, key)
+	sc, ok := p.keyScope(ctx, key)
 	if !ok {
 		return
 	}
@@ -120,13 +118,12 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		if b.Regenerated {
 			p.m.missingBodies.Inc()
 		}
-		if !p.acquireSlot() {
-			// No call was made: the one end of a flight that no generation owns.
-			f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-			p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+		if !p.claimSlot(ctx, f) {
 			return
 		}
 		g := p.newGen(f, body)
+		g.traceFrom(ctx)
+		p.traceAnswer(ctx, f, "", "")
 		g.launch(newTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
@@ -134,6 +131,19 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
 		p.serveOrigin(ctx, g)
 	}
+}
+
+// claimSlot takes a slot for the upstream call of the flight f a miss
+// claimed; at -max-streams it ends f, refuses the request and reports
+// false. No call was made: the one end of a flight that no generation
+// owns.
+func (p *Proxy) claimSlot(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
+	if p.acquireSlot() {
+		return true
+	}
+	f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
+	p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+	return false
 }
 
 // storeError answers a failure of the store itself, or a bound it holds,
@@ -168,6 +178,9 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // serveFlight answers from a live flight: the upstream's head once known,
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	if replayed && p.tracer != nil {
+		p.traceAnswer(ctx, f, "", f.Trace())
+	}
 	if p.awaits(ctx, f) {
 		p.await(ctx, f, after, replayed)
 		return
@@ -213,6 +226,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 
 // replay answers from a committed result, from the event after seq.
 func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
+	p.traceAnswer(ctx, nil, cache.StateCommitted, r.Trace)
 	data, err := r.After(after)
 	if err != nil {
 		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))

@@ -58,6 +58,7 @@ type errorFields struct {
 // detail, when not empty, follows the table's message.
 func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, c cause, detail string, attrs ...any) {
 	p.m.decided(causes[c].refusal)
+	p.traceDecision(ctx, causes[c].refusal, 0)
 	p.writeError(ctx, c.err(detail), attrs...)
 }
 

@@ -85,6 +85,21 @@ func (p *Proxy) ttfeAdded(f *cache.Flight) {
 // measure set, the delay between journaling the first event and writing
 // it here is observed.
 func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, measure bool) bool {
+	return p.follow(c, sub, func() (end, ok bool) {
+		d := deliver(c, sub, f, true)
+		if measure && d.events {
+			measure = false
+			p.ttfeAdded(f)
+		}
+		return d.ended || d.err != nil, d.err == nil
+	})
+}
+
+// follow calls step each time sub may have something new, until it
+// says the answer's end (or a failed write: ok false), and writes c a
+// heartbeat comment while idle. It reports false when the client went
+// away.
+func (p *Proxy) follow(c *clientConn, sub *cache.Sub, step func() (end, ok bool)) bool {
 	defer sub.Close()
 	hb := time.NewTimer(p.cfg.Heartbeat)
 	defer hb.Stop()
@@ -98,13 +113,8 @@ func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, me
 			hb.Reset(p.cfg.Heartbeat)
 			continue
 		}
-		d := deliver(c, sub, f, true)
-		if measure && d.events {
-			measure = false
-			p.ttfeAdded(f)
-		}
-		if d.ended || d.err != nil {
-			return d.err == nil
+		if end, ok := step(); end {
+			return ok
 		}
 		hb.Reset(p.cfg.Heartbeat)
 	}
@@ -144,44 +154,19 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		return
 	}
 	method, path := string(ctx.Method()), string(ctx.Path())
-	p.takeOver(ctx, false, func(c *clientConn) {
-		c.replayed = replayed
-		gone, stop := watchDeparture(c)
-		leave := func() {
-			sub.Close()
-			stop()
-			c.finish(false, nil)
+	p.waitFlight(ctx, f, sub, replayed, func(c *clientConn, h cache.Head) {
+		if _, _, ended := f.HeadEnded(); ended {
+			h = endedHead(f, h) // it can say how it ended, as serveFlight's
 		}
-		select {
-		case <-f.HeadReady():
-		case <-gone:
-			leave()
-			return
-		}
-		h, ok := f.Head()
-		if ok && h.Stream {
-			stop()
-			if _, _, ended := f.HeadEnded(); ended {
-				h = endedHead(f, h) // it can say how it ended, as serveFlight's
+		c.answerHead(h)
+		done := p.writeFollower(c, sub, f, !replayed)
+		if done && replayed {
+			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
+				p.saved(f.Usage())
 			}
-			c.answerHead(h)
-			done := p.writeFollower(c, sub, f, !replayed)
-			if done && replayed {
-				if st, _, _ := f.Outcome(); st == cache.StateCommitted {
-					p.saved(f.Usage())
-				}
-			}
-			c.finish(done && c.end() == nil, nil)
-			return
 		}
-		select {
-		case <-f.Done():
-		case <-gone:
-			leave()
-			return
-		}
-		sub.Close()
-		stop()
+		c.finish(done && c.end() == nil, nil)
+	}, func(c *clientConn, h cache.Head, ok bool) {
 		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
 		state, reason, body := f.Outcome()
@@ -201,6 +186,46 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 			resp.SetBodyRaw(body)
 		}
 		c.finish(c.answerWhole(resp) == nil, nil)
+	})
+}
+
+// waitFlight answers, on its own connection, a client that waits for
+// flight f, which sub follows: stream once f's head is a stream's, or
+// whole once f ended, with its head if it had one. Either must finish c.
+// The wait counts among the flight's followers, and a client that closes
+// its connection meanwhile is noticed at once (watchDeparture) and
+// leaves, giving back its place.
+func (p *Proxy) waitFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache.Sub, replayed bool,
+	stream func(c *clientConn, h cache.Head), whole func(c *clientConn, h cache.Head, hasHead bool)) {
+	p.takeOver(ctx, false, func(c *clientConn) {
+		c.replayed = replayed
+		gone, stop := watchDeparture(c)
+		until := func(ch <-chan struct{}) bool {
+			select {
+			case <-ch:
+				return true
+			case <-gone:
+				sub.Close()
+				stop()
+				c.finish(false, nil)
+				return false
+			}
+		}
+		if !until(f.HeadReady()) {
+			return
+		}
+		h, ok := f.Head()
+		if ok && h.Stream {
+			stop()
+			stream(c, h)
+			return
+		}
+		if !until(f.Done()) {
+			return
+		}
+		sub.Close()
+		stop()
+		whole(c, h, ok)
 	})
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"runtime"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // gen is one request's upstream work feeding one Flight: the attempts,
@@ -27,6 +29,10 @@ type gen struct {
 	// event stream goes to the origin as it is (origin.answerRaw), which
 	// relays it as it comes and calls finish.
 	relayRaw bool
+	// rawAlways, with relayRaw: every answer goes to the origin as it is,
+	// an event stream or an error status included, never retried once
+	// the upstream answered (an MCP path's relay: relayMCP).
+	rawAlways bool
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
@@ -35,6 +41,10 @@ type gen struct {
 	// No fallback follows it either: its model's route is pinned
 	// (mayHaveRun).
 	mayRun bool
+	// endState, when set, is the state of the flight's failed end, which
+	// a tool call decides itself (runTool: never retried once it may have
+	// run).
+	endState cache.State
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
@@ -42,6 +52,16 @@ type gen struct {
 	cause    cause         // why the generation was cut short, if it was
 	stop     chan struct{} // closed by cancel
 	start    time.Time
+
+	// Owned by the generation's goroutine.
+	ai         genAIOp         // the GenAI metrics' labels
+	model      string          // the model of the calls being made
+	fellBack   bool            // model is a fallback's
+	firstSent  time.Time       // the first call's start
+	lastSent   time.Time       // the latest call's start
+	heldFailed bool            // the last attempt's held failure is being relayed (lossFailed)
+	traceCtx   context.Context // the request's span; nil when tracing is off
+	span       *callSpan       // the current call's span
 }
 
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {
@@ -198,7 +218,9 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		}
 	}()
 	p, f := g.p, g.f
+	defer g.endCall(0, "")
 	p.budget.request(g.start)
+	g.ai = p.m.genAI.op(tmpl.URI().Path(), g.req.Model)
 	models := g.models(tmpl.Body())
 	calls := 0 // upstream calls made, over every model
 	var tried []cache.Fallback
@@ -212,6 +234,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if model != "" {
 			f.SetModel(model, tried)
 		}
+		g.model, g.fellBack = model, i > 0
 		more := i+1 < len(models)
 		t := g.attempts(req, model, more, calls)
 		calls = t.calls
@@ -225,6 +248,9 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if t.end == failedAll && more && g.fallBack(t.last, model, models[i+1], calls) {
 			tried = append(tried, cache.Fallback{Model: model, Reason: t.last.reason()})
 			given = t.last
+			g.lost(lossFallback, t.last)
+			g.endCall(t.last.head.Status, t.last.reason(), attribute.String("ssegate.fallback.reason", t.last.reason()),
+				attribute.String("ssegate.fallback.to", models[i+1]))
 			continue
 		}
 		if t.prev.head.Status == 0 {
@@ -269,6 +295,7 @@ func (g *gen) giveUp(t tries) {
 		// "not run", a later call's outcome is unknown).
 		a = t.prev
 	}
+	defer g.endCall(t.last.head.Status, t.last.reason())
 	if a.held != nil && !g.mayRun {
 		// The upstream's error inside its stream, before any output: the
 		// stream as it came, the error included. Not after an attempt
@@ -276,9 +303,11 @@ func (g *gen) giveUp(t tries) {
 		// could carry the outcome-unknown marker, so that end is the
 		// marked error answer instead.
 		f.Mark(cache.StateExecutionStarted, t.calls, a.held.head.Status)
+		g.heldFailed = true // conclude counts its tokens
 		a.held.relayFailure()
 		return
 	}
+	g.lost(lossFailed, t.last)
 	f.Mark(cache.StateExecutionStarted, t.calls, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {
 		f.SetHead(a.head)
@@ -292,6 +321,7 @@ func (g *gen) giveUp(t tries) {
 // way a call ends.
 func (g *gen) commit(body []byte) {
 	g.skipped(g.f.Commit(body))
+	g.observeEnd("")
 	g.logEnd()
 }
 
@@ -313,6 +343,7 @@ func (g *gen) fail(c cause, status int, body []byte) {
 	if ended && state == cache.StateCommitUnknown {
 		g.p.m.commitUnknowns.Inc()
 	}
+	g.observeEnd(errorType(c, status))
 	g.logEnd()
 }
 
@@ -324,6 +355,9 @@ func (g *gen) fail(c cause, status int, body []byte) {
 // repeated under -retry-ambiguous) it is commit_unknown, whatever came
 // after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
+	if g.endState != "" {
+		return g.endState
+	}
 	if g.mayRun {
 		return cache.StateCommitUnknown
 	}

@@ -592,7 +592,7 @@ func TestEndAfterAmbiguousStaysUnknown(t *testing.T) {
 // generation: a miss refused for -max-streams before any call.
 func TestOneWayToEnd(t *testing.T) {
 	t.Parallel()
-	allowed := map[string]bool{"gen.fail": true, "gen.commit": true, "Proxy.serveKeyed": true}
+	allowed := map[string]bool{"gen.fail": true, "gen.commit": true, "Proxy.claimSlot": true}
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,35 @@ type metrics struct {
 	commitUnknowns prometheus.Counter
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
+	tokensLost     [numLosses][2]prometheus.Counter // by loss, then input and output
+	retryAdded     [2]prometheus.Observer           // by what answered: a retry of the model, or a fallback model
+
+	genAI          *genAIMetrics
+	tools          *prometheus.CounterVec // MCP tool calls by decision
+	toolSuppressed prometheus.Counter
+	toolAttempts   prometheus.Histogram
 }
+
+// A loss is what became of a generation that the upstream may have paid
+// tokens for and that no client got whole: the label of
+// ssegate_tokens_lost_total.
+type loss uint8
+
+const (
+	lossAborted  loss = iota // the stream reached clients and did not end whole
+	lossRetried              // the attempt failed before any output and was made again
+	lossFallback             // the model's last attempt, given up for the next model
+	lossFailed               // the last attempt failed before any output, relayed as it came
+
+	numLosses
+)
+
+var lossLabels = [numLosses]string{lossAborted: "aborted", lossRetried: "retried", lossFallback: "fallback", lossFailed: "failed"}
+
+func (l loss) String() string { return lossLabels[l] }
+
+// retryAddedBuckets span a quick retry's milliseconds to a minute of backoff.
+var retryAddedBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
 // firstEventBuckets span a loopback relay's microseconds to a reasoning
 // model's minute.
@@ -70,6 +98,13 @@ func newMetrics(p *Proxy) *metrics {
 	m.fallbacks = cv("fallbacks_total", "Requests that went on to the next model of their -fallback rule, by the failure of the model given up on.", "reason")
 	m.budgetRefused = c("retry_budget_exhausted_total", "Retries refused because the retry budget was spent.")
 	m.aborted = cv("streams_aborted_total", "Streams that started and ended without a clean end, by cause.", "cause")
+	// Each cause a stream can be aborted with starts at 0: a series born
+	// at 1 shows no increase, and rate() would miss each cause's first.
+	for c := causeNone + 1; c < numCauses; c++ {
+		if causes[c].abort != "" && !causes[c].relayEnd {
+			m.aborted.WithLabelValues(c.String())
+		}
+	}
 	m.cacheSkipped = cv("cache_skipped_total", "Answers relayed whole and not stored, by reason: no_key, store_refused, error_body, or the detector reason of a stream its provider ended that is its failure or cannot be proven whole (error_event, response_failed, unexpected_choice, missing_usage, missing_stop_reason, unknown_dialect).", "reason")
 	m.tokensSaved = cv("tokens_saved_total", "Upstream-reported tokens of answers served without a new generation.", "kind")
 	m.events = c("events_relayed_total", "Events read from upstream streams and journaled.")
@@ -81,6 +116,29 @@ func newMetrics(p *Proxy) *metrics {
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
+	lost := cv("tokens_lost_total", "Upstream-reported tokens of generations no client got whole, by kind (input, output) and loss: aborted (the stream reached clients and did not end whole), retried (an attempt failed before any output and was made again), fallback (the model's last attempt, given up for the next model), failed (the last attempt failed before any output).", "kind", "loss")
+	for l := range numLosses {
+		m.tokensLost[l] = [2]prometheus.Counter{lost.WithLabelValues("input", l.String()), lost.WithLabelValues("output", l.String())}
+	}
+	added := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ssegate_retry_added_seconds",
+		Help:    "Time retries and fallbacks added to answers that took more than one upstream call: from the first call's start to the start of the call that answered, by what answered (retry: the request's model; fallback: another).",
+		Buckets: retryAddedBuckets}, []string{"by"})
+	f(added)
+	m.retryAdded = [2]prometheus.Observer{added.WithLabelValues("retry"), added.WithLabelValues("fallback")}
+	m.genAI = newGenAIMetrics(reg, p.cfg.MetricsModels)
+	m.tools = cv("tool_calls_total", "MCP tools/call requests by decision: miss, join, hit, conflict, unknown (its outcome unknown: not run again), in_flight, gone, unprotected, relay (no key).", "decision")
+	for _, d := range []string{"miss", "join", "hit", "conflict", "unknown", "in_flight", "gone", "unprotected", "relay"} {
+		m.tools.WithLabelValues(d)
+	}
+	m.toolSuppressed = c("tool_duplicate_side_effects_suppressed_total", "Keyed MCP tool calls answered without running the tool again (join, hit, unknown): side effects not repeated.")
+	m.toolAttempts = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_tool_call_attempts",
+		Help: "Calls to the MCP server per keyed tool call that was sent.", Buckets: []float64{1, 2, 3, 4, 5}})
+	f(m.toolAttempts)
+	if ts, ok := p.store.(ToolStore); ok && len(p.cfg.MCPPaths) > 0 {
+		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_tool_calls_unknown",
+			Help: "Keyed MCP tool calls whose outcome is unknown (commit_unknown), held until -mcp-unknown-ttl or DELETE /keys/{key}; with -redis, those this replica ended."},
+			func() float64 { return float64(ts.ToolUnknowns()) }))
+	}
 	m.attemptsPerOK = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_attempts_per_success",
 		Help: "Upstream calls it took to get an answer that started.", Buckets: []float64{1, 2, 3, 4, 5, 8}})
 	m.ttfeUpstream = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ssegate_upstream_first_event_seconds",
@@ -92,6 +150,8 @@ func newMetrics(p *Proxy) *metrics {
 	f(m.ttfeAdded)
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations", Help: "Upstream calls and streams in progress."},
 		func() float64 { return float64(p.streams.Load()) }))
+	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations_limit", Help: "The bound on ssegate_live_generations (-max-streams)."},
+		func() float64 { return float64(p.cfg.MaxStreams) }))
 	for _, up := range p.ups {
 		b := up.breaker
 		l := prometheus.Labels{"upstream": up.name}
@@ -125,8 +185,8 @@ func newMetrics(p *Proxy) *metrics {
 	switch s := p.store.(type) {
 	case interface{ Stats() cache.Stats }:
 		f(&storeCollector{stats: s.Stats})
-	case interface{ Stats() cache.RedisStats }:
-		f(&redisCollector{stats: s.Stats})
+	case redisStore:
+		f(&redisCollector{stats: s.Stats, unknown: s.UnknownKeys})
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -185,8 +245,12 @@ var (
 	descCommits  = prometheus.NewDesc("ssegate_commits_total", "Answers committed to the ledger.", nil, nil)
 	descKeys     = prometheus.NewDesc("ssegate_keys", "Keys in the ledger by state.", []string{"state"}, nil)
 	descRegen    = prometheus.NewDesc("ssegate_regenerated_total", "Keys regenerated because their committed body was gone.", nil, nil)
+	descLiveMax  = prometheus.NewDesc("ssegate_live_journal_bytes_limit", "The bound on ssegate_live_journal_bytes (-max-live-bytes).", nil, nil)
+	descBytesMax = prometheus.NewDesc("ssegate_store_bytes_limit", "The bound on ssegate_store_bytes (-max-store-bytes).", nil, nil)
+	descKeysMax  = prometheus.NewDesc("ssegate_keys_limit", "The bound on the ledger's keys, all states together (-max-keys).", nil, nil)
+	descUnknown  = prometheus.NewDesc("ssegate_commit_unknown_keys", "Keys in state commit_unknown now: in memory, exactly; in Redis, the keys its scripts left so until their records expire (the same on every replica).", nil, nil)
 	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
-	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen}
+	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax, descUnknown}
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -206,6 +270,9 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descEntries, s.StoreEntries)
 	g(descBytes, s.StoredBytes)
 	g(descLive, s.LiveBytes)
+	g(descLiveMax, s.MaxLiveBytes)
+	g(descBytesMax, s.MaxStoreBytes)
+	g(descKeysMax, s.MaxKeys)
 	k(descEvicted, s.Evicted)
 	k(descRefused, s.Rejected)
 	k(descCommits, s.Commits)
@@ -213,10 +280,21 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range allStates {
 		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(s.ByState[st]), string(st))
 	}
+	g(descUnknown, s.ByState[cache.StateCommitUnknown])
 }
 
-// redisCollector reads a Redis store's counters at scrape time.
-type redisCollector struct{ stats func() cache.RedisStats }
+// redisStore is what the metrics read of a Redis store.
+type redisStore interface {
+	Stats() cache.RedisStats
+	UnknownKeys() (int64, error)
+}
+
+// redisCollector reads a Redis store's counters at scrape time, and asks
+// Redis for its commit_unknown keys (no answer: the gauge is left out).
+type redisCollector struct {
+	stats   func() cache.RedisStats
+	unknown func() (int64, error)
+}
 
 var redisDescs = map[string]*prometheus.Desc{}
 
@@ -247,6 +325,8 @@ func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- descLive
+	ch <- descLiveMax
+	ch <- descUnknown
 }
 
 func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
@@ -268,4 +348,8 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRAsks, s.Asks)
 	k(descRMirrors, s.Mirrors)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
+	ch <- prometheus.MustNewConstMetric(descLiveMax, prometheus.GaugeValue, float64(s.MaxLiveBytes))
+	if n, err := c.unknown(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descUnknown, prometheus.GaugeValue, float64(n))
+	}
 }

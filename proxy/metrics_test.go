@@ -63,6 +63,26 @@ func TestMetrics(t *testing.T) {
 	if v := metricValue(t, s, "ssegate_proxy_first_event_added_seconds_count"); v < 2 {
 		t.Errorf("first-event histogram count: got %v; want at least 2", v)
 	}
+	// Every cause a stream can be aborted with is there from the start,
+	// at 0, so that rate() sees its first abort; a cause the provider
+	// states itself (an error event) is no abort.
+	if v := metricValue(t, s, `ssegate_streams_aborted_total{cause="upstream_read_error"}`); v != 0 {
+		t.Errorf("aborts by upstream_read_error: got %v; want 0", v)
+	}
+	if strings.Contains(s, `ssegate_streams_aborted_total{cause="error_event"}`) {
+		t.Error("error_event is counted as an abort cause")
+	}
+	// The bounds beside what they bound, at their defaults.
+	for series, want := range map[string]float64{
+		"ssegate_live_generations_limit":   10000,
+		"ssegate_live_journal_bytes_limit": 256 << 20,
+		"ssegate_store_bytes_limit":        512 << 20,
+		"ssegate_keys_limit":               1_000_000,
+	} {
+		if v := metricValue(t, s, series); v != want {
+			t.Errorf("%s: got %v; want %v", series, v, want)
+		}
+	}
 	for _, line := range strings.Split(s, "\n") {
 		if strings.Contains(line, key) {
 			t.Fatalf("a key leaked into a label: %s", line)

@@ -199,7 +199,14 @@ func (o *origin) answerRest() {
 		// client's answer without its last chunk (copyBody).
 		c.identity = c.identity || resp.Header.ContentLength() == -2 // (an HTTP/1.0 client's is already)
 		c.answerHead(copyHead(resp))
+		var stop func() bool
+		if g.rawAlways {
+			stop = cancelOnDeparture(c, resp)
+		}
 		ok := copyBody(c, bodyOf(resp)) && c.end() == nil
+		if stop != nil {
+			ok = !stop() && ok
+		}
 		resp.CloseBodyStream() //nolint:errcheck // done with the body
 		fasthttp.ReleaseResponse(resp)
 		g.finish()

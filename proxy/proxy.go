@@ -20,6 +20,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Proxy is the ssegate handler. Create it with New; serve it with Server.
@@ -30,6 +31,7 @@ type Proxy struct {
 	ups    []*upstream
 	budget *budget
 	m      *metrics
+	tracer trace.Tracer // nil: no spans
 
 	draining atomic.Bool // set by Drain: /readyz answers 503
 
@@ -69,6 +71,12 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, err
 		}
 		p.ups = append(p.ups, up)
+	}
+	if cfg.Tracer != nil {
+		p.tracer = cfg.Tracer.Tracer(tracerName)
+	}
+	if _, ok := cfg.Store.(ToolStore); len(cfg.MCPPaths) > 0 && cfg.Store != nil && !ok {
+		return nil, fmt.Errorf("mcp-path: the store (%T) does not record tool calls", cfg.Store)
 	}
 	p.m = newMetrics(p)
 	p.metricsHandler = p.m.handler()
@@ -171,6 +179,7 @@ func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
 	}
 	e := c.err(detail)
 	p.m.decided(causes[c].refusal)
+	p.traceDecision(ctx, causes[c].refusal, 0)
 	fillError(&ctx.Response, e)
 	p.log.Info("request refused", "status", e.status, "type", e.typ, "reason", c.String(), "msg", e.message)
 }
@@ -280,6 +289,17 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return
 	}
+	if p.tracer != nil {
+		defer endRequest(ctx, p.startRequest(ctx))
+	}
+	if ctx.IsDelete() && underPath(ctx, "/keys") {
+		p.serveKeyDelete(ctx)
+		return
+	}
+	if p.mcpPath(ctx) {
+		p.serveMCP(ctx)
+		return
+	}
 	if underPath(ctx, "/streams") {
 		p.serveStreams(ctx)
 		return
@@ -325,6 +345,26 @@ func (p *Proxy) keyTenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
 	return t, cred || p.cfg.AnonymousKeys != AnonymousDeny
 }
 
+// keyScope is scope for a key the request gave, once it is a valid one
+// (400 invalid_idempotency_key otherwise).
+func (p *Proxy) keyScope(ctx *fasthttp.RequestCtx, key string) (cache.Scope, bool) {
+	if err := validKey(key); err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// pathScope is keyScope for the {key} of /keys/{key}.
+func (p *Proxy) pathScope(ctx *fasthttp.RequestCtx) (cache.Scope, bool) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
 // scope returns the scope of key for the request's tenant. A request
 // without a credential, under AnonymousKeys deny, gets 401 and ok false.
 func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
@@ -340,7 +380,10 @@ func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok 
 // fingerprint hashes what makes two requests the same request: method,
 // path, query and body. The key query parameter is left out: it is a
 // credential, part of the tenant.
-func fingerprint(ctx *fasthttp.RequestCtx) string {
+func fingerprint(ctx *fasthttp.RequestCtx) string { return fingerprintOf(ctx, ctx.Request.Body()) }
+
+// fingerprintOf is fingerprint with body in place of the request's.
+func fingerprintOf(ctx *fasthttp.RequestCtx, body []byte) string {
 	h := sha256.New()
 	h.Write(ctx.Method())
 	h.Write([]byte{0})
@@ -348,7 +391,7 @@ func fingerprint(ctx *fasthttp.RequestCtx) string {
 	h.Write([]byte{0})
 	writeQuery(h, ctx.URI().QueryString())
 	h.Write([]byte{0})
-	h.Write(ctx.Request.Body())
+	h.Write(body)
 	return string(h.Sum(nil))
 }
 
@@ -463,6 +506,15 @@ func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, fp string, attrs ...any) {
 	// Counted whatever the log level: metrics are not the log.
 	p.m.decided(d)
+	if p.tracer != nil {
+		var gen uint64
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if attrs[i] == "generation" {
+				gen, _ = attrs[i+1].(uint64)
+			}
+		}
+		p.traceDecision(ctx, d, gen)
+	}
 	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}

@@ -77,13 +77,16 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 			}
 			if !begun {
+				if g.span != nil {
+					g.sawEvent(ev.Data)
+				}
 				if ev.Type == "response.created" {
 					g.responseCreated(ev, det, h)
 				}
 				if failedA != nil {
 					// The Responses response.failed after its error event.
 					if pre.keep(ev); det.Terminal() {
-						return pre.failed(*failedA)
+						return g.withUsage(det, pre.failed(*failedA))
 					}
 					continue
 				}
@@ -94,7 +97,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 							if a.cause != causeUpstreamAborted {
 								pre.keep(ev)
 							}
-							return pre.failed(a)
+							return g.withUsage(det, pre.failed(a))
 						}
 						pre.keep(ev)
 						failedA = &a
@@ -145,10 +148,10 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 		}
 		conn.holdBy(time.Time{}, nil)
 		if failedA != nil {
-			return pre.failed(*failedA) // no response.failed within the drain's bounds
+			return g.withUsage(det, pre.failed(*failedA)) // no response.failed within the drain's bounds
 		}
 		if concluded {
-			return pumped(c, settled)
+			return g.withUsage(det, pumped(c, settled))
 		}
 		if !begun && pre.released {
 			begun, appendErr = true, pre.err
@@ -177,7 +180,17 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// (-2) has no framing to vouch for its end.
 	intact := readErr == nil && resp.Header.ContentLength() != -2
 	c, settled = g.conclude(det, head, readErr, appendErr, intact)
-	return pumped(c, settled)
+	return g.withUsage(det, pumped(c, settled))
+}
+
+// withUsage is a with what det saw of the upstream's usage, told to the
+// call's span too.
+func (g *gen) withUsage(det *sse.Detector, a attempt) attempt {
+	if in, out, ok := det.Usage(); ok {
+		a.usage, a.used = cache.Usage{Input: in, Output: out}, true
+		g.callUsage(in, out)
+	}
+	return a
 }
 
 // pumped is the attempt of a stream pump ended for c, settled or not.
@@ -288,6 +301,8 @@ func (p *preamble) release() error {
 	g := p.g
 	g.f.SetHead(p.head)
 	g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
+	g.p.m.genAI.firstToken(g.ai, g.start)
+	g.firstOutput()
 	start := 0
 	for i := 0; i < len(p.ends); i += 2 {
 		t, d := p.buf[start:p.ends[i]], p.buf[p.ends[i]:p.ends[i+1]]
@@ -436,6 +451,13 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 		g.notStored(c)
 	} else {
 		m.aborted.WithLabelValues(c.String()).Inc()
+	}
+	if in, out, ok := det.Usage(); ok {
+		l := lossAborted
+		if g.heldFailed {
+			l = lossFailed
+		}
+		m.lostTokens(l, cache.Usage{Input: in, Output: out})
 	}
 	g.fail(c, 0, nil)
 	return c, true

@@ -27,8 +27,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p.m.decided(decisionRelay)
+	p.traceDecision(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, body)
+	g.traceFrom(ctx)
 	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(newTemplate(ctx))

@@ -208,12 +208,7 @@ type keyInfo struct {
 
 // serveKeyInfo serves GET /keys/{key}: what the store knows of the key.
 func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx) {
-	key, err := keyFromPath(ctx, "/keys/")
-	if err != nil {
-		p.refuse(ctx, causeInvalidKey, err.Error())
-		return
-	}
-	sc, ok := p.scope(ctx, key)
+	sc, ok := p.pathScope(ctx)
 	if !ok {
 		return
 	}
@@ -226,7 +221,32 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx) {
 		p.writeError(ctx, causeKeyNotFound.err(""))
 		return
 	}
-	b, _ := json.Marshal(keyInfo{Key: key, KeyInfo: ki})
+	b, _ := json.Marshal(keyInfo{Key: sc.Key, KeyInfo: ki})
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+// serveKeyDelete serves DELETE /keys/{key}: the key, if it is not running,
+// is forgotten with its answer, whatever it ended in; a tool call whose
+// outcome is unknown is free to run again after it.
+func (p *Proxy) serveKeyDelete(ctx *fasthttp.RequestCtx) {
+	sc, ok := p.pathScope(ctx)
+	if !ok {
+		return
+	}
+	var err error = cache.ErrNotFound
+	if ts, ok := p.store.(ToolStore); ok {
+		err = ts.Forget(sc)
+	}
+	switch {
+	case err == nil:
+		p.log.Info("key deleted", "key", sc.Key, "tenant", sc.Tenant)
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	case errors.Is(err, cache.ErrLive):
+		p.writeError(ctx, causeInFlight.err("the key's call is running: it can be deleted once it ended"))
+	case errors.Is(err, cache.ErrNotFound):
+		p.writeError(ctx, causeKeyNotFound.err(""))
+	default:
+		p.storeError(ctx, sc, err)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func main() {
@@ -53,6 +54,10 @@ type options struct {
 	ambigStatuses []int // parsed from ambigStatus
 	fallbacks     fallbackFlag
 	fallbackCodes listFlag
+	mcpPaths      listFlag
+	mcpDedupe     listFlag
+	mcpWindow     time.Duration
+	mcpUnknownTTL time.Duration
 	upstreams     listFlag
 	retry         proxy.RetryConfig
 	inflight      string
@@ -85,6 +90,8 @@ type options struct {
 	missingBody   string
 	mockTokens    int
 	mockDelay     time.Duration
+	metricsModels int
+	traces        string
 	redis         redisOptions
 
 	// The Go runtime's memory settings; setGC is false when the GOGC
@@ -108,6 +115,10 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated. Default context_length_exceeded (Anthropic's \"prompt is too long\" counts as it)")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
+	fs.Var(&o.mcpPaths, "mcp-path", "a path (e.g. /mcp) on which requests are MCP streamable HTTP: a tools/call with a key (Idempotency-Key, or params._meta[\"ssegate/idempotency-key\"]) runs once, its re-issues join or replay it under their own JSON-RPC id; everything else there is relayed untouched. Repeatable or comma-separated; default none")
+	fs.Var(&o.mcpDedupe, "mcp-dedupe", "a tool (or * for all) whose calls without a key get one derived from the tenant, the tool's name and its arguments, standing for -mcp-dedupe-window; repeatable or comma-separated")
+	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", 10*time.Minute, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
+	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", 24*time.Hour, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
 	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
 	fs.StringVar(&o.secret, "secret", "", "the deployment secret that keys the tenant hash (at least 16 bytes; better given as SSEGATE_SECRET than on the command line). Default: with -redis, one kept in Redis and shared by every replica; without, a random one per process")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
@@ -155,6 +166,8 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
+	fs.IntVar(&o.metricsModels, "metrics-models", 20, "request models that get a label of their own in the GenAI metrics (gen_ai_request_model), the first seen first; every other model is \"other\" (0: none)")
+	fs.StringVar(&o.traces, "traces", "", "otlp: export spans over OTLP/HTTP, configured by the standard OTEL_EXPORTER_OTLP_* environment; none: no spans. Empty: from OTEL_TRACES_EXPORTER, else on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.IntVar(&o.gcPercent, "gc-percent", 50, "the Go garbage collector's heap growth between collections, as GOGC (-1: off); lower holds less memory per stream for more CPU. Without this flag a GOGC environment variable is used instead")
 	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it (0: none, or GOMEMLIMIT's)")
 	o.redis.register(fs)
@@ -227,6 +240,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	}
 	if o.missingBody != "regenerate" && o.missingBody != "gone" {
 		return nil, fmt.Errorf("-missing-body: %q is neither regenerate nor gone", o.missingBody)
+	}
+	if o.mcpWindow <= 0 || o.mcpUnknownTTL <= 0 {
+		return nil, errors.New("-mcp-dedupe-window and -mcp-unknown-ttl must be positive")
 	}
 	var err error
 	if o.ambigStatuses, err = statusList(o.ambigStatus); err != nil {
@@ -318,6 +334,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	var tracer trace.TracerProvider
+	if on, err := tracesOn(o.traces, getenv); err != nil {
+		return err
+	} else if on {
+		tp, shutdown, err := newTracer(ctx)
+		if err != nil {
+			return err
+		}
+		tracer = tp
+		// After the drain: the spans of the streams it ended go too.
+		defer func() {
+			flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := shutdown(flush); err != nil {
+				log.Warn("traces: spans not flushed", "err", err.Error())
+			}
+		}()
+		log.Info("traces exported over OTLP")
+	}
+	models := o.metricsModels
+	if models == 0 {
+		models = -1 // Config's zero is its default
+	}
 	p, err := proxy.New(proxy.Config{
 		Upstreams: upstreams, Retry: o.retry, ResumeTokenTTL: o.ttl, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
@@ -328,7 +367,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		AmbiguousStatus: o.ambigStatuses,
 		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
-		TenantHeaders:      o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
+		MCPPaths:           o.mcpPaths, MCPDedupe: o.mcpDedupe, MCPDedupeWindow: o.mcpWindow, MCPUnknownTTL: o.mcpUnknownTTL,
+		TenantHeaders: o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), Secret: secret,
+		MetricsModels: models, Tracer: tracer,
 	})
 	if err != nil {
 		return err

@@ -16,5 +16,5 @@
 //
 // The processes run without the test's SSEGATE_* environment variables,
 // which the binary would read as flags: what they get is on their command
-// line.
+// line, and in [Config.Env].
 package gatetest

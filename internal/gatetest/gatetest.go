@@ -95,6 +95,9 @@ type Config struct {
 	// after SIGTERM before it kills it. Zero kills it at once (after a
 	// SIGCONT, in case the test paused it).
 	Grace time.Duration
+	// Env are variables (NAME=value) added to the process's environment,
+	// such as the OpenTelemetry SDK's.
+	Env []string
 }
 
 // Start and stop timing.
@@ -128,7 +131,7 @@ func (c Config) Start(tb testing.TB, args ...string) *Process {
 		addr := FreePort(tb)
 		p := &Process{Name: name, Addr: addr, URL: "http://" + addr, logs: &LogBuffer{}, done: make(chan struct{})}
 		p.cmd = exec.Command(bin, append([]string{"-listen", addr}, args...)...)
-		p.cmd.Env = hermeticEnv()
+		p.cmd.Env = append(hermeticEnv(), c.Env...)
 		p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 		if err := p.cmd.Start(); err != nil {
 			tb.Fatal(err)

@@ -17,6 +17,7 @@ var invariantNames = map[int]string{
 	3: "a key costs at most 1 + its failed generations in paid upstream calls",
 	4: "nothing is left running: goroutines back to the baseline, ssegate_live_generations 0",
 	5: "a whole upstream answer reaches the client that started it whole",
+	6: "a keyed tool call runs at most once, and every caller gets a JSON-RPC answer under its own id and progress token",
 }
 
 // report collects the violations of a round.

@@ -135,6 +135,20 @@ func seeds(t *testing.T) (int64, int) {
 //     stacks that grew.
 //  5. the client whose request made a call that sent a whole answer got
 //     that answer whole, unless it left: a whole answer is never aborted.
+//  6. beside the LLM load, 13 MCP tool calls (10 keyed, by the
+//     Idempotency-Key header or params._meta) go to ssegate on
+//     -mcp-path /mcp, in front of internal/mcpmock's write tool (the MCP
+//     Go SDK's server, SSE or JSON answers) behind faults of its own: 503
+//     and a JSON-RPC error before the tool runs, a reset before any
+//     answer, a server that runs the tool and dies mid-answer, and one
+//     that runs it and never answers. Their clients call at once, or
+//     leave mid-call and re-issue with a new JSON-RPC id. The tool's
+//     side-effect counter is the oracle: a keyed call runs at most once;
+//     every message a caller gets carries its own id and progress token;
+//     a keyed call's result is its first run's; a keyed call's caller
+//     that stays gets a JSON-RPC answer or an HTTP error, never a stream
+//     that just stops. (An unkeyed call is relayed as it is; its callers
+//     cut with no fault of the server's are counted in the round's log.)
 //
 // Failures name the seed, the key (with its dialect and planned faults),
 // the invariant, what the client got or the calls made, and ssegate's log
@@ -217,6 +231,19 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 			}()
 		}
 	}
+	toolXs := map[*toolSpec][]*toolExchange{}
+	for i, s := range p.tools {
+		for j, sc := range s.clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got := w.cl.runTool(start, s, sc, fmt.Sprintf("%s/%d", s.name, j), i*100+j+1)
+				mu.Lock()
+				toolXs[s] = append(toolXs[s], got...)
+				mu.Unlock()
+			}()
+		}
+	}
 	wg.Wait()
 	loaded := time.Since(start)
 
@@ -237,6 +264,8 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 		c.cost(s, calls)
 		c.delivered(s, calls)
 	}
+	// 6: the tool calls' side effects.
+	toolSummary := checkTools(w.up.tools, toolXs, rep)
 	for _, u := range w.up.unknownRequests() {
 		rep.add(3, nil, "the upstream got a request no client made: %s", u)
 	}
@@ -248,9 +277,12 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 	for _, s := range p.specs {
 		n += len(xs[s])
 	}
-	t.Logf("seed %d: %d specs, %d exchanges, load %s, settled in %s, round %s",
-		seed, len(p.specs), n, loaded.Round(time.Millisecond), settled.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
-	for inv := 1; inv <= 5; inv++ {
+	for _, s := range p.tools {
+		n += len(toolXs[s])
+	}
+	t.Logf("seed %d: %d specs, %d exchanges, load %s, settled in %s, round %s; %s",
+		seed, len(p.specs), n, loaded.Round(time.Millisecond), settled.Round(time.Millisecond), time.Since(began).Round(time.Millisecond), toolSummary)
+	for inv := 1; inv <= 6; inv++ {
 		msgs := rep.found[inv]
 		for i, m := range msgs {
 			if i == 8 {
@@ -264,7 +296,7 @@ func round(t *testing.T, seed int64, skip map[string]bool, chain bool) {
 	}
 	if t.Failed() {
 		var sum []string
-		for inv := 1; inv <= 5; inv++ {
+		for inv := 1; inv <= 6; inv++ {
 			if n := rep.counts[inv]; n > 0 {
 				sum = append(sum, fmt.Sprintf("invariant %d: %d", inv, n))
 			}

@@ -220,6 +220,7 @@ type plan struct {
 	// chain: the clients' ssegate is in front of a second one, which is
 	// in front of the upstream (TestFaultsChain).
 	chain bool
+	tools []*toolSpec // the MCP tool calls (tools_test.go)
 }
 
 // Plan sizes.
@@ -274,6 +275,7 @@ func newPlan(seed int64, skip map[string]bool) *plan {
 		p.specs = append(p.specs, s)
 		p.byKey[s.name] = s
 	}
+	p.tools = drawTools(r, seed) // after the LLM specs, which a seed keeps drawing as before
 	return p
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/valyala/fasthttp"
 )
@@ -74,6 +75,8 @@ type upstream struct {
 
 	connsMu sync.Mutex // guards conns
 	conns   map[net.Conn]fasthttp.ConnState
+
+	tools *tools // the MCP server, on mcpmock.Path
 }
 
 func newUpstream(p *plan, mock *mockllm.Server) (*upstream, error) {
@@ -104,6 +107,10 @@ func newUpstream(p *plan, mock *mockllm.Server) (*upstream, error) {
 	}
 	u.ln = ln
 	u.url = "http://" + ln.Addr().String()
+	if u.tools, err = newTools(p.tools, u); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	go u.srv.Serve(ln) //nolint:errcheck // ends with Shutdown
 	return u, nil
 }
@@ -111,6 +118,7 @@ func newUpstream(p *plan, mock *mockllm.Server) (*upstream, error) {
 // closeIdle closes the keep-alive connections that wait for a next
 // request, so that their goroutines do not count as the proxy's.
 func (u *upstream) closeIdle() {
+	u.tools.closeIdle()
 	u.connsMu.Lock()
 	defer u.connsMu.Unlock()
 	for c, st := range u.conns {
@@ -134,6 +142,7 @@ func (u *upstream) close() {
 		u.connsMu.Unlock()
 		_ = u.srv.Shutdown()
 	}
+	u.tools.close()
 }
 
 // callsOf returns a copy of the calls made for a spec, in arrival order.
@@ -150,10 +159,16 @@ func (u *upstream) callsOf(name string) []call {
 func (u *upstream) unknownRequests() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return append([]string(nil), u.unknown...)
+	u.tools.mu.Lock()
+	defer u.tools.mu.Unlock()
+	return append(append([]string(nil), u.unknown...), u.tools.unknown...)
 }
 
 func (u *upstream) handle(ctx *fasthttp.RequestCtx) {
+	if string(ctx.Path()) == mcpmock.Path {
+		u.tools.handle(ctx)
+		return
+	}
 	origin := string(ctx.Request.Header.Peek(originHeader))
 	name, _, _ := strings.Cut(origin, "/")
 	s := u.plan.byKey[name]

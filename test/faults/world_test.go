@@ -19,6 +19,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/valyala/fasthttp"
@@ -108,6 +109,7 @@ func (w *world) serve(t *testing.T, name, upURL string, budget time.Duration, re
 	// the round makes an outage of every third call on purpose.
 	px, err := proxy.New(proxy.Config{
 		Upstreams: []string{upURL}, Store: store, Logger: log, RetryAmbiguous: retryAmbiguous,
+		MCPPaths:  []string{mcpmock.Path},
 		Heartbeat: heartbeat, UpstreamIdleTimeout: budget, HeadTimeout: budget, SlowClientTimeout: slowClient,
 		Retry: proxy.RetryConfig{
 			Attempts: 3, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
@@ -186,6 +188,28 @@ func (w *world) warmUp() error {
 	b, err := io.ReadAll(resp.Body)
 	if err == nil && (resp.StatusCode != 200 || !bytes.Contains(b, []byte("[DONE]"))) {
 		err = fmt.Errorf("warm-up stream: %d %q", resp.StatusCode, b)
+	}
+	if err != nil {
+		return err
+	}
+	// And one unkeyed tool call, for the MCP server's pools.
+	req, _ = http.NewRequest(http.MethodPost, w.url+mcpmock.Path, strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"write","arguments":{"target":"warm-up","ms":20},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"faults","version":"1"}}}}`))
+	req.Header.Set("Authorization", credential)
+	req.Header.Set(originHeader, warmupOrigin)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/call")
+	req.Header.Set("Mcp-Name", "write")
+	resp, err = w.cl.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err = io.ReadAll(resp.Body)
+	if err == nil && (resp.StatusCode != 200 || !bytes.Contains(b, []byte("wrote warm-up"))) {
+		err = fmt.Errorf("warm-up tool call: %d %q", resp.StatusCode, b)
 	}
 	return err
 }

@@ -1,0 +1,279 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
+)
+
+// MetaKey is the params._meta member of a tools/call that carries its
+// idempotency key, for clients that cannot set a header per call.
+const MetaKey = "ssegate/idempotency-key"
+
+// UnknownCode is the JSON-RPC error code of the answer to a tool call
+// whose outcome is unknown: the server may have run it, and ssegate does
+// not run it again (docs/design.md, Tool calls). It is in JSON-RPC's
+// range for implementation-defined server errors.
+const UnknownCode = -32070
+
+// ToolStore is what MCP tool calls need of the Store besides Begin
+// (cache.Memory and cache.Redis have it): BeginTool holds a call whose
+// outcome is unknown, Forget clears a key that is not running (DELETE
+// /keys/{key}), ToolUnknowns counts the held calls. Safe for concurrent
+// use; errors as Begin's.
+type ToolStore interface {
+	BeginTool(sc cache.Scope, fingerprint string, t cache.Tool) (cache.Begun, error)
+	Forget(sc cache.Scope) error
+	ToolUnknowns() int64
+}
+
+// toolCall is what the proxy reads of an MCP tools/call request.
+type toolCall struct {
+	id      []byte // the JSON-RPC id, raw
+	token   []byte // params._meta.progressToken, raw; nil when absent
+	name    string
+	metaKey string // params._meta[MetaKey]
+	fp      string // the fingerprint: the request without what a re-issue changes
+	args    []byte // the arguments, canonical JSON (sorted keys)
+}
+
+// mcpPath reports whether the request's path is one of -mcp-path.
+func (p *Proxy) mcpPath(ctx *fasthttp.RequestCtx) bool {
+	for _, mp := range p.cfg.MCPPaths {
+		if string(ctx.Path()) == mp { // compared without a copy: every request asks
+			return true
+		}
+	}
+	return false
+}
+
+// serveMCP serves a request on an MCP path: a tools/call with a key is
+// one intent (serveTool); everything else, a tools/call without a key
+// included, is relayed as it is, its answer as the server sent it.
+func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
+	call, ok := parseToolCall(ctx)
+	if !ok || p.store == nil {
+		p.relayMCP(ctx)
+		return
+	}
+	key, derived := string(ctx.Request.Header.Peek("Idempotency-Key")), false
+	for _, h := range p.cfg.KeyHeaders {
+		if key != "" {
+			break
+		}
+		key = string(ctx.Request.Header.Peek(h))
+	}
+	if key == "" {
+		key = call.metaKey
+	}
+	if key == "" && p.dedupes(call.name) {
+		key, derived = derivedKey(call), true
+	}
+	if key == "" {
+		p.m.tools.WithLabelValues("relay").Inc()
+		p.relayMCP(ctx)
+		return
+	}
+	p.serveTool(ctx, call, key, derived)
+}
+
+// dedupes reports whether -mcp-dedupe names tool (or is "*").
+func (p *Proxy) dedupes(tool string) bool {
+	for _, t := range p.cfg.MCPDedupe {
+		if t == tool || t == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+// relayMCP relays a request on an MCP path without recording it: its
+// answer, an event stream included, goes to the client as the server
+// sent it (its own event ids included), never retried once sent, and
+// the call is cancelled when the client leaves (origin.onGone).
+func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
+	if !p.acquireSlot() {
+		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+		return
+	}
+	p.m.decided(decisionRelay)
+	f := cache.NewDetached(p.cfg.MaxStreamBytes)
+	// A GET is the server's stream of its own messages: no head comes
+	// later than a stream's, and it may go on longer than an answer.
+	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()})
+	g.relayRaw, g.rawAlways = true, true
+	g.o.onGone = func() { g.cancel(causeClientGone) }
+	g.launch(newTemplate(ctx))
+	p.serveOrigin(ctx, g)
+}
+
+// cancelOnDeparture closes the upstream connection of resp, whose body
+// is being relayed to c, as soon as c's client closes its connection, so
+// that the server sees the call cancelled at once rather than at a write
+// that fails (an MCP server's stream may be silent for long). stop ends
+// the watch and reports whether the client went.
+func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
+	gone, stopWatch := watchDeparture(c)
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-gone:
+			interrupt(resp)
+		case <-over:
+		}
+	}()
+	return func() bool {
+		close(over)
+		<-ended
+		return stopWatch()
+	}
+}
+
+// parseToolCall reads a single JSON-RPC tools/call request; ok is false
+// for anything else (a batch, a notification, a response, another
+// method, a body that is not JSON).
+func parseToolCall(ctx *fasthttp.RequestCtx) (*toolCall, bool) {
+	if !ctx.IsPost() {
+		return nil, false
+	}
+	body := bytes.TrimSpace(ctx.Request.Body())
+	if len(body) == 0 || body[0] != '{' {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber() // numbers are kept as written, for the fingerprint
+	var msg map[string]any
+	if dec.Decode(&msg) != nil || dec.More() {
+		return nil, false
+	}
+	var head struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params struct {
+			Name      string                     `json:"name"`
+			Arguments json.RawMessage            `json:"arguments"`
+			Meta      map[string]json.RawMessage `json:"_meta"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(body, &head) != nil || head.Method != "tools/call" || len(head.ID) == 0 || string(head.ID) == "null" {
+		return nil, false
+	}
+	c := &toolCall{id: head.ID, name: head.Params.Name}
+	if t, ok := head.Params.Meta["progressToken"]; ok {
+		c.token = t
+	}
+	if k, ok := head.Params.Meta[MetaKey]; ok {
+		json.Unmarshal(k, &c.metaKey) //nolint:errcheck // a key that is no string is no key
+	}
+	// What a re-issue changes is left out of the fingerprint: the id,
+	// the progress token, trace context and the key itself.
+	delete(msg, "id")
+	params, _ := msg["params"].(map[string]any)
+	if meta, ok := params["_meta"].(map[string]any); ok {
+		for _, k := range []string{"progressToken", "traceparent", "tracestate", MetaKey} {
+			delete(meta, k)
+		}
+		if len(meta) == 0 {
+			delete(params, "_meta")
+		}
+	}
+	canon, err := json.Marshal(msg) // map keys sorted: canonical
+	if err != nil {
+		return nil, false
+	}
+	c.args, _ = json.Marshal(params["arguments"])
+	c.fp = fingerprintOf(ctx, canon)
+	return c, true
+}
+
+// derivedKey is the key of a call without one, for a tool of
+// -mcp-dedupe: its name and canonical arguments (the tenant scopes it as
+// any key).
+func derivedKey(c *toolCall) string {
+	h := sha256.New()
+	h.Write([]byte(c.name))
+	h.Write([]byte{0})
+	h.Write(c.args)
+	return "mcp-" + hex.EncodeToString(h.Sum(nil))
+}
+
+// serveTool takes the decision of docs/design.md, Request decision, for a
+// keyed tools/call: a re-issue joins or replays the call under its own
+// id, and a call whose outcome is unknown is not run again.
+func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, derived bool) {
+	sc, ok := p.keyScope(ctx, key)
+	if !ok {
+		return
+	}
+	ts, ok := p.store.(ToolStore)
+	if !ok {
+		p.relayMCP(ctx) // checked by New: a store without tool calls is a test's
+		return
+	}
+	t := cache.Tool{Name: call.name, UnknownTTL: p.cfg.MCPUnknownTTL}
+	if derived {
+		t.Keep = p.cfg.MCPDedupeWindow
+	}
+	b, err := ts.BeginTool(sc, call.fp, t)
+	if err != nil {
+		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
+			p.logTool(ctx, decisionUnprotected, "unprotected", sc, call, "err", err.Error())
+			p.relayMCP(ctx)
+			return
+		}
+		p.storeError(ctx, sc, err)
+		return
+	}
+	caller := &toolCaller{id: call.id, token: call.token, session: bytes.Clone(ctx.Request.Header.Peek("Mcp-Session-Id"))}
+	switch b.Decision {
+	case cache.Conflict:
+		p.logTool(ctx, decisionConflict, "conflict", sc, call)
+		p.writeError(ctx, causeConflict.err(""))
+	case cache.Gone:
+		p.logTool(ctx, decisionGone, "gone", sc, call)
+		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
+	case cache.Unknown:
+		p.logTool(ctx, decisionUnknown, "unknown", sc, call)
+		p.unknownAnswer(ctx, caller)
+	case cache.Hit:
+		p.logTool(ctx, decisionHit, "hit", sc, call, "generation", b.Result.Gen)
+		p.replayTool(ctx, b.Result, caller)
+	case cache.Join:
+		if p.cfg.Inflight == InflightConflict {
+			p.logTool(ctx, decisionInFlight, "in_flight", sc, call, "generation", b.Flight.Gen)
+			p.writeError(ctx, causeInFlight.err(""))
+			return
+		}
+		p.logTool(ctx, decisionJoin, "join", sc, call, "generation", b.Flight.Gen)
+		p.followTool(ctx, b.Flight, caller, true)
+	case cache.Miss:
+		f := b.Flight
+		if !p.claimSlot(ctx, f) {
+			return
+		}
+		g := p.newGen(f, sse.Request{}) // the answer's whole time is -attempt-timeout's: JSON comes when the tool is done
+		go g.runTool(newTemplate(ctx), call.id)
+		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
+		caller.origin = true
+		p.followTool(ctx, f, caller, false)
+	}
+}
+
+// logTool counts and logs the decision d on a tool call, labelled kind
+// among the tool decisions.
+func (p *Proxy) logTool(ctx *fasthttp.RequestCtx, d decision, kind string, sc cache.Scope, call *toolCall, attrs ...any) {
+	p.m.tools.WithLabelValues(kind).Inc()
+	if decisions[d].suppressed {
+		p.m.toolSuppressed.Inc()
+	}
+	p.logDecision(ctx, d, sc, call.fp, append([]any{"tool", call.name}, attrs...)...)
+}

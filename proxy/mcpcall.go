@@ -1,0 +1,218 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// runTool is the goroutine of a keyed tool call: it sends the call to the
+// MCP server and records its answer into the flight, whatever becomes of
+// the callers. It is tried again only where the server certainly did not
+// receive it (a connect error, a pooled connection found closed before
+// writing, 429 or 503); once it may have run, no answer but the server's
+// response to it ends the flight otherwise than commit_unknown.
+func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
+	defer func() {
+		fasthttp.ReleaseRequest(tmpl)
+		g.finish()
+	}()
+	p := g.p
+	p.budget.request(g.start)
+	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	next := 0 // the upstream to try first: the one after one that failed
+	for n := 1; ; n++ {
+		if c := g.cutShort(); c != causeNone {
+			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c, 0, nil)
+			return
+		}
+		up, idx, done, ok := pick(p.ups, next, "")
+		if !ok {
+			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable, 0, nil)
+			return
+		}
+		g.mark(cache.StateExecutionStarted, n, 0)
+		resp, err := g.call(up, up.prepare(tmpl))
+		if err != nil {
+			if errors.Is(err, errCancelled) {
+				done(nil)
+				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort(), 0, nil)
+				return
+			}
+			done(err)
+			c := causeUpstreamReset
+			switch {
+			case isDial(err):
+				c = causeConnectError
+			case isStale(err):
+				c = causeStaleConnection
+			case isTimeout(err):
+				c = causeUpstreamTimeout
+			}
+			p.m.attempts.WithLabelValues(c.String()).Inc()
+			unsent := c == causeConnectError || c == causeStaleConnection || errors.Is(err, fasthttp.ErrNoFreeConns)
+			if !unsent {
+				g.mayRun = true
+			}
+			next = idx + 1
+			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, c.String(), jitter.next()) {
+				continue
+			}
+			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), c, 0, nil)
+			return
+		}
+		head := copyHead(resp)
+		st := head.Status
+		done(health(st, false))
+		p.m.attempts.WithLabelValues(statusClass(st)).Inc()
+		reason := upstreamStatus(st).reason(st)
+		sc := upstreamStatus(st)
+		switch {
+		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !markedUnknown(resp):
+			// The server said it did not take the call.
+			body, _ := readBody(resp, 64<<10)
+			wait := max(jitter.next(), min(retryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
+			g.drop()
+			next = idx + 1
+			if n < p.cfg.Retry.Attempts && g.toolRetry(n, reason, wait) {
+				continue
+			}
+			g.f.SetHead(head)
+			g.toolEnd(n, cache.StateFailedRetryable, sc, st, body)
+		case st >= 400 && st < 500 && !markedUnknown(resp):
+			// Refused (a session the server does not know, a request it
+			// cannot read): relayed as it came.
+			body, _ := readBody(resp, 64<<10)
+			g.f.SetHead(head)
+			g.toolEnd(n, cache.StateFailedTerminal, sc, st, body)
+		case st < 200 || st >= 300:
+			// A 5xx, or an answer marked unknown: the server may have run
+			// the tool before it failed.
+			g.mayRun = true
+			g.toolEnd(n, cache.StateCommitUnknown, sc, st, nil)
+		case head.Stream:
+			g.mayRun = true
+			g.f.SetHead(head)
+			g.toolStream(n, resp, id)
+		default:
+			g.mayRun = true
+			g.toolWhole(n, resp, head, id)
+		}
+		return
+	}
+}
+
+// toolRetry waits d before attempt n+1, unless the retry budget is spent
+// or the call is cut short meanwhile; it reports whether to go on.
+func (g *gen) toolRetry(n int, reason string, d time.Duration) bool {
+	p := g.p
+	if !p.budget.retry(time.Now()) {
+		return false
+	}
+	p.m.retries.WithLabelValues(reason).Inc()
+	p.log.Info("retry", "key", g.f.Scope.Key, "tenant", g.f.Scope.Tenant, "attempt", n, "reason", reason, "backoff", d.String())
+	return g.pause(d)
+}
+
+// toolState is the state of a failed end whose own is s: commit_unknown
+// once the call may have run.
+func (g *gen) toolState(s cache.State) cache.State {
+	if g.mayRun {
+		return cache.StateCommitUnknown
+	}
+	return s
+}
+
+// toolWhole records a JSON answer: a response with a result commits (an
+// isError result too: the tool ran), an error is relayed and not stored,
+// and anything else leaves the outcome unknown.
+func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []byte) {
+	body, err := readBody(resp, g.p.cfg.MaxStreamBytes)
+	g.f.SetHead(head)
+	switch {
+	case err != nil:
+		g.toolEnd(n, cache.StateCommitUnknown, readFailure(err), 0, nil)
+	case !sameID(body, id):
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
+	case gjson.GetBytes(body, "result").Exists():
+		g.toolCommitted(n, body)
+	case gjson.GetBytes(body, "error").Exists():
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorBody, 0, body)
+	default:
+		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
+	}
+}
+
+// toolStream records an SSE answer, each event as it comes, until the
+// response to the call: a result commits, an error is relayed and not
+// stored; a stream that ends before it leaves the outcome unknown.
+func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
+	f := g.f
+	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
+		if err != nil {
+			c := causeUpstreamReadError
+			if errors.Is(err, sse.ErrEventTooLarge) {
+				c = causeMaxEventBytes
+			}
+			g.toolEnd(n, cache.StateCommitUnknown, c, 0, nil)
+			return
+		}
+		if _, err := f.Append(ev.Type, ev.Data); err != nil {
+			g.toolEnd(n, cache.StateCommitUnknown, causeMaxStreamBytes, 0, nil)
+			return
+		}
+		data := []byte(ev.Data)
+		if gjson.GetBytes(data, "method").Exists() || !sameID(data, id) {
+			continue // a notification or a request of the server's
+		}
+		if gjson.GetBytes(data, "result").Exists() {
+			if c := connOf(resp); c != nil {
+				c.drainBy(time.Now().Add(time.Second)) // the server ends the stream after its response
+			}
+			g.toolCommitted(n, nil)
+			return
+		}
+		g.toolEnd(n, cache.StateFailedTerminal, causeErrorEvent, 0, nil)
+		return
+	}
+	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent, 0, nil)
+}
+
+// sameID reports whether msg is a JSON-RPC message with the id id.
+func sameID(msg, id []byte) bool {
+	r := gjson.GetBytes(msg, "id")
+	return r.Exists() && bytes.Equal(compactJSON(r.Raw), compactJSON(string(id)))
+}
+
+func compactJSON(s string) []byte {
+	var b bytes.Buffer
+	if err := json.Compact(&b, []byte(s)); err != nil {
+		return []byte(s)
+	}
+	return b.Bytes()
+}
+
+// toolCommitted ends the flight with the call's result, after n calls.
+func (g *gen) toolCommitted(n int, body []byte) {
+	g.f.Mark(cache.StateExecutionStarted, n, 0)
+	g.p.m.toolAttempts.Observe(float64(n))
+	g.commit(body)
+}
+
+// toolEnd ends the flight without a result after n calls, in state, for
+// c (with the server's status and answer body, relayed to the callers,
+// when it has one).
+func (g *gen) toolEnd(n int, state cache.State, c cause, status int, body []byte) {
+	g.f.Mark(cache.StateExecutionStarted, n, status)
+	if n > 0 {
+		g.p.m.toolAttempts.Observe(float64(n))
+	}
+	g.endState = state
+	g.fail(c, status, body)
+}

@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// toolCaller is one caller of a tool call. Every message it is given
+// carries its own JSON-RPC id and progress token; the bytes are
+// otherwise the server's.
+type toolCaller struct {
+	id, token []byte
+	// session is the caller's own Mcp-Session-Id, which its answer
+	// carries in place of the one that started the call: the caller's
+	// SDK checks it against its session, and a replayed answer must not
+	// hand one caller another's session.
+	session []byte
+	// origin: the caller that started the call, whose id and token the
+	// server's messages already carry; requests of the server's
+	// (sampling, elicitation) go to it alone, since only one answer to
+	// each can go back.
+	origin bool
+}
+
+// message is data, one JSON-RPC message of the server's, as tc is given
+// it; keep is false for one that is not for tc.
+func (tc *toolCaller) message(data []byte) (out []byte, keep bool) {
+	if tc.origin {
+		return data, true
+	}
+	m := gjson.GetBytes(data, "method")
+	if !m.Exists() {
+		return splice(data, gjson.GetBytes(data, "id"), tc.id), true
+	}
+	if gjson.GetBytes(data, "id").Exists() {
+		return nil, false // a request of the server's: the origin answers it
+	}
+	if m.String() == "notifications/progress" {
+		if tc.token == nil {
+			return nil, false // progress the caller did not ask for
+		}
+		return splice(data, gjson.GetBytes(data, "params.progressToken"), tc.token), true
+	}
+	return data, true
+}
+
+// splice replaces the value r found in data with with.
+func splice(data []byte, r gjson.Result, with []byte) []byte {
+	if !r.Exists() || r.Index <= 0 || r.Index+len(r.Raw) > len(data) {
+		return data
+	}
+	out := make([]byte, 0, len(data)-len(r.Raw)+len(with))
+	out = append(out, data[:r.Index]...)
+	out = append(out, with...)
+	return append(out, data[r.Index+len(r.Raw):]...)
+}
+
+// head is h as tc's answer carries it: with tc's own session.
+func (tc *toolCaller) head(h cache.Head) cache.Head {
+	if tc.origin {
+		return h
+	}
+	hs := make([]cache.Header, 0, len(h.Header)+1)
+	for _, kv := range h.Header {
+		if !strings.EqualFold(kv.Name, "Mcp-Session-Id") {
+			hs = append(hs, kv)
+		}
+	}
+	if len(tc.session) > 0 {
+		hs = append(hs, cache.Header{Name: "Mcp-Session-Id", Value: string(tc.session)})
+	}
+	h.Header = hs
+	return h
+}
+
+// events is the journal's encoded events wire as tc is given them: each
+// message rewritten for tc, or left out, without the journal's ids (the
+// protocol's streams are not resumed; a broken one is re-issued).
+func (tc *toolCaller) events(dst, wire []byte) []byte {
+	for len(wire) > 0 {
+		var ev []byte
+		if i := bytes.Index(wire, []byte("\n\n")); i >= 0 {
+			ev, wire = wire[:i], wire[i+2:]
+		} else {
+			ev, wire = wire, nil
+		}
+		var typ string
+		var data []byte
+		for line := range bytes.SplitSeq(ev, []byte("\n")) {
+			name, v, _ := bytes.Cut(line, []byte(":"))
+			v = bytes.TrimPrefix(v, []byte(" "))
+			switch string(name) {
+			case "event":
+				typ = string(v)
+			case "data":
+				if data != nil {
+					data = append(data, '\n')
+				}
+				data = append(data, v...)
+			}
+		}
+		if data == nil {
+			continue
+		}
+		msg, keep := tc.message(data)
+		if keep {
+			dst = appendMessage(dst, typ, msg)
+		}
+	}
+	return dst
+}
+
+// appendMessage appends an SSE event of type typ with data msg.
+func appendMessage(dst []byte, typ string, msg []byte) []byte {
+	if typ != "" {
+		dst = append(dst, "event: "...)
+		dst = append(dst, typ...)
+		dst = append(dst, '\n')
+	}
+	for line := range bytes.SplitSeq(msg, []byte("\n")) {
+		dst = append(dst, "data: "...)
+		dst = append(dst, line...)
+		dst = append(dst, '\n')
+	}
+	return append(dst, '\n')
+}
+
+// unknownMessage is the JSON-RPC error of a tool call whose outcome is
+// unknown, under the caller's id.
+func unknownMessage(id []byte) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      json.RawMessage(id),
+		"error": map[string]any{
+			"code": UnknownCode,
+			"message": "ssegate: the outcome of this tool call is unknown: the server may have run it, and it was not run again " +
+				"(DELETE /keys/{key} clears it)",
+		},
+	})
+	return b
+}
+
+// unknownAnswer answers a re-issue of a tool call whose outcome is
+// unknown: a JSON-RPC error in a 200, as the transport carries JSON-RPC
+// errors, with the outcome-unknown marker.
+func (p *Proxy) unknownAnswer(ctx *fasthttp.RequestCtx, tc *toolCaller) {
+	fillUnknown(&ctx.Response, tc)
+}
+
+func fillUnknown(resp *fasthttp.Response, tc *toolCaller) {
+	resp.Reset()
+	resp.SetStatusCode(fasthttp.StatusOK)
+	resp.Header.SetServer(serverName)
+	resp.Header.SetContentType("application/json")
+	if len(tc.session) > 0 {
+		resp.Header.SetBytesV("Mcp-Session-Id", tc.session)
+	}
+	markUnknown(&resp.Header)
+	resp.SetBody(unknownMessage(tc.id))
+}
+
+// replayTool answers a re-issue of a committed tool call from its result.
+func (p *Proxy) replayTool(ctx *fasthttp.RequestCtx, r *cache.Result, tc *toolCaller) {
+	data, err := r.After(0)
+	if err != nil {
+		p.writeError(ctx, causeStoreUnavailable.err(""))
+		return
+	}
+	h := tc.head(r.Head)
+	if !h.Stream {
+		body, _ := tc.message(data)
+		p.whole(ctx, h, true, body, cache.StateCommitted, false)
+		return
+	}
+	out := tc.events(nil, data)
+	p.takeOver(ctx, false, func(c *clientConn) {
+		c.replayed = true
+		c.answerHead(h)
+		c.finish(c.write(out) == nil && c.end() == nil, nil)
+	})
+}
+
+// followTool answers a caller of the live tool call f, its origin
+// included: the server's answer as it comes, each message rewritten for
+// the caller. The call goes on whatever becomes of its callers.
+func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, tc *toolCaller, replayed bool) {
+	sub, ok := p.subscribe(ctx, f, 0)
+	if !ok {
+		return
+	}
+	p.waitFlight(ctx, f, sub, replayed, func(c *clientConn, h cache.Head) {
+		c.answerHead(tc.head(h))
+		ok := p.writeToolEvents(c, sub, f, tc)
+		c.finish(ok && c.end() == nil, nil)
+	}, func(c *clientConn, h cache.Head, hasHead bool) {
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		state, reason, body := f.Outcome()
+		switch {
+		case state == cache.StateCommitUnknown:
+			fillUnknown(resp, tc)
+		case hasHead && (body != nil || state == cache.StateCommitted):
+			// The result, or the server's own refusal (a JSON-RPC error,
+			// a 4xx), as it came.
+			setHead(&resp.Header, tc.head(h), replayed)
+			if isJSON(h.ContentType) {
+				body, _ = tc.message(body)
+			}
+			resp.SetBodyRaw(body)
+		default:
+			fillError(resp, failedAnswer(state, reason))
+		}
+		c.finish(c.answerWhole(resp) == nil, nil)
+	})
+}
+
+// writeToolEvents writes the events of tool call f to c as they come,
+// rewritten for tc, with a heartbeat while idle. A stream that ended
+// without the server's response ends with the outcome-unknown error.
+// It reports false when the client went away.
+func (p *Proxy) writeToolEvents(c *clientConn, sub *cache.Sub, f *cache.Flight, tc *toolCaller) bool {
+	var out []byte
+	return p.follow(c, sub, func() (end, ok bool) {
+		for {
+			wire, ended := sub.Read()
+			out = tc.events(out[:0], wire)
+			if ended {
+				if state, reason, _ := f.Outcome(); state != cache.StateCommitted && reason != causeErrorEvent.String() {
+					out = appendMessage(out, "message", unknownMessage(tc.id))
+				}
+			}
+			if len(out) > 0 && c.write(out) != nil {
+				return true, false
+			}
+			if ended || len(wire) == 0 {
+				return ended, true
+			}
+		}
+	})
+}
