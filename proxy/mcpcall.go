@@ -154,15 +154,11 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 // stored; a stream that ends before it leaves the outcome unknown.
 func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 	f := g.f
-	for ev, err := range sse.Read(bodyOf(resp), g.p.cfg.MaxEventBytes) {
-		if err != nil {
-			c := causeUpstreamReadError
-			if errors.Is(err, sse.ErrEventTooLarge) {
-				c = causeMaxEventBytes
-			}
-			g.toolEnd(n, cache.StateCommitUnknown, c, 0, nil)
-			return
-		}
+	// Read in place, as pump reads: ev is the scanner's until the next
+	// event, and Append and data copy it.
+	sc := sse.NewScanner(bodyOf(resp), g.p.cfg.MaxEventBytes)
+	for sc.Next() {
+		ev := sc.Event()
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
 			g.toolEnd(n, cache.StateCommitUnknown, causeMaxStreamBytes, 0, nil)
 			return
@@ -179,6 +175,14 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 			return
 		}
 		g.toolEnd(n, cache.StateFailedTerminal, causeErrorEvent, 0, nil)
+		return
+	}
+	if err := sc.Err(); err != nil {
+		c := causeUpstreamReadError
+		if errors.Is(err, sse.ErrEventTooLarge) {
+			c = causeMaxEventBytes
+		}
+		g.toolEnd(n, cache.StateCommitUnknown, c, 0, nil)
 		return
 	}
 	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent, 0, nil)
