@@ -33,6 +33,11 @@ type gen struct {
 	// an event stream or an error status included, never retried once
 	// the upstream answered (an MCP path's relay: relayMCP).
 	rawAlways bool
+	// streamOnHead: the request's kind is known only from its answer's
+	// head (an MCP POST is answered with JSON or an event stream), so an
+	// event stream read on the whole-answer client goes on as a stream,
+	// bounded by the upstream's silence rather than -attempt-timeout.
+	streamOnHead bool
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
@@ -149,6 +154,9 @@ func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, err
 	g.resp = resp
 	cut := g.cause
 	g.mu.Unlock()
+	if g.streamOnHead && !g.req.Stream && isEventStream(string(resp.Header.ContentType())) {
+		connOf(resp).asStream()
+	}
 	if cut != causeNone {
 		// Cancelled while waiting: nothing of the answer is read. Unless
 		// its head says the upstream did not run the request, it may

@@ -108,7 +108,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	// A GET is the server's stream of its own messages: no head comes
 	// later than a stream's, and it may go on longer than an answer.
 	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()})
-	g.relayRaw, g.rawAlways = true, true
+	g.relayRaw, g.rawAlways, g.streamOnHead = true, true, true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(newTemplate(ctx))
 	p.serveOrigin(ctx, g)
@@ -260,7 +260,10 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		if !p.claimSlot(ctx, f) {
 			return
 		}
-		g := p.newGen(f, sse.Request{}) // the answer's whole time is -attempt-timeout's: JSON comes when the tool is done
+		// A JSON answer's whole time is -attempt-timeout's (it comes when
+		// the tool is done); an event stream's silences are bounded instead.
+		g := p.newGen(f, sse.Request{})
+		g.streamOnHead = true
 		go g.runTool(newTemplate(ctx), call.id)
 		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
 		caller.origin = true

@@ -423,3 +423,22 @@ func TestToolUnkeyedCancelled(t *testing.T) {
 		t.Fatalf("an unkeyed call was recorded: %d keys", st.Keys)
 	}
 }
+
+// TestToolStreamOutlivesAttemptTimeout: a tool call answered with an event
+// stream is bounded by the server's silences, not by -attempt-timeout,
+// which bounds a JSON answer whole (and the wait for any head): a call
+// that streams longer than it gets its result, keyed or not, and runs
+// once.
+func TestToolStreamOutlivesAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	e := newMCPEnv(t, mcpmock.Config{Stateless: true, Delay: time.Second}, func(c *Config) {
+		c.Retry.AttemptTimeout = 300 * time.Millisecond
+	})
+	for i, hdr := range [][]string{nil, {"Idempotency-Key", newKey("long")}} {
+		target := fmt.Sprintf("long-%d-%s", i, newKey("t"))
+		// Progress asked for: the server's head and first notification come
+		// at once, its result a second later.
+		wantResult(t, e.call(callBody(i, "write", map[string]any{"target": target}, map[string]any{"progressToken": "p"}), hdr...), i)
+		e.wantRuns(target, 1)
+	}
+}

@@ -143,6 +143,7 @@ type idleConn struct {
 	idle, head  time.Duration
 	headBudget  timeBudget // what head bounds: budgetHead, or budgetAttempt when whole
 	whole       bool       // the deadline bounds the whole answer, not only its first byte
+	streamed    bool       // whole, yet this answer is an event stream (asStream): its silence is bounded, not its length
 	deadline    time.Time
 	sending     bool       // a request is being written: set by Write, cleared by Read
 	awaiting    bool       // no byte of the answer yet: set by Write, cleared by the first
@@ -215,6 +216,7 @@ func (c *idleConn) Write(p []byte) (int, error) {
 			}
 		}
 		c.reused = true
+		c.streamed = false
 		c.drainUntil = time.Time{}
 		c.holdBy(time.Time{}, nil)
 		// An upstream that stops taking the request is as silent as one
@@ -267,7 +269,7 @@ func (c *idleConn) read(p []byte) (int, error) {
 	}
 	c.sending = false
 	want, b, exact := time.Now().Add(c.idle), budgetIdle, false
-	if c.awaiting || (c.whole && c.deadline.Before(want)) {
+	if c.awaiting || (c.whole && !c.streamed && c.deadline.Before(want)) {
 		want, b, exact = c.deadline, c.headBudget, true
 	}
 	if !c.drainUntil.IsZero() && c.drainUntil.Before(want) {
@@ -308,6 +310,15 @@ func (c *idleConn) read(p []byte) (int, error) {
 func (c *idleConn) drainBy(t time.Time) {
 	if c != nil {
 		c.drainUntil = t
+	}
+}
+
+// asStream has the answer being read, on a connection whose deadline
+// bounds whole answers, bounded as a stream's body is: each read by the
+// upstream's silence (-upstream-idle-timeout), until the next request.
+func (c *idleConn) asStream() {
+	if c != nil {
+		c.streamed = true
 	}
 }
 

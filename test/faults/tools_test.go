@@ -429,7 +429,7 @@ func (cl *clients) callTool(x *toolExchange, dropAfter time.Duration) {
 // caller that stayed got a JSON-RPC answer or an HTTP error, never a
 // stream that just stops. It returns a summary of what the callers got.
 func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string {
-	var results, rpcErrors, httpErrors, left, unkeyedCut, total int64
+	var results, rpcErrors, httpErrors, left, total int64
 	for _, s := range sortedTools(t.plan) {
 		runs := t.runs(s)
 		total += runs
@@ -462,11 +462,11 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string 
 			if x.err != nil && !s.keyed {
 				// An unkeyed call is relayed as it is, not held to an
 				// answer: a server that cut or never gave its answer
-				// leaves its caller cut too. The others are counted.
+				// leaves its caller cut too, and nothing else may.
 				if cutBy(calls, x.origin) {
 					left++
 				} else {
-					unkeyedCut++
+					fail("%s (unkeyed) was cut while its server was not: %s", x, x.got())
 				}
 				continue
 			}
@@ -490,8 +490,8 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string 
 			}
 		}
 	}
-	return fmt.Sprintf("tool calls: %d results, %d JSON-RPC errors, %d HTTP errors, %d left mid-call or cut with the server, %d unkeyed cut otherwise, %d runs",
-		results, rpcErrors, httpErrors, left, unkeyedCut, total)
+	return fmt.Sprintf("tool calls: %d results, %d JSON-RPC errors, %d HTTP errors, %d left mid-call or cut with the server, %d runs",
+		results, rpcErrors, httpErrors, left, total)
 }
 
 // cutBy reports whether the server cut or withheld its answer to a call
