@@ -253,6 +253,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 if ARGV[5] == '1' and ttl > 0 then
+  -- the expired go as the new come, so that the set is bounded by the
+  -- keys in commit_unknown now, scraped or not
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
 else

@@ -441,7 +441,10 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 }
 
 // forgetScript deletes a key's records unless its generation is live
-// with its owner's lease standing (Forget).
+// with its owner's lease standing (Forget). A tool call's live record is
+// never deleted, lease or not: its owner may be paused or cut off from
+// Redis while the call runs on; the next claim reaps it to a held
+// commit_unknown, which a DELETE then clears.
 //
 // KEYS: st, lease, j, res
 //
@@ -449,7 +452,8 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 var forgetScript = rueidis.NewLuaScript(`
 local phase = redis.call('HGET', KEYS[1], 'phase')
 if not phase then return 'none' end
-if phase == 'live' and redis.call('EXISTS', KEYS[2]) == 1 then return 'live' end
+local tool = redis.call('HGET', KEYS[1], 'tool')
+if phase == 'live' and (redis.call('EXISTS', KEYS[2]) == 1 or (tool and tool ~= '')) then return 'live' end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 'ok'
 `)

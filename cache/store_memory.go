@@ -329,7 +329,9 @@ func (m *Memory) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			return Begun{Decision: Hit, Result: r}, nil
 		}
 		m.missing.Add(1)
-		if m.cfg.MissingBody == Refuse {
+		if m.cfg.MissingBody == Refuse || t != nil {
+			// A tool call that committed ran: its answer lost, it is
+			// never run again to get another.
 			return Begun{Decision: Gone}, nil
 		}
 		gone = hit // decide again: regenerate, unless the key moved on

@@ -169,7 +169,8 @@ type Redis struct {
 	flights map[string]*Flight
 	// unknowns: the hashes of tool calls this replica ended
 	// commit_unknown, with when their hold expires (ToolUnknowns).
-	unknowns map[string]time.Time
+	unknowns      map[string]time.Time
+	unknownsSweep int // the size at which noteUnknown next drops the expired
 
 	ctx    context.Context // cancelled by Close: ends blocking reads
 	cancel context.CancelFunc
@@ -408,7 +409,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	}
 	k := r.keys(sc)
 	refuse := "0"
-	if r.cfg.MissingBody == Refuse {
+	if r.cfg.MissingBody == Refuse || t != nil { // a committed tool call is never run again (Memory.beginTool)
 		refuse = "1"
 	}
 	ask := "1" // a key with no record is counted against its tenant first
@@ -881,5 +882,16 @@ func (r *Redis) noteUnknown(k rkeys, until time.Time) {
 		r.unknowns = map[string]time.Time{}
 	}
 	r.unknowns[k.h] = until
+	if len(r.unknowns) >= r.unknownsSweep {
+		// The expired go once the map doubled since the last sweep, so
+		// that it is bounded by the calls held now, scraped or not.
+		now := time.Now()
+		for h, t := range r.unknowns {
+			if now.After(t) {
+				delete(r.unknowns, h)
+			}
+		}
+		r.unknownsSweep = max(1024, 2*len(r.unknowns))
+	}
 	r.mu.Unlock()
 }

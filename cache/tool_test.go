@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -70,4 +71,58 @@ func TestToolUnknownHeld(t *testing.T) {
 	if b, _ := m.Begin(llm, "fp"); b.Decision != Miss {
 		t.Fatalf("an LLM key's commit_unknown: %v; want miss", b.Decision)
 	}
+}
+
+// TestToolBodyGoneNotRun: a committed tool call whose stored answer is
+// gone (ristretto dropped or evicted it; Redis evicted the result) is Gone
+// to its re-issue, never a Miss that would run the tool again, whatever
+// MissingBody says for LLM keys.
+func TestToolBodyGoneNotRun(t *testing.T) {
+	tool := Tool{Name: "write", UnknownTTL: time.Hour}
+	sc := Scope{Tenant: "t", Key: "gone"}
+	commit := func(b Begun, err error) {
+		t.Helper()
+		if err != nil || b.Decision != Miss {
+			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+		}
+		b.Flight.SetHead(Head{Status: 200, ContentType: "application/json"})
+		if !b.Flight.Commit([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`)) {
+			t.Fatal("Commit: got false")
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		m := newMemory(t, Config{TTL: time.Hour, MissingBody: Regenerate})
+		commit(m.BeginTool(sc, "fp", tool))
+		m.DropBody(sc)
+		if b, err := m.BeginTool(sc, "fp", tool); err != nil || b.Decision != Gone {
+			t.Fatalf("re-issue after the body went: %v %v; want gone", b.Decision, err)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := replicas(t, 1)[0]
+		commit(r.BeginTool(sc, "fp", tool))
+		if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).res).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := r.BeginTool(sc, "fp", tool); err != nil || b.Decision != Gone {
+			t.Fatalf("re-issue after the result went: %v %v; want gone", b.Decision, err)
+		}
+	})
+}
+
+// TestToolForgetLapsedLease: a tool call's live record is not forgotten
+// when its owner's lease lapsed (the owner may only be paused while the
+// call runs on): DELETE is refused as for a running key.
+func TestToolForgetLapsedLease(t *testing.T) {
+	r := replicas(t, 1)[0]
+	sc := Scope{Tenant: "t", Key: "lapsed"}
+	b, err := r.BeginTool(sc, "fp", Tool{Name: "write", UnknownTTL: time.Hour})
+	if err != nil || b.Decision != Miss {
+		t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+	}
+	expireLease(t, r, sc)
+	if err := r.Forget(sc); !errors.Is(err, ErrLive) {
+		t.Fatalf("Forget with the lease lapsed: %v; want ErrLive", err)
+	}
+	b.Flight.Fail(StateFailedRetryable, "test over", nil)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -441,4 +442,29 @@ func TestToolStreamOutlivesAttemptTimeout(t *testing.T) {
 		wantResult(t, e.call(callBody(i, "write", map[string]any{"target": target}, map[string]any{"progressToken": "p"}), hdr...), i)
 		e.wantRuns(target, 1)
 	}
+}
+
+// TestToolChainedUnknown: behind another ssegate, whose call's outcome is
+// unknown, the answer it gives (a 200 JSON-RPC error marked
+// Ssegate-Outcome: unknown) leaves this one's key commit_unknown too,
+// held: a re-issue is answered so and not sent again.
+func TestToolChainedUnknown(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Ssegate-Outcome", "unknown")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"error":{"code":%d,"message":"the outcome is unknown"}}`, UnknownCode)
+	}))
+	t.Cleanup(up.Close)
+	e := &mcpEnv{env: newEnvUpstream(t, up.URL, nil, Config{MCPPaths: []string{mcpmock.Path}}, cache.Config{})}
+	key := newKey("chained")
+	for i := range 2 {
+		wantUnknown(t, e.call(callBody(i+1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), i+1)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("calls to the inner ssegate: got %d; want 1", n)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
 }

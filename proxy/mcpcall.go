@@ -41,7 +41,11 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		resp, err := g.call(up, up.prepare(tmpl))
 		if err != nil {
 			if errors.Is(err, errCancelled) {
+				// Cut short once the head came: the server had the call.
+				// Whatever the head said by the LLM rules (saidNotRun), a
+				// tool call is sent again only on 429 or 503 proven so.
 				done(nil)
+				g.mayRun = true
 				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort(), 0, nil)
 				return
 			}
@@ -91,9 +95,9 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 			body, _ := readBody(resp, 64<<10)
 			g.f.SetHead(head)
 			g.toolEnd(n, cache.StateFailedTerminal, sc, st, body)
-		case st < 200 || st >= 300:
-			// A 5xx, or an answer marked unknown: the server may have run
-			// the tool before it failed.
+		case st < 200 || st >= 300 || markedUnknown(resp):
+			// A 5xx, or an answer marked unknown (a chained ssegate's,
+			// whatever its status): the server may have run the tool.
 			g.mayRun = true
 			g.toolEnd(n, cache.StateCommitUnknown, sc, st, nil)
 		case head.Stream:
