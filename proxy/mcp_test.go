@@ -432,13 +432,15 @@ func TestToolUnkeyedCancelled(t *testing.T) {
 // once.
 func TestToolStreamOutlivesAttemptTimeout(t *testing.T) {
 	t.Parallel()
-	e := newMCPEnv(t, mcpmock.Config{Stateless: true, Delay: time.Second}, func(c *Config) {
-		c.Retry.AttemptTimeout = 300 * time.Millisecond
+	// The bound leaves a loaded machine a second for the head; the tool
+	// streams three times as long.
+	e := newMCPEnv(t, mcpmock.Config{Stateless: true, Delay: 3 * time.Second}, func(c *Config) {
+		c.Retry.AttemptTimeout = time.Second
 	})
 	for i, hdr := range [][]string{nil, {"Idempotency-Key", newKey("long")}} {
 		target := fmt.Sprintf("long-%d-%s", i, newKey("t"))
-		// Progress asked for: the server's head and first notification come
-		// at once, its result a second later.
+		// Progress asked for: the server's head and first notification
+		// come at once, its result three seconds later.
 		wantResult(t, e.call(callBody(i, "write", map[string]any{"target": target}, map[string]any{"progressToken": "p"}), hdr...), i)
 		e.wantRuns(target, 1)
 	}
