@@ -40,35 +40,20 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		g.mark(cache.StateExecutionStarted, n, 0)
 		resp, err := g.call(up, up.prepare(tmpl))
 		if err != nil {
-			if errors.Is(err, errCancelled) {
-				// Cut short once the head came: the server had the call.
-				// Whatever the head said by the LLM rules (saidNotRun), a
-				// tool call is sent again only on 429 or 503 proven so.
-				done(nil)
-				g.mayRun = true
-				g.toolEnd(n, g.toolState(cache.StateFailedRetryable), g.cutShort(), 0, nil)
-				return
-			}
-			done(err)
-			c := causeUpstreamReset
-			switch {
-			case isDial(err):
-				c = causeConnectError
-			case isStale(err):
-				c = causeStaleConnection
-			case isTimeout(err):
-				c = causeUpstreamTimeout
-			}
-			p.m.attempts.WithLabelValues(c.String()).Inc()
-			unsent := c == causeConnectError || c == causeStaleConnection || errors.Is(err, fasthttp.ErrNoFreeConns)
-			if !unsent {
+			// Cut short once the head came (errCancelled), the server had
+			// the call, whatever its head said by the LLM rules
+			// (saidNotRun): a tool call is sent again only on 429 or 503.
+			cancelled := errors.Is(err, errCancelled)
+			a := g.callFailed(err, done)
+			if cancelled || a.unknown() {
 				g.mayRun = true
 			}
 			next = idx + 1
-			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, c.String(), jitter.next()) {
+			unsent := a.cause == causeConnectError || a.cause == causeStaleConnection
+			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, a.cause.String(), jitter.next()) {
 				continue
 			}
-			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), c, 0, nil)
+			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), a.cause, 0, nil)
 			return
 		}
 		head := copyHead(resp)
