@@ -470,3 +470,60 @@ func TestToolChainedUnknown(t *testing.T) {
 	}
 	e.waitState(key, "", cache.StateCommitUnknown)
 }
+
+// TestToolTenants: a tool call's key, given or derived, is its tenant's,
+// whichever header carries the credential (x-api-key as Authorization):
+// the same key and arguments from another tenant run the tool again, and
+// a re-issue under the same credential does not.
+func TestToolTenants(t *testing.T) {
+	t.Parallel()
+	e := newMCPEnv(t, mcpmock.Config{Stateless: true, JSON: true, Delay: 10 * time.Millisecond},
+		func(pc *Config) { pc.MCPDedupe = []string{"write"} })
+	for _, keyed := range []bool{true, false} {
+		target := newKey("tenants")
+		calls := [][]string{
+			{"Authorization", "Bearer tenant-a"},
+			{"x-api-key", "tenant-b"},
+			{"x-api-key", "tenant-b"}, // a re-issue: no run
+			{"x-api-key", "tenant-c"}, // were x-api-key no credential, b's
+			{"Authorization", "Bearer tenant-a"},
+		}
+		for i, hdr := range calls {
+			if keyed {
+				hdr = append(hdr, "Idempotency-Key", target)
+			}
+			wantResult(t, e.call(callBody(i, "write", map[string]any{"target": target}, nil), hdr...), i)
+		}
+		e.wantRuns(target, 3)
+	}
+}
+
+// TestToolCutBodyNotCommitted: a JSON answer that ends where the server
+// closed its connection, cut inside its result, is no whole answer: the
+// call is commit_unknown, not a stored result replayed to re-issues.
+func TestToolCutBodyNotCommitted(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" +
+			`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ab`)
+		buf.Flush()
+	}))
+	t.Cleanup(up.Close)
+	e := &mcpEnv{env: newEnvUpstream(t, up.URL, nil, Config{MCPPaths: []string{mcpmock.Path}}, cache.Config{})}
+	key := newKey("cutbody")
+	for i := range 2 {
+		wantUnknown(t, e.call(callBody(i+1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), i+1)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("calls to the server: got %d; want 1", n)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
+}

@@ -126,7 +126,11 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 	g.f.SetHead(head)
 	switch {
 	case err != nil:
-		g.toolEnd(n, cache.StateCommitUnknown, readFailure(err), 0, nil)
+		g.toolEnd(n, cache.StateCommitUnknown, g.readCause(err), 0, nil)
+	case !wholeBody(resp, head, body):
+		// Ended where the connection closed, and not JSON: it may have
+		// been cut anywhere, a result included.
+		g.toolEnd(n, cache.StateCommitUnknown, causeUnframedBody, 0, nil)
 	case !sameID(body, id):
 		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
 	case gjson.GetBytes(body, "result").Exists():
@@ -143,13 +147,15 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 // stored; a stream that ends before it leaves the outcome unknown.
 func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 	f := g.f
+	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
+	defer deadline.Stop()
 	// Read in place, as pump reads: ev is the scanner's until the next
 	// event, and Append and data copy it.
 	sc := sse.NewScanner(bodyOf(resp), g.p.cfg.MaxEventBytes)
 	for sc.Next() {
 		ev := sc.Event()
 		if _, err := f.Append(ev.Type, ev.Data); err != nil {
-			g.toolEnd(n, cache.StateCommitUnknown, causeMaxStreamBytes, 0, nil)
+			g.toolEnd(n, cache.StateCommitUnknown, appendFailure(f, err), 0, nil)
 			return
 		}
 		data := []byte(ev.Data)
@@ -167,14 +173,20 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 		return
 	}
 	if err := sc.Err(); err != nil {
-		c := causeUpstreamReadError
-		if errors.Is(err, sse.ErrEventTooLarge) {
-			c = causeMaxEventBytes
-		}
-		g.toolEnd(n, cache.StateCommitUnknown, c, 0, nil)
+		g.toolEnd(n, cache.StateCommitUnknown, g.readCause(err), 0, nil)
 		return
 	}
 	g.toolEnd(n, cache.StateCommitUnknown, causeNoTerminalEvent, 0, nil)
+}
+
+// readCause is the cause of a read of the answer that failed with err:
+// the cut that interrupted it (a DELETE, a shutdown, -max-stream-duration),
+// or the read's own failure.
+func (g *gen) readCause(err error) cause {
+	if c := g.cutShort(); c != causeNone {
+		return c
+	}
+	return readFailure(err)
 }
 
 // sameID reports whether msg is a JSON-RPC message with the id id.

@@ -416,13 +416,8 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 	switch {
 	case cut != causeNone:
 		c = cut
-	case errors.Is(appendErr, cache.ErrStreamTooLarge):
-		c = causeMaxStreamBytes
-	case errors.Is(appendErr, cache.ErrEnded):
-		_, reason, _ := f.Outcome() // the store ended it (e.g. fenced by another replica)
-		c = causeOf(reason)
 	case appendErr != nil:
-		c = causeStoreFull
+		c = appendFailure(f, appendErr)
 	case readErr != nil:
 		c = readFailure(readErr)
 	default:
@@ -464,6 +459,19 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 }
 
 // readFailure is the cause of a failed read of an upstream body.
+// appendFailure is the cause of f's Append that failed with err.
+func appendFailure(f *cache.Flight, err error) cause {
+	switch {
+	case errors.Is(err, cache.ErrStreamTooLarge):
+		return causeMaxStreamBytes
+	case errors.Is(err, cache.ErrEnded):
+		_, reason, _ := f.Outcome() // the store ended it (e.g. fenced by another replica)
+		return causeOf(reason)
+	default:
+		return causeStoreFull
+	}
+}
+
 func readFailure(err error) cause {
 	switch {
 	case errors.Is(err, sse.ErrEventTooLarge):
