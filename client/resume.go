@@ -213,11 +213,11 @@ func (p *eventParser) Read(b []byte) (int, error) {
 // parse returns the last event go-sse dispatches in ev, a whole event, and
 // whether there was one (none for comments only).
 func (p *eventParser) parse(ev []byte) (e gosse.Event, dispatched bool, err error) {
+	p.mu.Lock() // Close may run on another goroutine: the start too is under it
+	defer p.mu.Unlock()
 	if p.next == nil && !p.stopped {
 		p.next, p.stop = iter.Pull2(gosse.Read(p, &gosse.ReadConfig{MaxEventSize: maxEvent + 4<<10}))
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.parts = [2][]byte{ev, markerBytes}
 	for p.next != nil {
 		r, err, ok := p.next()

@@ -304,6 +304,9 @@ func (g *gen) giveUp(t tries) {
 		a = t.prev
 	}
 	defer g.endCall(t.last.head.Status, t.last.reason())
+	// The last call's tokens, once: an earlier call relayed below was
+	// counted when it was retried or fallen back from.
+	g.lost(lossFailed, t.last)
 	if a.held != nil && !g.mayRun {
 		// The upstream's error inside its stream, before any output: the
 		// stream as it came, the error included. Not after an attempt
@@ -311,11 +314,10 @@ func (g *gen) giveUp(t tries) {
 		// could carry the outcome-unknown marker, so that end is the
 		// marked error answer instead.
 		f.Mark(cache.StateExecutionStarted, t.calls, a.held.head.Status)
-		g.heldFailed = true // conclude counts its tokens
+		g.heldFailed = true // its tokens are counted: conclude does not again
 		a.held.relayFailure()
 		return
 	}
-	g.lost(lossFailed, t.last)
 	f.Mark(cache.StateExecutionStarted, t.calls, a.head.Status) // the count and the last status; fail records the state
 	if a.head.Status != 0 {
 		f.SetHead(a.head)

@@ -234,7 +234,9 @@ func (p *Proxy) writeToolEvents(c *clientConn, sub *cache.Sub, f *cache.Flight, 
 					out = appendMessage(out, "message", unknownMessage(tc.id))
 				}
 			}
-			if len(out) > 0 && c.write(out) != nil {
+			// The head alone too, as deliver writes it: a slow tool's
+			// caller sees its answer start.
+			if (len(out) > 0 || len(c.buf) > 0) && c.write(out) != nil {
 				return true, false
 			}
 			if ended || len(wire) == 0 {

@@ -221,6 +221,7 @@ type preamble struct {
 	n        int   // bytes held
 	since    time.Time
 	released bool
+	failure  bool  // released to relay the upstream's failure: no first token
 	err      error // the release's, when the bound released it in a read
 	onHold   func()
 	more     bool        // another model may follow
@@ -286,6 +287,7 @@ func (p *preamble) failed(a attempt) attempt {
 // error among them, as the provider sent them: its own failure, relayed
 // and not stored (causeRow.relayEnd).
 func (p *preamble) relayFailure() {
+	p.failure = true // no first token: the upstream's failure is relayed
 	err := p.release()
 	p.g.conclude(p.det, p.head, nil, err, true)
 }
@@ -300,9 +302,11 @@ func (p *preamble) release() error {
 	p.report(nil)
 	g := p.g
 	g.f.SetHead(p.head)
-	g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
-	g.p.m.genAI.firstToken(g.ai, g.start)
-	g.firstOutput()
+	if !p.failure {
+		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
+		g.p.m.genAI.firstToken(g.ai, g.start)
+		g.firstOutput()
+	}
 	start := 0
 	for i := 0; i < len(p.ends); i += 2 {
 		t, d := p.buf[start:p.ends[i]], p.buf[p.ends[i]:p.ends[i+1]]
@@ -447,18 +451,13 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 	} else {
 		m.aborted.WithLabelValues(c.String()).Inc()
 	}
-	if in, out, ok := det.Usage(); ok {
-		l := lossAborted
-		if g.heldFailed {
-			l = lossFailed
-		}
-		m.lostTokens(l, cache.Usage{Input: in, Output: out})
+	if in, out, ok := det.Usage(); ok && !g.heldFailed {
+		m.lostTokens(lossAborted, cache.Usage{Input: in, Output: out})
 	}
 	g.fail(c, 0, nil)
 	return c, true
 }
 
-// readFailure is the cause of a failed read of an upstream body.
 // appendFailure is the cause of f's Append that failed with err.
 func appendFailure(f *cache.Flight, err error) cause {
 	switch {
@@ -472,6 +471,7 @@ func appendFailure(f *cache.Flight, err error) cause {
 	}
 }
 
+// readFailure is the cause of a failed read of an upstream body.
 func readFailure(err error) cause {
 	switch {
 	case errors.Is(err, sse.ErrEventTooLarge):

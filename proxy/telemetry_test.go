@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -375,5 +376,29 @@ func TestTraceJoinLinked(t *testing.T) {
 	}
 	if c := spansOf(t, exp, trace.SpanKindClient, 1); len(c) != 1 || c[0].Parent.SpanID() != miss.SpanContext.SpanID() {
 		t.Errorf("call spans %d, parent %v; want one, a child of the miss's span", len(c), c[0].Parent.SpanID())
+	}
+}
+
+// TestTokensLostOnce: a call that failed in its stream is retried, the
+// retry finds nothing to connect to, and the first call's failure is what
+// the client gets: its tokens count once, as retried, not again as failed.
+func TestTokensLostOnce(t *testing.T) {
+	t.Parallel()
+	whole := fixtureBody(t, "anthropic-messages-text")
+	start := whole[:strings.Index(whole, "\n\n")+2]
+	overloaded := start + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	ms := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { writeSSE(w, overloaded) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	e := retryEnv(t, []string{ms.url, dead}, func(pc *Config) { pc.Retry.Attempts = 2 })
+	e.fetch(req{path: "/v1/messages", key: newKey("once"), body: anthropicBody("claude-a")})
+	wantCount(t, "upstream calls", ms.total(), 1)
+	e.scrapeUntil(`ssegate_tokens_lost_total{kind="input",loss="retried"}`, 20)
+	if got := metricValue(t, e.scrape(), `ssegate_tokens_lost_total{kind="input",loss="failed"}`); got != 0 {
+		t.Fatalf(`tokens lost as failed: got %v; want 0 (counted as retried)`, got)
 	}
 }
