@@ -207,6 +207,15 @@ func (o *owner) poke() {
 	}
 }
 
+// pokeMirror wakes the flusher for what it has to mirror: nothing until
+// a follower asked (ask wakes it then; renewals carry the marks), so an
+// unfollowed stream's events cost no wake-up each.
+func (o *owner) pokeMirror() {
+	if o.mirror.Load() {
+		o.poke()
+	}
+}
+
 // leaseLapsed reports whether the lease may have expired: no renewal has
 // succeeded for a whole lease.
 func (o *owner) leaseLapsed() bool {
@@ -217,7 +226,7 @@ func (o *owner) reserve(f *Flight, n int) error {
 	if err := o.r.reserve(f, n); err != nil {
 		return err
 	}
-	o.poke()
+	o.pokeMirror()
 	return nil
 }
 
@@ -238,7 +247,7 @@ func (o *owner) mark(f *Flight, state State, attempts, lastStatus int) {
 	}
 	o.markVer++
 	o.mu.Unlock()
-	o.poke()
+	o.pokeMirror()
 }
 
 // fence ends the flight because this replica may no longer write its

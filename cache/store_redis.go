@@ -863,15 +863,20 @@ func (r *Redis) Forget(sc Scope) error {
 // commit_unknown whose hold has not expired: Redis keeps no count of its
 // own, so replicas each report those they know.
 func (r *Redis) ToolUnknowns() int64 {
-	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.dropUnknownsLocked()
+	return int64(len(r.unknowns))
+}
+
+// dropUnknownsLocked forgets the held tool calls whose hold expired.
+func (r *Redis) dropUnknownsLocked() {
+	now := r.cfg.Now()
 	for h, t := range r.unknowns {
 		if now.After(t) {
 			delete(r.unknowns, h)
 		}
 	}
-	return int64(len(r.unknowns))
 }
 
 // noteUnknown notes a tool call of this replica that ended commit_unknown,
@@ -885,12 +890,7 @@ func (r *Redis) noteUnknown(k rkeys, until time.Time) {
 	if len(r.unknowns) >= r.unknownsSweep {
 		// The expired go once the map doubled since the last sweep, so
 		// that it is bounded by the calls held now, scraped or not.
-		now := time.Now()
-		for h, t := range r.unknowns {
-			if now.After(t) {
-				delete(r.unknowns, h)
-			}
-		}
+		r.dropUnknownsLocked()
 		r.unknownsSweep = max(1024, 2*len(r.unknowns))
 	}
 	r.mu.Unlock()

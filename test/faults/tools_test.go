@@ -440,6 +440,9 @@ func checkTools(t *tools, xs map[*toolSpec][]*toolExchange, rep *report) string 
 		if s.keyed && runs > 1 {
 			fail("the tool ran %d times; want at most once", runs)
 		}
+		if s.keyed && len(s.faults) == 0 && runs != 1 {
+			fail("the tool ran %d times before a server without faults; want once", runs)
+		}
 		for _, x := range xs[s] {
 			var answer *rpcMessage
 			for i := range x.msgs {
