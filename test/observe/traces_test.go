@@ -240,7 +240,9 @@ func TestTraces(t *testing.T) {
 		if joined, err = j.trace(joinID); err != nil {
 			t.Fatal(err)
 		}
-		return len(spans) >= 2 && len(joined) >= 1
+		// The server span ends after its calls' spans, so it may come in
+		// a later export batch than theirs: wait for it.
+		return len(kind(spans, "server")) > 0 && len(kind(spans, "client")) >= 2 && len(joined) >= 1
 	})
 
 	server := only(t, spans, "server")
