@@ -78,9 +78,11 @@ type Flight struct {
 	denied bool
 	// frames is the committed journal, packed (Commit), kept when its
 	// blocks go back to the pools (journal.pooled, freeLocked) for a
-	// reader that comes after; freed: they went back.
-	frames [][]byte
-	freed  bool
+	// reader that comes after; freed: they went back; followed: a Sub
+	// was opened.
+	frames   [][]byte
+	freed    bool
+	followed bool
 
 	tool *Tool // set by BeginTool before the flight is handed out
 }
@@ -409,10 +411,13 @@ func (f *Flight) end(state State, reason string) {
 // that no slice of them is held. Whoever subscribes after that (a client
 // that joined before the end, a resume of the live flight that subscribes
 // late) reads a journal that refillLocked unpacked from the frames, never
-// the pools' blocks. A flight that failed keeps its blocks for the collector: its
-// late readers have nothing else to read.
+// the pools' blocks. Nor does a flight no Sub ever followed give them
+// back as it ends: its client's is usually still to come (a stream can
+// end before the request's goroutine subscribes), and reads them raw. A
+// flight that failed keeps its blocks for the collector: its late
+// readers have nothing else to read.
 func (f *Flight) freeLocked() {
-	if !f.ended || f.frames == nil || f.freed || len(f.subs) > 0 {
+	if !f.ended || f.frames == nil || f.freed || len(f.subs) > 0 || !f.followed {
 		return
 	}
 	f.j.free()
@@ -474,6 +479,7 @@ func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 		return nil, ErrTooManyFollowers
 	}
 	f.refillLocked()
+	f.followed = true
 	s := &Sub{f: f, next: int(after), held: int(after), c: make(chan struct{}, 1)}
 	s.c <- struct{}{} // there may be a backlog to read at once
 	f.subs = append(f.subs, s)

@@ -264,3 +264,29 @@ func TestJournalSealedBlockHeld(t *testing.T) {
 		t.Fatalf("%d sealed blocks wait once every reader read past them; want at most the one a reader's last span is in", len(f.j.retired))
 	}
 }
+
+// TestJournalEndedBeforeItsClient: a stream that ends before its client
+// subscribed (the request's goroutine had not yet taken the connection)
+// keeps its blocks for that client, and gives them back once it leaves.
+func TestJournalEndedBeforeItsClient(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t, Config{})
+	f := claim(t, m, Scope{Tenant: "alpha", Key: "k"}, "fp")
+	f.SetHead(streamHead)
+	want := appendTenant(t, f, "alpha", 1, 200)
+	f.Commit(nil)
+	if f.freed {
+		t.Fatal("the journal was given back before its client came")
+	}
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ended := readAll(s); !ended || !bytes.Equal(got, want) {
+		t.Fatalf("the client read %d bytes (ended %v); want the %d journaled, then the end", len(got), ended, len(want))
+	}
+	s.Close()
+	if !f.freed {
+		t.Fatal("the journal kept its blocks once its client left")
+	}
+}
