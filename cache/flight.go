@@ -500,17 +500,16 @@ type Sub struct {
 // C receives a signal whenever there may be something new to Read.
 func (s *Sub) C() <-chan struct{} { return s.c }
 
-// Read returns encoded events not yet delivered, as one slice that stays
-// valid until the Sub reads again or closes (the journal never rewrites
-// what a reader may hold; after, its memory may go to another stream's),
-// and whether the flight has ended with nothing left to read after p. A backlog longer
-// than one journal block comes in several Reads; C is signalled again
-// while any is left, so one Read per signal never strands a reader. A
-// Sub that was closed reads nothing, and never reads as ended.
-//
-// The one reader of a detached flight (NewDetached) gets slices that stay
-// valid only until its next Read: calling Read says it is done with what
-// the last one returned, and the journal may then reuse that memory.
+// Read returns encoded events not yet delivered, as one slice, and
+// whether the flight has ended with nothing left to read after p. The
+// slice stays valid until the Sub reads again or closes: calling Read
+// says the reader is done with what the last one returned, and the
+// journal may then reuse that memory, for its own events (a detached
+// flight, NewDetached) or for another stream's (a Memory flight's blocks
+// go back to pools, freeLocked). A backlog longer than one journal block
+// comes in several Reads; C is signalled again while any is left, so one
+// Read per signal never strands a reader. A Sub that was closed reads
+// nothing, and never reads as ended.
 func (s *Sub) Read() (p []byte, ended bool) {
 	var one [1][]byte
 	spans, ended := s.ReadSpans(one[:0])
@@ -523,8 +522,8 @@ func (s *Sub) Read() (p []byte, ended bool) {
 // ReadSpans is Read for a reader that writes several spans at once: it
 // appends to dst, up to its capacity, the spans of everything not yet
 // delivered (a backlog beyond them comes in later calls, signalled on C
-// as for Read). For a detached flight, one ReadSpans is one Read: the
-// reader must be done with all the spans before it reads again.
+// as for Read). One ReadSpans is one Read: the reader must be done with
+// all the spans before it reads again.
 func (s *Sub) ReadSpans(dst [][]byte) (spans [][]byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
