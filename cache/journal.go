@@ -21,7 +21,9 @@ const journalBlock = 4 << 10
 // journal is the append-only sequence of one generation's encoded events.
 // It is kept in blocks that are filled in order and never rewritten, so
 // growing it never copies what it holds, and a slice handed to a reader
-// stays valid while the journal grows. An event never spans two blocks.
+// stays valid while the journal grows (a pooled journal's, until that
+// reader reads again: see Flight.freeLocked). An event never spans two
+// blocks.
 //
 // A full block that every reader has read may be sealed: kept as an S2
 // block (the chunks of one completion are nearly identical JSON, so a
