@@ -200,13 +200,13 @@ func (g *gen) mark(state cache.State, attempt, status int) {
 	}
 }
 
-// launch runs the generation on a goroutine of its own and lets it go
-// first: it sends the upstream call before the request's goroutine goes
+// launch runs the generation on a goroutine of its own (a worker's) and
+// lets it go first: it sends the upstream call before the request's goroutine goes
 // on to take the client's connection over, which is not on the way to the
 // first event (the upstream's answer is), so that the upstream's time to
 // answer begins a scheduling delay earlier (about 15 µs here).
 func (g *gen) launch(tmpl *fasthttp.Request) {
-	go g.run(tmpl)
+	g.p.work.run(func() { g.run(tmpl) })
 	runtime.Gosched()
 }
 
