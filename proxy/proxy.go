@@ -33,6 +33,7 @@ type Proxy struct {
 	m      *metrics
 	tracer trace.Tracer // nil: no spans
 	work   *workers     // the goroutines requests start
+	macs   sync.Pool    // *mac: HMAC states keyed by the secret, reused
 	// storeEnds: the store may end a flight itself (a Redis store fences
 	// one whose lease it lost); the in-memory store never does.
 	storeEnds bool
