@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -320,17 +319,8 @@ func TestFirstEventAtOnce(t *testing.T) {
 	up := newRawUpstream(t, answerRaw(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(stream), stream)))
 	e := retryEnv(t, []string{up.url}, nil)
 	for _, key := range []string{"", newKey("at-once")} {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := sendChat(t, strings.TrimPrefix(e.url, "http://"), "HTTP/1.1", key)
 		defer conn.Close()
-		hdr := ""
-		if key != "" {
-			hdr = "Idempotency-Key: " + key + "\r\n"
-		}
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", hdr, len(chatBody), chatBody)
-		conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a loopback connection
 		br := bufio.NewReader(conn)
 		for { // the head
 			line, err := br.ReadString('\n')
