@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,8 +318,18 @@ func TestFirstEventAtOnce(t *testing.T) {
 	t.Parallel()
 	const role = `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
 	stream := role + chatChunk(0, "Hello", "") + chatChunk(0, " there", "") + chatChunk(0, "", "stop") + "data: [DONE]\n\n"
-	up := newRawUpstream(t, answerRaw(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(stream), stream)))
+	raw := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(stream), stream)
+	var proxy atomic.Pointer[Proxy]
+	up := newRawUpstream(t, func(_ *rawUpstream, c net.Conn) {
+		readRequest(c)
+		// The answer comes once the client's connection is taken over:
+		// one that comes before finds no client to write, and the client
+		// gets everything journaled by then at once.
+		within(5*time.Second, func() bool { return originsAttached(proxy.Load()) })
+		io.WriteString(c, raw) //nolint:errcheck // the test reads what arrived
+	})
 	e := retryEnv(t, []string{up.url}, nil)
+	proxy.Store(e.proxy)
 	for _, key := range []string{"", newKey("at-once")} {
 		conn := sendChat(t, strings.TrimPrefix(e.url, "http://"), "HTTP/1.1", key)
 		defer conn.Close()
@@ -361,4 +373,20 @@ func TestFirstEventAtOnce(t *testing.T) {
 	if got := up.calls.Load(); got != 2 {
 		t.Errorf("upstream calls: got %d; want 2", got)
 	}
+}
+
+// originsAttached reports whether p has live generations and each one's
+// client connection is taken over.
+func originsAttached(p *Proxy) bool {
+	p.liveMu.Lock()
+	defer p.liveMu.Unlock()
+	for g := range p.live {
+		g.o.mu.Lock()
+		waiting := g.o.mode == originWaiting
+		g.o.mu.Unlock()
+		if waiting {
+			return false
+		}
+	}
+	return len(p.live) > 0
 }
