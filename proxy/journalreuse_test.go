@@ -29,10 +29,10 @@ func TestJoinerWholeWhileJournalsReused(t *testing.T) {
 	e.waitState(key, "", cache.StateExecutionStarted)
 
 	joined := make(chan []byte, 1)
+	conn := dialSmall(t, e, key, chatBody) // joins the live key
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	go func() {
-		conn := dialSmall(t, e, key, chatBody)
-		defer conn.Close()
-		conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 		// About 70 KB at 40 KB/s: the joiner reads on for a second after
 		// the stream's end.
 		resp, err := http.ReadResponse(bufio.NewReader(&throttled{r: conn, rate: 40 << 10}), nil)
