@@ -328,7 +328,9 @@ func (j *journal) start(i int) int {
 
 // span returns the bytes of the events from index from on, up to index
 // to, that lie in the block where event from is, and the index after the
-// last of them: a reader calls again for the rest.
+// last of them: a reader calls again for the rest. Its capacity ends
+// where it does: the rest of a pooled block may hold another stream's
+// bytes.
 func (j *journal) span(from, to int) ([]byte, int) {
 	if from >= to {
 		return nil, from
@@ -340,13 +342,14 @@ func (j *journal) span(from, to int) ([]byte, int) {
 	for k < to && j.start(k+1) <= blockEnd {
 		k++
 	}
-	return j.block(bi)[off-j.starts[bi] : j.start(k)-j.starts[bi]], k
+	b, e := off-j.starts[bi], j.start(k)-j.starts[bi]
+	return j.block(bi)[b:e:e], k
 }
 
 // event returns the bytes of event i.
 func (j *journal) event(i int) []byte {
 	p, _ := j.span(i, i+1)
-	return p[:len(p):len(p)]
+	return p
 }
 
 // commitFrame bounds the bytes one frame of a committed result packs. A

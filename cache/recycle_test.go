@@ -290,3 +290,29 @@ func TestJournalEndedBeforeItsClient(t *testing.T) {
 		t.Fatal("the journal kept its blocks once its client left")
 	}
 }
+
+// TestReadCapped: what a Sub reads cannot be resliced past its end, into
+// the rest of its block, which for a block taken from a pool still holds
+// another stream's bytes.
+func TestReadCapped(t *testing.T) {
+	m := newMemory(t, Config{})
+	churn(t, m, "mallory", 4)
+	f := claim(t, m, Scope{Tenant: "alice", Key: "capped"}, "fp")
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	appendTenant(t, f, "alice", 1, 3)
+	p, _ := s.Read()
+	if len(p) == 0 || cap(p) != len(p) {
+		t.Fatalf("Read: len %d cap %d; want cap == len > 0", len(p), cap(p))
+	}
+	spans, _ := s.ReadSpans(make([][]byte, 0, 4))
+	for i, sp := range spans {
+		if cap(sp) != len(sp) {
+			t.Fatalf("span %d: len %d cap %d; want cap == len", i, len(sp), cap(sp))
+		}
+	}
+}
