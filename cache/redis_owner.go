@@ -137,9 +137,10 @@ type commitReq struct {
 }
 
 type commitOutcome struct {
-	ok     bool
-	state  State
-	reason string
+	ok      bool
+	counted bool // the finish ended the key's count too (sharedKeys)
+	state   State
+	reason  string
 }
 
 // journalPos is where the flusher knows Redis's journal to end.
@@ -294,7 +295,9 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
-		o.r.keyCommitted(f.Scope, o.k)
+		if !out.counted {
+			o.r.keyCommitted(f.Scope, o.k)
+		}
 		return true
 	}
 	o.mu.Lock()
@@ -341,16 +344,18 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
 	mk, _ := o.markNow()
-	args := []string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
+	args := append([]string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
-		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
+		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
+		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown)...)
 	for range 2 {
+		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(f.Scope, o.k, shared), args))
 		cancel()
 		if err == nil {
-			if a.written() {
+			if a.written() && !shared { // shared: the script ended the count
 				o.r.keyEnded(f.Scope, o.k, state, ttl)
 			}
 			return
@@ -603,17 +608,19 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			head = headJSON(h)
 		}
 		mk, _ := o.markNow()
-		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
+		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
-			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
+			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
+			o.r.endArgs(o.k, o.r.cfg.TTL, true, false)...)
 		args, bytes := o.appendEvents(args, pos, evs)
 		if !mirror {
 			bytes = o.journalBytes()
 		}
 		args[12] = strconv.FormatInt(bytes, 10)
+		shared := o.r.sharedKeys()
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(o.f.Scope, o.k, shared), args))
 		cancel()
 		if err == nil && a.verdict == writeWant {
 			// A follower asked before the commit: mirror, then commit.
@@ -623,7 +630,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
 			if a.written() {
-				return commitOutcome{ok: true}
+				return commitOutcome{ok: true, counted: shared}
 			}
 			// writePrev: pos moved to where Redis's journal ends.
 		case batchFenced:

@@ -413,6 +413,19 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		refuse = "1"
 	}
 	ask := "1" // a key with no record is counted against its tenant first
+	// On a standalone Redis the claim counts the key itself: one round
+	// trip where a Cluster takes three (claimScript).
+	shared := r.sharedKeys()
+	keys := k.all
+	var admitErr error
+	if shared {
+		keys = r.finishKeys(sc, k, true) // the same keys
+		// A tenant past its share of the live journals gets no new key;
+		// its hits and joins are answered as usual.
+		if admitErr = r.shares.admit(sc.Tenant); admitErr != nil {
+			ask = "2"
+		}
+	}
 	// The token is chosen before the claim is sent, so that a claim sent
 	// again after its reply was lost finds the key live under it and takes
 	// it (claimScript). A claim whose outcome stays unknown is abandoned.
@@ -430,9 +443,12 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		sent := time.Now() // the lease runs from no earlier than this
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
-		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, []string{
-			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl,
-		}))
+		args := []string{fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl}
+		if shared {
+			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
+				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h)
+		}
+		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
 		cancel()
 		if err != nil {
 			r.abandon(sc, k, tok, sent, err)
@@ -442,10 +458,14 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		if err != nil {
 			return Begun{}, fmt.Errorf("redis claim: %w", err)
 		}
+		if a.heldReaped > 0 {
+			r.heldReaped(sc, k, a.heldReaped)
+		}
 		switch a.verdict {
 		case claimNew:
-			// A tenant past its share of the live journals gets no new
-			// key; its hits and joins are answered as usual.
+			if admitErr != nil {
+				return Begun{}, admitErr
+			}
 			if err := r.shares.admit(sc.Tenant); err != nil {
 				return Begun{}, err
 			}
@@ -454,6 +474,8 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			}
 			ask = "0"
 			continue
+		case claimFull:
+			return Begun{}, r.fullErr(a.full)
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
 		case claimUnknown:
@@ -472,7 +494,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		case claimJoin:
 			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
 		}
-		if ask == "1" {
+		if ask == "1" && !a.counted {
 			// A key the ledger held (failed, lost, or without its body)
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
@@ -489,6 +511,23 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// sharedKeys reports whether the scripts may touch keys of different
+// hash slots: on a standalone Redis (or one behind Sentinel), not on a
+// Cluster. Then a claim counts its key and a finish ends its count in the
+// same script, rather than in scripts of their own.
+func (r *Redis) sharedKeys() bool { return r.c.Mode() != rueidis.ClientModeCluster }
+
+// heldReaped tells what a claim did that reaped a dead owner's tool call
+// to commit_unknown, held for hold (claimScript), as a follower's reap
+// does: logs and counts it, and ends its count with that hold.
+func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
+	r.cfg.Logger.Warn("reaped a tool call whose owner's lease expired",
+		"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+	r.reaped.Add(1)
+	r.keyEnded(sc, k, StateCommitUnknown, hold)
+	r.noteUnknown(k, r.cfg.Now().Add(hold))
 }
 
 // abandon ends, in the background, the generation a claim may have made

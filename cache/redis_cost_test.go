@@ -1,0 +1,218 @@
+package cache
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// redisCost is what a private redis-server did: its script calls, the
+// time it counted in them, its process CPU, and all the commands
+// clients sent it.
+type redisCost struct {
+	scripts, commands int64
+	scriptUS, cpuUS   float64
+}
+
+// readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
+func readRedisCost(tb testing.TB, addr string) redisCost {
+	tb.Helper()
+	var c redisCost
+	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	for _, l := range strings.Split(stats, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd || cmd == "info" {
+			continue
+		}
+		var calls int64
+		var usec float64
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		c.commands += calls
+		if cmd == "evalsha" || cmd == "eval" {
+			c.scripts += calls
+			c.scriptUS += usec
+		}
+	}
+	cpu, err := redistest.Command(addr, 5*time.Second, "INFO", "cpu")
+	if err != nil {
+		tb.Fatalf("INFO cpu: %v", err)
+	}
+	for _, l := range strings.Split(cpu, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(l), ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			s, _ := strconv.ParseFloat(v, 64)
+			c.cpuUS += s * 1e6
+		}
+	}
+	return c
+}
+
+// reportRedisCost reports what the server did per op since before.
+func reportRedisCost(b *testing.B, addr string, before redisCost) {
+	b.Helper()
+	after := readRedisCost(b, addr)
+	n := float64(b.N)
+	b.ReportMetric(float64(after.commands-before.commands-2)/n, "cmds/op") // less the two INFO
+	b.ReportMetric(float64(after.scripts-before.scripts)/n, "scripts/op")
+	b.ReportMetric((after.scriptUS-before.scriptUS)/n, "script-µs/op")
+	b.ReportMetric((after.cpuUS-before.cpuUS)/n, "redis-cpu-µs/op")
+}
+
+// costEvents is the stream of the cost benchmarks: 200 chat chunks, the
+// size of the bench's mock answer.
+const costEvents = 200
+
+// costStream claims key on r, journals costEvents chat chunks and
+// commits them: an unfollowed stream.
+func costStream(b *testing.B, r *Redis, key string) {
+	f := rbegin(b, r, Scope{Tenant: "t", Key: key}, "fp").Flight
+	if f == nil {
+		b.Fatalf("key %s: not a miss", key)
+	}
+	startStream(b, f)
+	for range costEvents {
+		if _, err := f.Append("", chatChunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if !f.Commit(nil) {
+		b.Fatal("Commit: got false")
+	}
+}
+
+// BenchmarkRedisCost measures what Redis spends on one unfollowed stream
+// of 200 events (op "stream": its claim, key count, commit and key's end;
+// no renewal at this speed) and on each script of it alone (one call per
+// op, with the arguments the store sends), on a private redis-server:
+// its commands, its script calls and the time INFO commandstats counted
+// in them, and its process CPU (INFO cpu, user and system), per op.
+func BenchmarkRedisCost(b *testing.B) {
+	srv := redistest.Start(b)
+	r := newRedis(b, srv.Addr, "cost", func(c *RedisConfig) { c.Lease = 10 * time.Second })
+	ctx := context.Background()
+	seq := 0
+	fresh := func() rkeys { // the keys of a scope nobody used yet
+		seq++
+		return r.keys(Scope{Tenant: "t", Key: "k" + strconv.Itoa(seq)})
+	}
+	sc := Scope{Tenant: "t", Key: "x"}
+	claimArgs := func(tok, ask string) []string {
+		return []string{"fp", tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(time.Now()), "0", ask, "", "0"}
+	}
+	claim := func(k rkeys, tok string) string {
+		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, claimArgs(tok, "0")))
+		if err != nil || out[0] != "miss" {
+			b.Fatalf("claim: %v %v", out, err)
+		}
+		return out[1]
+	}
+	exec := func(s *rueidis.Lua, keys, args []string) {
+		if err := s.Exec(ctx, r.c, keys, args).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			b.Fatal(err)
+		}
+	}
+	// A committed stream's blob, as the finish script gets it.
+	costStream(b, r, "blob")
+	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("blob of %d events: %d bytes", costEvents, len(blob))
+
+	run := func(name string, prep func(n int) []rkeys, op func(i int, k rkeys)) {
+		b.Run(name, func(b *testing.B) {
+			var ks []rkeys
+			if prep != nil {
+				ks = prep(b.N)
+			}
+			before := readRedisCost(b, srv.Addr)
+			b.ResetTimer()
+			for i := range b.N {
+				var k rkeys
+				if ks != nil {
+					k = ks[i]
+				}
+				op(i, k)
+			}
+			b.StopTimer()
+			reportRedisCost(b, srv.Addr, before)
+		})
+	}
+	claimed := func(n int) []rkeys {
+		ks := make([]rkeys, n)
+		for i := range ks {
+			ks[i] = fresh()
+			claim(ks[i], "tok")
+		}
+		return ks
+	}
+	run("stream", nil, func(i int, _ rkeys) { seq++; costStream(b, r, "s"+strconv.Itoa(seq)) })
+	run("claim-new", nil, func(int, rkeys) { exec(claimScript, fresh().all, claimArgs("tok", "1")) })
+	run("quota", nil, func(int, rkeys) {
+		exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{fresh().h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
+	})
+	run("global", nil, func(int, rkeys) {
+		exec(globalScript, r.globalKeys(), []string{fresh().h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
+	})
+	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
+	run("renew", claimed, func(_ int, k rkeys) {
+		exec(renewScript, k.withoutResult, []string{"tok", "0", ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
+			string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())})
+	})
+	run("finish", func(n int) []rkeys {
+		ks := make([]rkeys, n)
+		for i := range ks {
+			ks[i] = fresh()
+			ks[i].h = claim(ks[i], "tok") // the generation, for the op
+		}
+		return ks
+	}, func(_ int, k rkeys) {
+		gen := k.h
+		k.h = k.st // a member to end
+		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
+			string(StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
+			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false)...))
+	})
+	counted := func(n int) []rkeys { // keys counted as a new key's are
+		ks := make([]rkeys, n)
+		for i := range ks {
+			ks[i] = fresh()
+			exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{ks[i].h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
+			exec(globalScript, r.globalKeys(), []string{ks[i].h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
+		}
+		return ks
+	}
+	run("key-end", counted, func(_ int, k rkeys) {
+		exec(keyEndScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(r.cfg.TTL), r.setTTL(), ms(r.cfg.TTL)})
+	})
+	run("global-end", counted, func(_ int, k rkeys) {
+		exec(globalEndScript, r.globalKeys(), []string{k.h, ms(r.cfg.TTL), r.setTTL(), "1", "0"})
+	})
+	run("unknown-count", nil, func(int, rkeys) {
+		if _, err := r.UnknownKeys(); err != nil {
+			b.Fatal(err)
+		}
+	})
+	run("ping", nil, func(int, rkeys) {
+		if err := r.c.Do(ctx, r.c.B().Ping().Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
