@@ -27,9 +27,9 @@ const (
 // every tail to read the terminal entry. Later resumes read the result.
 const journalTTL = 60 * time.Second
 
-// owner is the backend of a flight this replica claimed. Two goroutines
-// serve it: the flusher mirrors the journal to Redis and runs the commit;
-// the renewer keeps the lease. Both stop at shutdown.
+// owner is the backend of a flight this replica claimed. Its flusher
+// goroutine mirrors the journal to Redis and runs the commit, until
+// shutdown; the store's renewal loop keeps its lease (Redis.renewLoop).
 //
 // The journal is mirrored only once a follower on another replica asks
 // for it (st.want, signalled through this replica's inbox, or seen by a
@@ -53,7 +53,7 @@ type owner struct {
 	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
 	// is when (as time since t0) the last successful renewal, or the
 	// claim, was sent. The lease cannot end before lastRenew + Lease.
-	// t0 is set by newOwner; lastRenew is stored by the renewer.
+	// t0 is set by newOwner; lastRenew is stored by the renewal loop.
 	t0        time.Time
 	lastRenew atomic.Int64
 	// flushedBytes is the journal's size in Redis, for the failure record;
@@ -87,7 +87,7 @@ type owner struct {
 //
 //	from        to          on                                       by
 //	live        committing  Flight.Commit                            the generation (commit)
-//	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewer (fence)
+//	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewal loop (fence)
 //	                        could not be reached for a lease
 //	committing  fenced      the commit was not taken: refused,       the generation (commit)
 //	                        Redis unreachable, the store closed
@@ -165,13 +165,18 @@ func newOwner(r *Redis, f *Flight, k rkeys, tok string, claimed time.Time) *owne
 }
 
 func (o *owner) start() {
-	o.r.wg.Add(2)
+	o.r.mu.Lock()
+	o.r.owners[o] = struct{}{}
+	o.r.mu.Unlock()
+	o.r.wg.Add(1)
 	go o.flusher()
-	go o.renewer()
 }
 
 func (o *owner) shutdown() {
 	o.stopOnce.Do(func() {
+		o.r.mu.Lock()
+		delete(o.r.owners, o)
+		o.r.mu.Unlock()
 		close(o.stop)
 		o.cancel()
 	})
@@ -377,53 +382,98 @@ func headJSON(h Head) string {
 	return string(b)
 }
 
-// renewer keeps the lease every Lease/3 and fences the flight when Redis
-// says another replica took over, or when no renewal got through for a
-// whole lease. While the journal is not mirrored, each renewal carries
-// the marks and the journal's size; one that finds a follower's ask
-// starts the mirror (the ask's signal may have been lost).
-func (o *owner) renewer() {
-	defer o.r.wg.Done()
-	lease := o.r.cfg.Lease
-	t := time.NewTicker(lease / 3)
+// renewLoop keeps the leases of every generation this replica owns:
+// every Lease/3 it sends all their renewals at once, in one pipelined
+// write, so that Redis reads them together rather than each with a read
+// (and a wake-up) of its own, which cost more than the script itself.
+// An owner is fenced when Redis says another replica took over, or when
+// no renewal got through for a whole lease.
+func (r *Redis) renewLoop() {
+	t := time.NewTicker(r.cfg.Lease / 3)
 	defer t.Stop()
-	base := []string{o.tok, o.gen, ms(lease), ms(o.r.cfg.LiveTTL)}
 	for {
 		select {
-		case <-o.stop:
+		case <-r.ctx.Done():
 			return
 		case <-t.C:
 		}
-		args := base
-		if !o.mirror.Load() {
-			mk, _ := o.markNow()
-			args = append(base[:len(base):len(base)], string(mk.state), strconv.Itoa(mk.attempts),
-				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()),
-				strconv.FormatInt(o.journalBytes(), 10), nowMS(o.r.cfg.Now()))
+		r.renewAll()
+	}
+}
+
+// renewAll renews the leases of the generations this replica owns.
+func (r *Redis) renewAll() {
+	r.mu.Lock()
+	owners := make([]*owner, 0, len(r.owners))
+	for o := range r.owners {
+		owners = append(owners, o)
+	}
+	r.mu.Unlock()
+	if len(owners) == 0 {
+		return
+	}
+	execs := make([]rueidis.LuaExec, len(owners))
+	sent := make([]time.Duration, len(owners))
+	for i, o := range owners {
+		execs[i] = rueidis.LuaExec{Keys: o.k.withoutResult, Args: o.renewArgs()}
+	}
+	now := time.Now()
+	for i, o := range owners {
+		sent[i] = now.Sub(o.t0)
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.Timeout, r.cfg.Lease/2))
+	r.renewals.Add(int64(len(owners)))
+	res := renewScript.ExecMulti(ctx, r.c, execs...)
+	cancel()
+	for i, o := range owners {
+		n, err := res[i].AsInt64()
+		o.renewed(sent[i], n, err)
+	}
+}
+
+// renewArgs are renewScript's arguments for this owner. While the journal
+// is not mirrored, they carry the marks and the journal's size.
+func (o *owner) renewArgs() []string {
+	args := []string{o.tok, o.gen, ms(o.r.cfg.Lease), ms(o.r.cfg.LiveTTL)}
+	if !o.mirror.Load() {
+		mk, _ := o.markNow()
+		args = append(args, string(mk.state), strconv.Itoa(mk.attempts),
+			strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()),
+			strconv.FormatInt(o.journalBytes(), 10), nowMS(o.r.cfg.Now()))
+	}
+	return args
+}
+
+// renewed takes a renewal's answer, sent at sent since t0: one that finds
+// a follower's ask starts the mirror (the ask's signal may have been lost).
+func (o *owner) renewed(sent time.Duration, n int64, err error) {
+	if o.stopped() {
+		return
+	}
+	switch {
+	case err == nil && n >= 1:
+		o.lastRenew.Store(int64(sent))
+		if n == 2 {
+			o.ask()
 		}
-		sent := time.Since(o.t0)
-		ctx, cancel := context.WithTimeout(o.ctx, min(o.r.cfg.Timeout, lease/2))
-		o.r.renewals.Add(1)
-		n, err := renewScript.Exec(ctx, o.r.c, o.k.withoutResult, args).AsInt64()
-		cancel()
-		switch {
-		case err == nil && n >= 1:
-			o.lastRenew.Store(int64(sent))
-			if n == 2 {
-				o.ask()
-			}
-		case err == nil:
-			o.fence(ReasonGenerationLost)
-			return
-		case o.ctx.Err() != nil:
-			return
-		default:
-			o.r.unavailable.Add(1)
-			if o.leaseLapsed() {
-				o.fence(ReasonStoreUnavailable)
-				return
-			}
+	case err == nil:
+		o.fence(ReasonGenerationLost)
+	case o.r.ctx.Err() != nil:
+	default:
+		o.r.unavailable.Add(1)
+		if o.leaseLapsed() {
+			o.fence(ReasonStoreUnavailable)
 		}
+	}
+}
+
+// stopped reports whether shutdown ran.
+func (o *owner) stopped() bool {
+	select {
+	case <-o.stop:
+		return true
+	default:
+		return false
 	}
 }
 

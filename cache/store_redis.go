@@ -165,8 +165,9 @@ type Redis struct {
 	shares *liveShares // bytes of local journals, all and per tenant
 	seal   *sealPolicy // when local journals seal (Limits)
 
-	mu      sync.Mutex // guards flights and unknowns
+	mu      sync.Mutex // guards flights, owners and unknowns
 	flights map[string]*Flight
+	owners  map[*owner]struct{} // the owners until their shutdown: renewLoop renews their leases
 	// unknowns: the hashes of tool calls this replica ended
 	// commit_unknown, with when their hold expires (ToolUnknowns).
 	unknowns      map[string]time.Time
@@ -179,7 +180,7 @@ type Redis struct {
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
 	renewals, asks, mirrors                                                     atomic.Int64
 
-	inboxOnce sync.Once // starts inbox at the first owned generation
+	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
 	abandoning atomic.Int64 // abandon's goroutines running
@@ -262,6 +263,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		replica: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), newToken()[:8]),
 		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
 		flights: make(map[string]*Flight),
+		owners:  make(map[*owner]struct{}),
 	}
 	r.shares = newLiveShares(cfg.Limits)
 	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.shares.total)
@@ -725,7 +727,10 @@ func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.
 	r.flights[k.h] = f
 	r.mu.Unlock()
 	o.start()
-	r.inboxOnce.Do(func() { r.wg.Go(r.inbox) })
+	r.inboxOnce.Do(func() {
+		r.wg.Go(r.inbox)
+		r.wg.Go(r.renewLoop)
+	})
 	return f
 }
 
