@@ -478,8 +478,8 @@ return {'ok'}
 // ARGV: gen, st ttl ms, journal ttl ms, now ms
 //
 // Returns {"alive"}, {"asked", owner} (alive, and want was set by this
-// call: the follower signals the owner replica's inbox), {"reaped"} (this
-// call ended it), {"done"} (committed: the result holds its events) or
+// call: the follower signals the owner replica's inbox), {"reaped", utl}
+// (this call ended it; utl: how long a tool call's key is held, ms, or ""), {"done"} (committed: the result holds its events) or
 // {"ended"} (failed or lost, or another generation holds the key).
 var reapScript = rueidis.NewLuaScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
@@ -494,9 +494,9 @@ redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
 redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
 -- A tool call's unknown outcome holds its key for its own time.
 local utl = redis.call('HGET', KEYS[1], 'utl')
-if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else utl = ''; redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {'reaped'}
+return {'reaped', utl}
 `)
 
 // reapAnswer is reapScript's answer.
@@ -514,14 +514,15 @@ const (
 var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped", reapAsked: "asked", reapDone: "done"}
 
 // parseReapAnswer reads reapScript's answer and, for reapAsked, the
-// owner replica's name; an answer no script gives is reapEnded.
+// owner replica's name, for reapReaped the hold of a tool call's key ("":
+// none); an answer no script gives is reapEnded.
 func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 	out, err := scriptStrings(res)
 	if err != nil {
 		return reapEnded, "", err
 	}
 	a := reapAnswer(max(slices.Index(reapWords[:], out[0]), 0))
-	if a == reapAsked && len(out) > 1 {
+	if (a == reapAsked || a == reapReaped) && len(out) > 1 {
 		return a, out[1], nil
 	}
 	return a, "", nil
