@@ -155,11 +155,11 @@ func BenchmarkRedisCost(b *testing.B) {
 			reportRedisCost(b, srv.Addr, before)
 		})
 	}
-	claimed := func(n int) []rkeys {
+	claimed := func(n int) []rkeys { // live generations, h holding each one's gen
 		ks := make([]rkeys, n)
 		for i := range ks {
 			ks[i] = fresh()
-			claim(ks[i], "tok")
+			ks[i].h = claim(ks[i], "tok")
 		}
 		return ks
 	}
@@ -173,17 +173,25 @@ func BenchmarkRedisCost(b *testing.B) {
 	})
 	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
 	run("renew", claimed, func(_ int, k rkeys) {
-		exec(renewScript, k.withoutResult, []string{"tok", "0", ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
+		exec(renewScript, k.withoutResult, []string{"tok", k.h, ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
 			string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())})
 	})
-	run("finish", func(n int) []rkeys {
-		ks := make([]rkeys, n)
-		for i := range ks {
-			ks[i] = fresh()
-			ks[i].h = claim(ks[i], "tok") // the generation, for the op
+	// 64 renewals in one pipelined write, as renewAll sends them: an op is
+	// the 64.
+	together := claimed(64)
+	run("renew-64", nil, func(int, rkeys) {
+		execs := make([]rueidis.LuaExec, len(together))
+		for i, k := range together {
+			execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: []string{"tok", k.h, ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
+				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}}
 		}
-		return ks
-	}, func(_ int, k rkeys) {
+		for _, res := range renewScript.ExecMulti(ctx, r.c, execs...) {
+			if err := res.Error(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	run("finish", claimed, func(_ int, k rkeys) {
 		gen := k.h
 		k.h = k.st // a member to end
 		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),

@@ -56,6 +56,11 @@ type owner struct {
 	// t0 is set by newOwner; lastRenew is stored by the renewal loop.
 	t0        time.Time
 	lastRenew atomic.Int64
+	// extended is when (as time since t0) the last extension of st and j
+	// was sent, and sentMarks the progress the last renewal sent; both
+	// are the renewal loop's alone.
+	extended  time.Duration
+	sentMarks renewedMarks
 	// flushedBytes is the journal's size in Redis, for the failure record;
 	// stored by the flusher, read by fail.
 	flushedBytes atomic.Int64
@@ -414,12 +419,10 @@ func (r *Redis) renewAll() {
 	}
 	execs := make([]rueidis.LuaExec, len(owners))
 	sent := make([]time.Duration, len(owners))
-	for i, o := range owners {
-		execs[i] = rueidis.LuaExec{Keys: o.k.withoutResult, Args: o.renewArgs()}
-	}
 	now := time.Now()
 	for i, o := range owners {
 		sent[i] = now.Sub(o.t0)
+		execs[i] = rueidis.LuaExec{Keys: o.k.withoutResult, Args: o.renewArgs(sent[i])}
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.Timeout, r.cfg.Lease/2))
 	r.renewals.Add(int64(len(owners)))
@@ -431,17 +434,35 @@ func (r *Redis) renewAll() {
 	}
 }
 
-// renewArgs are renewScript's arguments for this owner. While the journal
-// is not mirrored, they carry the marks and the journal's size.
-func (o *owner) renewArgs() []string {
-	args := []string{o.tok, o.gen, ms(o.r.cfg.Lease), ms(o.r.cfg.LiveTTL)}
+// renewArgs are renewScript's arguments for this owner, sent at sent
+// since t0. They extend st and j once a quarter of LiveTTL passed since
+// the last extension sent (the claim's first), so that Redis keeps them
+// LiveTTL past the last renewal at most and three quarters of it at
+// least. While the journal is not mirrored, they carry the marks and the
+// journal's size when those moved since the last renewal's.
+func (o *owner) renewArgs(sent time.Duration) []string {
+	live := ""
+	if sent-o.extended >= o.r.cfg.LiveTTL/4 {
+		live, o.extended = ms(o.r.cfg.LiveTTL), sent
+	}
+	args := []string{o.tok, o.gen, ms(o.r.cfg.Lease), live}
 	if !o.mirror.Load() {
-		mk, _ := o.markNow()
-		args = append(args, string(mk.state), strconv.Itoa(mk.attempts),
-			strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()),
-			strconv.FormatInt(o.journalBytes(), 10), nowMS(o.r.cfg.Now()))
+		mk, ver := o.markNow()
+		p := renewedMarks{ver: ver, events: o.f.Events(), bytes: o.journalBytes()}
+		if p != o.sentMarks {
+			o.sentMarks = p
+			args = append(args, string(mk.state), strconv.Itoa(mk.attempts),
+				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(p.events),
+				strconv.FormatInt(p.bytes, 10), nowMS(o.r.cfg.Now()))
+		}
 	}
 	return args
+}
+
+// renewedMarks is what a renewal told Redis of the generation's progress.
+type renewedMarks struct {
+	ver, events int
+	bytes       int64
 }
 
 // renewed takes a renewal's answer, sent at sent since t0: one that finds
@@ -460,6 +481,8 @@ func (o *owner) renewed(sent time.Duration, n int64, err error) {
 		o.fence(ReasonGenerationLost)
 	case o.r.ctx.Err() != nil:
 	default:
+		// Whether it reached Redis is unknown: the next renewal sends all.
+		o.extended, o.sentMarks = -o.r.cfg.LiveTTL, renewedMarks{}
 		o.r.unavailable.Add(1)
 		if o.leaseLapsed() {
 			o.fence(ReasonStoreUnavailable)

@@ -13,21 +13,25 @@ import (
 // whose scores are when each key's records expire (ms, the server's
 // clock): a live generation's LiveTTL ahead, then TTL after a commit or
 // FailedTTL after a failure, as st's own expiry. Expired members are
-// removed (ZREMRANGEBYSCORE) when a new key is counted, so they count
-// against nothing.
+// removed (ZREMRANGEBYSCORE) before a set at its bound would refuse a new
+// key, so they count against nothing, and a set holds at most its bound.
 //
-// The set is in its tenant's Cluster slot, not in the scope's, so it
-// cannot be updated in the claim script: a new key is counted before it
-// is claimed. The claim script reports a key it has no record of ("new")
-// instead of claiming it; the tenant's set then takes the key if the
-// tenant has room (atomically per tenant), and the claim runs again. A
-// known key (live, committed, failed, lost) is decided in one round trip,
-// as before. What this leaves open, none of which refuses a key wrongly
-// for longer than LiveTTL:
-//   - a key counted whose claim then fails (Redis gone between the two)
-//     counts until its LiveTTL score passes;
-//   - a replica that dies between a generation's end and the set's update
-//     leaves the key at its live score: a failed key counts for up to
+// On a standalone Redis the claim script counts a new key itself, and the
+// finish script ends the count (sharedKeys): one script each, every check
+// before the first write. On a Cluster the set is in its tenant's slot,
+// not in the scope's, so it cannot be updated in the claim script: a new
+// key is counted before it is claimed. The claim script reports a key it
+// has no record of ("new") instead of claiming it; the tenant's set then
+// takes the key if the tenant has room (atomically per tenant), and the
+// claim runs again. A known key (live, committed, failed, lost) is
+// decided in one round trip. What this leaves open, none of which refuses
+// a key wrongly for longer than LiveTTL:
+//   - on a Cluster, a key counted whose claim then fails (Redis gone
+//     between the two) counts until its LiveTTL score passes;
+//   - on a Cluster, a replica that dies between a generation's end and the
+//     set's update leaves the key at its live score (a reap or an abandon
+//     ends the count in scripts of their own on a standalone Redis too): a
+//     failed key counts for up to
 //     LiveTTL rather than FailedTTL, a committed one stops counting after
 //     LiveTTL though its result is kept for TTL;
 //   - a generation that outlives LiveTTL without another request for its
@@ -41,19 +45,20 @@ import (
 // against MaxStrangerKeys. Counting by expiry rather than by a number
 // means the count cannot drift: a key whose end was never reported (a
 // replica that died, an update lost with Redis) stops counting when its
-// score passes, and expired members are removed whenever a key is
-// counted. A tenant is known (not a stranger) while prefix:tenant:{th}:known
-// exists: it is set for TTL at each of the tenant's commits. A new key is
-// counted against its tenant first and then against the whole (two
-// slots, two scripts); a key the whole refuses is taken out of its
-// tenant's set again. A key denied by the upstream (Flight.Deny) is taken
+// score passes, and expired members are removed whenever they would
+// refuse a key. A tenant is known (not a stranger) while prefix:tenant:{th}:known
+// exists: it is set for TTL at each of the tenant's commits. On a
+// Cluster a new key is counted against its tenant first and then against
+// the whole (two slots, two scripts); a key the whole refuses is taken
+// out of its tenant's set again. A key denied by the upstream (Flight.Deny) is taken
 // out of both at once, and its records deleted.
 //
 // The keys Redis holds in commit_unknown are a third set in that slot,
 // prefix:unknown:{all}, kept the same way by the same scripts: a key ended
 // commit_unknown (a failed write of that state, a reap) is added with its
 // records' expiry, and leaves when it is claimed again or ended otherwise;
-// an expired member is removed when the set is counted (UnknownKeys).
+// the expired are removed as another is added, and a scrape only counts
+// the unexpired (UnknownKeys).
 
 // tenantKey names the set of the keys of sc's tenant. The tenant, itself
 // a hash of a credential, is hashed again so that the set's name does not
@@ -204,21 +209,25 @@ end
 // (strangers' keys hold theirs), and the member's scores in both.
 // tenantCount and globalCount add the member, live, with those scores.
 const countLua = `
-local function tenantRoom(set, known, member, bound, t)
+local function full(set, bound, t)
+  if bound < 0 or redis.call('ZCARD', set) < bound then return false end
+  -- Expired members are removed when they would refuse a key: the set
+  -- holds at most its bound of them, and costs nothing more meanwhile.
   redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
+  return redis.call('ZCARD', set) >= bound
+end
+local function tenantRoom(set, known, member, bound, t)
   local cur = redis.call('ZSCORE', set, member)
-  if not cur and bound >= 0 and redis.call('ZCARD', set) >= bound then return false end
+  if not cur and full(set, bound, t) then return false end
   return true, cur, redis.call('EXISTS', known) == 0
 end
 local function globalRoom(all, strangers, member, bound, sbound, stranger, t)
-  redis.call('ZREMRANGEBYSCORE', all, '-inf', '(' .. t)
-  redis.call('ZREMRANGEBYSCORE', strangers, '-inf', '(' .. t)
   local cur = redis.call('ZSCORE', all, member)
-  if not cur and bound >= 0 and redis.call('ZCARD', all) >= bound then return 0 end
+  if not cur and full(all, bound, t) then return 0 end
   local scur = nil
   if stranger then
     scur = redis.call('ZSCORE', strangers, member)
-    if not scur and sbound >= 0 and redis.call('ZCARD', strangers) >= sbound then return -1 end
+    if not scur and full(strangers, sbound, t) then return -1 end
   end
   return 1, cur, scur
 end
@@ -226,12 +235,15 @@ local function tenantCount(set, member, cur, exp, setttl)
   if not cur or tonumber(cur) < exp then redis.call('ZADD', set, exp, member) end
   redis.call('PEXPIRE', set, setttl)
 end
-local function globalCount(all, strangers, unknown, member, cur, scur, stranger, exp, setttl)
+local function globalCount(all, strangers, unknown, member, cur, scur, stranger, exp, setttl, known)
   if not cur or tonumber(cur) < exp then redis.call('ZADD', all, exp, member) end
-  if stranger and (not scur or tonumber(scur) < exp) then redis.call('ZADD', strangers, exp, member) end
-  redis.call('ZREM', unknown, member)
   redis.call('PEXPIRE', all, setttl)
-  redis.call('PEXPIRE', strangers, setttl)
+  if stranger then
+    if not scur or tonumber(scur) < exp then redis.call('ZADD', strangers, exp, member) end
+    redis.call('PEXPIRE', strangers, setttl)
+  end
+  -- a key the ledger held may be among the commit_unknown; a new one not
+  if known then redis.call('ZREM', unknown, member) end
 end
 `
 
@@ -246,15 +258,16 @@ end
 // now); a key ended commit_unknown joins the set of those until its
 // records expire, and any other end takes it out.
 const endLua = `
-local function keyEnd(set, known, member, ttl, setttl, mark, t)
-  if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
-  if not redis.call('ZSCORE', set, member) then return end
+local function endIn(set, member, ttl, setttl, t)
   if ttl <= 0 then
     redis.call('ZREM', set, member)
-    return
+  elseif redis.call('ZADD', set, 'XX', 'CH', t + ttl, member) == 1 then
+    redis.call('PEXPIRE', set, setttl)
   end
-  redis.call('ZADD', set, t + ttl, member)
-  redis.call('PEXPIRE', set, setttl)
+end
+local function keyEnd(set, known, member, ttl, setttl, mark, t)
+  if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
+  endIn(set, member, ttl, setttl, t)
 end
 local function globalEnd(all, strangers, unknown, member, ttl, setttl, committed, unk, t)
   if unk and ttl > 0 then
@@ -266,15 +279,11 @@ local function globalEnd(all, strangers, unknown, member, ttl, setttl, committed
   else
     redis.call('ZREM', unknown, member)
   end
-  for i, key in ipairs({all, strangers}) do
-    if redis.call('ZSCORE', key, member) then
-      if ttl <= 0 or (i == 2 and committed) then
-        redis.call('ZREM', key, member)
-      else
-        redis.call('ZADD', key, t + ttl, member)
-        redis.call('PEXPIRE', key, setttl)
-      end
-    end
+  endIn(all, member, ttl, setttl, t)
+  if committed then
+    redis.call('ZREM', strangers, member)
+  else
+    endIn(strangers, member, ttl, setttl, t)
   end
 end
 `
@@ -312,7 +321,7 @@ local t = now()
 local stranger = ARGV[4] == '1'
 local ok, cur, scur = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t)
 if ok ~= 1 then return ok end
-globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], cur, scur, stranger, t + tonumber(ARGV[5]), ARGV[6])
+globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], cur, scur, stranger, t + tonumber(ARGV[5]), ARGV[6], true)
 return 1
 `)
 

@@ -145,7 +145,7 @@ if counting then
   if g ~= 1 then return {'full', tostring(g - 1)} end
   local exp = t + tonumber(ARGV[5])
   tenantCount(KEYS[5], ARGV[15], tcur, exp, ARGV[14])
-  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], cur, scur, stranger, exp, ARGV[14])
+  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], cur, scur, stranger, exp, ARGV[14], phase)
 end
 local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
@@ -364,23 +364,27 @@ func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
 // renewScript extends the owner's lease. A lease that expired while st
 // still names this owner (a pause nobody reaped) is set again: ownership
 // lives in st, the lease only signals death. An owner that does not
-// mirror its journal sends its marks here, so that other replicas' key
-// info follows it within a renewal without a write per event.
+// mirror its journal sends its marks here when they moved, so that other
+// replicas' key info follows it within a renewal without a write per
+// event. st and j are extended only when the owner asks (Redis's expiry
+// of them need not move at every renewal: it only cleans up after every
+// replica vanished).
 //
 // KEYS: st, lease, j
-// ARGV: tok, gen, lease ms, live ttl ms, then, or "" to leave st as it
-// is: state, attempts, status, model, fallbacks, events, bytes, now ms
+// ARGV: tok, gen, lease ms, live ttl ms ("": leave the expiries of st and
+// j as they are), then, or "" to leave st as it is: state, attempts,
+// status, model, fallbacks, events, bytes, now ms
 //
 // Returns 1 while this owner holds the generation, 2 when it does and a
 // follower asked for its journal (st.want), 0 once it does not.
 var renewScript = rueidis.NewLuaScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
-local cur = redis.call('GET', KEYS[2])
-if cur and cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if ARGV[4] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+end
 if ARGV[5] and ARGV[5] ~= '' then
   local f = {'state', ARGV[5], 'attempts', ARGV[6], 'events', ARGV[10], 'bytes', ARGV[11], 'updated', ARGV[12]}
   if ARGV[7] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[7]) end
