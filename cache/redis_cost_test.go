@@ -173,7 +173,7 @@ func BenchmarkRedisCost(b *testing.B) {
 	})
 	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
 	run("renew", claimed, func(_ int, k rkeys) {
-		exec(renewScript, k.withoutResult, []string{"tok", k.h, ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
+		exec(renewScript, k.withoutResult, []string{"tok", k.h, ms(r.cfg.Lease), "",
 			string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())})
 	})
 	// 64 renewals in one pipelined write, as renewAll sends them: an op is
@@ -182,7 +182,7 @@ func BenchmarkRedisCost(b *testing.B) {
 	run("renew-64", nil, func(int, rkeys) {
 		execs := make([]rueidis.LuaExec, len(together))
 		for i, k := range together {
-			execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: []string{"tok", k.h, ms(r.cfg.Lease), ms(r.cfg.LiveTTL),
+			execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: []string{"tok", k.h, ms(r.cfg.Lease), "",
 				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}}
 		}
 		for _, res := range renewScript.ExecMulti(ctx, r.c, execs...) {

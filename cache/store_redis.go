@@ -50,8 +50,8 @@ type RedisConfig struct {
 	// so that a resume with its ids gets "gone" (default 5m).
 	FailedTTL time.Duration
 	// LiveTTL bounds how long a live generation's records outlive their
-	// last lease renewal (default 1h); it only cleans up after a whole
-	// cluster vanished, since renewals extend it.
+	// last lease renewal (default 1h; renewals extend them every quarter
+	// of it); it only cleans up after a whole cluster vanished.
 	LiveTTL time.Duration
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
