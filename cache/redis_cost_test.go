@@ -1,68 +1,12 @@
 package cache
 
 import (
-	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
-
-// redisCost is what a private redis-server did: its script calls, the
-// time it counted in them, its process CPU, and all the commands
-// clients sent it.
-type redisCost struct {
-	scripts, commands int64
-	scriptUS, cpuUS   float64
-}
-
-// readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
-func readRedisCost(tb testing.TB, addr string) redisCost {
-	tb.Helper()
-	var c redisCost
-	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
-	if err != nil {
-		tb.Fatalf("INFO commandstats: %v", err)
-	}
-	for _, l := range strings.Split(stats, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
-		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !isCmd || cmd == "info" {
-			continue
-		}
-		var calls int64
-		var usec float64
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		c.commands += calls
-		if cmd == "evalsha" || cmd == "eval" {
-			c.scripts += calls
-			c.scriptUS += usec
-		}
-	}
-	cpu, err := redistest.Command(addr, 5*time.Second, "INFO", "cpu")
-	if err != nil {
-		tb.Fatalf("INFO cpu: %v", err)
-	}
-	for _, l := range strings.Split(cpu, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(l), ":")
-		if k == "used_cpu_sys" || k == "used_cpu_user" {
-			s, _ := strconv.ParseFloat(v, 64)
-			c.cpuUS += s * 1e6
-		}
-	}
-	return c
-}
 
 // reportRedisCost reports what the server did per op since before.
 func reportRedisCost(b *testing.B, addr string, before redisCost) {
@@ -106,7 +50,7 @@ func costStream(b *testing.B, r *Redis, key string) {
 func BenchmarkRedisCost(b *testing.B) {
 	srv := redistest.Start(b)
 	r := newRedis(b, srv.Addr, "cost", func(c *RedisConfig) { c.Lease = 10 * time.Second })
-	ctx := context.Background()
+	ctx := r.ctx
 	seq := 0
 	fresh := func() rkeys { // the keys of a scope nobody used yet
 		seq++
@@ -123,11 +67,7 @@ func BenchmarkRedisCost(b *testing.B) {
 		}
 		return out[1]
 	}
-	exec := func(s *rueidis.Lua, keys, args []string) {
-		if err := s.Exec(ctx, r.c, keys, args).Error(); err != nil && !rueidis.IsRedisNil(err) {
-			b.Fatal(err)
-		}
-	}
+	exec := func(s script, keys, args []string) { runScript(b, r, s, keys, args) }
 	// A committed stream's blob, as the finish script gets it.
 	costStream(b, r, "blob")
 	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
@@ -180,16 +120,10 @@ func BenchmarkRedisCost(b *testing.B) {
 	// the 64.
 	together := claimed(64)
 	run("renew-64", nil, func(int, rkeys) {
-		execs := make([]rueidis.LuaExec, len(together))
-		for i, k := range together {
-			execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: []string{"tok", k.h, ms(r.cfg.Lease), "",
-				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}}
-		}
-		for _, res := range renewScript.ExecMulti(ctx, r.c, execs...) {
-			if err := res.Error(); err != nil {
-				b.Fatal(err)
-			}
-		}
+		runTogether(b, r, renewScript, together, func(k rkeys) []string {
+			return []string{"tok", k.h, ms(r.cfg.Lease), "",
+				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}
+		})
 	})
 	run("finish", claimed, func(_ int, k rkeys) {
 		gen := k.h

@@ -3,6 +3,8 @@ package cache
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -409,10 +411,7 @@ func (r *Redis) renewLoop() {
 // renewAll renews the leases of the generations this replica owns.
 func (r *Redis) renewAll() {
 	r.mu.Lock()
-	owners := make([]*owner, 0, len(r.owners))
-	for o := range r.owners {
-		owners = append(owners, o)
-	}
+	owners := slices.Collect(maps.Keys(r.owners))
 	r.mu.Unlock()
 	if len(owners) == 0 {
 		return
@@ -468,7 +467,7 @@ type renewedMarks struct {
 // renewed takes a renewal's answer, sent at sent since t0: one that finds
 // a follower's ask starts the mirror (the ask's signal may have been lost).
 func (o *owner) renewed(sent time.Duration, n int64, err error) {
-	if o.stopped() {
+	if o.ctx.Err() != nil { // shut down meanwhile
 		return
 	}
 	switch {
@@ -487,16 +486,6 @@ func (o *owner) renewed(sent time.Duration, n int64, err error) {
 		if o.leaseLapsed() {
 			o.fence(ReasonStoreUnavailable)
 		}
-	}
-}
-
-// stopped reports whether shutdown ran.
-func (o *owner) stopped() bool {
-	select {
-	case <-o.stop:
-		return true
-	default:
-		return false
 	}
 }
 

@@ -154,18 +154,23 @@ func tenantScore(tb testing.TB, r *Redis, sc Scope) time.Duration {
 func TestToolReapedHeld(t *testing.T) {
 	tool := Tool{Name: "write", UnknownTTL: 5 * time.Hour}
 	within := func(got time.Duration) bool { return got > 4*time.Hour && got <= 5*time.Hour }
-	t.Run("follower", func(t *testing.T) {
+	first := func(t *testing.T, key string) ([]*Redis, Scope, *Flight) {
+		t.Helper()
 		rs := replicas(t, 2)
-		sc := Scope{Tenant: "t", Key: "followed"}
+		sc := Scope{Tenant: "t", Key: key}
 		b, err := rs[0].BeginTool(sc, "fp", tool)
 		if err != nil || b.Decision != Miss {
 			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
 		}
+		return rs, sc, b.Flight
+	}
+	t.Run("follower", func(t *testing.T) {
+		rs, sc, f := first(t, "followed")
 		j, err := rs[1].BeginTool(sc, "fp", tool)
 		if err != nil || j.Decision != Join {
 			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
 		}
-		b.Flight.be.(*owner).shutdown() // the owner's process is gone
+		f.be.(*owner).shutdown() // the owner's process is gone
 		if st := waitDone(t, j.Flight, 3*testLease+time.Second); st != StateCommitUnknown {
 			t.Fatalf("follower: got %v; want commit_unknown", st)
 		}
@@ -177,13 +182,8 @@ func TestToolReapedHeld(t *testing.T) {
 		}
 	})
 	t.Run("claim", func(t *testing.T) {
-		rs := replicas(t, 2)
-		sc := Scope{Tenant: "t", Key: "claimed"}
-		b, err := rs[0].BeginTool(sc, "fp", tool)
-		if err != nil || b.Decision != Miss {
-			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
-		}
-		b.Flight.be.(*owner).shutdown() // the owner's process is gone
+		rs, sc, f := first(t, "claimed")
+		f.be.(*owner).shutdown() // the owner's process is gone
 		expireLease(t, rs[0], sc)
 		u, err := rs[1].BeginTool(sc, "fp", tool)
 		if err != nil || u.Decision != Unknown {
