@@ -477,16 +477,23 @@ func (o *owner) renewed(sent time.Duration, n int64, err error) {
 			o.ask()
 		}
 	case err == nil:
-		o.fence(ReasonGenerationLost)
+		o.fenceAside(ReasonGenerationLost)
 	case o.r.ctx.Err() != nil:
 	default:
 		// Whether it reached Redis is unknown: the next renewal sends all.
 		o.extended, o.sentMarks = -o.r.cfg.LiveTTL, renewedMarks{}
 		o.r.unavailable.Add(1)
 		if o.leaseLapsed() {
-			o.fence(ReasonStoreUnavailable)
+			o.fenceAside(ReasonStoreUnavailable)
 		}
 	}
+}
+
+// fenceAside fences the owner on a goroutine of its own: failing the
+// flight records the failure in Redis, which must not hold up the other
+// owners' renewals.
+func (o *owner) fenceAside(reason string) {
+	o.r.wg.Go(func() { o.fence(reason) })
 }
 
 // flusher mirrors the journal to Redis and runs the commit, so appends
