@@ -347,7 +347,7 @@ func runScript(tb testing.TB, r *Redis, s script, keys, args []string) {
 }
 
 // runTogether runs s once per scope of ks in one pipelined write, as
-// renewAll sends renewals.
+// renewAll's renewals, sent at once, go.
 func runTogether(tb testing.TB, r *Redis, s script, ks []rkeys, args func(rkeys) []string) {
 	tb.Helper()
 	execs := make([]rueidis.LuaExec, len(ks))

@@ -390,11 +390,11 @@ func headJSON(h Head) string {
 }
 
 // renewLoop keeps the leases of every generation this replica owns:
-// every Lease/3 it sends all their renewals at once, in one pipelined
-// write, so that Redis reads them together rather than each with a read
-// (and a wake-up) of its own, which cost more than the script itself.
-// An owner is fenced when Redis says another replica took over, or when
-// no renewal got through for a whole lease.
+// every Lease/3 it sends all their renewals at once, so that the client's
+// pipelining writes them together and Redis reads them together, rather
+// than each with a read (and a wake-up) of its own, which cost more than
+// the script itself. An owner is fenced when Redis says another replica
+// took over, or when no renewal got through for a whole lease.
 func (r *Redis) renewLoop() {
 	t := time.NewTicker(r.cfg.Lease / 3)
 	defer t.Stop()
@@ -408,7 +408,10 @@ func (r *Redis) renewLoop() {
 	}
 }
 
-// renewAll renews the leases of the generations this replica owns.
+// renewAll renews the leases of the generations this replica owns, each
+// with a call of its own sent at once (not ExecMulti: it loads the script
+// on every node first and fails every call when one node is down, which
+// on a Cluster would fence the owners of the healthy nodes' keys too).
 func (r *Redis) renewAll() {
 	r.mu.Lock()
 	owners := slices.Collect(maps.Keys(r.owners))
@@ -416,21 +419,20 @@ func (r *Redis) renewAll() {
 	if len(owners) == 0 {
 		return
 	}
-	execs := make([]rueidis.LuaExec, len(owners))
-	sent := make([]time.Duration, len(owners))
-	now := time.Now()
-	for i, o := range owners {
-		sent[i] = now.Sub(o.t0)
-		execs[i] = rueidis.LuaExec{Keys: o.k.withoutResult, Args: o.renewArgs(sent[i])}
-	}
 	ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.Timeout, r.cfg.Lease/2))
+	defer cancel()
 	r.renewals.Add(int64(len(owners)))
-	res := renewScript.ExecMulti(ctx, r.c, execs...)
-	cancel()
-	for i, o := range owners {
-		n, err := res[i].AsInt64()
-		o.renewed(sent[i], n, err)
+	now := time.Now()
+	var wg sync.WaitGroup
+	for _, o := range owners {
+		sent := now.Sub(o.t0)
+		args := o.renewArgs(sent)
+		wg.Go(func() {
+			n, err := renewScript.Exec(ctx, r.c, o.k.withoutResult, args).AsInt64()
+			o.renewed(sent, n, err)
+		})
 	}
+	wg.Wait()
 }
 
 // renewArgs are renewScript's arguments for this owner, sent at sent
