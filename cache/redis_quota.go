@@ -45,8 +45,8 @@ import (
 // against MaxStrangerKeys. Counting by expiry rather than by a number
 // means the count cannot drift: a key whose end was never reported (a
 // replica that died, an update lost with Redis) stops counting when its
-// score passes, and expired members are removed whenever they would
-// refuse a key. A tenant is known (not a stranger) while prefix:tenant:{th}:known
+// score passes, and each count removes up to pruneBatch expired members
+// (all of them when they would refuse a key). A tenant is known (not a stranger) while prefix:tenant:{th}:known
 // exists: it is set for TTL at each of the tenant's commits. On a
 // Cluster a new key is counted against its tenant first and then against
 // the whole (two slots, two scripts); a key the whole refuses is taken
@@ -198,6 +198,9 @@ local function now()
 end
 `
 
+// pruneBatch is how many expired members a count removes from a set.
+const pruneBatch = "64"
+
 // countLua defines the key count's checks, which write nothing but the
 // removal of expired members, and its writes.
 //
@@ -210,10 +213,14 @@ end
 // tenantCount and globalCount add the member, live, with those scores.
 const countLua = `
 local function full(set, bound, t)
+  -- Each count removes up to ` + pruneBatch + ` expired members, more than
+  -- it adds, so that the set holds about its unexpired keys and no one
+  -- count pays for a backlog; all of them only when they would refuse a
+  -- key, which that pace leaves few.
+  local old = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. t, 'LIMIT', 0, ` + pruneBatch + `)
+  if #old > 0 then redis.call('ZREM', set, unpack(old)) end
   if bound < 0 or redis.call('ZCARD', set) < bound then return false end
-  -- Expired members are removed when they would refuse a key: the set
-  -- holds at most its bound of them, and costs nothing more meanwhile.
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
+  if #old == ` + pruneBatch + ` then redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t) end
   return redis.call('ZCARD', set) >= bound
 end
 local function tenantRoom(set, known, member, bound, t)
@@ -353,13 +360,14 @@ return 1
 `)
 
 // unknownScript counts the keys in commit_unknown whose records have not
-// expired. It only reads (EVALSHA_RO): a scrape writes nothing, and the
-// expired are removed as new ones come (globalEnd).
+// expired. It only reads: a scrape writes nothing, and the expired are
+// removed as new ones come (globalEnd). A plain EVALSHA, not EVALSHA_RO
+// with a no-writes flag, which Redis 6.2 does not know.
 //
 // KEYS: the set of commit_unknown keys
 //
 // Returns the count.
-var unknownScript = rueidis.NewLuaScriptReadOnly(`#!lua flags=no-writes
+var unknownScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[1], now, '+inf')

@@ -205,3 +205,45 @@ func TestRedisScrapeReads(t *testing.T) {
 		t.Fatalf("unavailable operations after a failed scrape: got %d; want 0", n)
 	}
 }
+
+// TestRedisCountPrunes: each count takes expired members out of its sets,
+// a bounded number at a time, so that the sets hold about their unexpired
+// keys, with bounds far away or none (a set pruned only when full grew to
+// its bound and then had one claim remove it all, stalling Redis).
+func TestRedisCountPrunes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "prune", func(c *RedisConfig) { c.MaxKeysPerTenant = -1 })
+	ctx := context.Background()
+	sc := Scope{Tenant: "t", Key: "new-0"}
+	sets := []string{r.globalKeys()[0], r.tenantKey(sc)}
+	for _, key := range sets {
+		for i := range 200 {
+			if err := r.c.Do(ctx, r.c.B().Zadd().Key(key).ScoreMember().ScoreMember(1, fmt.Sprint("expired-", i)).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	card := func(key string) int64 {
+		t.Helper()
+		n, err := r.c.Do(ctx, r.c.B().Zcard().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rbegin(t, r, sc, "fp")
+	for _, key := range sets {
+		if got, want := card(key), int64(200-64+1); got != want {
+			t.Errorf("%s after one count: %d members; want %d (64 expired removed)", key, got, want)
+		}
+	}
+	for i := 1; i < 4; i++ {
+		rbegin(t, r, Scope{Tenant: "t", Key: fmt.Sprint("new-", i)}, "fp")
+	}
+	for _, key := range sets {
+		if got := card(key); got != 4 {
+			t.Errorf("%s after four counts: %d members; want the 4 live keys", key, got)
+		}
+	}
+}
