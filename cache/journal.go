@@ -47,6 +47,9 @@ type journal struct {
 	// (recycle).
 	sealed  int
 	discard bool
+	// small counts, for a discard journal, the catch-ups in a row whose
+	// reads filled a quarter of its block or less (recycle).
+	small int
 	// The sealed block unpacked last, for readers behind the open block.
 	unpackedIdx int // its index + 1; 0: none
 	unpacked    []byte
@@ -93,27 +96,58 @@ func (j *journal) settle(pos int) {
 // of it and holds none of it any more, starts the journal over in its
 // open block's memory: the journal of a stream no one can join then stays
 // one block however long the stream, and allocates none while its reader
-// keeps up. A block that grew for a backlog (the events that came before
-// the client's connection was taken over, or a burst) is let go instead
-// when it was last filled to a quarter or less, so that a paced stream
-// returns to a first-size block. Nothing of what the journal held is
-// kept, not even where its blocks or events ended.
+// keeps up. What came since the last catch-up (a round: at saturation,
+// the score of events of one upstream read) sizes the block: a round
+// that did not fit one block has the next start in one that holds it
+// (up to maxRound), so that a stream whose reads bring many events allocates
+// once, not at every read. A block larger than the first size is let go
+// when its last round filled a quarter of it or less: at once after the
+// first round (the backlog of events before the client's connection was
+// taken over) and after a backlog past maxRound, after smallRounds in a
+// row otherwise (a burst passed), so that a paced stream returns to a
+// first-size block. Nothing of what the journal held is kept, not even
+// where its blocks or events ended.
 func (j *journal) recycle() {
 	k := len(j.blocks)
 	if !j.discard || k == 0 {
 		return
 	}
 	b := j.blocks[k-1]
+	round, first := j.size-j.baseOff, j.base == 0
 	j.base, j.baseOff, j.ends = j.events(), j.size, j.ends[:0]
 	clear(j.blocks)
 	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
-	if cap(b) > journalBlock>>2 && len(b) <= cap(b)/4 {
+	small := len(b) <= cap(b)/4
+	if small && round == len(b) {
+		j.small++
+	} else {
+		j.small = 0
+	}
+	switch {
+	case round > len(b) && !first && round <= maxRound: // it took more than one block
+		size := journalBlock
+		for size < round+round/4 {
+			size *= 2
+		}
+		if cap(b) < size {
+			b = make([]byte, 0, size)
+		}
+	case cap(b) > journalBlock>>2 && small && (first || round > maxRound || j.small >= smallRounds):
+		j.small = 0
 		return // room starts a first-size block
 	}
 	j.blocks = append(j.blocks, b[:0])
 	j.packed = append(j.packed, nil)
 	j.starts = append(j.starts, j.size)
 }
+
+// maxRound bounds the rounds a discard journal's block grows to hold
+// (recycle): past it, the reader was behind, not reading a burst.
+const maxRound = 3 * journalBlock
+
+// smallRounds is how many rounds in a row that fill a quarter of a grown
+// block or less let it go (recycle).
+const smallRounds = 16
 
 // block returns the bytes of block i, unpacking a sealed one.
 func (j *journal) block(i int) []byte {
