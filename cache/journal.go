@@ -174,10 +174,10 @@ func (j *journal) blockLen(i int) int {
 
 // room makes the last block able to take n more bytes.
 func (j *journal) room(n int) {
-	k := len(j.blocks)
-	if k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n {
+	if j.has(n) {
 		return
 	}
+	k := len(j.blocks)
 	// The first blocks are smaller, so that a short stream holds little.
 	size := journalBlock >> max(2-k, 0)
 	j.blocks = append(j.blocks, make([]byte, 0, max(size, n)))
@@ -185,16 +185,30 @@ func (j *journal) room(n int) {
 	j.starts = append(j.starts, j.size)
 }
 
+// has reports whether the last block can take n more bytes.
+func (j *journal) has(n int) bool {
+	k := len(j.blocks)
+	return k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n
+}
+
 // eventBound is an upper bound of AppendEvent's output for typ and data.
 func eventBound(typ, data string) int {
-	lines := 1 + strings.Count(data, "\n") + strings.Count(data, "\r")
+	return linesBound(typ, data, 1+strings.Count(data, "\n")+strings.Count(data, "\r"))
+}
+
+// linesBound is eventBound for data of at most lines lines.
+func linesBound(typ, data string, lines int) int {
 	return len("id: ") + 41 + len("\nevent: \n") + len(typ) + len(data) + lines*len("data: \n") + 1
 }
 
 // appendEvent encodes one event at the end; it fails, leaving the journal
 // as it was, when the journal would pass limit bytes.
 func (j *journal) appendEvent(id sse.ID, typ, data string, limit int) (int, error) {
-	j.room(eventBound(typ, data))
+	// Counting data's lines takes two passes over it: they are spared
+	// when the block has room for data made of line breaks only.
+	if !j.has(linesBound(typ, data, len(data)+1)) {
+		j.room(eventBound(typ, data))
+	}
 	b := &j.blocks[len(j.blocks)-1]
 	before := len(*b)
 	*b = sse.AppendEvent(*b, id, typ, data)

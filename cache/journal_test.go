@@ -229,3 +229,47 @@ func detachedStream(t *testing.T) (*Flight, *Sub) {
 	}
 	return f, s
 }
+
+// An event made of line breaks, each one a line of its own in the
+// journal, still fits the block it is encoded into: the bound that spares
+// counting them holds, no block grows under an appended event (a slice
+// handed to a reader would then be of memory the journal let go), and the
+// journal reads back as encoded.
+func TestJournalLineBreaks(t *testing.T) {
+	t.Parallel()
+	f, s := detachedStream(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	breaks := []string{"\n", "\r", "\r\n", "x", "yz"}
+	var want, got []byte
+	for i := range 3000 {
+		var sb strings.Builder
+		for range rng.IntN(400) {
+			sb.WriteString(breaks[rng.IntN(len(breaks))])
+		}
+		data := sb.String()
+		caps := make([]int, len(f.j.blocks))
+		for k, b := range f.j.blocks {
+			caps[k] = cap(b)
+		}
+		if _, err := f.Append("t\r\n", data); err != nil {
+			t.Fatal(err)
+		}
+		for k := range caps {
+			if b := f.j.blocks[k]; b != nil && cap(b) != caps[k] {
+				t.Fatalf("event %d: block %d grew from %d to %d bytes under an append", i, k, caps[k], cap(b))
+			}
+		}
+		want = sse.AppendEvent(want, sse.ID{}, "t\r\n", data)
+		if i%5 == 0 {
+			for p, _ := s.Read(); len(p) > 0; p, _ = s.Read() {
+				got = append(got, p...)
+			}
+		}
+	}
+	for p, _ := s.Read(); len(p) > 0; p, _ = s.Read() {
+		got = append(got, p...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read back %d bytes that differ from the %d encoded", len(got), len(want))
+	}
+}
