@@ -231,7 +231,13 @@ func BenchmarkUnkeyedEvents(b *testing.B) {
 		for sc.Next() {
 			ev := sc.Event()
 			det.Observe(ev)
-			if _, err := f.Append(ev.Type, ev.Data); err != nil {
+			var err error
+			if sc.OneLine() {
+				_, err = f.AppendLine(ev.Type, ev.Data)
+			} else {
+				_, err = f.Append(ev.Type, ev.Data)
+			}
+			if err != nil {
 				b.Fatal(err)
 			}
 			n++

@@ -204,14 +204,27 @@ func linesBound(typ, data string, lines int) int {
 // appendEvent encodes one event at the end; it fails, leaving the journal
 // as it was, when the journal would pass limit bytes.
 func (j *journal) appendEvent(id sse.ID, typ, data string, limit int) (int, error) {
+	return j.appendOf(id, typ, data, false, limit)
+}
+
+// appendOf is appendEvent; oneLine says data holds no line break
+// (sse.AppendLineEvent).
+func (j *journal) appendOf(id sse.ID, typ, data string, oneLine bool, limit int) (int, error) {
 	// Counting data's lines takes two passes over it: they are spared
 	// when the block has room for data made of line breaks only.
-	if !j.has(linesBound(typ, data, len(data)+1)) {
+	switch {
+	case oneLine:
+		j.room(linesBound(typ, data, 1))
+	case !j.has(linesBound(typ, data, len(data)+1)):
 		j.room(eventBound(typ, data))
 	}
 	b := &j.blocks[len(j.blocks)-1]
 	before := len(*b)
-	*b = sse.AppendEvent(*b, id, typ, data)
+	if oneLine {
+		*b = sse.AppendLineEvent(*b, id, typ, data)
+	} else {
+		*b = sse.AppendEvent(*b, id, typ, data)
+	}
 	n := len(*b) - before
 	if j.size+n > limit {
 		*b = (*b)[:before]

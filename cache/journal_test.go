@@ -273,3 +273,32 @@ func TestJournalLineBreaks(t *testing.T) {
 		t.Fatalf("read back %d bytes that differ from the %d encoded", len(got), len(want))
 	}
 }
+
+// AppendLine journals what Append does, for data of one line.
+func TestAppendLine(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t, Config{})
+	keyed := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
+	keyed.SetHead(streamHead)
+	for _, data := range []string{"", "x", chatChunk, strings.Repeat("y", 5000)} {
+		for _, typ := range []string{"", "delta", "a\rb"} {
+			var a, b journal
+			if _, err := a.appendEvent(sse.ID{Gen: 7, Seq: 1}, typ, data, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.appendOf(sse.ID{Gen: 7, Seq: 1}, typ, data, true, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			if pa, pb := a.event(0), b.event(0); !bytes.Equal(pa, pb) {
+				t.Errorf("%q, %q: appended one line %q; want %q", typ, data, pb, pa)
+			}
+		}
+	}
+	if _, err := keyed.AppendLine("delta", "x"); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := keyed.Subscribe(0)
+	if p, _ := s.Read(); string(p) != "id: "+strconv.FormatUint(keyed.Gen, 10)+"-1\nevent: delta\ndata: x\n\n" {
+		t.Errorf("AppendLine: journaled %q", p)
+	}
+}
