@@ -125,7 +125,7 @@ func (j *journal) recycle() {
 	}
 	switch {
 	case round > len(b) && !first && round <= maxRound: // it took more than one block
-		size := journalBlock
+		size := journalBlock >> 2
 		for size < round+round/4 {
 			size *= 2
 		}

@@ -189,8 +189,9 @@ func TestGenerationAllocs(t *testing.T) {
 	// Without a key, the upstream's reads of a score of events each go
 	// through one journal block that holds them all: no allocation per
 	// read, where a new block took one or two (0.10 an event). What is
-	// left is the test's upstream's (net/http's chunk writer).
-	if unkeyed > 0.05 {
-		t.Errorf("without a key: %.3f allocations per event; want below 0.05", unkeyed)
+	// left, 0.02 to 0.05, is the test's upstream's: net/http's chunk
+	// writer allocates at each of its 4 KiB writes.
+	if unkeyed > 0.075 {
+		t.Errorf("without a key: %.3f allocations per event; want below 0.075", unkeyed)
 	}
 }
