@@ -101,11 +101,10 @@ func (j *journal) settle(pos int) {
 // that did not fit one block has the next start in one that holds it
 // (up to maxRound), so that a stream whose reads bring many events allocates
 // once, not at every read. A block larger than the first size is let go
-// when its last round filled a quarter of it or less: at once after the
-// first round (the backlog of events before the client's connection was
-// taken over) and after a backlog past maxRound, after smallRounds in a
-// row otherwise (a burst passed), so that a paced stream returns to a
-// first-size block. Nothing of what the journal held is kept, not even
+// when smallRounds rounds in a row filled a quarter of it or less (the
+// burst, or the backlog of events before the client's connection was
+// taken over, passed), or at once after a backlog past maxRound, so that
+// a paced stream returns to a first-size block. Nothing of what the journal held is kept, not even
 // where its blocks or events ended.
 func (j *journal) recycle() {
 	k := len(j.blocks)
@@ -113,7 +112,7 @@ func (j *journal) recycle() {
 		return
 	}
 	b := j.blocks[k-1]
-	round, first := j.size-j.baseOff, j.base == 0
+	round := j.size - j.baseOff
 	j.base, j.baseOff, j.ends = j.events(), j.size, j.ends[:0]
 	clear(j.blocks)
 	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
@@ -124,7 +123,7 @@ func (j *journal) recycle() {
 		j.small = 0
 	}
 	switch {
-	case round > len(b) && !first && round <= maxRound: // it took more than one block
+	case round > len(b) && round <= maxRound: // it took more than one block
 		size := journalBlock >> 2
 		for size < round+round/4 {
 			size *= 2
@@ -132,7 +131,7 @@ func (j *journal) recycle() {
 		if cap(b) < size {
 			b = make([]byte, 0, size)
 		}
-	case cap(b) > journalBlock>>2 && small && (first || round > maxRound || j.small >= smallRounds):
+	case cap(b) > journalBlock>>2 && small && (round > maxRound || j.small >= smallRounds):
 		j.small = 0
 		return // room starts a first-size block
 	}
