@@ -99,13 +99,14 @@ func (j *journal) settle(pos int) {
 // keeps up. What came since the last catch-up (a round: at saturation,
 // the score of events of one upstream read) sizes the block: a round
 // that did not fit one block has the next start in one that holds it
-// (up to maxRound), so that a stream whose reads bring many events allocates
-// once, not at every read. A block larger than the first size is let go
-// when smallRounds rounds in a row filled a quarter of it or less (the
-// burst, or the backlog of events before the client's connection was
-// taken over, passed), or at once after a backlog past maxRound, so that
-// a paced stream returns to a first-size block. Nothing of what the journal held is kept, not even
-// where its blocks or events ended.
+// (up to maxRound), so that a stream whose reads bring many events
+// allocates once, not at every read. A block larger than the first size
+// is let go when smallRounds rounds in a row filled a quarter of it or
+// less (the burst, or the backlog of events before the client's
+// connection was taken over, passed), or at once after a backlog past
+// maxRound, so that a paced stream returns to a first-size block.
+// Nothing of what the journal held is kept, not even where its blocks or
+// events ended.
 func (j *journal) recycle() {
 	k := len(j.blocks)
 	if !j.discard || k == 0 {
