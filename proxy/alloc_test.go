@@ -5,6 +5,7 @@ package proxy
 import (
 	"context"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
+	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -194,4 +196,53 @@ func TestGenerationAllocs(t *testing.T) {
 	if unkeyed > 0.075 {
 		t.Errorf("without a key: %.3f allocations per event; want below 0.075", unkeyed)
 	}
+}
+
+// TestMACAllocs holds a keyed request's tenant, and its resume token's
+// MAC, to the tenant's one string: the HMAC states keyed by the secret are
+// reused, not made anew (the secret hashed, two digests allocated) for
+// each.
+func TestMACAllocs(t *testing.T) {
+	// Not parallel: AllocsPerRun counts every allocation of the process.
+	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte("0123456789abcdef-allocs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.Set("Authorization", "Bearer sk-allocs")
+	if got := testing.AllocsPerRun(1000, func() {
+		if _, ok := p.tenant(&ctx); !ok {
+			t.Fatal("Authorization: not taken as a credential")
+		}
+	}); got > 1 {
+		t.Errorf("tenant: got %v allocs; want at most 1 (its string)", got)
+	}
+	if got := testing.AllocsPerRun(1000, func() { p.resumeMAC("tenant", "key", "1", "2") }); got != 0 {
+		t.Errorf("resume MAC: got %v allocs; want 0", got)
+	}
+}
+
+// TestQuietLogAllocs: a generation's state lines cost no allocation when
+// info lines are not logged (their attributes are not boxed for nothing).
+func TestQuietLogAllocs(t *testing.T) {
+	// Not parallel: AllocsPerRun counts every allocation of the process.
+	store := memoryStore(t, cache.Config{})
+	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Store: store,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.Begin(cache.Scope{Tenant: "t", Key: "quiet"}, "fp")
+	if err != nil || b.Decision != cache.Miss {
+		t.Fatalf("Begin: %v, %v; want a miss", b.Decision, err)
+	}
+	g := &gen{p: p, f: b.Flight}
+	mark := testing.AllocsPerRun(1000, func() { b.Flight.Mark(cache.StateExecutionStarted, 1, 0) })
+	if got := testing.AllocsPerRun(1000, func() { g.mark(cache.StateExecutionStarted, 1, 0) }); got > mark {
+		t.Errorf("mark: got %v allocs; want the flight's own, %v", got, mark)
+	}
+	if got := testing.AllocsPerRun(1000, g.logEnd); got != 0 {
+		t.Errorf("logEnd: got %v allocs; want 0", got)
+	}
+	b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 }

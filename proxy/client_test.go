@@ -97,22 +97,31 @@ func TestKeepAliveAfterSlowBound(t *testing.T) {
 	}
 }
 
-// http10 sends one HTTP/1.0 request on a connection of its own and reads
-// the answer to the connection's end.
-func http10(t *testing.T, addr, key string) (*http.Response, string) {
+// sendChat sends a streaming chat request (proto: HTTP/1.1 or HTTP/1.0)
+// on a connection of its own, with key as its Idempotency-Key unless
+// empty, and gives the connection 10 s to be read.
+func sendChat(t *testing.T, addr, proto, key string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	keyHdr := ""
 	if key != "" {
 		keyHdr = "Idempotency-Key: " + key + "\r\n"
 	}
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", keyHdr, len(chatBody), chatBody)
+	fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", proto, keyHdr, len(chatBody), chatBody)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a fresh conn
-	raw, err := io.ReadAll(c)                           // the answer ends where the connection closes
+	return c
+}
+
+// http10 sends one HTTP/1.0 request on a connection of its own and reads
+// the answer to the connection's end.
+func http10(t *testing.T, addr, key string) (*http.Response, string) {
+	t.Helper()
+	c := sendChat(t, addr, "HTTP/1.0", key)
+	defer c.Close()
+	raw, err := io.ReadAll(c) // the answer ends where the connection closes
 	if err != nil {
 		t.Fatalf("reading to the connection's end: %v", err)
 	}

@@ -415,7 +415,7 @@ func (c *clientConn) finish(ok bool, onGone func()) {
 		}
 		next := &keptConn{Conn: c.conn, pre: c.pre}
 		if c.over == nil {
-			go p.srv.ServeConn(next) //nolint:errcheck // it closes next when done
+			p.work.run(func() { _ = p.srv.ServeConn(next) }) // it closes next when done
 			return
 		}
 		next.ended = make(chan struct{})

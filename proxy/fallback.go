@@ -24,12 +24,15 @@ import (
 // is the one the upstream reads.
 func (g *gen) models(body []byte) []string {
 	m := g.req.Model
-	if v := gjson.GetBytes(body, "model"); m == "" || v.Type != gjson.String || v.Index <= 0 {
-		return []string{m}
-	}
 	to, ok := g.p.cfg.Fallbacks[m]
 	if !ok {
 		to = g.p.cfg.Fallbacks["*"]
+	}
+	if len(to) == 0 {
+		return []string{m} // no rule: the body need not be parsed again
+	}
+	if v := gjson.GetBytes(body, "model"); m == "" || v.Type != gjson.String || v.Index <= 0 {
+		return []string{m}
 	}
 	out := []string{m}
 	for _, t := range to {

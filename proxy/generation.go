@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -185,6 +186,10 @@ func markedUnknown(resp *fasthttp.Response) bool {
 	return bytes.EqualFold(bytes.TrimSpace(resp.Header.Peek(outcomeHeader)), []byte("unknown"))
 }
 
+// logsInfo reports whether info lines are logged: a line's attributes,
+// boxed into its arguments, cost allocations even when it is not.
+func (g *gen) logsInfo() bool { return g.p.log.Enabled(context.Background(), slog.LevelInfo) }
+
 // errCancelled is call's answer when the generation was cut short while
 // it waited for the head: the answer is dropped unread, and the attempt
 // is not retried (the cause ends the flight).
@@ -194,19 +199,19 @@ var errCancelled = errors.New("the generation was cut short")
 func (g *gen) mark(state cache.State, attempt, status int) {
 	f := g.f
 	f.Mark(state, attempt, status)
-	if f.Gen != 0 {
+	if f.Gen != 0 && g.logsInfo() {
 		g.p.log.Info("state", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
 			"attempt", attempt, "state", state, "upstream_status", status)
 	}
 }
 
-// launch runs the generation on a goroutine of its own and lets it go
-// first: it sends the upstream call before the request's goroutine goes
+// launch runs the generation on a goroutine of its own (a worker's) and
+// lets it go first: it sends the upstream call before the request's goroutine goes
 // on to take the client's connection over, which is not on the way to the
 // first event (the upstream's answer is), so that the upstream's time to
 // answer begins a scheduling delay earlier (about 15 µs here).
 func (g *gen) launch(tmpl *fasthttp.Request) {
-	go g.run(tmpl)
+	g.p.work.run(func() { g.run(tmpl) })
 	runtime.Gosched()
 }
 
@@ -380,7 +385,7 @@ func (g *gen) failState(c cause) cache.State {
 // logEnd logs the flight's end: its state line.
 func (g *gen) logEnd() {
 	f := g.f
-	if f.Gen == 0 {
+	if f.Gen == 0 || !g.logsInfo() {
 		return // unkeyed: nothing was decided
 	}
 	state, reason, _ := f.Outcome()

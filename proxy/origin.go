@@ -130,7 +130,7 @@ func (o *origin) attach(c *clientConn) {
 		o.answerRest()
 		return
 	}
-	if waiting && o.f.Gen != 0 {
+	if waiting && o.f.Gen != 0 && o.p.storeEnds {
 		// The generation pushes once it has a head or an end, but a store
 		// can end the flight while the generation still awaits the head
 		// (Redis unreachable for a lease fences it): its client is
@@ -138,11 +138,12 @@ func (o *origin) attach(c *clientConn) {
 		// upstream answers or -head-timeout passes. The wait ends with the
 		// head, so nothing lives on through the stream. A flight without
 		// a key has no store to end it, and may never get a head (an
-		// answer relayed raw): nothing waits for it.
-		go func() {
+		// answer relayed raw), nor has one of the in-memory store, which
+		// ends none itself: nothing waits for them.
+		o.p.work.run(func() {
 			<-o.f.HeadReady()
 			o.push()
-		}()
+		})
 	}
 }
 

@@ -5,8 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,4 +308,85 @@ func TestPreambleErrorOpensCircuit(t *testing.T) {
 		t.Fatalf("primary calls: got %d; want 3, then its circuit open", got)
 	}
 	wantCount(t, "fallback calls", ms.callsFor("claude-backup"), n)
+}
+
+// TestFirstEventAtOnce: a whole short stream that comes in one read of the
+// upstream's socket (its role chunk, its output, its end) reaches the
+// client's first event in a write of its own, not after the rest of the
+// read is recorded and the stream committed.
+func TestFirstEventAtOnce(t *testing.T) {
+	t.Parallel()
+	const role = `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	stream := role + chatChunk(0, "Hello", "") + chatChunk(0, " there", "") + chatChunk(0, "", "stop") + "data: [DONE]\n\n"
+	raw := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(stream), stream)
+	var proxy atomic.Pointer[Proxy]
+	up := newRawUpstream(t, func(_ *rawUpstream, c net.Conn) {
+		readRequest(c)
+		// The answer comes once the client's connection is taken over:
+		// one that comes before finds no client to write, and the client
+		// gets everything journaled by then at once.
+		within(5*time.Second, func() bool { return originsAttached(proxy.Load()) })
+		io.WriteString(c, raw) //nolint:errcheck // the test reads what arrived
+	})
+	e := retryEnv(t, []string{up.url}, nil)
+	proxy.Store(e.proxy)
+	for _, key := range []string{"", newKey("at-once")} {
+		conn := sendChat(t, strings.TrimPrefix(e.url, "http://"), "HTTP/1.1", key)
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		for { // the head
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("key %q: reading the head: %v", key, err)
+			}
+			if line == "\r\n" {
+				break
+			}
+		}
+		var chunks []string
+		for { // the chunks, up to the last
+			size, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("key %q: reading chunk %d: %v", key, len(chunks), err)
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(size), 16, 64)
+			if err != nil {
+				t.Fatalf("key %q: chunk size %q: %v", key, size, err)
+			}
+			b := make([]byte, n+2)
+			if _, err := io.ReadFull(br, b); err != nil {
+				t.Fatalf("key %q: reading chunk %d: %v", key, len(chunks), err)
+			}
+			if n == 0 {
+				break
+			}
+			chunks = append(chunks, string(b[:n]))
+		}
+		if first := chunks[0]; !strings.Contains(first, `"Hello"`) || strings.Contains(first, "[DONE]") {
+			t.Errorf("key %q: first chunk %q; want the preamble and the first output, without the end", key, first)
+		}
+		if all := strings.Join(chunks, ""); !strings.Contains(all, "[DONE]") || strings.Count(all, "data:") != 5 {
+			t.Errorf("key %q: got %q; want the whole stream", key, all)
+		}
+		conn.Close()
+	}
+	if got := up.calls.Load(); got != 2 {
+		t.Errorf("upstream calls: got %d; want 2", got)
+	}
+}
+
+// originsAttached reports whether p has live generations and each one's
+// client connection is taken over.
+func originsAttached(p *Proxy) bool {
+	p.liveMu.Lock()
+	defer p.liveMu.Unlock()
+	for g := range p.live {
+		g.o.mu.Lock()
+		waiting := g.o.mode == originWaiting
+		g.o.mu.Unlock()
+		if waiting {
+			return false
+		}
+	}
+	return len(p.live) > 0
 }

@@ -32,6 +32,11 @@ type Proxy struct {
 	budget *budget
 	m      *metrics
 	tracer trace.Tracer // nil: no spans
+	work   *workers     // the goroutines requests start
+	macs   sync.Pool    // *mac: HMAC states keyed by the secret, reused
+	// storeEnds: the store may end a flight itself (a Redis store fences
+	// one whose lease it lost); the in-memory store never does.
+	storeEnds bool
 
 	draining atomic.Bool // set by Drain: /readyz answers 503
 
@@ -64,7 +69,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
-		live: make(map[*gen]struct{}), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
+		live: make(map[*gen]struct{}), work: newWorkers(), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
 	for _, raw := range cfg.Upstreams {
 		up, err := newUpstream(raw, &cfg, p.circuitChanged, p.upstreamTimedOut)
 		if err != nil {
@@ -74,6 +79,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Tracer != nil {
 		p.tracer = cfg.Tracer.Tracer(tracerName)
+	}
+	if _, mem := cfg.Store.(*cache.Memory); !mem {
+		p.storeEnds = true
 	}
 	if _, ok := cfg.Store.(ToolStore); len(cfg.MCPPaths) > 0 && cfg.Store != nil && !ok {
 		return nil, fmt.Errorf("mcp-path: the store (%T) does not record tool calls", cfg.Store)
@@ -145,7 +153,7 @@ func (p *Proxy) newServer() *fasthttp.Server {
 		// A streamed answer frees its worker at once (the connection is
 		// taken over), so a burst of new streams leaves a burst of idle
 		// workers; let their stacks go soon rather than after 10 s.
-		MaxIdleWorkerDuration: 2 * time.Second,
+		MaxIdleWorkerDuration: workerIdle,
 		Logger:                fasthttpLogger{p.log},
 		// fasthttp's parse errors quote the request buffer, credentials
 		// included; this leaves the quote out. The answer and the log

@@ -41,7 +41,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
 	// most maxDrain bytes of it) so that the connection can be reused.
-	begun := false // the head went to the flight
+	begun := false  // the head went to the flight
+	pushed := false // the origin was written since the first event journaled here
 	concluded := false
 	drained := 0
 	// failing: a Responses stream's error event came, and the
@@ -138,6 +139,14 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				if err != nil {
 					appendErr = err
 					break
+				}
+				if !pushed {
+					// The first event with output goes to the origin now,
+					// with the preamble, not after the rest of its read:
+					// a whole short stream, its commit included, may lie
+					// in that read.
+					pushed = true
+					g.o.push()
 				}
 			}
 			if terminal {

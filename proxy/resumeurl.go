@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"net/url"
 	"strconv"
@@ -48,11 +49,17 @@ var resumeSigner = base64.RawURLEncoding.Strict()
 func (p *Proxy) resumeToken(sc cache.Scope, gen uint64, expires time.Time) string {
 	g := strconv.FormatUint(gen, 10)
 	exp := strconv.FormatInt(expires.Unix(), 10)
-	return sc.Tenant + "." + g + "." + exp + "." + resumeSigner.EncodeToString(p.resumeMAC(sc.Tenant, sc.Key, g, exp))
+	m := p.resumeMAC(sc.Tenant, sc.Key, g, exp)
+	return sc.Tenant + "." + g + "." + exp + "." + resumeSigner.EncodeToString(m[:])
 }
 
-func (p *Proxy) resumeMAC(tenant, key, gen, exp string) []byte {
-	return p.mac([]byte("resume"), []byte(tenant), []byte(key), []byte(gen), []byte(exp))
+func (p *Proxy) resumeMAC(tenant, key, gen, exp string) [sha256.Size]byte {
+	m := p.newMAC("resume")
+	m.add(tenant)
+	m.add(key)
+	m.add(gen)
+	m.add(exp)
+	return p.sumMAC(m)
 }
 
 // offerResume makes the signed resume URL of generation gen of sc part of
@@ -104,7 +111,7 @@ func (p *Proxy) tokenGrant(token, key string, now time.Time) (resumeGrant, bool)
 	}
 	tenant, g, exp, sig := parts[0], parts[1], parts[2], parts[3]
 	mac, err := resumeSigner.DecodeString(sig)
-	if err != nil || !hmac.Equal(mac, p.resumeMAC(tenant, key, g, exp)) {
+	if want := p.resumeMAC(tenant, key, g, exp); err != nil || !hmac.Equal(mac, want[:]) {
 		return resumeGrant{}, false
 	}
 	gen, gerr := strconv.ParseUint(g, 10, 64)

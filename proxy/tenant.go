@@ -34,8 +34,8 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 	header := func(name string) {
 		for _, v := range h.PeekAll(name) {
 			if len(v) > 0 {
-				writePart(m, []byte(name))
-				writePart(m, v)
+				m.add(name)
+				m.addBytes(v)
 				ok = true
 			}
 		}
@@ -45,8 +45,8 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 	}
 	for _, v := range ctx.QueryArgs().PeekMulti(credentialParam) {
 		if len(v) > 0 {
-			writePart(m, []byte("?"+credentialParam)) // no header is named so
-			writePart(m, v)
+			m.add("?" + credentialParam) // no header is named so
+			m.addBytes(v)
 			ok = true
 		}
 	}
@@ -54,34 +54,56 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 		header(name)
 	}
 	if !ok {
+		p.macs.Put(m)
 		return anonymous, false
 	}
-	return hex.EncodeToString(m.Sum(nil)[:16]), true
+	sum := p.sumMAC(m)
+	return hex.EncodeToString(sum[:16]), true
 }
 
-// mac returns the HMAC-SHA256 of parts keyed by the deployment secret
-// (Config.Secret), which every replica sharing a store shares. Each part
-// is length-prefixed, so no two lists of parts hash alike; the first part
-// names the purpose ("tenant", "resume", …), so that a MAC made for one
-// purpose is never valid for another.
-func (p *Proxy) mac(parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, p.cfg.Secret)
-	for _, b := range parts {
-		writePart(m, b)
+// A mac is the HMAC-SHA256 of a list of parts keyed by the deployment
+// secret (Config.Secret), which every replica sharing a store shares. Each
+// part is length-prefixed, so no two lists of parts hash alike; the first
+// part names the purpose ("tenant", "resume", …), so that a MAC made for
+// one purpose is never valid for another. Its states are reused
+// (Proxy.macs): hmac.New hashes the secret and allocates anew, on every
+// keyed request twice.
+type mac struct {
+	h     hash.Hash
+	parts []byte // the parts, length-prefixed, hashed at once by sumMAC
+	sum   [sha256.Size]byte
+}
+
+// newMAC starts a MAC for purpose, to which parts are then added; sumMAC
+// ends it.
+func (p *Proxy) newMAC(purpose string) *mac {
+	m, _ := p.macs.Get().(*mac)
+	if m == nil {
+		m = &mac{h: hmac.New(sha256.New, p.cfg.Secret)}
 	}
-	return m.Sum(nil)
-}
-
-// newMAC starts a MAC for purpose, as mac does, to which parts are then
-// written with writePart.
-func (p *Proxy) newMAC(purpose string) hash.Hash {
-	m := hmac.New(sha256.New, p.cfg.Secret)
-	writePart(m, []byte(purpose))
+	m.parts = m.parts[:0]
+	m.add(purpose)
 	return m
 }
 
-func writePart(h hash.Hash, b []byte) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
-	h.Write(b)
+func (m *mac) add(s string) {
+	m.parts = binary.AppendUvarint(m.parts, uint64(len(s)))
+	m.parts = append(m.parts, s...)
+}
+
+func (m *mac) addBytes(b []byte) {
+	m.parts = binary.AppendUvarint(m.parts, uint64(len(b)))
+	m.parts = append(m.parts, b...)
+}
+
+// sumMAC returns m's MAC, and m to be reused.
+func (p *Proxy) sumMAC(m *mac) (sum [sha256.Size]byte) {
+	m.h.Reset()
+	m.h.Write(m.parts)
+	// Summed into m: a local array passed to Sum would escape.
+	sum = [sha256.Size]byte(m.h.Sum(m.sum[:0]))
+	if cap(m.parts) <= 4<<10 { // one made for a huge part is let go
+		p.macs.Put(m)
+	}
+	return sum
 }

@@ -1,6 +1,10 @@
 package proxy
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -192,6 +196,45 @@ func TestNoCredentialInLogs(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		if c := fmt.Sprintf("cred-%d", i); strings.Contains(logs.String(), c) {
 			t.Errorf("the log carries credential %s:\n%s", c, logs.String())
+		}
+	}
+}
+
+// TestMACsKept: a tenant and a resume token are the HMAC-SHA256, keyed by
+// the secret, of their length-prefixed parts, however the proxy computes
+// them: replicas of two releases share a store, and its keys are scoped
+// by the tenant. Each MAC is computed twice, so a reused state shows.
+func TestMACsKept(t *testing.T) {
+	t.Parallel()
+	secret := []byte("0123456789abcdef-kept")
+	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(parts ...string) [sha256.Size]byte {
+		m := hmac.New(sha256.New, secret)
+		for _, s := range parts {
+			m.Write(binary.AppendUvarint(nil, uint64(len(s))))
+			m.Write([]byte(s))
+		}
+		var sum [sha256.Size]byte
+		m.Sum(sum[:0])
+		return sum
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.Set("Authorization", "Bearer sk-one")
+	ctx.Request.Header.Set("x-api-key", "sk-two")
+	ctx.Request.SetRequestURI("/v1/chat/completions?key=sk-three")
+	w := want("tenant", "authorization", "Bearer sk-one", "x-api-key", "sk-two", "?key", "sk-three")
+	for range 2 {
+		if got, _ := p.tenant(&ctx); got != hex.EncodeToString(w[:16]) {
+			t.Errorf("tenant: got %s; want %s", got, hex.EncodeToString(w[:16]))
+		}
+	}
+	w = want("resume", "tenant-a", "key-b", "7", "1800000000")
+	for range 2 {
+		if got := p.resumeMAC("tenant-a", "key-b", "7", "1800000000"); got != w {
+			t.Errorf("resume MAC: got %x; want %x", got, w)
 		}
 	}
 }
