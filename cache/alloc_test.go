@@ -2,7 +2,13 @@
 
 package cache
 
-import "testing"
+import (
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/ssegate/ssegate/sse"
+)
 
 // TestReadPathAllocs holds the replay and follow paths to zero
 // allocations; the race detector's instrumentation allocates, hence the
@@ -68,5 +74,51 @@ func TestDetachedBurstAllocs(t *testing.T) {
 		if got := testing.AllocsPerRun(50, func() { read(burst) }); got != 0 {
 			t.Errorf("a read of %d events: %v allocations; want 0", burst, got)
 		}
+	}
+}
+
+// TestKeyedStreamBytes holds what a keyed stream that commits allocates
+// per event, its client reading it whole, below the event's own bytes:
+// the journal's blocks, most of it before, go back to the pools when the
+// client is done and the next stream takes them.
+func TestKeyedStreamBytes(t *testing.T) {
+	m := newMemory(t, Config{})
+	const streams, events = 40, 200
+	data := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"token"},"finish_reason":null}]}`
+	drain := func(s *Sub) { // as a client writes it: nothing kept
+		for p, _ := s.Read(); len(p) > 0; p, _ = s.Read() {
+		}
+	}
+	run := func(k int) {
+		f := claim(t, m, Scope{Tenant: "t", Key: strconv.Itoa(k)}, "fp")
+		f.SetHead(streamHead)
+		s, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range events {
+			if _, err := f.Append("", data); err != nil {
+				t.Fatal(err)
+			}
+			drain(s)
+		}
+		f.Commit(nil)
+		drain(s)
+		s.Close()
+	}
+	run(-1) // warm
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for k := range streams {
+		run(k)
+	}
+	runtime.ReadMemStats(&after)
+	perEvent := float64(after.TotalAlloc-before.TotalAlloc) / (streams * events)
+	wire := len(sse.AppendEvent(nil, sse.ID{Gen: 1 << 40, Seq: 100}, "", data))
+	t.Logf("%.0f bytes allocated per event of %d bytes", perEvent, wire)
+	// Before the pools, the blocks alone were an event's own bytes, and
+	// the whole about 290; what is left is the commit's (about 60–90).
+	if perEvent > float64(wire) {
+		t.Errorf("%.0f bytes allocated per event of %d; want fewer than the event's own", perEvent, wire)
 	}
 }

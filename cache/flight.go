@@ -76,6 +76,13 @@ type Flight struct {
 	// denied: the flight ended by Deny, and the store keeps no record of
 	// its key.
 	denied bool
+	// frames is the committed journal, packed (Commit), kept when its
+	// blocks go back to the pools (journal.pooled, freeLocked) for a
+	// reader that comes after; freed: they went back; followed: a Sub
+	// was opened.
+	frames   [][]byte
+	freed    bool
+	followed bool
 
 	tool *Tool // set by BeginTool before the flight is handed out
 }
@@ -259,19 +266,22 @@ func (f *Flight) Hold(n int) error {
 
 // settleLocked seals the journal's full blocks that every subscriber has
 // read (see journal), when memory asks for it (sealWantedLocked); a
-// detached journal drops them instead, which costs nothing.
+// detached journal drops them instead, which costs nothing. The raw
+// blocks a pooled journal sealed go back once no reader holds them.
 func (f *Flight) settleLocked() {
-	if f.j.sealed >= len(f.j.blocks)-1 || f.j.discard && len(f.subs) == 0 {
-		return // nothing full; or a reader is still to come for what is dropped
-	}
-	if !f.j.discard && !f.sealWantedLocked() {
-		return
+	full := f.j.sealed < len(f.j.blocks)-1
+	if !full && len(f.j.retired) == 0 || f.j.discard && len(f.subs) == 0 {
+		return // nothing full or waiting; or a reader is still to come for what is dropped
 	}
 	pos := f.j.events()
+	held := pos
 	for _, s := range f.subs {
-		pos = min(pos, s.next)
+		pos, held = min(pos, s.next), min(held, s.held)
 	}
-	f.j.settle(pos)
+	if full && (f.j.discard || f.sealWantedLocked()) {
+		f.j.settle(pos)
+	}
+	f.j.unretire(held)
 }
 
 // sealWantedLocked reports whether the journal is to seal the full blocks
@@ -311,6 +321,9 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 		if !f.j.discard { // a flight no store records keeps no result
 			res.packed, res.size = f.j.frames(), f.j.size
 			res.Ends = f.j.ends[:len(f.j.ends):len(f.j.ends)]
+			if f.j.pooled {
+				f.frames = res.packed
+			}
 		}
 	} else {
 		res.Data = body
@@ -385,6 +398,7 @@ func (f *Flight) end(state State, reason string) {
 	n := f.reserved
 	f.reserved = 0
 	f.signalLocked()
+	f.freeLocked()
 	hadHead := f.hasHead
 	f.mu.Unlock()
 	f.be.release(f, n)
@@ -392,6 +406,43 @@ func (f *Flight) end(state State, reason string) {
 		close(f.headReady)
 	}
 	close(f.done)
+}
+
+// freeLocked gives the journal's blocks back to the pools once nothing can
+// read them any more. The rule: a slice that Read or ReadSpans returned
+// is the Sub's until it reads again or closes (Sub.held), and the wireSince
+// of a store that mirrors the journal keeps its slices for good, so only
+// a Memory flight's journal is pooled. A sealed block goes back once every
+// open Sub has read again past it (journal.unretire); the rest only when
+// the flight ended with its commit packed (frames) and no Sub is open, so
+// that no slice of them is held. Whoever subscribes after that (a client
+// that joined before the end, a resume of the live flight that subscribes
+// late) reads a journal that refillLocked unpacked from the frames, never
+// the pools' blocks. Nor does a flight no Sub ever followed give them
+// back as it ends: its client's is usually still to come (a stream can
+// end before the request's goroutine subscribes), and reads them raw. A
+// flight that failed keeps its blocks for the collector: its late
+// readers have nothing else to read.
+func (f *Flight) freeLocked() {
+	if !f.ended || f.frames == nil || f.freed || len(f.subs) > 0 || !f.followed {
+		return
+	}
+	f.j.free()
+	f.freed = true
+}
+
+// refillLocked makes a journal freeLocked gave back readable again, from
+// the committed frames.
+func (f *Flight) refillLocked() {
+	if !f.freed {
+		return
+	}
+	r := Result{packed: f.frames, size: f.j.size}
+	if err := r.unpack(); err != nil {
+		panic("cache: a committed journal does not unpack: " + err.Error()) // it was packed here
+	}
+	f.j.refill(r.Data)
+	f.freed = false
 }
 
 // Outcome returns how the flight ended: the final state, the cause of a
@@ -434,7 +485,9 @@ func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 	if f.maxSubs > 0 && len(f.subs) >= f.maxSubs {
 		return nil, ErrTooManyFollowers
 	}
-	s := &Sub{f: f, next: int(after), c: make(chan struct{}, 1)}
+	f.refillLocked()
+	f.followed = true
+	s := &Sub{f: f, next: int(after), held: int(after), c: make(chan struct{}, 1)}
 	s.c <- struct{}{} // there may be a backlog to read at once
 	f.subs = append(f.subs, s)
 	return s, nil
@@ -444,21 +497,26 @@ func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 type Sub struct {
 	f    *Flight
 	next int // index of the next event to deliver
-	c    chan struct{}
+	// held: the first event of what the last Read returned, which the
+	// reader may still hold (it is done with it once it reads again).
+	held   int
+	c      chan struct{}
+	closed bool // guarded by f.mu
 }
 
 // C receives a signal whenever there may be something new to Read.
 func (s *Sub) C() <-chan struct{} { return s.c }
 
-// Read returns encoded events not yet delivered, as one slice that stays
-// valid (the journal is never rewritten), and whether the flight has ended
-// with nothing left to read after p. A backlog longer than one journal
-// block comes in several Reads; C is signalled again while any is left,
-// so one Read per signal never strands a reader.
-//
-// The one reader of a detached flight (NewDetached) gets slices that stay
-// valid only until its next Read: calling Read says it is done with what
-// the last one returned, and the journal may then reuse that memory.
+// Read returns encoded events not yet delivered, as one slice, and
+// whether the flight has ended with nothing left to read after p. The
+// slice stays valid until the Sub reads again or closes: calling Read
+// says the reader is done with what the last one returned, and the
+// journal may then reuse that memory, for its own events (a detached
+// flight, NewDetached) or for another stream's (a Memory flight's blocks
+// go back to pools, freeLocked). A backlog longer than one journal block
+// comes in several Reads; C is signalled again while any is left, so one
+// Read per signal never strands a reader. A Sub that was closed reads
+// nothing, and never reads as ended.
 func (s *Sub) Read() (p []byte, ended bool) {
 	var one [1][]byte
 	spans, ended := s.ReadSpans(one[:0])
@@ -471,12 +529,17 @@ func (s *Sub) Read() (p []byte, ended bool) {
 // ReadSpans is Read for a reader that writes several spans at once: it
 // appends to dst, up to its capacity, the spans of everything not yet
 // delivered (a backlog beyond them comes in later calls, signalled on C
-// as for Read). For a detached flight, one ReadSpans is one Read: the
-// reader must be done with all the spans before it reads again.
+// as for Read). One ReadSpans is one Read: the reader must be done with
+// all the spans before it reads again.
 func (s *Sub) ReadSpans(dst [][]byte) (spans [][]byte, ended bool) {
 	f := s.f
 	f.mu.Lock()
+	if s.closed {
+		f.mu.Unlock()
+		return dst, false
+	}
 	n := f.j.events()
+	s.held = s.next
 	if s.next == n {
 		f.j.recycle()
 	}
@@ -504,10 +567,12 @@ func (s *Sub) Position() uint64 {
 	return uint64(s.next)
 }
 
-// Close unregisters the subscriber. It is safe to call more than once.
+// Close unregisters the subscriber, which must be done with every slice
+// it read. It is safe to call more than once.
 func (s *Sub) Close() {
 	f := s.f
 	f.mu.Lock()
+	s.closed = true
 	for i, x := range f.subs {
 		if x == s {
 			last := len(f.subs) - 1
@@ -518,6 +583,7 @@ func (s *Sub) Close() {
 		}
 	}
 	f.settleLocked()
+	f.freeLocked()
 	f.mu.Unlock()
 }
 
@@ -557,6 +623,7 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 func (f *Flight) wireSince(from, maxEvents int) (evs [][]byte, h Head, hasHead bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.refillLocked()
 	n := min(f.j.events(), from+maxEvents)
 	for i := from; i < n; i++ {
 		evs = append(evs, f.j.event(i))

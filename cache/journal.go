@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/ssegate/ssegate/sse"
@@ -20,7 +21,9 @@ const journalBlock = 4 << 10
 // journal is the append-only sequence of one generation's encoded events.
 // It is kept in blocks that are filled in order and never rewritten, so
 // growing it never copies what it holds, and a slice handed to a reader
-// stays valid while the journal grows. An event never spans two blocks.
+// stays valid while the journal grows (a pooled journal's, until that
+// reader reads again: see Flight.freeLocked). An event never spans two
+// blocks.
 //
 // A full block that every reader has read may be sealed: kept as an S2
 // block (the chunks of one completion are nearly identical JSON, so a
@@ -50,9 +53,101 @@ type journal struct {
 	// small counts, for a discard journal, the catch-ups in a row whose
 	// reads filled a quarter of its block or less (recycle).
 	small int
+	// pooled: the raw blocks go back to the pools once no reader holds
+	// them (Flight.freeLocked); a sealed one waits in retired, from block
+	// retiredAt on, until every reader has read past it again.
+	pooled    bool
+	retired   [][]byte
+	retiredAt int
 	// The sealed block unpacked last, for readers behind the open block.
 	unpackedIdx int // its index + 1; 0: none
 	unpacked    []byte
+}
+
+// Blocks of the three sizes room makes come from pools, and a journal
+// gives its blocks back (free) once nothing can read them any more: the
+// journal of a keyed stream is otherwise garbage at its end, most of the
+// bytes a keyed relay allocates. Who may give them back is the flight's
+// rule (Flight.freeLocked). The pools hold arrays, which go in and out of
+// an interface without an allocation.
+var (
+	quarterBlocks = sync.Pool{New: func() any { return new([journalBlock >> 2]byte) }}
+	halfBlocks    = sync.Pool{New: func() any { return new([journalBlock >> 1]byte) }}
+	fullBlocks    = sync.Pool{New: func() any { return new([journalBlock]byte) }}
+)
+
+// poisonFreed, when set (PoisonFreedBlocks), has free overwrite each block
+// it gives back, so that a reader that kept a slice of it reads garbage.
+var poisonFreed atomic.Bool
+
+// PoisonFreedBlocks makes every journal block given back to the pools be
+// overwritten first, for tests: a reader that kept a slice of the journal
+// past its Sub's Close then reads 0xEE bytes (and the race detector sees
+// the write), where it would otherwise read what another stream wrote
+// there later.
+func PoisonFreedBlocks() { poisonFreed.Store(true) }
+
+// newBlock returns an empty block of capacity size, from a pool when it
+// is one of the sizes room makes.
+func newBlock(size int) []byte {
+	switch size {
+	case journalBlock >> 2:
+		return quarterBlocks.Get().(*[journalBlock >> 2]byte)[:0]
+	case journalBlock >> 1:
+		return halfBlocks.Get().(*[journalBlock >> 1]byte)[:0]
+	case journalBlock:
+		return fullBlocks.Get().(*[journalBlock]byte)[:0]
+	}
+	return make([]byte, 0, size)
+}
+
+// freeBlock gives b back to its pool, when it has a pool's size; b must
+// start where its memory does (a block as newBlock or make returned it).
+func freeBlock(b []byte) {
+	b = b[:cap(b)]
+	if poisonFreed.Load() {
+		for i := range b {
+			b[i] = 0xEE
+		}
+	}
+	switch len(b) {
+	case journalBlock >> 2:
+		quarterBlocks.Put((*[journalBlock >> 2]byte)(b))
+	case journalBlock >> 1:
+		halfBlocks.Put((*[journalBlock >> 1]byte)(b))
+	case journalBlock:
+		fullBlocks.Put((*[journalBlock]byte)(b))
+	}
+}
+
+// free gives the journal's raw blocks back to the pools and keeps only
+// where its events end: it reads nothing after, until refill. Its caller
+// knows that no slice of it is held any more.
+func (j *journal) free() {
+	for i, b := range j.blocks {
+		if b != nil {
+			freeBlock(b)
+		}
+		j.blocks[i], j.packed[i] = nil, nil
+	}
+	for i, b := range j.retired {
+		freeBlock(b)
+		j.retired[i] = nil
+	}
+	j.retired = j.retired[:0]
+	if j.unpacked != nil {
+		freeBlock(j.unpacked)
+	}
+	j.unpackedIdx, j.unpacked = 0, nil
+	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
+}
+
+// refill makes a freed journal read again, from data, the bytes it held
+// (a committed result's), in one block of its own.
+func (j *journal) refill(data []byte) {
+	j.blocks = append(j.blocks[:0], data)
+	j.packed = append(j.packed[:0], nil)
+	j.starts = append(j.starts[:0], j.baseOff)
 }
 
 // packScratch holds buffers pack encodes into, so that what is packed is
@@ -79,16 +174,42 @@ func (j *journal) seal(i int) {
 }
 
 // settle seals (or drops) the full blocks that lie wholly before event
-// index pos, the position of the slowest reader.
+// index pos, the position of the slowest reader. A pooled journal keeps
+// a sealed block's raw memory in retired until unretire gives it back.
 func (j *journal) settle(pos int) {
 	off := j.start(pos)
 	for j.sealed < len(j.blocks)-1 && j.starts[j.sealed+1] <= off {
-		if j.discard {
+		switch {
+		case j.discard:
 			j.blocks[j.sealed] = nil
-		} else {
+		case j.pooled:
+			if len(j.retired) == 0 {
+				j.retiredAt = j.sealed
+			}
+			j.retired = append(j.retired, j.blocks[j.sealed])
+			j.seal(j.sealed)
+		default:
 			j.seal(j.sealed)
 		}
 		j.sealed++
+	}
+}
+
+// unretire gives back the retired blocks that lie wholly before event
+// index held, the first event a reader may still hold a slice of.
+func (j *journal) unretire(held int) {
+	if len(j.retired) == 0 {
+		return
+	}
+	off, k := j.start(held), 0
+	for k < len(j.retired) && j.starts[j.retiredAt+k+1] <= off {
+		freeBlock(j.retired[k])
+		k++
+	}
+	if k > 0 {
+		n := copy(j.retired, j.retired[k:])
+		clear(j.retired[n:])
+		j.retired, j.retiredAt = j.retired[:n], j.retiredAt+k
 	}
 }
 
@@ -180,7 +301,7 @@ func (j *journal) room(n int) {
 	k := len(j.blocks)
 	// The first blocks are smaller, so that a short stream holds little.
 	size := journalBlock >> max(2-k, 0)
-	j.blocks = append(j.blocks, make([]byte, 0, max(size, n)))
+	j.blocks = append(j.blocks, newBlock(max(size, n)))
 	j.packed = append(j.packed, nil)
 	j.starts = append(j.starts, j.size)
 }
@@ -268,7 +389,9 @@ func (j *journal) start(i int) int {
 
 // span returns the bytes of the events from index from on, up to index
 // to, that lie in the block where event from is, and the index after the
-// last of them: a reader calls again for the rest.
+// last of them: a reader calls again for the rest. Its capacity ends
+// where it does: the rest of a pooled block may hold another stream's
+// bytes.
 func (j *journal) span(from, to int) ([]byte, int) {
 	if from >= to {
 		return nil, from
@@ -280,13 +403,14 @@ func (j *journal) span(from, to int) ([]byte, int) {
 	for k < to && j.start(k+1) <= blockEnd {
 		k++
 	}
-	return j.block(bi)[off-j.starts[bi] : j.start(k)-j.starts[bi]], k
+	b, e := off-j.starts[bi], j.start(k)-j.starts[bi]
+	return j.block(bi)[b:e:e], k
 }
 
 // event returns the bytes of event i.
 func (j *journal) event(i int) []byte {
 	p, _ := j.span(i, i+1)
-	return p[:len(p):len(p)]
+	return p
 }
 
 // commitFrame bounds the bytes one frame of a committed result packs. A

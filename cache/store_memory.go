@@ -395,6 +395,9 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
 	f.share = m.shares.enter(sc.Tenant)
+	// Its readers are all Subs of this process, so its blocks can go back
+	// to the pools (Flight.freeLocked).
+	f.j.pooled = true
 	ne := &entry{
 		fp: fp, gen: f.Gen, state: StateIntentReceived, flight: f,
 		created: now, updated: now, id: id,

@@ -139,7 +139,8 @@ func drainedClient(t *testing.T, traced bool) *clientConn {
 // first output and end only).
 func TestGenerationAllocs(t *testing.T) {
 	// Not parallel: the process's allocations are counted.
-	perEvent := func(traced, keyed bool) float64 {
+	// perEvent returns the allocations and the bytes allocated per event.
+	perEvent := func(traced, keyed bool) (float64, float64) {
 		up := newFaultServer(t, nil)
 		var e *env
 		if traced {
@@ -147,7 +148,7 @@ func TestGenerationAllocs(t *testing.T) {
 		} else {
 			e = retryEnv(t, []string{up.url}, nil)
 		}
-		mallocs := func(events int) uint64 {
+		allocs := func(events int) (mallocs, bytes int64) {
 			body := strings.Repeat(chatChunk(0, "t", ""), events) + chatChunk(0, "", "stop") + "data: [DONE]\n\n"
 			up.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { writeSSE(w, body) })
 			get := func() {
@@ -167,18 +168,23 @@ func TestGenerationAllocs(t *testing.T) {
 			runtime.ReadMemStats(&before)
 			get()
 			runtime.ReadMemStats(&after)
-			return after.Mallocs - before.Mallocs
+			return int64(after.Mallocs - before.Mallocs), int64(after.TotalAlloc - before.TotalAlloc)
 		}
 		const short, long = 100, 3100
 		// The lowest of a few runs: other goroutines' allocations only add.
-		best := math.Inf(1)
+		best, bestBytes := math.Inf(1), math.Inf(1)
 		for range 3 {
-			best = min(best, float64(int64(mallocs(long))-int64(mallocs(short)))/(long-short))
+			lm, lb := allocs(long)
+			sm, sb := allocs(short)
+			best = min(best, float64(lm-sm)/(long-short))
+			bestBytes = min(bestBytes, float64(lb-sb)/(long-short))
 		}
-		return best
+		return best, bestBytes
 	}
-	off, on, unkeyed := perEvent(false, true), perEvent(true, true), perEvent(false, false)
-	t.Logf("allocations per event: %.3f untraced, %.3f traced, %.3f without a key", off, on, unkeyed)
+	off, offBytes := perEvent(false, true)
+	on, onBytes := perEvent(true, true)
+	unkeyed, unkeyedBytes := perEvent(false, false)
+	t.Logf("per event: %.3f allocations and %.0f bytes untraced, %.3f and %.0f traced, %.3f and %.0f without a key", off, offBytes, on, onBytes, unkeyed, unkeyedBytes)
 	if on > off+0.05 {
 		t.Errorf("traced: %.3f allocations per event; want no more than untraced (%.3f)", on, off)
 	}
