@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -279,4 +280,83 @@ func commits(tb testing.TB, r *Redis, sc Scope) int64 {
 		tb.Fatalf("HGET commits: %v", err)
 	}
 	return n
+}
+
+// redisCost is what a private redis-server did: its script calls, the
+// time it counted in them, its process CPU, and all the commands
+// clients sent it.
+type redisCost struct {
+	scripts, commands int64
+	scriptUS, cpuUS   float64
+}
+
+// readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
+func readRedisCost(tb testing.TB, addr string) redisCost {
+	tb.Helper()
+	var c redisCost
+	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	for _, l := range strings.Split(stats, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd || cmd == "info" {
+			continue
+		}
+		var calls int64
+		var usec float64
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		c.commands += calls
+		if cmd == "evalsha" || cmd == "eval" {
+			c.scripts += calls
+			c.scriptUS += usec
+		}
+	}
+	cpu, err := redistest.Command(addr, 5*time.Second, "INFO", "cpu")
+	if err != nil {
+		tb.Fatalf("INFO cpu: %v", err)
+	}
+	for _, l := range strings.Split(cpu, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(l), ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			s, _ := strconv.ParseFloat(v, 64)
+			c.cpuUS += s * 1e6
+		}
+	}
+	return c
+}
+
+// script is a Lua script of the store.
+type script = *rueidis.Lua
+
+// runScript runs s once on r's Redis, failing tb on an error reply.
+func runScript(tb testing.TB, r *Redis, s script, keys, args []string) {
+	tb.Helper()
+	if err := s.Exec(r.ctx, r.c, keys, args).Error(); err != nil && !rueidis.IsRedisNil(err) {
+		tb.Fatal(err)
+	}
+}
+
+// runTogether runs s once per scope of ks in one pipelined write, as
+// renewAll's renewals, sent at once, go.
+func runTogether(tb testing.TB, r *Redis, s script, ks []rkeys, args func(rkeys) []string) {
+	tb.Helper()
+	execs := make([]rueidis.LuaExec, len(ks))
+	for i, k := range ks {
+		execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: args(k)}
+	}
+	for _, res := range s.ExecMulti(r.ctx, r.c, execs...) {
+		if err := res.Error(); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }

@@ -72,3 +72,32 @@ func TestRedisClusterSeedDownAtStart(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRedisClusterBounds: on a Redis Cluster, where a key's count is in
+// other slots than its records and is kept by scripts of its own rather
+// than inside the claim and the finish, the bounds hold as on a
+// standalone Redis: per tenant, on strangers' keys, on all keys, and a
+// denied key leaves them at once.
+func TestRedisClusterBounds(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	store := func(prefix string, mod func(*RedisConfig)) *Redis {
+		return newRedis(t, "", prefix, func(cfg *RedisConfig) {
+			cfg.URL = c.URL()
+			if mod != nil {
+				mod(cfg)
+			}
+		})
+	}
+	t.Run("per-tenant", func(t *testing.T) {
+		maxKeysPerTenant(t, func(mod func(*RedisConfig)) *Redis { return store("tenant", mod) })
+	})
+	t.Run("strangers", func(t *testing.T) {
+		strangersLeaveRoom(t, store("strangers", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 8, strangersLimits }))
+	})
+	t.Run("denied", func(t *testing.T) {
+		deniedKeyForgotten(t, store("denied", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 2, deniedLimits }))
+	})
+	if r := store("mode", nil); r.sharedKeys() {
+		t.Fatal("a cluster client's store: sharedKeys got true; want false")
+	}
+}

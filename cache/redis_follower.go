@@ -111,7 +111,7 @@ func (fl *follower) tail() {
 // was mirrored. It reports whether the flight has ended.
 func (fl *follower) poll(ended *int) (bool, error) {
 	r, f := fl.r, fl.f
-	state, owner, err := fl.check()
+	state, word, err := fl.check()
 	if err != nil {
 		return false, err
 	}
@@ -120,7 +120,7 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		*ended = 0
 	case reapAsked:
 		*ended = 0
-		fl.signal(owner)
+		fl.signal(word) // the owner replica's name
 	case reapDone:
 		fl.fromResult()
 		return true, nil
@@ -130,7 +130,13 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
 			"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
 			"state", StateCommitUnknown)
-		r.keyEnded(f.Scope, fl.k, StateCommitUnknown, r.cfg.FailedTTL)
+		// A tool call's key is held for its own time (word: ms), others'
+		// records kept for FailedTTL; the count follows them.
+		hold := r.cfg.FailedTTL
+		if h := heldFor([]string{word}, 0); h > 0 {
+			hold = h
+		}
+		r.keyEnded(f.Scope, fl.k, StateCommitUnknown, hold)
 	default:
 		// Over, yet no terminal entry after ours: read once more (it may
 		// have just been written), then give up.
@@ -287,7 +293,8 @@ func (fl *follower) fromResult() {
 }
 
 // check asks for the journal and whether the generation's owner is alive,
-// reaping it if not, and returns the owner replica's name for a new ask.
+// reaping it if not, and returns the owner replica's name for a new ask,
+// or the hold of a tool call it reaped (parseReapAnswer).
 func (fl *follower) check() (reapAnswer, string, error) {
 	r := fl.r
 	ctx, cancel := r.opCtx()

@@ -3,6 +3,8 @@ package cache
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,9 +29,9 @@ const (
 // every tail to read the terminal entry. Later resumes read the result.
 const journalTTL = 60 * time.Second
 
-// owner is the backend of a flight this replica claimed. Two goroutines
-// serve it: the flusher mirrors the journal to Redis and runs the commit;
-// the renewer keeps the lease. Both stop at shutdown.
+// owner is the backend of a flight this replica claimed. Its flusher
+// goroutine mirrors the journal to Redis and runs the commit, until
+// shutdown; the store's renewal loop keeps its lease (Redis.renewLoop).
 //
 // The journal is mirrored only once a follower on another replica asks
 // for it (st.want, signalled through this replica's inbox, or seen by a
@@ -53,9 +55,14 @@ type owner struct {
 	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
 	// is when (as time since t0) the last successful renewal, or the
 	// claim, was sent. The lease cannot end before lastRenew + Lease.
-	// t0 is set by newOwner; lastRenew is stored by the renewer.
+	// t0 is set by newOwner; lastRenew is stored by the renewal loop.
 	t0        time.Time
 	lastRenew atomic.Int64
+	// extended is when (as time since t0) the last extension of st and j
+	// was sent, and sentMarks the progress the last renewal sent; both
+	// are the renewal loop's alone.
+	extended  time.Duration
+	sentMarks renewedMarks
 	// flushedBytes is the journal's size in Redis, for the failure record;
 	// stored by the flusher, read by fail.
 	flushedBytes atomic.Int64
@@ -87,7 +94,7 @@ type owner struct {
 //
 //	from        to          on                                       by
 //	live        committing  Flight.Commit                            the generation (commit)
-//	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewer (fence)
+//	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewal loop (fence)
 //	                        could not be reached for a lease
 //	committing  fenced      the commit was not taken: refused,       the generation (commit)
 //	                        Redis unreachable, the store closed
@@ -137,9 +144,10 @@ type commitReq struct {
 }
 
 type commitOutcome struct {
-	ok     bool
-	state  State
-	reason string
+	ok      bool
+	counted bool // the finish ended the key's count too (sharedKeys)
+	state   State
+	reason  string
 }
 
 // journalPos is where the flusher knows Redis's journal to end.
@@ -164,13 +172,18 @@ func newOwner(r *Redis, f *Flight, k rkeys, tok string, claimed time.Time) *owne
 }
 
 func (o *owner) start() {
-	o.r.wg.Add(2)
+	o.r.mu.Lock()
+	o.r.owners[o] = struct{}{}
+	o.r.mu.Unlock()
+	o.r.wg.Add(1)
 	go o.flusher()
-	go o.renewer()
 }
 
 func (o *owner) shutdown() {
 	o.stopOnce.Do(func() {
+		o.r.mu.Lock()
+		delete(o.r.owners, o)
+		o.r.mu.Unlock()
 		close(o.stop)
 		o.cancel()
 	})
@@ -294,7 +307,9 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
-		o.r.keyCommitted(f.Scope, o.k)
+		if !out.counted {
+			o.r.keyCommitted(f.Scope, o.k)
+		}
 		return true
 	}
 	o.mu.Lock()
@@ -341,16 +356,18 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
 	mk, _ := o.markNow()
-	args := []string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
+	args := append([]string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
-		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
+		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
+		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown)...)
 	for range 2 {
+		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(f.Scope, o.k, shared), args))
 		cancel()
 		if err == nil {
-			if a.written() {
+			if a.written() && !shared { // shared: the script ended the count
 				o.r.keyEnded(f.Scope, o.k, state, ttl)
 			}
 			return
@@ -372,54 +389,113 @@ func headJSON(h Head) string {
 	return string(b)
 }
 
-// renewer keeps the lease every Lease/3 and fences the flight when Redis
-// says another replica took over, or when no renewal got through for a
-// whole lease. While the journal is not mirrored, each renewal carries
-// the marks and the journal's size; one that finds a follower's ask
-// starts the mirror (the ask's signal may have been lost).
-func (o *owner) renewer() {
-	defer o.r.wg.Done()
-	lease := o.r.cfg.Lease
-	t := time.NewTicker(lease / 3)
+// renewLoop keeps the leases of every generation this replica owns:
+// every Lease/3 it sends all their renewals at once, so that the client's
+// pipelining writes them together and Redis reads them together, rather
+// than each with a read (and a wake-up) of its own, which cost more than
+// the script itself. An owner is fenced when Redis says another replica
+// took over, or when no renewal got through for a whole lease.
+func (r *Redis) renewLoop() {
+	t := time.NewTicker(r.cfg.Lease / 3)
 	defer t.Stop()
-	base := []string{o.tok, o.gen, ms(lease), ms(o.r.cfg.LiveTTL)}
 	for {
 		select {
-		case <-o.stop:
+		case <-r.ctx.Done():
 			return
 		case <-t.C:
 		}
-		args := base
-		if !o.mirror.Load() {
-			mk, _ := o.markNow()
-			args = append(base[:len(base):len(base)], string(mk.state), strconv.Itoa(mk.attempts),
-				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()),
-				strconv.FormatInt(o.journalBytes(), 10), nowMS(o.r.cfg.Now()))
-		}
-		sent := time.Since(o.t0)
-		ctx, cancel := context.WithTimeout(o.ctx, min(o.r.cfg.Timeout, lease/2))
-		o.r.renewals.Add(1)
-		n, err := renewScript.Exec(ctx, o.r.c, o.k.withoutResult, args).AsInt64()
-		cancel()
-		switch {
-		case err == nil && n >= 1:
-			o.lastRenew.Store(int64(sent))
-			if n == 2 {
-				o.ask()
-			}
-		case err == nil:
-			o.fence(ReasonGenerationLost)
-			return
-		case o.ctx.Err() != nil:
-			return
-		default:
-			o.r.unavailable.Add(1)
-			if o.leaseLapsed() {
-				o.fence(ReasonStoreUnavailable)
-				return
-			}
+		r.renewAll()
+	}
+}
+
+// renewAll renews the leases of the generations this replica owns, each
+// with a call of its own sent at once (not ExecMulti: it loads the script
+// on every node first and fails every call when one node is down, which
+// on a Cluster would fence the owners of the healthy nodes' keys too).
+func (r *Redis) renewAll() {
+	r.mu.Lock()
+	owners := slices.Collect(maps.Keys(r.owners))
+	r.mu.Unlock()
+	if len(owners) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.Timeout, r.cfg.Lease/2))
+	defer cancel()
+	r.renewals.Add(int64(len(owners)))
+	now := time.Now()
+	var wg sync.WaitGroup
+	for _, o := range owners {
+		sent := now.Sub(o.t0)
+		args := o.renewArgs(sent)
+		wg.Go(func() {
+			n, err := renewScript.Exec(ctx, r.c, o.k.withoutResult, args).AsInt64()
+			o.renewed(sent, n, err)
+		})
+	}
+	wg.Wait()
+}
+
+// renewArgs are renewScript's arguments for this owner, sent at sent
+// since t0. They extend st and j once a quarter of LiveTTL passed since
+// the last extension sent (the claim's first), so that Redis keeps them
+// LiveTTL past the last renewal at most and three quarters of it at
+// least. While the journal is not mirrored, they carry the marks and the
+// journal's size when those moved since the last renewal's.
+func (o *owner) renewArgs(sent time.Duration) []string {
+	live := ""
+	if sent-o.extended >= o.r.cfg.LiveTTL/4 {
+		live, o.extended = ms(o.r.cfg.LiveTTL), sent
+	}
+	args := []string{o.tok, o.gen, ms(o.r.cfg.Lease), live}
+	if !o.mirror.Load() {
+		mk, ver := o.markNow()
+		p := renewedMarks{ver: ver, events: o.f.Events(), bytes: o.journalBytes()}
+		if p != o.sentMarks {
+			o.sentMarks = p
+			args = append(args, string(mk.state), strconv.Itoa(mk.attempts),
+				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(p.events),
+				strconv.FormatInt(p.bytes, 10), nowMS(o.r.cfg.Now()))
 		}
 	}
+	return args
+}
+
+// renewedMarks is what a renewal told Redis of the generation's progress.
+type renewedMarks struct {
+	ver, events int
+	bytes       int64
+}
+
+// renewed takes a renewal's answer, sent at sent since t0: one that finds
+// a follower's ask starts the mirror (the ask's signal may have been lost).
+func (o *owner) renewed(sent time.Duration, n int64, err error) {
+	if o.ctx.Err() != nil { // shut down meanwhile
+		return
+	}
+	switch {
+	case err == nil && n >= 1:
+		o.lastRenew.Store(int64(sent))
+		if n == 2 {
+			o.ask()
+		}
+	case err == nil:
+		o.fenceAside(ReasonGenerationLost)
+	case o.r.ctx.Err() != nil:
+	default:
+		// Whether it reached Redis is unknown: the next renewal sends all.
+		o.extended, o.sentMarks = -o.r.cfg.LiveTTL, renewedMarks{}
+		o.r.unavailable.Add(1)
+		if o.leaseLapsed() {
+			o.fenceAside(ReasonStoreUnavailable)
+		}
+	}
+}
+
+// fenceAside fences the owner on a goroutine of its own: failing the
+// flight records the failure in Redis, which must not hold up the other
+// owners' renewals.
+func (o *owner) fenceAside(reason string) {
+	o.r.wg.Go(func() { o.fence(reason) })
 }
 
 // flusher mirrors the journal to Redis and runs the commit, so appends
@@ -603,17 +679,19 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			head = headJSON(h)
 		}
 		mk, _ := o.markNow()
-		args := []string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
+		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
-			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks}
+			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
+			o.r.endArgs(o.k, o.r.cfg.TTL, true, false)...)
 		args, bytes := o.appendEvents(args, pos, evs)
 		if !mirror {
 			bytes = o.journalBytes()
 		}
 		args[12] = strconv.FormatInt(bytes, 10)
+		shared := o.r.sharedKeys()
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.k.all, args))
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(o.f.Scope, o.k, shared), args))
 		cancel()
 		if err == nil && a.verdict == writeWant {
 			// A follower asked before the commit: mirror, then commit.
@@ -623,7 +701,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
 			if a.written() {
-				return commitOutcome{ok: true}
+				return commitOutcome{ok: true, counted: shared}
 			}
 			// writePrev: pos moved to where Redis's journal ends.
 		case batchFenced:

@@ -5,8 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // TestRedisFencing: an owner whose lease was lost and whose key another
@@ -101,5 +105,62 @@ func expireLease(tb testing.TB, r *Redis, sc Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).lease).Build()).Error(); err != nil {
 		tb.Fatal(err)
+	}
+}
+
+// redisReads returns how many reads from its clients the server at addr
+// processed (INFO stats).
+func redisReads(tb testing.TB, addr string) int64 {
+	tb.Helper()
+	info, err := redistest.Command(addr, 5*time.Second, "INFO", "stats")
+	if err != nil {
+		tb.Fatalf("INFO stats: %v", err)
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "total_reads_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				tb.Fatalf("INFO stats: %q", l)
+			}
+			return n
+		}
+	}
+	tb.Fatal("INFO stats: no total_reads_processed")
+	return 0
+}
+
+// TestRedisRenewalsTogether: the leases of a replica's generations,
+// claimed at different times, are renewed together, so that Redis reads
+// many renewals at once rather than each on its own (a read, a wake-up and
+// a reply write each, which cost Redis more than the renewal script); and
+// every generation stays owned meanwhile.
+func TestRedisRenewalsTogether(t *testing.T) {
+	t.Parallel()
+	const lease, owners = 600 * time.Millisecond, 32
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "renew", func(c *RedisConfig) { c.Lease = lease })
+	var fs []*Flight
+	for i := range owners {
+		f := rbegin(t, r, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp").Flight
+		startStream(t, f)
+		fs = append(fs, f)
+		time.Sleep(5 * time.Millisecond) // claims apart: renewals timed by each claim would be reads apart
+	}
+	reads0, renewals0 := redisReads(t, srv.Addr), r.Stats().Renewals
+	time.Sleep(4 * lease)
+	reads, renewals := redisReads(t, srv.Addr)-reads0, r.Stats().Renewals-renewals0
+	if renewals < owners*4 {
+		t.Fatalf("%d renewals of %d generations in four leases; want at least 4 each", renewals, owners)
+	}
+	if reads*4 > renewals {
+		t.Errorf("Redis took %d renewals in %d reads; want at least 4 renewals a read", renewals, reads)
+	}
+	for i, f := range fs {
+		select {
+		case <-f.Done():
+			t.Fatalf("generation %d ended while renewed: %v", i, waitDone(t, f, 0))
+		default:
+		}
+		f.Fail(StateFailedRetryable, "test over", nil)
 	}
 }

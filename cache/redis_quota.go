@@ -13,21 +13,25 @@ import (
 // whose scores are when each key's records expire (ms, the server's
 // clock): a live generation's LiveTTL ahead, then TTL after a commit or
 // FailedTTL after a failure, as st's own expiry. Expired members are
-// removed (ZREMRANGEBYSCORE) when a new key is counted, so they count
-// against nothing.
+// removed (ZREMRANGEBYSCORE) before a set at its bound would refuse a new
+// key, so they count against nothing, and a set holds at most its bound.
 //
-// The set is in its tenant's Cluster slot, not in the scope's, so it
-// cannot be updated in the claim script: a new key is counted before it
-// is claimed. The claim script reports a key it has no record of ("new")
-// instead of claiming it; the tenant's set then takes the key if the
-// tenant has room (atomically per tenant), and the claim runs again. A
-// known key (live, committed, failed, lost) is decided in one round trip,
-// as before. What this leaves open, none of which refuses a key wrongly
-// for longer than LiveTTL:
-//   - a key counted whose claim then fails (Redis gone between the two)
-//     counts until its LiveTTL score passes;
-//   - a replica that dies between a generation's end and the set's update
-//     leaves the key at its live score: a failed key counts for up to
+// On a standalone Redis the claim script counts a new key itself, and the
+// finish script ends the count (sharedKeys): one script each, every check
+// before the first write. On a Cluster the set is in its tenant's slot,
+// not in the scope's, so it cannot be updated in the claim script: a new
+// key is counted before it is claimed. The claim script reports a key it
+// has no record of ("new") instead of claiming it; the tenant's set then
+// takes the key if the tenant has room (atomically per tenant), and the
+// claim runs again. A known key (live, committed, failed, lost) is
+// decided in one round trip. What this leaves open, none of which refuses
+// a key wrongly for longer than LiveTTL:
+//   - on a Cluster, a key counted whose claim then fails (Redis gone
+//     between the two) counts until its LiveTTL score passes;
+//   - on a Cluster, a replica that dies between a generation's end and the
+//     set's update leaves the key at its live score (a reap or an abandon
+//     ends the count in scripts of their own on a standalone Redis too): a
+//     failed key counts for up to
 //     LiveTTL rather than FailedTTL, a committed one stops counting after
 //     LiveTTL though its result is kept for TTL;
 //   - a generation that outlives LiveTTL without another request for its
@@ -41,19 +45,20 @@ import (
 // against MaxStrangerKeys. Counting by expiry rather than by a number
 // means the count cannot drift: a key whose end was never reported (a
 // replica that died, an update lost with Redis) stops counting when its
-// score passes, and expired members are removed whenever a key is
-// counted. A tenant is known (not a stranger) while prefix:tenant:{th}:known
-// exists: it is set for TTL at each of the tenant's commits. A new key is
-// counted against its tenant first and then against the whole (two
-// slots, two scripts); a key the whole refuses is taken out of its
-// tenant's set again. A key denied by the upstream (Flight.Deny) is taken
+// score passes, and expired members are removed whenever they would
+// refuse a key. A tenant is known (not a stranger) while prefix:tenant:{th}:known
+// exists: it is set for TTL at each of the tenant's commits. On a
+// Cluster a new key is counted against its tenant first and then against
+// the whole (two slots, two scripts); a key the whole refuses is taken
+// out of its tenant's set again. A key denied by the upstream (Flight.Deny) is taken
 // out of both at once, and its records deleted.
 //
 // The keys Redis holds in commit_unknown are a third set in that slot,
 // prefix:unknown:{all}, kept the same way by the same scripts: a key ended
 // commit_unknown (a failed write of that state, a reap) is added with its
 // records' expiry, and leaves when it is claimed again or ended otherwise;
-// an expired member is removed when the set is counted (UnknownKeys).
+// the expired are removed as another is added, and a scrape only counts
+// the unexpired (UnknownKeys).
 
 // tenantKey names the set of the keys of sc's tenant. The tenant, itself
 // a hash of a credential, is hashed again so that the set's name does not
@@ -97,7 +102,7 @@ func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
 		return r.unavailableErr("tenant keys", err)
 	}
 	if n == 0 {
-		return r.tenantFull()
+		return r.fullErr(0)
 	}
 	stranger := "0"
 	if n == 1 {
@@ -113,19 +118,23 @@ func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
 	if e := r.c.Do(ctx, r.c.B().Zrem().Key(r.tenantKey(sc)).Member(k.h).Build()).Error(); e != nil {
 		r.unavailable.Add(1)
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return r.unavailableErr("keys", err)
-	case g == 0:
+	}
+	return r.fullErr(int(g) - 1)
+}
+
+// fullErr is the error of a new key a bound has no room for: its
+// tenant's (0), all keys' (-1) or strangers' keys' (-2).
+func (r *Redis) fullErr(bound int) error {
+	switch bound {
+	case 0:
+		return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", r.cfg.MaxKeysPerTenant, ErrTenantFull)
+	case -1:
 		return fmt.Errorf("the replicas hold %d keys, the -max-keys bound: %w", r.cfg.MaxKeys, ErrStoreFull)
 	default:
 		return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", r.cfg.MaxStrangerKeys, ErrStoreFull)
 	}
-}
-
-// tenantFull is the error of a new key its tenant has no room for.
-func (r *Redis) tenantFull() error {
-	return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", r.cfg.MaxKeysPerTenant, ErrTenantFull)
 }
 
 // keyEnded sets when sc's key stops counting against its tenant and the
@@ -143,6 +152,22 @@ func (r *Redis) keyCommitted(sc Scope, k rkeys) { r.keyEnd(sc, k, r.cfg.TTL, tru
 func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
+	a := r.endArgs(k, ttl, known, unknown)
+	for _, err := range []error{
+		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, a[1], a[2], a[3]}).Error(),
+		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, a[1], a[2], a[4], a[5]}).Error(),
+	} {
+		if err != nil && !rueidis.IsRedisNil(err) {
+			r.unavailable.Add(1)
+		}
+	}
+}
+
+// endArgs are the arguments of the count's end (keyEnd, globalEnd) as
+// finishScript takes them: member, ttl ms, set ttl ms, known mark ms,
+// committed, commit_unknown. known is a commit's end: it marks the
+// tenant known for TTL.
+func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool) []string {
 	mark, committed, unk := "0", "0", "0"
 	if known {
 		mark, committed = ms(r.cfg.TTL), "1"
@@ -150,15 +175,118 @@ func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool
 	if unknown {
 		unk = "1"
 	}
-	for _, err := range []error{
-		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(ttl), r.setTTL(), mark}).Error(),
-		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, ms(ttl), r.setTTL(), committed, unk}).Error(),
-	} {
-		if err != nil && !rueidis.IsRedisNil(err) {
-			r.unavailable.Add(1)
-		}
-	}
+	return []string{k.h, ms(ttl), r.setTTL(), mark, committed, unk}
 }
+
+// finishKeys are finishScript's keys for sc: on a standalone Redis with
+// those of the count, whose end the script then makes (sharedKeys).
+func (r *Redis) finishKeys(sc Scope, k rkeys, shared bool) []string {
+	if !shared {
+		return k.all
+	}
+	return append(append(k.all[:4:4], r.tenantKey(sc), r.knownKey(sc)), r.globalKeys()...)
+}
+
+// The key count's Lua, as functions that the scripts below and, on a
+// standalone Redis, the claim and finish scripts share (sharedKeys).
+
+// nowLua defines now(): the server's clock in ms.
+const nowLua = `
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`
+
+// countLua defines the key count's checks, which write nothing but the
+// removal of expired members, and its writes.
+//
+// tenantRoom(set, known, member, bound, now) returns whether the tenant's
+// set takes the member (it is in, or the tenant has room: bound < 0 is
+// none), its score, and whether the tenant is a stranger.
+// globalRoom(all, strangers, member, bound on all, bound on strangers,
+// stranger, now) returns 1 (room), 0 (all keys hold their bound) or -1
+// (strangers' keys hold theirs), and the member's scores in both.
+// tenantCount and globalCount add the member, live, with those scores.
+const countLua = `
+local function full(set, bound, t)
+  if bound < 0 or redis.call('ZCARD', set) < bound then return false end
+  -- Expired members are removed when they would refuse a key: the set
+  -- holds at most its bound of them, and costs nothing more meanwhile.
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
+  return redis.call('ZCARD', set) >= bound
+end
+local function tenantRoom(set, known, member, bound, t)
+  local cur = redis.call('ZSCORE', set, member)
+  if not cur and full(set, bound, t) then return false end
+  return true, cur, redis.call('EXISTS', known) == 0
+end
+local function globalRoom(all, strangers, member, bound, sbound, stranger, t)
+  local cur = redis.call('ZSCORE', all, member)
+  if not cur and full(all, bound, t) then return 0 end
+  local scur = nil
+  if stranger then
+    scur = redis.call('ZSCORE', strangers, member)
+    if not scur and full(strangers, sbound, t) then return -1 end
+  end
+  return 1, cur, scur
+end
+local function tenantCount(set, member, cur, exp, setttl)
+  if not cur or tonumber(cur) < exp then redis.call('ZADD', set, exp, member) end
+  redis.call('PEXPIRE', set, setttl)
+end
+local function globalCount(all, strangers, unknown, member, cur, scur, stranger, exp, setttl, known)
+  if not cur or tonumber(cur) < exp then redis.call('ZADD', all, exp, member) end
+  redis.call('PEXPIRE', all, setttl)
+  if stranger then
+    if not scur or tonumber(scur) < exp then redis.call('ZADD', strangers, exp, member) end
+    redis.call('PEXPIRE', strangers, setttl)
+  end
+  -- a key the ledger held may be among the commit_unknown; a new one not
+  if known then redis.call('ZREM', unknown, member) end
+end
+`
+
+// endLua defines the key count's update at a generation's end.
+//
+// keyEnd(set, known, member, ttl, setttl, mark, now) sets a counted key's
+// expiry in its tenant's set (ttl ms from now; 0: no longer counted), and
+// marks the tenant known for mark ms after a commit ("0": not).
+// globalEnd(all, strangers, unknown, member, ttl, setttl, committed,
+// unknown, now) does the same in the sets of all keys and of strangers'
+// keys: a committed key leaves the strangers' set (its tenant is known
+// now); a key ended commit_unknown joins the set of those until its
+// records expire, and any other end takes it out.
+const endLua = `
+local function endIn(set, member, ttl, setttl, t)
+  if ttl <= 0 then
+    redis.call('ZREM', set, member)
+  elseif redis.call('ZADD', set, 'XX', 'CH', t + ttl, member) == 1 then
+    redis.call('PEXPIRE', set, setttl)
+  end
+end
+local function keyEnd(set, known, member, ttl, setttl, mark, t)
+  if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
+  endIn(set, member, ttl, setttl, t)
+end
+local function globalEnd(all, strangers, unknown, member, ttl, setttl, committed, unk, t)
+  if unk and ttl > 0 then
+    -- the expired go as the new come, so that the set is bounded by the
+    -- keys in commit_unknown now, scraped or not
+    redis.call('ZREMRANGEBYSCORE', unknown, '-inf', t)
+    redis.call('ZADD', unknown, t + ttl, member)
+    redis.call('PEXPIRE', unknown, setttl)
+  else
+    redis.call('ZREM', unknown, member)
+  end
+  endIn(all, member, ttl, setttl, t)
+  if committed then
+    redis.call('ZREM', strangers, member)
+  else
+    endIn(strangers, member, ttl, setttl, t)
+  end
+end
+`
 
 // quotaScript counts a key in its tenant's set.
 //
@@ -168,17 +296,13 @@ func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool
 // Returns 1 when the key is counted (it was, or the tenant had room) and
 // the tenant is a stranger, 2 when it is counted and the tenant known, 0
 // when the tenant holds its bound of other unexpired keys.
-var quotaScript = rueidis.NewLuaScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local bound = tonumber(ARGV[2])
-if not cur and bound >= 0 and redis.call('ZCARD', KEYS[1]) >= bound then return 0 end
-local exp = now + tonumber(ARGV[3])
-if not cur or tonumber(cur) < exp then redis.call('ZADD', KEYS[1], exp, ARGV[1]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return 1 + redis.call('EXISTS', KEYS[2])
+var quotaScript = rueidis.NewLuaScript(nowLua + countLua + `
+local t = now()
+local ok, cur, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t)
+if not ok then return 0 end
+tenantCount(KEYS[1], ARGV[1], cur, t + tonumber(ARGV[3]), ARGV[4])
+if stranger then return 1 end
+return 2
 `)
 
 // globalScript counts a key in the set of all keys and, for a
@@ -192,55 +316,30 @@ return 1 + redis.call('EXISTS', KEYS[2])
 //
 // Returns 1 when the key is counted (it was, or there was room), 0 when
 // all keys hold their bound, -1 when strangers' keys hold theirs.
-var globalScript = rueidis.NewLuaScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
-local all, strangers = tonumber(ARGV[2]), tonumber(ARGV[3])
-local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not cur and all >= 0 and redis.call('ZCARD', KEYS[1]) >= all then return 0 end
-local scur = nil
-if ARGV[4] == '1' then
-  scur = redis.call('ZSCORE', KEYS[2], ARGV[1])
-  if not scur and strangers >= 0 and redis.call('ZCARD', KEYS[2]) >= strangers then return -1 end
-end
-local exp = now + tonumber(ARGV[5])
-if not cur or tonumber(cur) < exp then redis.call('ZADD', KEYS[1], exp, ARGV[1]) end
-if ARGV[4] == '1' and (not scur or tonumber(scur) < exp) then redis.call('ZADD', KEYS[2], exp, ARGV[1]) end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
+var globalScript = rueidis.NewLuaScript(nowLua + countLua + `
+local t = now()
+local stranger = ARGV[4] == '1'
+local ok, cur, scur = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t)
+if ok ~= 1 then return ok end
+globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], cur, scur, stranger, t + tonumber(ARGV[5]), ARGV[6], true)
 return 1
 `)
 
 // keyEndScript sets a counted key's expiry in its tenant's set once its
-// generation ended, and marks the tenant known after a commit.
+// generation ended, and marks the tenant known after a commit (keyEnd).
 //
 // KEYS: the tenant's set, the tenant's known marker
 // ARGV: member, ttl ms (from now; 0: no longer counted), set ttl ms,
 // known (ms to mark the tenant known for; 0: not)
 //
-// Returns 1, or 0 when the key is not counted (its score passed).
-var keyEndScript = rueidis.NewLuaScript(`
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[2], '1', 'PX', ARGV[4]) end
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-local ttl = tonumber(ARGV[2])
-if ttl <= 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  return 1
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+// Returns 1.
+var keyEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+keyEnd(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], now())
 return 1
 `)
 
-// globalEndScript is keyEndScript for the sets of all keys and of
-// strangers' keys. A committed key leaves the strangers' set: its tenant
-// is known now. A key ended commit_unknown joins the set of those until
-// its records expire; any other end takes it out.
+// globalEndScript is keyEndScript for the sets of all keys, of strangers'
+// keys and of commit_unknown keys (globalEnd).
 //
 // KEYS: the set of all keys, the set of strangers' keys, the set of
 // commit_unknown keys
@@ -248,55 +347,35 @@ return 1
 // (1|0), commit_unknown (1|0)
 //
 // Returns 1.
-var globalEndScript = rueidis.NewLuaScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-if ARGV[5] == '1' and ttl > 0 then
-  -- the expired go as the new come, so that the set is bounded by the
-  -- keys in commit_unknown now, scraped or not
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-else
-  redis.call('ZREM', KEYS[3], ARGV[1])
-end
-for i = 1, 2 do
-  local key = KEYS[i]
-  if redis.call('ZSCORE', key, ARGV[1]) then
-    if ttl <= 0 or (i == 2 and ARGV[4] == '1') then
-      redis.call('ZREM', key, ARGV[1])
-    else
-      redis.call('ZADD', key, now + ttl, ARGV[1])
-      redis.call('PEXPIRE', key, ARGV[3])
-    end
-  end
-end
+var globalEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', now())
 return 1
 `)
 
-// unknownScript counts the keys in commit_unknown, once the expired are
-// removed.
+// unknownScript counts the keys in commit_unknown whose records have not
+// expired. It only reads (EVALSHA_RO): a scrape writes nothing, and the
+// expired are removed as new ones come (globalEnd).
 //
 // KEYS: the set of commit_unknown keys
 //
 // Returns the count.
-var unknownScript = rueidis.NewLuaScript(`
+var unknownScript = rueidis.NewLuaScriptReadOnly(`#!lua flags=no-writes
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
-return redis.call('ZCARD', KEYS[1])
+return redis.call('ZCOUNT', KEYS[1], now, '+inf')
 `)
 
 // UnknownKeys returns how many keys Redis holds in commit_unknown: those
 // the store's scripts ended so, until their records expire or the key is
 // claimed again. Every replica that shares the store counts the same set.
+// A failure is the scrape's to report: it is not a store operation that
+// failed for want of Redis (RedisStats.Unavailable).
 func (r *Redis) UnknownKeys() (int64, error) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	n, err := unknownScript.Exec(ctx, r.c, r.globalKeys()[2:], nil).AsInt64()
 	if err != nil {
-		return 0, r.unavailableErr("commit_unknown keys", err)
+		return 0, fmt.Errorf("redis commit_unknown keys: %w: %w", ErrUnavailable, err)
 	}
 	return n, nil
 }

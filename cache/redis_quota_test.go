@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,10 +20,16 @@ import (
 // not parallel: its checks that a key still counts must land within the
 // 700 ms FailedTTL of the key's end, which other tests' load could delay.
 func TestRedisMaxKeysPerTenant(t *testing.T) {
-	const failedTTL = 700 * time.Millisecond
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+	maxKeysPerTenant(t, func(mod func(*RedisConfig)) *Redis { return newRedis(t, addr, prefix, mod) })
+}
+
+// maxKeysPerTenant is TestRedisMaxKeysPerTenant on the replicas store
+// makes, with a FailedTTL and a bound of its own.
+func maxKeysPerTenant(t *testing.T, store func(mod func(*RedisConfig)) *Redis) {
+	const failedTTL = 700 * time.Millisecond
 	mod := func(c *RedisConfig) { c.FailedTTL, c.MaxKeysPerTenant = failedTTL, 3 }
-	rs := []*Redis{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
+	rs := []*Redis{store(mod), store(mod)}
 	a := func(k string) Scope { return Scope{Tenant: "a", Key: k} }
 	refused := func(r *Redis, sc Scope) {
 		t.Helper()
@@ -123,5 +130,78 @@ func uncounted(r *Redis, sc Scope) func() error {
 			return fmt.Errorf("%v: still counts for its tenant (expires at %.0f, Redis's clock %.0f)", sc, score, ms)
 		}
 		return nil
+	}
+}
+
+// TestRedisCountInScripts: on a standalone Redis a new key is counted by
+// its claim and its count ended by its commit: one script call each, where
+// the count took scripts of its own (three more at the claim, two at the
+// commit). The count is the same: the key counts against its tenant and
+// the whole while live, then for TTL after its commit, its tenant known.
+func TestRedisCountInScripts(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "count", func(c *RedisConfig) { c.Lease = time.Minute })
+	// A first stream loads the scripts (EVALSHA, then EVAL once).
+	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
+	startStream(t, warm)
+	warm.Commit(nil)
+	sc := Scope{Tenant: "t", Key: "k"}
+	before := readRedisCost(t, srv.Addr)
+	f := rbegin(t, r, sc, "fp").Flight
+	if n := readRedisCost(t, srv.Addr).scripts - before.scripts; n != 1 {
+		t.Errorf("the claim of a new key: %d script calls; want 1", n)
+	}
+	if got := tenantScore(t, r, sc); got < 59*time.Minute || got > time.Hour {
+		t.Errorf("a live key counts for its tenant %v more; want LiveTTL (1h)", got)
+	}
+	startStream(t, f)
+	appendN(t, f, 1, 20)
+	before = readRedisCost(t, srv.Addr)
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	if n := readRedisCost(t, srv.Addr).scripts - before.scripts; n != 1 {
+		t.Errorf("the commit: %d script calls; want 1", n)
+	}
+	if got := tenantScore(t, r, sc); got < 23*time.Hour || got > 24*time.Hour {
+		t.Errorf("a committed key counts for its tenant %v more; want TTL (24h)", got)
+	}
+	ctx := context.Background()
+	for _, key := range r.globalKeys()[:2] {
+		n, err := r.c.Do(ctx, r.c.B().Zcard().Key(key).Build()).AsInt64()
+		if want := int64(2 - 2*strings.Count(key, "strangers")); err != nil || n != want {
+			t.Errorf("%s: %d members, %v; want %d", key, n, err, want)
+		}
+	}
+	if n, err := r.c.Do(ctx, r.c.B().Exists().Key(r.knownKey(sc)).Build()).AsInt64(); err != nil || n != 1 {
+		t.Errorf("the tenant's known marker after a commit: %d, %v; want set", n, err)
+	}
+}
+
+// TestRedisScrapeReads: counting the keys in commit_unknown for a scrape
+// writes nothing (an expired member stays for the next end to remove)
+// and does not count as a store operation that failed when Redis is gone.
+func TestRedisScrapeReads(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "scrape", nil)
+	ctx := context.Background()
+	key := r.globalKeys()[2]
+	if err := r.c.Do(ctx, r.c.B().Zadd().Key(key).ScoreMember().ScoreMember(1, "expired").ScoreMember(1e15, "held").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.UnknownKeys(); err != nil || n != 1 {
+		t.Fatalf("UnknownKeys: got %d, %v; want 1", n, err)
+	}
+	if n, err := r.c.Do(ctx, r.c.B().Zcard().Key(key).Build()).AsInt64(); err != nil || n != 2 {
+		t.Fatalf("the set after a scrape: %d members, %v; want both still there", n, err)
+	}
+	srv.Stop()
+	if _, err := r.UnknownKeys(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("UnknownKeys with Redis gone: got %v; want ErrUnavailable", err)
+	}
+	if n := r.Stats().Unavailable; n != 0 {
+		t.Fatalf("unavailable operations after a failed scrape: got %d; want 0", n)
 	}
 }

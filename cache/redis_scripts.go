@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -67,40 +68,61 @@ const maxSeq = "18446744073709551615"
 // answers "miss" again (with the lease set again) where a stranger's
 // claim would join a generation nobody runs.
 //
-// KEYS: st, lease, j, res
+// On a standalone Redis the claim also counts the key (sharedKeys): a
+// key with no record against its tenant's and the global bounds, a key
+// the ledger held and claimed again as live whatever the bounds, all
+// checks made before the first write. On a Cluster those sets are in
+// other slots: a key with no record answers "new" and the caller counts
+// it with quotaScript and globalScript, then claims again.
+//
+// KEYS: st, lease, j, res, and on a standalone Redis the tenant's set,
+// its known marker, the sets of all keys, of strangers' keys and of
+// commit_unknown keys
 // ARGV: fp, tok, owner, lease ms, live ttl ms, now ms, refuse (1 when a
 // committed key whose body is gone must not regenerate), ask (1 when a
-// key with no record must be counted against its tenant first), tool
-// (the tool's name for a tool call: BeginTool; empty otherwise), unknown
-// ttl ms (how long a tool call that ended commit_unknown holds its key)
+// key with no record must be counted against its tenant first; 2 when
+// this replica refuses a new key of the tenant: its claim answers "new"
+// and writes nothing), tool (the tool's name for a tool call: BeginTool;
+// empty otherwise), unknown ttl ms (how long a tool call that ended
+// commit_unknown holds its key), then with the count's keys: bound per
+// tenant, bound on all keys, bound on strangers' keys (-1: none), set
+// ttl ms, member (the scope's hash)
 //
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
-// {"unknown", gen} (a tool call whose outcome is unknown),
-// {"new"} (with ask: nothing was written), or {"miss", gen, regenerated
-// (0|1), reaped (0|1)}.
-var claimScript = rueidis.NewLuaScriptRetryable(`
+// {"unknown", gen, held} (a tool call whose outcome is unknown; held is
+// the ms it holds its key when this claim reaped its dead owner's
+// generation to it, "" otherwise), {"conflict", held} likewise,
+// {"new"} (with ask: nothing was written), {"full", 0|-1|-2} (counted
+// here: the tenant, all keys, or strangers' keys hold their bound;
+// nothing was written), or {"miss", gen, regenerated (0|1), reaped (0|1),
+// counted (0|1)}.
+var claimScript = rueidis.NewLuaScriptRetryable(nowLua + countLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
 local held = s[8] and s[8] ~= ''
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
 end
+local heldReaped = ''
 if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]) == 0 then
   -- A tool call whose owner died: it may have run, so it is not run again.
   redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
   redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6])
   redis.call('PEXPIRE', KEYS[1], s[9])
-  phase, s[7] = 'lost', 'commit_unknown'
+  phase, s[7], heldReaped = 'lost', 'commit_unknown', s[9]
 end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
-  if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict'} end
-  return {'unknown', gen}
+  if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict', heldReaped} end
+  return {'unknown', gen, heldReaped}
 end
+local counting = #KEYS >= 9 and ARGV[8] ~= '0'
 if phase == 'live' and s[4] == ARGV[2] then
+  -- This claim ran before: it counted the key then, if it counts here.
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
-  return {'miss', gen, s[5] or '0', s[6] or '0'}
+  return {'miss', gen, s[5] or '0', s[6] or '0', counting and '1' or '0'}
 end
-if not phase and ARGV[8] == '1' then return {'new'} end
+if not phase and ARGV[8] == '2' then return {'new'} end
+if not phase and ARGV[8] == '1' and not counting then return {'new'} end
 local regenerated, reaped = '0', '0'
 if phase == 'done' then
   if redis.call('EXISTS', KEYS[4]) == 1 then return {'replay', gen} end
@@ -111,12 +133,25 @@ elseif phase == 'live' then
   -- The owner's lease expired and nobody reaped it yet: the claim reaps.
   reaped = '1'
 end
-local t = redis.call('TIME')
-local g = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local t = now()
+if counting then
+  -- A key with no record is counted against the bounds; one the ledger
+  -- held starts again and counts as live whatever they are.
+  local tb, ab, sb = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+  if phase then tb, ab, sb = -1, -1, -1 end
+  local ok, tcur, stranger = tenantRoom(KEYS[5], KEYS[6], ARGV[15], tb, t)
+  if not ok then return {'full', '0'} end
+  local g, cur, scur = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t)
+  if g ~= 1 then return {'full', tostring(g - 1)} end
+  local exp = t + tonumber(ARGV[5])
+  tenantCount(KEYS[5], ARGV[15], tcur, exp, ARGV[14])
+  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], cur, scur, stranger, exp, ARGV[14], phase)
+end
+local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
 local gs = string.format('%.0f', g)
 redis.call('DEL', KEYS[3], KEYS[4])
-redis.call('HDEL', KEYS[1], 'want')
+if phase then redis.call('HDEL', KEYS[1], 'want') end
 redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
 redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
   'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
@@ -125,17 +160,23 @@ redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', 
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
-return {'miss', gs, regenerated, reaped}
+return {'miss', gs, regenerated, reaped, counting and '1' or '0'}
 `)
 
 // claimAnswer is claimScript's answer.
 type claimAnswer struct {
 	verdict claimVerdict
-	gen     uint64 // claimReplay, claimJoin, claimMiss: the generation
+	gen     uint64 // claimReplay, claimJoin, claimMiss, claimUnknown: the generation
 	// claimMiss: the key held a committed result whose body is gone
 	// (regenerated), or a generation whose owner's lease had expired
-	// (reaped).
-	regenerated, reaped bool
+	// (reaped); the claim counted the key (counted).
+	regenerated, reaped, counted bool
+	// claimConflict, claimUnknown: the claim reaped a dead owner's tool
+	// call to commit_unknown, which holds its key this long (0: it did not).
+	heldReaped time.Duration
+	// claimFull: which bound refused the key: 0 its tenant's, -1 all
+	// keys', -2 strangers'.
+	full int
 }
 
 type claimVerdict uint8
@@ -148,11 +189,12 @@ const (
 	claimNew                          // no record, and ask asked: nothing was written
 	claimMiss                         // the caller owns a new generation
 	claimUnknown                      // a tool call whose outcome is unknown
+	claimFull                         // no record, and a bound refused the key: nothing was written
 )
 
 // claimWords are claimScript's words for its verdicts.
 var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
-	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown"}
+	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown", claimFull: "full"}
 
 // parseClaimAnswer reads claimScript's answer out.
 func parseClaimAnswer(out []string) (claimAnswer, error) {
@@ -162,7 +204,20 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 	}
 	a := claimAnswer{verdict: claimVerdict(v)}
 	switch a.verdict {
-	case claimConflict, claimGone, claimNew:
+	case claimConflict:
+		a.heldReaped = heldFor(out, 1)
+		return a, nil
+	case claimGone, claimNew:
+		return a, nil
+	case claimFull:
+		if len(out) < 2 {
+			return a, fmt.Errorf("unexpected answer %q", out)
+		}
+		n, err := strconv.Atoi(out[1])
+		if err != nil || n < -2 || n > 0 {
+			return a, fmt.Errorf("unexpected answer %q", out)
+		}
+		a.full = n
 		return a, nil
 	}
 	if len(out) < 2 {
@@ -173,9 +228,27 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 		return a, fmt.Errorf("generation %q: %w", out[1], err)
 	}
 	a.gen = gen
-	a.regenerated = a.verdict == claimMiss && len(out) > 2 && out[2] == "1"
-	a.reaped = a.verdict == claimMiss && len(out) > 3 && out[3] == "1"
+	flag := func(i int) bool { return len(out) > i && out[i] == "1" }
+	switch a.verdict {
+	case claimMiss:
+		a.regenerated, a.reaped, a.counted = flag(2), flag(3), flag(4)
+	case claimUnknown:
+		a.heldReaped = heldFor(out, 2)
+	}
 	return a, nil
+}
+
+// heldFor reads the hold of a tool call reaped to commit_unknown, ms in
+// out[i]; 0 when there is none.
+func heldFor(out []string, i int) time.Duration {
+	if len(out) <= i {
+		return 0
+	}
+	n, err := strconv.ParseInt(out[i], 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return time.Duration(n) * time.Millisecond
 }
 
 // abandonScript ends a generation whose claim ran but whose caller never
@@ -291,23 +364,27 @@ func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
 // renewScript extends the owner's lease. A lease that expired while st
 // still names this owner (a pause nobody reaped) is set again: ownership
 // lives in st, the lease only signals death. An owner that does not
-// mirror its journal sends its marks here, so that other replicas' key
-// info follows it within a renewal without a write per event.
+// mirror its journal sends its marks here when they moved, so that other
+// replicas' key info follows it within a renewal without a write per
+// event. st and j are extended only when the owner asks (Redis's expiry
+// of them need not move at every renewal: it only cleans up after every
+// replica vanished).
 //
 // KEYS: st, lease, j
-// ARGV: tok, gen, lease ms, live ttl ms, then, or "" to leave st as it
-// is: state, attempts, status, model, fallbacks, events, bytes, now ms
+// ARGV: tok, gen, lease ms, live ttl ms ("": leave the expiries of st and
+// j as they are), then, or "" to leave st as it is: state, attempts,
+// status, model, fallbacks, events, bytes, now ms
 //
 // Returns 1 while this owner holds the generation, 2 when it does and a
 // follower asked for its journal (st.want), 0 once it does not.
 var renewScript = rueidis.NewLuaScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
-local cur = redis.call('GET', KEYS[2])
-if cur and cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[4])
+if ARGV[4] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+end
 if ARGV[5] and ARGV[5] ~= '' then
   local f = {'state', ARGV[5], 'attempts', ARGV[6], 'events', ARGV[10], 'bytes', ARGV[11], 'updated', ARGV[12]}
   if ARGV[7] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[7]) end
@@ -326,23 +403,30 @@ return 1
 // follower asked meanwhile ("want": the owner mirrors, then finishes);
 // the journal of a committed generation nobody followed is deleted (the
 // result holds its events), that of a failed one keeps its terminal entry.
+// On a standalone Redis it also ends the key's count (keyEnd, globalEnd;
+// sharedKeys), which a Cluster does with scripts of their own.
 //
-// KEYS: st, lease, j, res
+// KEYS: st, lease, j, res, and on a standalone Redis the tenant's set,
+// its known marker, the sets of all keys, of strangers' keys and of
+// commit_unknown keys
 // ARGV: tok, gen, kind (done|failed), prev, st ttl ms, journal ttl ms,
 // state, reason, now ms, blob (done) or head JSON (failed), body
 // (failed), events, bytes, head JSON (for seq 1), mirrored (1 when the
 // owner mirrors its journal), attempts, status, model, fallbacks (each
-// "" or 0 for none), then id, event pairs still to append.
+// "" or 0 for none), then the count's end: member (the scope's hash),
+// ttl ms, set ttl ms, known (ms to mark the tenant known for; 0: not),
+// committed (1|0), commit_unknown (1|0); then id, event pairs still to
+// append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
-var finishScript = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
+var finishScript = rueidis.NewLuaScript(nowLua + endLua + `
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 if s[1] == ARGV[3] then return {'already'} end
 if s[1] ~= 'live' then return {'fenced'} end
 local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
-local first = 20
+local first = 26
 if #ARGV >= first then
   local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
   local lastId = ''
@@ -358,27 +442,34 @@ if #ARGV >= first then
   end
 end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
+local f = {'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
+  'events', ARGV[12], 'bytes', ARGV[13]}
+local kept = true -- the journal is kept, for the tails
 if ARGV[3] == 'done' then
   if mirrored then
     redis.call('XADD', KEYS[3], term, 't', 'done')
   else
     redis.call('DEL', KEYS[3])
+    kept = false
   end
   redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
-  redis.call('HINCRBY', KEYS[1], 'commits', 1)
+  table.insert(f, 'commits'); table.insert(f, (tonumber(s[5]) or 0) + 1)
 else
   redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11], 'n', ARGV[12])
 end
-local f = {'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
-  'events', ARGV[12], 'bytes', ARGV[13]}
 if ARGV[16] ~= '' then table.insert(f, 'attempts'); table.insert(f, ARGV[16]) end
 if ARGV[17] ~= '' and ARGV[17] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[17]) end
 if ARGV[18] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[18]) end
 if ARGV[19] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[19]) end
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
+if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
 redis.call('DEL', KEYS[2])
+if #KEYS >= 9 then
+  local t, ttl = now(), tonumber(ARGV[21])
+  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, ARGV[22], ARGV[23], t)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t)
+end
 return {'ok'}
 `)
 
@@ -391,8 +482,8 @@ return {'ok'}
 // ARGV: gen, st ttl ms, journal ttl ms, now ms
 //
 // Returns {"alive"}, {"asked", owner} (alive, and want was set by this
-// call: the follower signals the owner replica's inbox), {"reaped"} (this
-// call ended it), {"done"} (committed: the result holds its events) or
+// call: the follower signals the owner replica's inbox), {"reaped", utl}
+// (this call ended it; utl: how long a tool call's key is held, ms, or ""), {"done"} (committed: the result holds its events) or
 // {"ended"} (failed or lost, or another generation holds the key).
 var reapScript = rueidis.NewLuaScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
@@ -407,9 +498,9 @@ redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
 redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
 -- A tool call's unknown outcome holds its key for its own time.
 local utl = redis.call('HGET', KEYS[1], 'utl')
-if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else utl = ''; redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {'reaped'}
+return {'reaped', utl}
 `)
 
 // reapAnswer is reapScript's answer.
@@ -427,14 +518,15 @@ const (
 var reapWords = [...]string{reapEnded: "ended", reapAlive: "alive", reapReaped: "reaped", reapAsked: "asked", reapDone: "done"}
 
 // parseReapAnswer reads reapScript's answer and, for reapAsked, the
-// owner replica's name; an answer no script gives is reapEnded.
+// owner replica's name, for reapReaped the hold of a tool call's key ("":
+// none); an answer no script gives is reapEnded.
 func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 	out, err := scriptStrings(res)
 	if err != nil {
 		return reapEnded, "", err
 	}
 	a := reapAnswer(max(slices.Index(reapWords[:], out[0]), 0))
-	if a == reapAsked && len(out) > 1 {
+	if (a == reapAsked || a == reapReaped) && len(out) > 1 {
 		return a, out[1], nil
 	}
 	return a, "", nil

@@ -50,8 +50,8 @@ type RedisConfig struct {
 	// so that a resume with its ids gets "gone" (default 5m).
 	FailedTTL time.Duration
 	// LiveTTL bounds how long a live generation's records outlive their
-	// last lease renewal (default 1h); it only cleans up after a whole
-	// cluster vanished, since renewals extend it.
+	// last lease renewal (default 1h; renewals extend them every quarter
+	// of it); it only cleans up after a whole cluster vanished.
 	LiveTTL time.Duration
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
@@ -165,8 +165,9 @@ type Redis struct {
 	shares *liveShares // bytes of local journals, all and per tenant
 	seal   *sealPolicy // when local journals seal (Limits)
 
-	mu      sync.Mutex // guards flights and unknowns
+	mu      sync.Mutex // guards flights, owners and unknowns
 	flights map[string]*Flight
+	owners  map[*owner]struct{} // the owners until their shutdown: renewLoop renews their leases
 	// unknowns: the hashes of tool calls this replica ended
 	// commit_unknown, with when their hold expires (ToolUnknowns).
 	unknowns      map[string]time.Time
@@ -179,7 +180,7 @@ type Redis struct {
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
 	renewals, asks, mirrors                                                     atomic.Int64
 
-	inboxOnce sync.Once // starts inbox at the first owned generation
+	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
 	abandoning atomic.Int64 // abandon's goroutines running
@@ -262,6 +263,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 		replica: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), newToken()[:8]),
 		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
 		flights: make(map[string]*Flight),
+		owners:  make(map[*owner]struct{}),
 	}
 	r.shares = newLiveShares(cfg.Limits)
 	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.shares.total)
@@ -413,6 +415,19 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		refuse = "1"
 	}
 	ask := "1" // a key with no record is counted against its tenant first
+	// On a standalone Redis the claim counts the key itself: one round
+	// trip where a Cluster takes three (claimScript).
+	shared := r.sharedKeys()
+	keys := k.all
+	var admitErr error
+	if shared {
+		keys = r.finishKeys(sc, k, true) // the same keys
+		// A tenant past its share of the live journals gets no new key;
+		// its hits and joins are answered as usual.
+		if admitErr = r.shares.admit(sc.Tenant); admitErr != nil {
+			ask = "2"
+		}
+	}
 	// The token is chosen before the claim is sent, so that a claim sent
 	// again after its reply was lost finds the key live under it and takes
 	// it (claimScript). A claim whose outcome stays unknown is abandoned.
@@ -430,9 +445,12 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		sent := time.Now() // the lease runs from no earlier than this
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
-		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, []string{
-			fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl,
-		}))
+		args := []string{fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl}
+		if shared {
+			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
+				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h)
+		}
+		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
 		cancel()
 		if err != nil {
 			r.abandon(sc, k, tok, sent, err)
@@ -442,10 +460,14 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		if err != nil {
 			return Begun{}, fmt.Errorf("redis claim: %w", err)
 		}
+		if a.heldReaped > 0 {
+			r.heldReaped(sc, k, a.heldReaped)
+		}
 		switch a.verdict {
 		case claimNew:
-			// A tenant past its share of the live journals gets no new
-			// key; its hits and joins are answered as usual.
+			if admitErr != nil {
+				return Begun{}, admitErr
+			}
 			if err := r.shares.admit(sc.Tenant); err != nil {
 				return Begun{}, err
 			}
@@ -454,6 +476,8 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			}
 			ask = "0"
 			continue
+		case claimFull:
+			return Begun{}, r.fullErr(a.full)
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
 		case claimUnknown:
@@ -472,7 +496,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		case claimJoin:
 			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
 		}
-		if ask == "1" {
+		if ask == "1" && !a.counted {
 			// A key the ledger held (failed, lost, or without its body)
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
@@ -489,6 +513,23 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// sharedKeys reports whether the scripts may touch keys of different
+// hash slots: on a standalone Redis (or one behind Sentinel), not on a
+// Cluster. Then a claim counts its key and a finish ends its count in the
+// same script, rather than in scripts of their own.
+func (r *Redis) sharedKeys() bool { return r.c.Mode() != rueidis.ClientModeCluster }
+
+// heldReaped tells what a claim did that reaped a dead owner's tool call
+// to commit_unknown, held for hold (claimScript), as a follower's reap
+// does: logs and counts it, and ends its count with that hold.
+func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
+	r.cfg.Logger.Warn("reaped a tool call whose owner's lease expired",
+		"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+	r.reaped.Add(1)
+	r.keyEnded(sc, k, StateCommitUnknown, hold)
+	r.noteUnknown(k, r.cfg.Now().Add(hold))
 }
 
 // abandon ends, in the background, the generation a claim may have made
@@ -686,7 +727,10 @@ func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.
 	r.flights[k.h] = f
 	r.mu.Unlock()
 	o.start()
-	r.inboxOnce.Do(func() { r.wg.Go(r.inbox) })
+	r.inboxOnce.Do(func() {
+		r.wg.Go(r.inbox)
+		r.wg.Go(r.renewLoop)
+	})
 	return f
 }
 

@@ -44,7 +44,14 @@ func miss(t *testing.T, s ledger, sc Scope) *Flight {
 // another, each a miss, while a joiner of the denied flight still gets
 // the upstream's answer, and the key is unknown after it.
 func TestDeniedKeyForgotten(t *testing.T) {
-	bothStores(t, 2, Limits{MaxStrangerKeys: 2, MaxKeysPerTenant: 2}, func(t *testing.T, s ledger) {
+	bothStores(t, 2, deniedLimits, deniedKeyForgotten)
+}
+
+// deniedLimits are the bounds of deniedKeyForgotten: two keys.
+var deniedLimits = Limits{MaxStrangerKeys: 2, MaxKeysPerTenant: 2}
+
+func deniedKeyForgotten(t *testing.T, s ledger) {
+	{
 		for i := range 6 {
 			sc := Scope{Tenant: "minted-" + strconv.Itoa(i), Key: "k"}
 			f := miss(t, s, sc)
@@ -70,7 +77,7 @@ func TestDeniedKeyForgotten(t *testing.T) {
 				t.Errorf("stats: got %d keys, %d live, %d failed_terminal; want 1, 0, 0", st.Keys, st.LiveFlights, st.ByState[StateFailedTerminal])
 			}
 		}
-	})
+	}
 }
 
 // TestStrangersLeaveRoom: strangers (tenants none of whose keys
@@ -78,7 +85,14 @@ func TestDeniedKeyForgotten(t *testing.T) {
 // their failed keys fill that part of the ledger, a known tenant's new
 // keys are still claimed, up to MaxKeys, which bounds Redis's ledger too.
 func TestStrangersLeaveRoom(t *testing.T) {
-	bothStores(t, 8, Limits{MaxStrangerKeys: 4, MaxKeysPerTenant: 8}, func(t *testing.T, s ledger) {
+	bothStores(t, 8, strangersLimits, strangersLeaveRoom)
+}
+
+// strangersLimits are the bounds of strangersLeaveRoom: eight keys.
+var strangersLimits = Limits{MaxStrangerKeys: 4, MaxKeysPerTenant: 8}
+
+func strangersLeaveRoom(t *testing.T, s ledger) {
+	{
 		known := func(k string) Scope { return Scope{Tenant: "known", Key: k} }
 		f := miss(t, s, known("done"))
 		startStream(t, f)
@@ -104,7 +118,7 @@ func TestStrangersLeaveRoom(t *testing.T) {
 		for _, f := range live {
 			f.Fail(StateFailedRetryable, "test", nil)
 		}
-	})
+	}
 }
 
 // TestLiveShares: tenant A's many growing streams are stopped once they

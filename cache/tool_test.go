@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -125,4 +126,80 @@ func TestToolForgetLapsedLease(t *testing.T) {
 		t.Fatalf("Forget with the lease lapsed: %v; want ErrLive", err)
 	}
 	b.Flight.Fail(StateFailedRetryable, "test over", nil)
+}
+
+// tenantScore returns how long from Redis's clock sc's key still counts
+// against its tenant (its member's score in the tenant's set).
+func tenantScore(tb testing.TB, r *Redis, sc Scope) time.Duration {
+	tb.Helper()
+	ctx := context.Background()
+	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(r.tenantKey(sc)).Member(r.keys(sc).h).Build()).AsFloat64()
+	if err != nil {
+		tb.Fatalf("ZSCORE: %v", err)
+	}
+	now, err := r.c.Do(ctx, r.c.B().Time().Build()).AsStrSlice()
+	if err != nil || len(now) != 2 {
+		tb.Fatalf("TIME: %v %v", now, err)
+	}
+	s, _ := strconv.ParseInt(now[0], 10, 64)
+	us, _ := strconv.ParseInt(now[1], 10, 64)
+	return time.Duration(score-float64(s*1000+us/1000)) * time.Millisecond
+}
+
+// TestToolReapedHeld: a tool call whose owner died is reaped to
+// commit_unknown, by a follower's idle check or by a claim of its
+// re-issue; either way the reap is counted, the key is among the
+// commit_unknown keys, and it counts against its tenant for as long as
+// it is held (the tool's UnknownTTL), not for FailedTTL.
+func TestToolReapedHeld(t *testing.T) {
+	tool := Tool{Name: "write", UnknownTTL: 5 * time.Hour}
+	within := func(got time.Duration) bool { return got > 4*time.Hour && got <= 5*time.Hour }
+	first := func(t *testing.T, key string) ([]*Redis, Scope, *Flight) {
+		t.Helper()
+		rs := replicas(t, 2)
+		sc := Scope{Tenant: "t", Key: key}
+		b, err := rs[0].BeginTool(sc, "fp", tool)
+		if err != nil || b.Decision != Miss {
+			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+		}
+		return rs, sc, b.Flight
+	}
+	t.Run("follower", func(t *testing.T) {
+		rs, sc, f := first(t, "followed")
+		j, err := rs[1].BeginTool(sc, "fp", tool)
+		if err != nil || j.Decision != Join {
+			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
+		}
+		f.be.(*owner).shutdown() // the owner's process is gone
+		if st := waitDone(t, j.Flight, 3*testLease+time.Second); st != StateCommitUnknown {
+			t.Fatalf("follower: got %v; want commit_unknown", st)
+		}
+		if got := tenantScore(t, rs[1], sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+		if n, err := rs[1].UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+	})
+	t.Run("claim", func(t *testing.T) {
+		rs, sc, f := first(t, "claimed")
+		f.be.(*owner).shutdown() // the owner's process is gone
+		expireLease(t, rs[0], sc)
+		u, err := rs[1].BeginTool(sc, "fp", tool)
+		if err != nil || u.Decision != Unknown {
+			t.Fatalf("re-issue after the owner died: %v %v; want unknown", u.Decision, err)
+		}
+		if n := rs[1].Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if n := rs[1].ToolUnknowns(); n != 1 {
+			t.Errorf("ToolUnknowns: got %d; want 1", n)
+		}
+		if n, err := rs[1].UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+		if got := tenantScore(t, rs[1], sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+	})
 }

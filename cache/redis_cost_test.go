@@ -1,0 +1,198 @@
+package cache
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// reportRedisCost reports what the server did per op since before.
+func reportRedisCost(b *testing.B, addr string, before redisCost) {
+	b.Helper()
+	after := readRedisCost(b, addr)
+	n := float64(b.N)
+	b.ReportMetric(float64(after.commands-before.commands-2)/n, "cmds/op") // less the two INFO
+	b.ReportMetric(float64(after.scripts-before.scripts)/n, "scripts/op")
+	b.ReportMetric((after.scriptUS-before.scriptUS)/n, "script-µs/op")
+	b.ReportMetric((after.cpuUS-before.cpuUS)/n, "redis-cpu-µs/op")
+}
+
+// costEvents is the stream of the cost benchmarks: 200 chat chunks, the
+// size of the bench's mock answer.
+const costEvents = 200
+
+// costStream claims key on r, journals costEvents chat chunks and
+// commits them: an unfollowed stream.
+func costStream(b *testing.B, r *Redis, key string) {
+	f := rbegin(b, r, Scope{Tenant: "t", Key: key}, "fp").Flight
+	if f == nil {
+		b.Fatalf("key %s: not a miss", key)
+	}
+	startStream(b, f)
+	for range costEvents {
+		if _, err := f.Append("", chatChunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if !f.Commit(nil) {
+		b.Fatal("Commit: got false")
+	}
+}
+
+// BenchmarkRedisStreams measures what Redis spends on 64 concurrent
+// unfollowed streams of 200 events paced over two seconds each, with a
+// 900 ms lease so that each is renewed about six times (every lease/3),
+// as the bench's paced streams of 10 s are at the default lease: an op is
+// the 64, the metrics per op are per stream.
+func BenchmarkRedisStreams(b *testing.B) {
+	const streams, pace = 64, 10 * time.Millisecond
+	srv := redistest.Start(b)
+	r := newRedis(b, srv.Addr, "streams", func(c *RedisConfig) { c.Lease = 900 * time.Millisecond })
+	costStream(b, r, "warm") // loads the scripts
+	before := readRedisCost(b, srv.Addr)
+	b.ResetTimer()
+	for n := range b.N {
+		var wg sync.WaitGroup
+		for i := range streams {
+			wg.Go(func() {
+				f := rbegin(b, r, Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}, "fp").Flight
+				startStream(b, f)
+				for range costEvents {
+					if _, err := f.Append("", chatChunk); err != nil {
+						b.Error(err)
+						return
+					}
+					time.Sleep(pace)
+				}
+				if !f.Commit(nil) {
+					b.Error("Commit: got false")
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.StopTimer()
+	b.N *= streams // per stream
+	reportRedisCost(b, srv.Addr, before)
+}
+
+// BenchmarkRedisCost measures what Redis spends on one unfollowed stream
+// of 200 events (op "stream": its claim, key count, commit and key's end;
+// no renewal at this speed) and on each script of it alone (one call per
+// op, with the arguments the store sends), on a private redis-server:
+// its commands, its script calls and the time INFO commandstats counted
+// in them, and its process CPU (INFO cpu, user and system), per op.
+func BenchmarkRedisCost(b *testing.B) {
+	srv := redistest.Start(b)
+	r := newRedis(b, srv.Addr, "cost", func(c *RedisConfig) { c.Lease = 10 * time.Second })
+	ctx := r.ctx
+	seq := 0
+	fresh := func() rkeys { // the keys of a scope nobody used yet
+		seq++
+		return r.keys(Scope{Tenant: "t", Key: "k" + strconv.Itoa(seq)})
+	}
+	sc := Scope{Tenant: "t", Key: "x"}
+	claimArgs := func(tok, ask string) []string {
+		return []string{"fp", tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(time.Now()), "0", ask, "", "0"}
+	}
+	claim := func(k rkeys, tok string) string {
+		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, claimArgs(tok, "0")))
+		if err != nil || out[0] != "miss" {
+			b.Fatalf("claim: %v %v", out, err)
+		}
+		return out[1]
+	}
+	exec := func(s script, keys, args []string) { runScript(b, r, s, keys, args) }
+	// A committed stream's blob, as the finish script gets it.
+	costStream(b, r, "blob")
+	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("blob of %d events: %d bytes", costEvents, len(blob))
+
+	run := func(name string, prep func(n int) []rkeys, op func(i int, k rkeys)) {
+		b.Run(name, func(b *testing.B) {
+			var ks []rkeys
+			if prep != nil {
+				ks = prep(b.N)
+			}
+			before := readRedisCost(b, srv.Addr)
+			b.ResetTimer()
+			for i := range b.N {
+				var k rkeys
+				if ks != nil {
+					k = ks[i]
+				}
+				op(i, k)
+			}
+			b.StopTimer()
+			reportRedisCost(b, srv.Addr, before)
+		})
+	}
+	claimed := func(n int) []rkeys { // live generations, h holding each one's gen
+		ks := make([]rkeys, n)
+		for i := range ks {
+			ks[i] = fresh()
+			ks[i].h = claim(ks[i], "tok")
+		}
+		return ks
+	}
+	run("stream", nil, func(i int, _ rkeys) { seq++; costStream(b, r, "s"+strconv.Itoa(seq)) })
+	run("claim-new", nil, func(int, rkeys) { exec(claimScript, fresh().all, claimArgs("tok", "1")) })
+	run("quota", nil, func(int, rkeys) {
+		exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{fresh().h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
+	})
+	run("global", nil, func(int, rkeys) {
+		exec(globalScript, r.globalKeys(), []string{fresh().h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
+	})
+	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
+	run("renew", claimed, func(_ int, k rkeys) {
+		exec(renewScript, k.withoutResult, []string{"tok", k.h, ms(r.cfg.Lease), "",
+			string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())})
+	})
+	// 64 renewals in one pipelined write, as renewAll sends them: an op is
+	// the 64.
+	together := claimed(64)
+	run("renew-64", nil, func(int, rkeys) {
+		runTogether(b, r, renewScript, together, func(k rkeys) []string {
+			return []string{"tok", k.h, ms(r.cfg.Lease), "",
+				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}
+		})
+	})
+	run("finish", claimed, func(_ int, k rkeys) {
+		gen := k.h
+		k.h = k.st // a member to end
+		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
+			string(StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
+			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false)...))
+	})
+	counted := func(n int) []rkeys { // keys counted as a new key's are
+		ks := make([]rkeys, n)
+		for i := range ks {
+			ks[i] = fresh()
+			exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{ks[i].h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
+			exec(globalScript, r.globalKeys(), []string{ks[i].h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
+		}
+		return ks
+	}
+	run("key-end", counted, func(_ int, k rkeys) {
+		exec(keyEndScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(r.cfg.TTL), r.setTTL(), ms(r.cfg.TTL)})
+	})
+	run("global-end", counted, func(_ int, k rkeys) {
+		exec(globalEndScript, r.globalKeys(), []string{k.h, ms(r.cfg.TTL), r.setTTL(), "1", "0"})
+	})
+	run("unknown-count", nil, func(int, rkeys) {
+		if _, err := r.UnknownKeys(); err != nil {
+			b.Fatal(err)
+		}
+	})
+	run("ping", nil, func(int, rkeys) {
+		if err := r.c.Do(ctx, r.c.B().Ping().Build()).Error(); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
