@@ -43,6 +43,40 @@ func TestReadPathAllocs(t *testing.T) {
 	}
 }
 
+// TestDetachedBurstAllocs holds a stream without a key at saturation, where
+// each upstream read brings a score of events and its client is written
+// all of them before the next, to no allocation per read once the journal
+// has grown a block that holds one: the bare relay's buffer, not a new
+// block per read.
+func TestDetachedBurstAllocs(t *testing.T) {
+	const chunk = `{"id":"chatcmpl-3kTqPz81xVbc","object":"chat.completion.chunk","created":1743811170,"model":"gpt-4o-mini","system_fingerprint":"fp_5c1e0a8b3d","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}`
+	f := NewDetached(1 << 30)
+	f.SetHead(streamHead)
+	s, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at [4][]byte
+	read := func(burst int) {
+		for range burst {
+			if _, err := f.Append("", chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// As the origin's push: the spans, then a read that finds nothing new.
+		for spans, _ := s.ReadSpans(at[:0]); len(spans) > 0; spans, _ = s.ReadSpans(at[:0]) {
+		}
+	}
+	for _, burst := range []int{1, 18, 3, 18, 1, 18} { // the backlog, then reads of one to a score of events
+		read(burst)
+	}
+	for _, burst := range []int{18, 2, 9} {
+		if got := testing.AllocsPerRun(50, func() { read(burst) }); got != 0 {
+			t.Errorf("a read of %d events: %v allocations; want 0", burst, got)
+		}
+	}
+}
+
 // TestKeyedStreamBytes holds what a keyed stream that commits allocates
 // per event, its client reading it whole, below the event's own bytes:
 // the journal's blocks, most of it before, go back to the pools when the

@@ -204,7 +204,14 @@ func (f *Flight) Mark(state State, attempts, lastStatus int) {
 // to the journal and signals subscribers. It fails with ErrStreamTooLarge
 // or ErrStoreFull when a bound would be crossed; the owner should then
 // Fail the flight.
-func (f *Flight) Append(typ, data string) (sse.ID, error) {
+func (f *Flight) Append(typ, data string) (sse.ID, error) { return f.append(typ, data, false) }
+
+// AppendLine is Append for data of one line, that holds no "\r" or "\n"
+// (sse.Scanner.OneLine): it is not searched for line breaks
+// (sse.AppendLineEvent).
+func (f *Flight) AppendLine(typ, data string) (sse.ID, error) { return f.append(typ, data, true) }
+
+func (f *Flight) append(typ, data string, oneLine bool) (sse.ID, error) {
 	f.mu.Lock()
 	if f.ended {
 		f.mu.Unlock()
@@ -215,7 +222,7 @@ func (f *Flight) Append(typ, data string) (sse.ID, error) {
 	if f.Gen == 0 {
 		wire = sse.ID{} // a detached flight: no resumable position to name
 	}
-	n, err := f.j.appendEvent(wire, typ, data, f.maxBytes)
+	n, err := f.j.appendOf(wire, typ, data, oneLine, f.maxBytes)
 	if err != nil {
 		f.mu.Unlock()
 		return sse.ID{}, err

@@ -50,6 +50,9 @@ type journal struct {
 	// (recycle).
 	sealed  int
 	discard bool
+	// small counts, for a discard journal, the catch-ups in a row whose
+	// reads filled a quarter of its block or less (recycle).
+	small int
 	// pooled: the raw blocks go back to the pools once no reader holds
 	// them (Flight.freeLocked); a sealed one waits in retired, from block
 	// retiredAt on, until every reader has read past it again.
@@ -214,27 +217,58 @@ func (j *journal) unretire(held int) {
 // of it and holds none of it any more, starts the journal over in its
 // open block's memory: the journal of a stream no one can join then stays
 // one block however long the stream, and allocates none while its reader
-// keeps up. A block that grew for a backlog (the events that came before
-// the client's connection was taken over, or a burst) is let go instead
-// when it was last filled to a quarter or less, so that a paced stream
-// returns to a first-size block. Nothing of what the journal held is
-// kept, not even where its blocks or events ended.
+// keeps up. What came since the last catch-up (a round: at saturation,
+// the score of events of one upstream read) sizes the block: a round
+// that did not fit one block has the next start in one that holds it
+// (up to maxRound), so that a stream whose reads bring many events
+// allocates once, not at every read. A block larger than the first size
+// is let go when smallRounds rounds in a row filled a quarter of it or
+// less (the burst, or the backlog of events before the client's
+// connection was taken over, passed), or at once after a backlog past
+// maxRound, so that a paced stream returns to a first-size block.
+// Nothing of what the journal held is kept, not even where its blocks or
+// events ended.
 func (j *journal) recycle() {
 	k := len(j.blocks)
 	if !j.discard || k == 0 {
 		return
 	}
 	b := j.blocks[k-1]
+	round := j.size - j.baseOff
 	j.base, j.baseOff, j.ends = j.events(), j.size, j.ends[:0]
 	clear(j.blocks)
 	j.blocks, j.packed, j.starts, j.sealed = j.blocks[:0], j.packed[:0], j.starts[:0], 0
-	if cap(b) > journalBlock>>2 && len(b) <= cap(b)/4 {
+	small := len(b) <= cap(b)/4
+	if small && round == len(b) {
+		j.small++
+	} else {
+		j.small = 0
+	}
+	switch {
+	case round > len(b) && round <= maxRound: // it took more than one block
+		size := journalBlock >> 2
+		for size < round+round/4 {
+			size *= 2
+		}
+		if cap(b) < size {
+			b = make([]byte, 0, size)
+		}
+	case cap(b) > journalBlock>>2 && small && (round > maxRound || j.small >= smallRounds):
+		j.small = 0
 		return // room starts a first-size block
 	}
 	j.blocks = append(j.blocks, b[:0])
 	j.packed = append(j.packed, nil)
 	j.starts = append(j.starts, j.size)
 }
+
+// maxRound bounds the rounds a discard journal's block grows to hold
+// (recycle): past it, the reader was behind, not reading a burst.
+const maxRound = 3 * journalBlock
+
+// smallRounds is how many rounds in a row that fill a quarter of a grown
+// block or less let it go (recycle).
+const smallRounds = 16
 
 // block returns the bytes of block i, unpacking a sealed one.
 func (j *journal) block(i int) []byte {
@@ -261,10 +295,10 @@ func (j *journal) blockLen(i int) int {
 
 // room makes the last block able to take n more bytes.
 func (j *journal) room(n int) {
-	k := len(j.blocks)
-	if k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n {
+	if j.has(n) {
 		return
 	}
+	k := len(j.blocks)
 	// The first blocks are smaller, so that a short stream holds little.
 	size := journalBlock >> max(2-k, 0)
 	j.blocks = append(j.blocks, newBlock(max(size, n)))
@@ -272,19 +306,46 @@ func (j *journal) room(n int) {
 	j.starts = append(j.starts, j.size)
 }
 
+// has reports whether the last block can take n more bytes.
+func (j *journal) has(n int) bool {
+	k := len(j.blocks)
+	return k > 0 && cap(j.blocks[k-1])-len(j.blocks[k-1]) >= n
+}
+
 // eventBound is an upper bound of AppendEvent's output for typ and data.
 func eventBound(typ, data string) int {
-	lines := 1 + strings.Count(data, "\n") + strings.Count(data, "\r")
+	return linesBound(typ, data, 1+strings.Count(data, "\n")+strings.Count(data, "\r"))
+}
+
+// linesBound is eventBound for data of at most lines lines.
+func linesBound(typ, data string, lines int) int {
 	return len("id: ") + 41 + len("\nevent: \n") + len(typ) + len(data) + lines*len("data: \n") + 1
 }
 
 // appendEvent encodes one event at the end; it fails, leaving the journal
 // as it was, when the journal would pass limit bytes.
 func (j *journal) appendEvent(id sse.ID, typ, data string, limit int) (int, error) {
-	j.room(eventBound(typ, data))
+	return j.appendOf(id, typ, data, false, limit)
+}
+
+// appendOf is appendEvent; oneLine says data holds no line break
+// (sse.AppendLineEvent).
+func (j *journal) appendOf(id sse.ID, typ, data string, oneLine bool, limit int) (int, error) {
+	// Counting data's lines takes two passes over it: they are spared
+	// when the block has room for data made of line breaks only.
+	switch {
+	case oneLine:
+		j.room(linesBound(typ, data, 1))
+	case !j.has(linesBound(typ, data, len(data)+1)):
+		j.room(eventBound(typ, data))
+	}
 	b := &j.blocks[len(j.blocks)-1]
 	before := len(*b)
-	*b = sse.AppendEvent(*b, id, typ, data)
+	if oneLine {
+		*b = sse.AppendLineEvent(*b, id, typ, data)
+	} else {
+		*b = sse.AppendEvent(*b, id, typ, data)
+	}
 	n := len(*b) - before
 	if j.size+n > limit {
 		*b = (*b)[:before]

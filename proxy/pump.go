@@ -130,7 +130,13 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 			}
 			if relay {
 				m.events.Inc()
-				if _, err := f.Append(ev.Type, ev.Data); err != nil {
+				var err error
+				if sc.OneLine() {
+					_, err = f.AppendLine(ev.Type, ev.Data) // not searched for line breaks
+				} else {
+					_, err = f.Append(ev.Type, ev.Data)
+				}
+				if err != nil {
 					appendErr = err
 					break
 				}

@@ -21,6 +21,7 @@ func TestZeroAllocs(t *testing.T) {
 	}{
 		{"AppendEvent", func() { buf = AppendEvent(buf[:0], ID{1764403200123, 42}, "delta", "a\nb\nc") }},
 		{"AppendEvent with CR", func() { buf = AppendEvent(buf[:0], ID{1, 2}, "a\rb", "a\r\nb\rc") }},
+		{"AppendLineEvent", func() { buf = AppendLineEvent(buf[:0], ID{1764403200123, 42}, "delta", chunk.Data) }},
 		{"AppendComment", func() { buf = AppendComment(buf[:0], "ping\nx") }},
 		{"ID.Append", func() { buf = ID{1764403200123, 42}.Append(buf[:0]) }},
 		{"ParseID", func() { _, _ = ParseID("1764403200123-42") }},

@@ -54,7 +54,9 @@ type Scanner struct {
 	inEvent bool // a line that is not blank was read since the last event's end
 	dirty   bool // a data, event or id field was read: the blank line dispatches
 	hasData bool
-	ds, de  int // the current event's data, joined, in buf
+	ds, de  int  // the current event's data, joined, in buf
+	joined  bool // the current event's data is of several lines
+	oneLine bool // the data of the event yielded is of one line (OneLine)
 	typIn   bool
 	ts, te  int // the current event's type in buf, when typIn
 	typ     []byte
@@ -85,6 +87,12 @@ func (s *Scanner) Reset(r io.Reader) {
 // Event returns the event the last call of Next found. Its strings point
 // into the Scanner's buffer until the next call of Next or Reset.
 func (s *Scanner) Event() Event { return s.ev }
+
+// OneLine reports whether the data of the event Next found came in one
+// line: it then holds no line break, since lines end at "\n", "\r" and
+// "\r\n" and only the joining of several puts a "\n" into data.
+// AppendLineEvent encodes such an event without searching it for one.
+func (s *Scanner) OneLine() bool { return s.oneLine }
 
 // LastEventID returns the last id field read (an id with a NUL is
 // ignored), as go-sse's Event.LastEventID; valid as Event is.
@@ -227,6 +235,7 @@ func (s *Scanner) field(ls, le int) {
 			s.ownTyp = true
 		}
 		s.buf[s.de] = '\n'
+		s.joined = true
 		copy(s.buf[s.de+1:], s.buf[vs:le])
 		s.de += 1 + n
 	case "event":
@@ -259,11 +268,12 @@ func (s *Scanner) dispatch() bool {
 			ev.Type = unsafeString(s.buf[s.ts:s.te])
 		}
 	}
-	s.dirty, s.hasData, s.typIn, s.ownTyp = false, false, false, false
+	oneLine := !s.joined
+	s.dirty, s.hasData, s.typIn, s.ownTyp, s.joined = false, false, false, false, false
 	if ev.Type == "" && ev.Data == "" && !s.keepEmpty {
 		return false
 	}
-	s.ev = ev
+	s.ev, s.oneLine = ev, oneLine
 	return true
 }
 

@@ -2,6 +2,7 @@ package sse
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -257,6 +258,12 @@ func FuzzScanner(f *testing.F) {
 			ev := s.Event()
 			if ev.Type != "" || ev.Data != "" {
 				dg.Observe(ev)
+			}
+			if s.OneLine() == strings.ContainsAny(ev.Data, "\r\n") {
+				t.Fatalf("OneLine %v for data %q", s.OneLine(), ev.Data)
+			}
+			if s.OneLine() && !bytes.Equal(AppendLineEvent(nil, ID{}, ev.Type, ev.Data), AppendEvent(nil, ID{}, ev.Type, ev.Data)) {
+				t.Fatalf("AppendLineEvent of %q differs from AppendEvent's", ev.Data)
 			}
 			got = append(got, scanned{strings.Clone(s.LastEventID()), strings.Clone(ev.Type), strings.Clone(ev.Data)})
 		}

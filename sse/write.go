@@ -12,16 +12,7 @@ import "strings"
 // and "\r" turned into "\n". A line break in typ is replaced by a space, for
 // the same reason. AppendEvent does not allocate when dst has room.
 func AppendEvent(dst []byte, id ID, typ, data string) []byte {
-	if !id.IsZero() {
-		dst = append(dst, "id: "...)
-		dst = id.Append(dst)
-		dst = append(dst, '\n')
-	}
-	if typ != "" {
-		dst = append(dst, "event: "...)
-		dst = appendOneLine(dst, typ)
-		dst = append(dst, '\n')
-	}
+	dst = appendHead(dst, id, typ)
 	if strings.IndexByte(data, '\r') < 0 {
 		// Fast path for the usual payload: IndexByte is vectorised,
 		// IndexAny is not.
@@ -49,6 +40,30 @@ func AppendEvent(dst []byte, id ID, typ, data string) []byte {
 	}
 	dst = appendData(dst, data)
 	return append(dst, '\n')
+}
+
+// AppendLineEvent is AppendEvent for data that holds no "\r" or "\n"
+// (Scanner.OneLine): it is written as one data line, without a search for
+// line breaks. Data with one would be written as it is, where it would
+// end the field: only data known to hold none may be given.
+func AppendLineEvent(dst []byte, id ID, typ, data string) []byte {
+	dst = appendData(appendHead(dst, id, typ), data)
+	return append(dst, '\n')
+}
+
+// appendHead appends an event's id and event lines (AppendEvent).
+func appendHead(dst []byte, id ID, typ string) []byte {
+	if !id.IsZero() {
+		dst = append(dst, "id: "...)
+		dst = id.Append(dst)
+		dst = append(dst, '\n')
+	}
+	if typ != "" {
+		dst = append(dst, "event: "...)
+		dst = appendOneLine(dst, typ)
+		dst = append(dst, '\n')
+	}
+	return dst
 }
 
 // AppendComment appends ": <text>\n\n", a comment line that readers ignore

@@ -31,6 +31,12 @@ func TestAppendEventWire(t *testing.T) {
 			if got := string(AppendEvent(nil, tt.id, tt.typ, tt.data)); got != tt.want {
 				t.Errorf("got %q; want %q", got, tt.want)
 			}
+			if strings.ContainsAny(tt.data, "\r\n") {
+				return
+			}
+			if got := string(AppendLineEvent(nil, tt.id, tt.typ, tt.data)); got != tt.want {
+				t.Errorf("AppendLineEvent: got %q; want %q", got, tt.want)
+			}
 		})
 	}
 }
