@@ -54,7 +54,7 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 		header(name)
 	}
 	if !ok {
-		p.macs.Put(m)
+		p.putMAC(m)
 		return anonymous, false
 	}
 	sum := p.sumMAC(m)
@@ -102,8 +102,16 @@ func (p *Proxy) sumMAC(m *mac) (sum [sha256.Size]byte) {
 	m.h.Write(m.parts)
 	// Summed into m: a local array passed to Sum would escape.
 	sum = [sha256.Size]byte(m.h.Sum(m.sum[:0]))
-	if cap(m.parts) <= 4<<10 { // one made for a huge part is let go
+	p.putMAC(m)
+	return sum
+}
+
+// putMAC gives m back to be reused, its parts (credentials among them)
+// wiped first, so that a pooled state holds no secret; one made for a
+// huge part is let go.
+func (p *Proxy) putMAC(m *mac) {
+	clear(m.parts)
+	if cap(m.parts) <= 4<<10 {
 		p.macs.Put(m)
 	}
-	return sum
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -236,5 +237,22 @@ func TestMACsKept(t *testing.T) {
 		if got := p.resumeMAC("tenant-a", "key-b", "7", "1800000000"); got != w {
 			t.Errorf("resume MAC: got %x; want %x", got, w)
 		}
+	}
+}
+
+// TestMACWiped: a MAC state given back to be reused holds none of the
+// credentials it hashed.
+func TestMACWiped(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte("0123456789abcdef-wiped")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := p.newMAC("tenant")
+	m.add("authorization")
+	m.add("Bearer sk-wiped")
+	p.sumMAC(m)
+	if bytes.Contains(m.parts, []byte("sk-wiped")) || bytes.Count(m.parts, []byte{0}) != len(m.parts) {
+		t.Fatalf("a MAC given back holds %q; want its parts wiped", m.parts)
 	}
 }
