@@ -225,7 +225,9 @@ func (j *journal) unretire(held int) {
 // is let go when smallRounds rounds in a row filled a quarter of it or
 // less (the burst, or the backlog of events before the client's
 // connection was taken over, passed), or at once after a backlog past
-// maxRound, so that a paced stream returns to a first-size block.
+// maxRound or when it was made for one event larger than a burst grows a
+// block to (up to -max-event-bytes), so that a paced stream returns to a
+// first-size block.
 // Nothing of what the journal held is kept, not even where its blocks or
 // events ended.
 func (j *journal) recycle() {
@@ -253,7 +255,7 @@ func (j *journal) recycle() {
 		if cap(b) < size {
 			b = make([]byte, 0, size)
 		}
-	case cap(b) > journalBlock>>2 && small && (round > maxRound || j.small >= smallRounds):
+	case cap(b) > journalBlock>>2 && small && (round > maxRound || j.small >= smallRounds || cap(b) > maxRound+maxRound/4):
 		j.small = 0
 		return // room starts a first-size block
 	}

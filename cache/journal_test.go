@@ -303,3 +303,25 @@ func TestAppendLine(t *testing.T) {
 		t.Errorf("AppendLine: journaled %q", p)
 	}
 }
+
+// TestDetachedJournalLetsBigBlockGo: a block made for one event larger
+// than any burst grows a block to is let go at the first small round
+// after it, not kept for smallRounds more.
+func TestDetachedJournalLetsBigBlockGo(t *testing.T) {
+	j := journal{discard: true}
+	if _, err := j.appendEvent(sse.ID{}, "", strings.Repeat("x", 1<<20), 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	j.recycle()
+	for range 2 {
+		if _, err := j.appendEvent(sse.ID{}, "", "y", 1<<30); err != nil {
+			t.Fatal(err)
+		}
+		j.recycle()
+	}
+	for _, b := range j.blocks {
+		if cap(b) > journalBlock {
+			t.Fatalf("after two small rounds a block of %d bytes is kept; want at most %d", cap(b), journalBlock)
+		}
+	}
+}
