@@ -379,7 +379,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return fmt.Errorf("-listen: %w", err)
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- p.Server().Serve(ln) }()
+	go func() { serveErr <- p.Server().Serve(p.Listener(ln)) }()
 	if o.adminListen != "" {
 		aln, err := net.Listen("tcp", o.adminListen)
 		if err != nil {
@@ -397,7 +397,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 			}
 		}
 		admin := &fasthttp.Server{Handler: handler, Name: "ssegate-admin", ReadTimeout: 10 * time.Second}
-		go func() { serveErr <- admin.Serve(aln) }()
+		go func() { serveErr <- admin.Serve(p.Listener(aln)) }()
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}

@@ -208,6 +208,9 @@ func (p *Process) Logs() string { return p.logs.String() }
 // Signal sends sig to the process. It fails if the process has exited.
 func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Pause stops the process with SIGSTOP: its connections stay open and
 // nothing answers, as with a hung or descheduled replica.
 func (p *Process) Pause() { _ = p.Signal(syscall.SIGSTOP) }
