@@ -452,21 +452,32 @@ func TestToolStreamOutlivesAttemptTimeout(t *testing.T) {
 // held: a re-issue is answered so and not sent again.
 func TestToolChainedUnknown(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
+	wantHeldUnknown(t, "chained", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Ssegate-Outcome", "unknown")
 		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"error":{"code":%d,"message":"the outcome is unknown"}}`, UnknownCode)
+	})
+}
+
+// wantHeldUnknown calls a keyed tool twice through ssegate in front of a
+// server that answers with answer: the first call's outcome must be
+// unknown and held, so that the re-issue is answered so without a second
+// call to the server.
+func wantHeldUnknown(t *testing.T, name string, answer http.HandlerFunc) {
+	t.Helper()
+	var calls atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		answer(w, r)
 	}))
 	t.Cleanup(up.Close)
 	e := &mcpEnv{env: newEnvUpstream(t, up.URL, nil, Config{MCPPaths: []string{mcpmock.Path}}, cache.Config{})}
-	key := newKey("chained")
+	key := newKey(name)
 	for i := range 2 {
 		wantUnknown(t, e.call(callBody(i+1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), i+1)
 	}
 	if n := calls.Load(); n != 1 {
-		t.Fatalf("calls to the inner ssegate: got %d; want 1", n)
+		t.Fatalf("calls to the server: got %d; want 1", n)
 	}
 	e.waitState(key, "", cache.StateCommitUnknown)
 }
@@ -503,9 +514,7 @@ func TestToolTenants(t *testing.T) {
 // call is commit_unknown, not a stored result replayed to re-issues.
 func TestToolCutBodyNotCommitted(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
+	wantHeldUnknown(t, "cutbody", func(w http.ResponseWriter, r *http.Request) {
 		conn, buf, err := w.(http.Hijacker).Hijack()
 		if err != nil {
 			t.Error(err)
@@ -515,15 +524,5 @@ func TestToolCutBodyNotCommitted(t *testing.T) {
 		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" +
 			`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ab`)
 		buf.Flush()
-	}))
-	t.Cleanup(up.Close)
-	e := &mcpEnv{env: newEnvUpstream(t, up.URL, nil, Config{MCPPaths: []string{mcpmock.Path}}, cache.Config{})}
-	key := newKey("cutbody")
-	for i := range 2 {
-		wantUnknown(t, e.call(callBody(i+1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key), i+1)
-	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("calls to the server: got %d; want 1", n)
-	}
-	e.waitState(key, "", cache.StateCommitUnknown)
+	})
 }
