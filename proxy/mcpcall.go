@@ -24,6 +24,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		g.finish()
 	}()
 	p := g.p
+	id = compactJSON(string(id)) // compared with each answer's
 	p.budget.request(g.start)
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	next := 0 // the upstream to try first: the one after one that failed
@@ -60,27 +61,26 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		st := head.Status
 		done(health(st, false))
 		p.m.attempts.WithLabelValues(statusClass(st)).Inc()
-		reason := upstreamStatus(st).reason(st)
-		sc := upstreamStatus(st)
+		sc, unknown := upstreamStatus(st), markedUnknown(resp)
 		switch {
-		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !markedUnknown(resp):
+		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !unknown:
 			// The server said it did not take the call.
 			body, _ := readBody(resp, 64<<10)
 			wait := max(jitter.next(), min(retryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
 			g.drop()
 			next = idx + 1
-			if n < p.cfg.Retry.Attempts && g.toolRetry(n, reason, wait) {
+			if n < p.cfg.Retry.Attempts && g.toolRetry(n, sc.reason(st), wait) {
 				continue
 			}
 			g.f.SetHead(head)
 			g.toolEnd(n, cache.StateFailedRetryable, sc, st, body)
-		case st >= 400 && st < 500 && !markedUnknown(resp):
+		case st >= 400 && st < 500 && !unknown:
 			// Refused (a session the server does not know, a request it
 			// cannot read): relayed as it came.
 			body, _ := readBody(resp, 64<<10)
 			g.f.SetHead(head)
 			g.toolEnd(n, cache.StateFailedTerminal, sc, st, body)
-		case st < 200 || st >= 300 || markedUnknown(resp):
+		case st < 200 || st >= 300 || unknown:
 			// A 5xx, or an answer marked unknown (a chained ssegate's,
 			// whatever its status): the server may have run the tool.
 			g.mayRun = true
@@ -131,7 +131,7 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 		// Ended where the connection closed, and not JSON: it may have
 		// been cut anywhere, a result included.
 		g.toolEnd(n, cache.StateCommitUnknown, causeUnframedBody, 0, nil)
-	case !sameID(body, id):
+	case !sameID(gjson.GetBytes(body, "id"), id):
 		g.toolEnd(n, cache.StateCommitUnknown, causeNotAnEventStream, 0, nil)
 	case gjson.GetBytes(body, "result").Exists():
 		g.toolCommitted(n, body)
@@ -147,10 +147,9 @@ func (g *gen) toolWhole(n int, resp *fasthttp.Response, head cache.Head, id []by
 // stored; a stream that ends before it leaves the outcome unknown.
 func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 	f := g.f
-	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
-	defer deadline.Stop()
+	defer g.boundDuration()()
 	// Read in place, as pump reads: ev is the scanner's until the next
-	// event, and Append and data copy it.
+	// event, and Append copies it.
 	sc := sse.NewScanner(bodyOf(resp), g.p.cfg.MaxEventBytes)
 	for sc.Next() {
 		ev := sc.Event()
@@ -158,11 +157,10 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 			g.toolEnd(n, cache.StateCommitUnknown, appendFailure(f, err), 0, nil)
 			return
 		}
-		data := []byte(ev.Data)
-		if gjson.GetBytes(data, "method").Exists() || !sameID(data, id) {
+		if gjson.Get(ev.Data, "method").Exists() || !sameID(gjson.Get(ev.Data, "id"), id) {
 			continue // a notification or a request of the server's
 		}
-		if gjson.GetBytes(data, "result").Exists() {
+		if gjson.Get(ev.Data, "result").Exists() {
 			if c := connOf(resp); c != nil {
 				c.drainBy(time.Now().Add(time.Second)) // the server ends the stream after its response
 			}
@@ -189,10 +187,9 @@ func (g *gen) readCause(err error) cause {
 	return readFailure(err)
 }
 
-// sameID reports whether msg is a JSON-RPC message with the id id.
-func sameID(msg, id []byte) bool {
-	r := gjson.GetBytes(msg, "id")
-	return r.Exists() && bytes.Equal(compactJSON(r.Raw), compactJSON(string(id)))
+// sameID reports whether a message's id r is id (compacted).
+func sameID(r gjson.Result, id []byte) bool {
+	return r.Exists() && bytes.Equal(compactJSON(r.Raw), id)
 }
 
 func compactJSON(s string) []byte {

@@ -13,6 +13,12 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// boundDuration cuts the generation once it has streamed for
+// -max-stream-duration; the returned func stops the bound.
+func (g *gen) boundDuration() (stop func() bool) {
+	return time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) }).Stop
+}
+
 // pump relays the upstream's events: it reads each one, records it into
 // the flight (Append), and the origin is delivered what was recorded
 // before each read of the upstream's socket (relayBody); followers are
@@ -34,8 +40,7 @@ import (
 func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool, done func(error)) attempt {
 	f := g.f
 	m := g.p.m
-	deadline := time.AfterFunc(g.p.cfg.MaxStreamDuration, func() { g.cancel(causeMaxStreamDuration) })
-	defer deadline.Stop()
+	defer g.boundDuration()()
 	det := sse.NewDetector(g.req.Expect())
 	var readErr, appendErr error
 	// Events after the terminal one are no part of the answer: the flight
