@@ -309,7 +309,11 @@ func TestReadCapped(t *testing.T) {
 	if len(p) == 0 || cap(p) != len(p) {
 		t.Fatalf("Read: len %d cap %d; want cap == len > 0", len(p), cap(p))
 	}
+	appendTenant(t, f, "alice", 4, 6)
 	spans, _ := s.ReadSpans(make([][]byte, 0, 4))
+	if len(spans) == 0 {
+		t.Fatal("ReadSpans after 6 more events: got none")
+	}
 	for i, sp := range spans {
 		if cap(sp) != len(sp) {
 			t.Fatalf("span %d: len %d cap %d; want cap == len", i, len(sp), cap(sp))

@@ -367,10 +367,8 @@ return 1
 // KEYS: the set of commit_unknown keys
 //
 // Returns the count.
-var unknownScript = rueidis.NewLuaScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call('ZCOUNT', KEYS[1], now, '+inf')
+var unknownScript = rueidis.NewLuaScript(nowLua + `
+return redis.call('ZCOUNT', KEYS[1], now(), '+inf')
 `)
 
 // UnknownKeys returns how many keys Redis holds in commit_unknown: those

@@ -252,7 +252,7 @@ func TestMACWiped(t *testing.T) {
 	m.add("authorization")
 	m.add("Bearer sk-wiped")
 	p.sumMAC(m)
-	if bytes.Contains(m.parts, []byte("sk-wiped")) || bytes.Count(m.parts, []byte{0}) != len(m.parts) {
+	if all := m.parts[:cap(m.parts)]; bytes.Contains(all, []byte("sk-wiped")) {
 		t.Fatalf("a MAC given back holds %q; want its parts wiped", m.parts)
 	}
 }
