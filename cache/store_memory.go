@@ -746,7 +746,6 @@ func (m *Memory) putLocked(tenant string, old, e *entry) {
 		m.unscheduleLocked(old)
 		m.unaliasLocked(old)
 		m.countLocked(old, -1)
-		m.states[old.state]--
 		e.tenant = old.tenant
 	} else {
 		t := m.tenants[tenant]
@@ -761,7 +760,7 @@ func (m *Memory) putLocked(tenant string, old, e *entry) {
 		e.tenant = t
 	}
 	m.keys[e.id] = e
-	m.states[e.state]++
+	m.countLocked(e, 1)
 }
 
 // expireAtLocked sets when an entry that ended expires.
@@ -784,14 +783,14 @@ func (m *Memory) unscheduleLocked(e *entry) {
 
 func (m *Memory) setStateLocked(e *entry, s State) {
 	m.countLocked(e, -1)
-	m.states[e.state]--
-	m.states[s]++
 	e.state = s
 	m.countLocked(e, 1)
 }
 
-// countLocked adds d to the counts by kind that e's state is part of.
+// countLocked adds d to the counts that e's state is part of: by state,
+// and of the tool calls held unknown.
 func (m *Memory) countLocked(e *entry, d int64) {
+	m.states[e.state] += d
 	if heldUnknown(e.state, e.tool) {
 		m.toolUnknowns += d
 	}
@@ -836,7 +835,6 @@ func (m *Memory) Forget(sc Scope) error {
 func (m *Memory) deleteLocked(e *entry) {
 	m.unscheduleLocked(e)
 	m.countLocked(e, -1)
-	m.states[e.state]--
 	delete(m.keys, e.id)
 	m.unaliasLocked(e)
 	t := e.tenant
