@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -228,6 +229,28 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the request is read by now
 		e.proxy.Abort()                   // what Shutdown does once the drain's time is up
 		close(release)
+		got := <-done
+		unknownAnswer(t, "client", got, 502)
+		e.waitState(key, "", cache.StateCommitUnknown)
+		wantCount(t, "upstream calls", up.calls.Load(), 1)
+	})
+	t.Run("drain that ends while the head is awaited", func(t *testing.T) {
+		t.Parallel()
+		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+			readRequest(c)
+			u.stall() // no head, ever
+		})
+		e := retryEnv(t, []string{up.url}, nil)
+		key := newKey("drain")
+		done := make(chan result, 1)
+		go func() { done <- e.fetch(req{key: key}) }()
+		waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
+		time.Sleep(50 * time.Millisecond) // the request is read by now
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if err := e.proxy.Shutdown(ctx); err == nil {
+			t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
+		}
 		got := <-done
 		unknownAnswer(t, "client", got, 502)
 		e.waitState(key, "", cache.StateCommitUnknown)
