@@ -17,6 +17,18 @@ import (
 // enough that the renewal loop does not tick during the test.
 const renewLease = time.Minute
 
+// renewStores starts a private Redis and n stores on it (replicas) with
+// renewLease.
+func renewStores(tb testing.TB, n int) (string, []*Redis) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	rs := make([]*Redis, n)
+	for i := range rs {
+		rs[i] = newRedis(tb, srv.Addr, "renew", func(c *RedisConfig) { c.Lease = renewLease })
+	}
+	return srv.Addr, rs
+}
+
 // redisCalls returns how many times the server at addr ran each command
 // (INFO commandstats), inner commands of scripts included.
 func redisCalls(tb testing.TB, addr string) map[string]int64 {
@@ -62,8 +74,8 @@ func shortenLease(tb testing.TB, r *Redis, sc Scope) {
 func TestRedisRenewalsBatched(t *testing.T) {
 	t.Parallel()
 	const owners = 2*maxBatchItems + 1
-	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "batched", func(c *RedisConfig) { c.Lease = renewLease })
+	addr, rs := renewStores(t, 1)
+	r := rs[0]
 	scs := make([]Scope, owners)
 	fs := make([]*Flight, owners)
 	for i := range scs {
@@ -76,9 +88,9 @@ func TestRedisRenewalsBatched(t *testing.T) {
 	for _, sc := range scs {
 		shortenLease(t, r, sc)
 	}
-	before := redisCalls(t, srv.Addr)
+	before := redisCalls(t, addr)
 	r.renewAll()
-	after := redisCalls(t, srv.Addr)
+	after := redisCalls(t, addr)
 	if n, most := after["evalsha"]+after["eval"]-before["evalsha"]-before["eval"], int64(3); n > most {
 		t.Errorf("script calls for %d owners' renewals: got %d; want at most %d", owners, n, most)
 	}
@@ -100,10 +112,8 @@ func TestRedisRenewalsBatched(t *testing.T) {
 // a follower asked for starts mirroring, and the others keep their leases.
 func TestRedisRenewalBatchAnswers(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	long := func(c *RedisConfig) { c.Lease = renewLease }
-	a := newRedis(t, srv.Addr, "answers", long)
-	b := newRedis(t, srv.Addr, "answers", long)
+	addr, rs := renewStores(t, 2)
+	a, b := rs[0], rs[1]
 	var scs [4]Scope
 	var fs [4]*Flight
 	for i := range scs {
@@ -119,7 +129,7 @@ func TestRedisRenewalBatchAnswers(t *testing.T) {
 	for _, sc := range scs[2:] {
 		shortenLease(t, a, sc)
 	}
-	m := monitor(t, srv.Addr)
+	m := monitor(t, addr)
 	a.renewAll()
 	// The top-level script calls naming the leases of the owners that only
 	// renew: the fence's and the mirror's scripts name neither.
@@ -169,8 +179,8 @@ func waitOutcome(tb testing.TB, f *Flight) (State, string, []byte) {
 // and no PEXPIRE.
 func TestRedisRenewalAfterFailure(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "failure", func(c *RedisConfig) { c.Lease = renewLease })
+	addr, rs := renewStores(t, 1)
+	r := rs[0]
 	var scs [3]Scope
 	var fs [3]*Flight
 	for i := range scs {
@@ -179,7 +189,7 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 	r.renewAll() // sends the marks
 	// Redis takes no command for longer than a renewal waits: the renewal
 	// fails, whether it ran (once the pause is over) unknown.
-	if _, err := redistest.Command(srv.Addr, 5*time.Second, "CLIENT", "PAUSE", "2500", "ALL"); err != nil {
+	if _, err := redistest.Command(addr, 5*time.Second, "CLIENT", "PAUSE", "2500", "ALL"); err != nil {
 		t.Fatal(err)
 	}
 	unavailable := r.Stats().Unavailable
@@ -187,15 +197,15 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 	if n := r.Stats().Unavailable - unavailable; n != int64(len(fs)) {
 		t.Fatalf("renewals failed during the pause: got %d; want %d", n, len(fs))
 	}
-	if _, err := redistest.Command(srv.Addr, 10*time.Second, "PING"); err != nil { // answered once the pause is over
+	if _, err := redistest.Command(addr, 10*time.Second, "PING"); err != nil { // answered once the pause is over
 		t.Fatal(err)
 	}
 	for _, sc := range scs {
 		shortenLease(t, r, sc)
 	}
-	before := redisCalls(t, srv.Addr)
+	before := redisCalls(t, addr)
 	r.renewAll()
-	after := redisCalls(t, srv.Addr)
+	after := redisCalls(t, addr)
 	if r.Stats().Unavailable-unavailable != int64(len(fs)) {
 		t.Fatal("renewals after the pause failed")
 	}
@@ -218,17 +228,15 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 // follows the owner all the same.
 func TestRedisRenewalSendsWhatMoved(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	long := func(c *RedisConfig) { c.Lease = renewLease }
-	a := newRedis(t, srv.Addr, "moved", long)
-	b := newRedis(t, srv.Addr, "moved", long)
+	addr, rs := renewStores(t, 2)
+	a, b := rs[0], rs[1]
 	sc, f, _ := ownedStream(t, a, "k", 10)
 	f.Mark(StateExecutionStarted, 1, 200) // again: it does not move
 	a.renewAll()
 	appendN(t, f, 11, 5)
 	hsets := func() []string {
 		t.Helper()
-		m := monitor(t, srv.Addr)
+		m := monitor(t, addr)
 		a.renewAll()
 		var hs []string
 		for _, l := range m.stop() {
