@@ -12,8 +12,9 @@ import (
 
 // TestRedisCluster: two stores on a 3-primary Redis Cluster, given every
 // primary as a seed, claim, join and replay keys whose records land on
-// different primaries; a URL with a database other than 0 is refused at
-// start rather than retried forever.
+// different primaries, and a store renews the leases of keys on every
+// primary; a URL with a database other than 0 is refused at start rather
+// than retried forever.
 //
 // Neither cluster test is parallel: starting processes would slow the
 // timing tests running beside them.
@@ -47,6 +48,25 @@ func TestRedisCluster(t *testing.T) {
 		if n := commits(t, rs[1], sc); n != 1 {
 			t.Fatalf("%s: %d commits; want 1", sc.Key, n)
 		}
+	}
+	// Renewals: a call each, the scopes being in different slots.
+	r := newRedis(t, "", "renew", func(cfg *RedisConfig) { cfg.URL, cfg.Lease = url, renewLease })
+	var fs []*Flight
+	for i := range 12 {
+		sc := Scope{Tenant: "t", Key: fmt.Sprintf("renew-%d", i)}
+		fs = append(fs, rbegin(t, r, sc, "fp").Flight)
+		startStream(t, fs[i])
+		shortenLease(t, r, sc)
+	}
+	r.renewAll()
+	if n := r.Stats().Unavailable; n != 0 {
+		t.Fatalf("renewals on a cluster: %d failed; want none", n)
+	}
+	for i, f := range fs {
+		if left := leaseLeft(t, r, Scope{Tenant: "t", Key: fmt.Sprintf("renew-%d", i)}); left < renewLease/2 {
+			t.Fatalf("owner %d on a cluster: lease %v left after the renewal; want about %v", i, left, renewLease)
+		}
+		f.Fail(StateFailedRetryable, "test over", nil)
 	}
 	_, err := NewRedis(RedisConfig{URL: "redis://" + c.Nodes[0].Addr + "/1", Timeout: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "database 0") {
