@@ -180,6 +180,8 @@ type Redis struct {
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
 	renewals, asks, mirrors                                                     atomic.Int64
 
+	appends appendBatcher // owners' appends on a standalone Redis
+
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon

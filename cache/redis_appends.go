@@ -1,0 +1,139 @@
+package cache
+
+import (
+	"context"
+	"sync"
+)
+
+// Bounds of one call of appendBatcher. Past a few dozen owners a call's
+// cost is its appends' own (each item's KEYS/ARGV set-up and writes), so
+// more items save little while they hold Redis longer; and a call carries
+// no more event bytes than one owner's largest batch (maxBatchBytes), so
+// it blocks Redis no longer than an owner's catch-up does alone.
+const (
+	maxAppendItems = 64
+	maxAppendBytes = maxBatchBytes
+	// maxAppendCalls bounds the calls in flight at once: a second call
+	// starts only when the queue holds a full call, so that a replica
+	// appending faster than one call per round trip is not held to it.
+	maxAppendCalls = 4
+)
+
+// appendBatcher sends the appends of a replica's owners to a standalone
+// Redis: what queued while the previous call was on its way goes in one
+// call of appendsScript (group commit: an append that finds nothing in
+// flight is sent at once, alone, as appendScript). Each owner still has
+// one append in flight at most, so its order and its prev checks are as
+// when each went alone.
+type appendBatcher struct {
+	mu    sync.Mutex // guards queue, bytes and calls
+	queue []*appendReq
+	bytes int // the queue's argument bytes
+	calls int // senders running
+}
+
+// appendReq is one owner's append, answered on done.
+type appendReq struct {
+	ctx        context.Context // the owner's: once done, its append is not sent
+	keys, args []string
+	bytes      int
+	done       chan appendAnswer // capacity 1
+}
+
+type appendAnswer struct {
+	a   writeAnswer
+	err error
+}
+
+// appendJournal runs o's append (appendScript's keys and arguments): on a
+// standalone Redis through the replica's batcher, on a Cluster alone
+// (each scope's keys are in a slot of their own).
+func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error) {
+	if !r.sharedKeys() {
+		ctx, cancel := context.WithTimeout(o.ctx, r.cfg.Timeout)
+		defer cancel()
+		return parseWriteAnswer(appendScript.Exec(ctx, r.c, keys, args))
+	}
+	req := &appendReq{ctx: o.ctx, keys: keys, args: args, done: make(chan appendAnswer, 1)}
+	for _, a := range args {
+		req.bytes += len(a)
+	}
+	b := &r.appends
+	b.mu.Lock()
+	b.queue = append(b.queue, req)
+	b.bytes += req.bytes
+	if b.calls == 0 || (b.calls < maxAppendCalls && (len(b.queue) >= maxAppendItems || b.bytes >= maxAppendBytes)) {
+		b.calls++
+		r.wg.Go(r.sendAppends)
+	}
+	b.mu.Unlock()
+	select {
+	case ans := <-req.done:
+		return ans.a, ans.err
+	case <-o.ctx.Done():
+		return writeAnswer{}, o.ctx.Err()
+	}
+}
+
+// sendAppends sends queued appends until the queue is empty.
+func (r *Redis) sendAppends() {
+	b := &r.appends
+	for {
+		b.mu.Lock()
+		batch := b.take()
+		if len(batch) == 0 {
+			b.calls--
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
+		if len(batch) == 1 {
+			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, batch[0].keys, batch[0].args))
+			batch[0].done <- appendAnswer{a, err}
+		} else {
+			items := make([]scriptItem, len(batch))
+			for i, q := range batch {
+				items[i] = scriptItem{keys: q.keys, args: q.args}
+			}
+			out, err := appendsScript.Exec(ctx, r.c, items)
+			for i, q := range batch {
+				switch {
+				case err != nil:
+					q.done <- appendAnswer{err: err}
+				case i >= len(out):
+					q.done <- appendAnswer{a: writeAnswer{verdict: writeFenced}}
+				default:
+					a, err := parseWriteStrings(out[i].AsStrSlice())
+					q.done <- appendAnswer{a, err}
+				}
+			}
+		}
+		cancel()
+	}
+}
+
+// take removes the next call's appends from the queue, within the bounds
+// (an append past maxAppendBytes alone goes alone); those whose owner
+// stopped are dropped. Called with mu held.
+func (b *appendBatcher) take() []*appendReq {
+	n, bytes := 0, 0
+	var batch []*appendReq
+	for _, q := range b.queue {
+		if len(batch) == maxAppendItems || (len(batch) > 0 && bytes+q.bytes > maxAppendBytes) {
+			break
+		}
+		n++
+		b.bytes -= q.bytes
+		if q.ctx.Err() != nil {
+			continue
+		}
+		batch = append(batch, q)
+		bytes += q.bytes
+	}
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	return batch
+}

@@ -1,0 +1,273 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// appendLease is the lease of the tests of batched appends: long enough
+// that no renewal (a script call of its own) runs while they count the
+// append calls.
+const appendLease = 30 * time.Second
+
+// ownerOf returns the owner of f on r.
+func ownerOf(tb testing.TB, r *Redis, f *Flight) *owner {
+	tb.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for o := range r.owners {
+		if o.f == f {
+			return o
+		}
+	}
+	tb.Fatalf("flight %d: no owner", f.Gen)
+	return nil
+}
+
+// mirroredStreams claims n keys on r, starts their streams with one event
+// each and has their owners mirror, as a follower's ask does; it returns
+// once every journal holds its event.
+func mirroredStreams(tb testing.TB, r *Redis, name string, n int) ([]Scope, []*Flight, [][]byte) {
+	tb.Helper()
+	scs, fs, wants := make([]Scope, n), make([]*Flight, n), make([][]byte, n)
+	for i := range n {
+		scs[i], fs[i], wants[i] = ownedStream(tb, r, name+"-"+strconv.Itoa(i), 1)
+		ownerOf(tb, r, fs[i]).ask()
+	}
+	for i := range n {
+		eventually(tb, 5*time.Second, func() error {
+			if got := journalLen(tb, r, scs[i]); got != 2 {
+				return fmt.Errorf("stream %d: %d journal entries; want the start and one event", i, got)
+			}
+			return nil
+		})
+	}
+	// Load the batch script, so that no NOSCRIPT retry is counted.
+	if _, err := appendsScript.Exec(context.Background(), r.c, nil); err != nil {
+		tb.Fatal(err)
+	}
+	return scs, fs, wants
+}
+
+// heldMod configures the stores of the tests that hold an append in a
+// stopped Redis: a timeout long enough that the held call is not given up
+// and sent again while the others queue on a loaded machine.
+func heldMod(c *RedisConfig) {
+	c.Lease = appendLease
+	c.Timeout = 10 * time.Second
+}
+
+// queued returns how many appends wait in r's batcher.
+func queued(r *Redis) int {
+	r.appends.mu.Lock()
+	defer r.appends.mu.Unlock()
+	return len(r.appends.queue)
+}
+
+// appendHeld appends one event to each of fs while srv is stopped: the
+// first's append is sent alone and held in Redis, the others queue behind
+// it; then srv resumes. It returns the events' bytes.
+func appendHeld(tb testing.TB, srv *redistest.Server, r *Redis, fs []*Flight) [][]byte {
+	tb.Helper()
+	got := make([][]byte, len(fs))
+	srv.Pause()
+	defer srv.Resume()
+	got[0] = appendN(tb, fs[0], fs[0].Events()+1, 1)
+	time.Sleep(20 * time.Millisecond) // the first append reaches the stopped server
+	for i, f := range fs[1:] {
+		got[i+1] = appendN(tb, f, f.Events()+1, 1)
+	}
+	eventually(tb, 5*time.Second, func() error {
+		if n := queued(r); n != len(fs)-1 {
+			return fmt.Errorf("%d appends queued; want %d", n, len(fs)-1)
+		}
+		return nil
+	})
+	return got
+}
+
+// TestRedisAppendsTogether: followed streams on one standalone Redis
+// whose events come at the same moments are appended in far fewer script
+// calls than batches (the appends of many owners go in one call), and
+// each follower on the other replica still gets every event byte for
+// byte.
+func TestRedisAppendsTogether(t *testing.T) {
+	t.Parallel()
+	const streams, rounds = 32, 20
+	srv := redistest.Start(t)
+	mod := func(c *RedisConfig) { c.Lease = appendLease }
+	rs := []*Redis{newRedis(t, srv.Addr, "together", mod), newRedis(t, srv.Addr, "together", mod)}
+	fs, subs, wants := make([]*Flight, streams), make([]*Sub, streams), make([][]byte, streams)
+	for i := range streams {
+		var sc Scope
+		sc, fs[i], wants[i] = ownedStream(t, rs[0], "s"+strconv.Itoa(i), 1)
+		j := rbegin(t, rs[1], sc, "fp")
+		if j.Decision != Join {
+			t.Fatalf("stream %d: duplicate got %v; want join", i, j.Decision)
+		}
+		subs[i], _ = j.Flight.Subscribe(0)
+		defer subs[i].Close()
+	}
+	eventually(t, appendLease/2, func() error {
+		if m := rs[0].Stats().Mirrors; m != streams {
+			return fmt.Errorf("%d owners mirror; want %d", m, streams)
+		}
+		return nil
+	})
+	eventually(t, 5*time.Second, func() error {
+		if e := rs[0].Stats().Events; e != streams {
+			return fmt.Errorf("%d events in Redis; want %d", e, streams)
+		}
+		return nil
+	})
+	before, batches := readRedisCost(t, srv.Addr), rs[0].Stats().Batches
+	for round := range rounds {
+		for i, f := range fs {
+			wants[i] = append(wants[i], appendN(t, f, round+2, 1)...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	eventually(t, 5*time.Second, func() error {
+		if e := rs[0].Stats().Events; e != streams*(rounds+1) {
+			return fmt.Errorf("%d events in Redis; want %d", e, streams*(rounds+1))
+		}
+		return nil
+	})
+	calls := readRedisCost(t, srv.Addr).scripts - before.scripts
+	batches = rs[0].Stats().Batches - batches
+	t.Logf("%d events of %d streams: %d batches in %d script calls", streams*rounds, streams, batches, calls)
+	// Alone, each batch is a call; a round's 32 appends, all ready within
+	// a round trip or two, go in a few calls however loaded the machine.
+	if calls*4 > batches {
+		t.Fatalf("%d script calls for %d batches; want at most a quarter as many", calls, batches)
+	}
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		wg.Go(func() {
+			if !f.Commit(nil) {
+				t.Errorf("stream %d: Commit: got false", i)
+				return
+			}
+			if got, ended := follow(subs[i], 5*time.Second); !ended || !bytes.Equal(got, wants[i]) {
+				t.Errorf("stream %d: the follower got %d bytes (ended %v); want the owner's %d", i, len(got), ended, len(wants[i]))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestRedisAppendsFencedInBatch: an owner fenced by another replica, whose
+// append goes in one call with other owners', is fenced alone: its flight
+// fails, and the others' events reach Redis whole and commit.
+func TestRedisAppendsFencedInBatch(t *testing.T) {
+	t.Parallel()
+	const streams = 8
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "fenced", heldMod)
+	scs, fs, wants := mirroredStreams(t, r, "f", streams)
+	const victim = 3
+	// Another replica took the key over: st names another token.
+	if err := r.c.Do(context.Background(), r.c.B().Hset().Key(r.keys(scs[victim]).st).FieldValue().
+		FieldValue("tok", "another").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	before := readRedisCost(t, srv.Addr)
+	for i, p := range appendHeld(t, srv, r, fs) {
+		wants[i] = append(wants[i], p...)
+	}
+	if state := waitDone(t, fs[victim], 5*time.Second); state != StateCommitUnknown {
+		t.Fatalf("fenced owner: state %v; want commit_unknown", state)
+	}
+	if _, reason, _ := fs[victim].Outcome(); reason != ReasonGenerationLost {
+		t.Fatalf("fenced owner: reason %q; want %s", reason, ReasonGenerationLost)
+	}
+	for i := range fs {
+		if i == victim {
+			continue
+		}
+		eventually(t, 5*time.Second, func() error {
+			if n := journalLen(t, r, scs[i]); n != 3 {
+				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
+			}
+			return nil
+		})
+	}
+	// The held append, then the others' in one call.
+	if calls := readRedisCost(t, srv.Addr).scripts - before.scripts; calls != 2 {
+		t.Fatalf("%d script calls for the appends; want 2", calls)
+	}
+	for i, f := range fs {
+		if i == victim {
+			continue
+		}
+		if !f.Commit(nil) {
+			t.Fatalf("stream %d: Commit: got false; want true", i)
+		}
+		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
+		}
+	}
+}
+
+// TestRedisAppendsPrevInBatch: an owner whose journal in Redis lost its
+// tail (a failover) gets "prev" within a batch of other owners' appends:
+// it alone re-appends from where Redis's journal ends, and every journal
+// ends whole.
+func TestRedisAppendsPrevInBatch(t *testing.T) {
+	t.Parallel()
+	const streams = 8
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "prev", heldMod)
+	scs, fs, wants := mirroredStreams(t, r, "p", streams)
+	const lost = 5
+	// A failover lost the acknowledged event: the journal ends at the
+	// start, and its top id with it (which XDEL would keep).
+	if err := r.c.Do(context.Background(), r.c.B().Eval().Script(`
+local e = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+redis.call('DEL', KEYS[1])
+redis.call('XADD', KEYS[1], e[1], unpack(e[2]))`).Numkeys(1).Key(r.keys(scs[lost]).j).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatal(err)
+	}
+	if n := journalLen(t, r, scs[lost]); n != 1 {
+		t.Fatalf("the journal after the loss: %d entries; want the start only", n)
+	}
+	before, batches := readRedisCost(t, srv.Addr), r.Stats().Batches
+	for i, p := range appendHeld(t, srv, r, fs) {
+		wants[i] = append(wants[i], p...)
+	}
+	for i, f := range fs {
+		eventually(t, 5*time.Second, func() error {
+			if n := journalLen(t, r, scs[i]); n != 3 {
+				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
+			}
+			return nil
+		})
+		select {
+		case <-f.Done():
+			t.Fatalf("stream %d: ended; want it live", i)
+		default:
+		}
+	}
+	// The held append, the others' in one call, and the lost journal's
+	// re-append alone; each batch Redis took is counted.
+	calls := readRedisCost(t, srv.Addr).scripts - before.scripts
+	if b := r.Stats().Batches - batches; calls != 3 || b != streams {
+		t.Fatalf("%d script calls, %d batches; want 3 calls and %d batches", calls, b, streams)
+	}
+	for i, f := range fs {
+		if !f.Commit(nil) {
+			t.Fatalf("stream %d: Commit: got false; want true", i)
+		}
+		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
+		}
+	}
+}
