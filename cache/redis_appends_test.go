@@ -271,3 +271,49 @@ redis.call('XADD', KEYS[1], e[1], unpack(e[2]))`).Numkeys(1).Key(r.keys(scs[lost
 		}
 	}
 }
+
+// TestRedisAppendsCallFails: a call of many owners' appends that times out
+// (Redis stopped) fails each of them as a failed append does alone: each
+// owner retries, and once Redis answers (and ran the late call) each
+// takes its events as written, without a fence or a gap.
+func TestRedisAppendsCallFails(t *testing.T) {
+	t.Parallel()
+	const streams = 8
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "fails", func(c *RedisConfig) {
+		c.Lease = appendLease
+		c.Timeout = 300 * time.Millisecond
+	})
+	scs, fs, wants := mirroredStreams(t, r, "x", streams)
+	unavailable := r.Stats().Unavailable
+	srv.Pause()
+	for i, f := range fs {
+		wants[i] = append(wants[i], appendN(t, f, 2, 1)...)
+	}
+	eventually(t, 5*time.Second, func() error {
+		// Each owner's append failed at least once: the held one alone,
+		// the others in one call (or more, on a loaded machine).
+		if n := r.Stats().Unavailable - unavailable; n < streams {
+			return fmt.Errorf("%d failed appends; want each of the %d", n, streams)
+		}
+		return nil
+	})
+	srv.Resume()
+	for i, f := range fs {
+		eventually(t, 5*time.Second, func() error {
+			if n := journalLen(t, r, scs[i]); n != 3 {
+				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
+			}
+			return nil
+		})
+		if !f.Commit(nil) {
+			t.Fatalf("stream %d: Commit: got false; want true", i)
+		}
+		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
+		}
+	}
+	if st := r.Stats(); st.Fenced != 0 {
+		t.Fatalf("%d owners fenced; want none", st.Fenced)
+	}
+}
