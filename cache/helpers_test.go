@@ -345,18 +345,3 @@ func runScript(tb testing.TB, r *Redis, s script, keys, args []string) {
 		tb.Fatal(err)
 	}
 }
-
-// runTogether runs s once per scope of ks in one pipelined write, as
-// renewAll's renewals, sent at once, go.
-func runTogether(tb testing.TB, r *Redis, s script, ks []rkeys, args func(rkeys) []string) {
-	tb.Helper()
-	execs := make([]rueidis.LuaExec, len(ks))
-	for i, k := range ks {
-		execs[i] = rueidis.LuaExec{Keys: k.withoutResult, Args: args(k)}
-	}
-	for _, res := range s.ExecMulti(r.ctx, r.c, execs...) {
-		if err := res.Error(); err != nil {
-			tb.Fatal(err)
-		}
-	}
-}

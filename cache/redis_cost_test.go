@@ -150,18 +150,34 @@ func BenchmarkRedisCost(b *testing.B) {
 		exec(globalScript, r.globalKeys(), []string{fresh().h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
 	})
 	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
-	run("renew", claimed, func(_ int, k rkeys) {
-		exec(renewScript, k.withoutResult, []string{"tok", k.h, ms(r.cfg.Lease), "",
-			string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())})
-	})
-	// 64 renewals in one pipelined write, as renewAll sends them: an op is
-	// the 64.
+	// A renewal as renewAll sends it mid-stream: the lease, and the
+	// generation's progress (what moved since the last renewal).
+	renewItem := func(k rkeys) batchItem {
+		return batchItem{keys: k.withoutResult, args: []string{"tok", k.h, ms(r.cfg.Lease), "",
+			"events", "120", "bytes", "45000", "updated", nowMS(time.Now())}}
+	}
+	renew := func(items ...batchItem) {
+		out, err := renewScript.exec(ctx, r.c, items)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range out {
+			if n, err := m.AsInt64(); err != nil || n != 1 {
+				b.Fatalf("renewal: %d %v", n, err)
+			}
+		}
+	}
+	// One renewal a call, as on a Cluster.
+	run("renew", claimed, func(_ int, k rkeys) { renew(renewItem(k)) })
+	// 64 renewals in one call, as renewAll sends them on a standalone
+	// Redis: an op is the 64.
 	together := claimed(64)
 	run("renew-64", nil, func(int, rkeys) {
-		runTogether(b, r, renewScript, together, func(k rkeys) []string {
-			return []string{"tok", k.h, ms(r.cfg.Lease), "",
-				string(StateExecutionStarted), "1", "200", "gpt-4o-mini", "", "120", "45000", nowMS(time.Now())}
-		})
+		items := make([]batchItem, len(together))
+		for i, k := range together {
+			items[i] = renewItem(k)
+		}
+		renew(items...)
 	})
 	run("finish", claimed, func(_ int, k rkeys) {
 		gen := k.h

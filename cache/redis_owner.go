@@ -59,8 +59,8 @@ type owner struct {
 	t0        time.Time
 	lastRenew atomic.Int64
 	// extended is when (as time since t0) the last extension of st and j
-	// was sent, and sentMarks the progress the last renewal sent; both
-	// are the renewal loop's alone.
+	// was sent, and sentMarks the fields of st as the renewals sent them;
+	// both are the renewal loop's alone.
 	extended  time.Duration
 	sentMarks renewedMarks
 	// flushedBytes is the journal's size in Redis, for the failure record;
@@ -390,11 +390,12 @@ func headJSON(h Head) string {
 }
 
 // renewLoop keeps the leases of every generation this replica owns:
-// every Lease/3 it sends all their renewals at once, so that the client's
-// pipelining writes them together and Redis reads them together, rather
-// than each with a read (and a wake-up) of its own, which cost more than
-// the script itself. An owner is fenced when Redis says another replica
-// took over, or when no renewal got through for a whole lease.
+// every Lease/3 it sends all their renewals at once, so that Redis takes
+// them in a few script calls read together (on a Cluster, a call each,
+// pipelined), rather than each with a call, a read and a wake-up of its
+// own, which cost more than the renewal itself. An owner is fenced when
+// Redis says another replica took over, or when no renewal got through
+// for a whole lease.
 func (r *Redis) renewLoop() {
 	t := time.NewTicker(r.cfg.Lease / 3)
 	defer t.Stop()
@@ -408,10 +409,13 @@ func (r *Redis) renewLoop() {
 	}
 }
 
-// renewAll renews the leases of the generations this replica owns, each
-// with a call of its own sent at once (not ExecMulti: it loads the script
-// on every node first and fails every call when one node is down, which
-// on a Cluster would fence the owners of the healthy nodes' keys too).
+// renewAll renews the leases of the generations this replica owns. On a
+// standalone Redis they go in batches of renewScript (the keys of many
+// scopes in one call); on a Cluster, whose scopes are in different slots,
+// each in a call of its own. The calls are sent at once, not with
+// ExecMulti: it loads the script on every node first and fails every call
+// when one node is down, which on a Cluster would fence the owners of the
+// healthy nodes' keys too.
 func (r *Redis) renewAll() {
 	r.mu.Lock()
 	owners := slices.Collect(maps.Keys(r.owners))
@@ -423,58 +427,89 @@ func (r *Redis) renewAll() {
 	defer cancel()
 	r.renewals.Add(int64(len(owners)))
 	now := time.Now()
+	rns := make([]renewal, len(owners))
+	items := make([]batchItem, len(owners))
+	for i, o := range owners {
+		rns[i] = o.renewal(now.Sub(o.t0))
+		items[i] = batchItem{keys: o.k.withoutResult, args: rns[i].args}
+	}
+	per := 1
+	if r.sharedKeys() {
+		per = maxBatchItems
+	}
 	var wg sync.WaitGroup
-	for _, o := range owners {
-		sent := now.Sub(o.t0)
-		args := o.renewArgs(sent)
+	for _, run := range batchRuns(items, per) {
+		rs := rns[:len(run)]
+		rns = rns[len(run):]
 		wg.Go(func() {
-			n, err := renewScript.Exec(ctx, r.c, o.k.withoutResult, args).AsInt64()
-			o.renewed(sent, n, err)
+			out, err := renewScript.exec(ctx, r.c, run)
+			for i, rn := range rs {
+				n, e := int64(0), err
+				if err == nil {
+					n, e = out[i].AsInt64()
+				}
+				rn.o.renewed(rn, n, e)
+			}
 		})
 	}
 	wg.Wait()
 }
 
-// renewArgs are renewScript's arguments for this owner, sent at sent
-// since t0. They extend st and j once a quarter of LiveTTL passed since
-// the last extension sent (the claim's first), so that Redis keeps them
-// LiveTTL past the last renewal at most and three quarters of it at
-// least. While the journal is not mirrored, they carry the marks and the
-// journal's size when those moved since the last renewal's.
-func (o *owner) renewArgs(sent time.Duration) []string {
-	live := ""
+// renewal is one owner's renewal as renewAll sends it.
+type renewal struct {
+	o       *owner
+	sent    time.Duration // since o.t0
+	args    []string      // renewScript's
+	extends bool          // args extend st and j
+	marks   bool          // args set fields of st
+}
+
+// renewal makes this owner's renewal, sent at sent since t0. It extends
+// st and j once a quarter of LiveTTL passed since the last extension sent
+// (the claim's first), so that Redis keeps them LiveTTL past the last
+// renewal at most and three quarters of it at least. While the journal is
+// not mirrored, it sets the fields of st that moved since the renewals
+// sent them (the generation's mark, events and bytes), and then updated.
+// A field is never cleared (0 and "" are not sent): the claim wrote the
+// zeros.
+func (o *owner) renewal(sent time.Duration) renewal {
+	rn := renewal{o: o, sent: sent, args: []string{o.tok, o.gen, ms(o.r.cfg.Lease), ""}}
 	if sent-o.extended >= o.r.cfg.LiveTTL/4 {
-		live, o.extended = ms(o.r.cfg.LiveTTL), sent
+		rn.args[3], o.extended, rn.extends = ms(o.r.cfg.LiveTTL), sent, true
 	}
-	args := []string{o.tok, o.gen, ms(o.r.cfg.Lease), live}
-	if !o.mirror.Load() {
-		mk, ver := o.markNow()
-		p := renewedMarks{ver: ver, events: o.f.Events(), bytes: o.journalBytes()}
-		if p != o.sentMarks {
-			o.sentMarks = p
-			args = append(args, string(mk.state), strconv.Itoa(mk.attempts),
-				strconv.Itoa(mk.status), mk.model, mk.fallbacks, strconv.Itoa(p.events),
-				strconv.FormatInt(p.bytes, 10), nowMS(o.r.cfg.Now()))
+	if o.mirror.Load() {
+		return rn
+	}
+	mk, _ := o.markNow()
+	p := renewedMarks{string(mk.state), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status),
+		mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()), strconv.FormatInt(o.journalBytes(), 10)}
+	for i, v := range p {
+		if v != "" && v != "0" && v != o.sentMarks[i] {
+			rn.args = append(rn.args, renewedFields[i], v)
+			o.sentMarks[i] = v
 		}
 	}
-	return args
+	if rn.marks = len(rn.args) > 4; rn.marks {
+		rn.args = append(rn.args, "updated", nowMS(o.r.cfg.Now()))
+	}
+	return rn
 }
 
-// renewedMarks is what a renewal told Redis of the generation's progress.
-type renewedMarks struct {
-	ver, events int
-	bytes       int64
-}
+// renewedFields are the fields of st a renewal sets, and renewedMarks
+// their values as the renewals sent them.
+var renewedFields = [...]string{"state", "attempts", "status", "model", "fallbacks", "events", "bytes"}
 
-// renewed takes a renewal's answer, sent at sent since t0: one that finds
-// a follower's ask starts the mirror (the ask's signal may have been lost).
-func (o *owner) renewed(sent time.Duration, n int64, err error) {
+type renewedMarks [len(renewedFields)]string
+
+// renewed takes a renewal's answer: one that finds a follower's ask starts
+// the mirror (the ask's signal may have been lost).
+func (o *owner) renewed(rn renewal, n int64, err error) {
 	if o.ctx.Err() != nil { // shut down meanwhile
 		return
 	}
 	switch {
 	case err == nil && n >= 1:
-		o.lastRenew.Store(int64(sent))
+		o.lastRenew.Store(int64(rn.sent))
 		if n == 2 {
 			o.ask()
 		}
@@ -482,8 +517,14 @@ func (o *owner) renewed(sent time.Duration, n int64, err error) {
 		o.fenceAside(ReasonGenerationLost)
 	case o.r.ctx.Err() != nil:
 	default:
-		// Whether it reached Redis is unknown: the next renewal sends all.
-		o.extended, o.sentMarks = -o.r.cfg.LiveTTL, renewedMarks{}
+		// Whether it reached Redis is unknown: the next renewal sends
+		// again what this one sent (what earlier ones sent is known).
+		if rn.extends {
+			o.extended = -o.r.cfg.LiveTTL
+		}
+		if rn.marks {
+			o.sentMarks = renewedMarks{}
+		}
 		o.r.unavailable.Add(1)
 		if o.leaseLapsed() {
 			o.fenceAside(ReasonStoreUnavailable)

@@ -380,20 +380,21 @@ func parseWriteStrings(out []string, err error) (writeAnswer, error) {
 // renewScript extends the owner's lease. A lease that expired while st
 // still names this owner (a pause nobody reaped) is set again: ownership
 // lives in st, the lease only signals death. An owner that does not
-// mirror its journal sends its marks here when they moved, so that other
+// mirror its journal sends the marks that moved here, so that other
 // replicas' key info follows it within a renewal without a write per
 // event. st and j are extended only when the owner asks (Redis's expiry
 // of them need not move at every renewal: it only cleans up after every
-// replica vanished).
+// replica vanished). It is a batch script: a replica renews many owners
+// in one call (renewAll).
 //
 // KEYS: st, lease, j
 // ARGV: tok, gen, lease ms, live ttl ms ("": leave the expiries of st and
-// j as they are), then, or "" to leave st as it is: state, attempts,
-// status, model, fallbacks, events, bytes, now ms
+// j as they are), then field, value pairs to set in st (none: leave st as
+// it is)
 //
 // Returns 1 while this owner holds the generation, 2 when it does and a
 // follower asked for its journal (st.want), 0 once it does not.
-var renewScript = rueidis.NewLuaScript(`
+var renewScript = newBatchScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
@@ -401,16 +402,9 @@ if ARGV[4] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
 end
-if ARGV[5] and ARGV[5] ~= '' then
-  local f = {'state', ARGV[5], 'attempts', ARGV[6], 'events', ARGV[10], 'bytes', ARGV[11], 'updated', ARGV[12]}
-  if ARGV[7] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[7]) end
-  if ARGV[8] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[8]) end
-  if ARGV[9] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[9]) end
-  redis.call('HSET', KEYS[1], unpack(f))
-end
+if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
 if s[4] then return 2 end
-return 1
-`)
+return 1`)
 
 // finishScript ends a generation: committed with its result, or failed.
 // It is idempotent per (gen, tok): re-running it after a lost reply

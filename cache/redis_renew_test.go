@@ -1,0 +1,306 @@
+package cache
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// renewLease is the lease of the tests that call renewAll themselves: long
+// enough that the renewal loop does not tick during the test.
+const renewLease = time.Minute
+
+// redisCalls returns how many times the server at addr ran each command
+// (INFO commandstats), inner commands of scripts included.
+func redisCalls(tb testing.TB, addr string) map[string]int64 {
+	tb.Helper()
+	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	calls := map[string]int64{}
+	for _, l := range strings.Split(stats, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		calls[cmd], _ = strconv.ParseInt(v, 10, 64)
+	}
+	return calls
+}
+
+// leaseLeft returns the time to live of sc's lease (negative: none).
+func leaseLeft(tb testing.TB, r *Redis, sc Scope) time.Duration {
+	tb.Helper()
+	n, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).lease).Build()).AsInt64()
+	if err != nil {
+		tb.Fatalf("PTTL: %v", err)
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
+// shortenLease leaves sc's lease a second to live, so that a renewal shows.
+func shortenLease(tb testing.TB, r *Redis, sc Scope) {
+	tb.Helper()
+	if err := r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.keys(sc).lease).Milliseconds(1000).Build()).Error(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// TestRedisRenewalsBatched: on a standalone Redis a replica renews its
+// owners' leases in batches, one script call for up to maxBatchItems of
+// them, and every lease is renewed and every owner's progress reaches st.
+func TestRedisRenewalsBatched(t *testing.T) {
+	t.Parallel()
+	const owners = 2*maxBatchItems + 1
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "batched", func(c *RedisConfig) { c.Lease = renewLease })
+	scs := make([]Scope, owners)
+	fs := make([]*Flight, owners)
+	for i := range scs {
+		scs[i] = Scope{Tenant: "t", Key: strconv.Itoa(i)}
+		fs[i] = rbegin(t, r, scs[i], "fp").Flight
+		startStream(t, fs[i])
+		appendN(t, fs[i], 1, i%5+1)
+	}
+	r.renewAll() // loads the script: its first calls are answered NOSCRIPT and sent again
+	for _, sc := range scs {
+		shortenLease(t, r, sc)
+	}
+	before := redisCalls(t, srv.Addr)
+	r.renewAll()
+	after := redisCalls(t, srv.Addr)
+	if n, most := after["evalsha"]+after["eval"]-before["evalsha"]-before["eval"], int64(3); n > most {
+		t.Errorf("script calls for %d owners' renewals: got %d; want at most %d", owners, n, most)
+	}
+	for i, sc := range scs {
+		if left := leaseLeft(t, r, sc); left < renewLease/2 {
+			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i, left, renewLease)
+		}
+		if ki, ok := r.Info(sc); !ok || ki.State != StateExecutionStarted || ki.Events != i%5+1 {
+			t.Fatalf("owner %d: key info %+v (found %v); want execution_started with %d events", i, ki, ok, i%5+1)
+		}
+	}
+	for _, f := range fs {
+		f.Fail(StateFailedRetryable, "test over", nil)
+	}
+}
+
+// TestRedisRenewalBatchAnswers: each owner of one batch gets its own
+// answer: one whose key another replica took is fenced, one whose journal
+// a follower asked for starts mirroring, and the others keep their leases.
+func TestRedisRenewalBatchAnswers(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	long := func(c *RedisConfig) { c.Lease = renewLease }
+	a := newRedis(t, srv.Addr, "answers", long)
+	b := newRedis(t, srv.Addr, "answers", long)
+	var scs [4]Scope
+	var fs [4]*Flight
+	for i := range scs {
+		scs[i], fs[i], _ = ownedStream(t, a, "k"+strconv.Itoa(i), 10)
+	}
+	taken, asked := scs[0], scs[1]
+	a.renewAll() // loads the script; the fence and the ask are found by the next renewal
+	expireLease(t, a, taken)
+	if got := rbegin(t, b, taken, "fp"); got.Decision != Miss {
+		t.Fatalf("claim after the lease expired: got %v; want miss", got.Decision)
+	}
+	askDirectly(t, a, asked)
+	for _, sc := range scs[2:] {
+		shortenLease(t, a, sc)
+	}
+	m := monitor(t, srv.Addr)
+	a.renewAll()
+	// The top-level script calls naming the leases of the owners that only
+	// renew: the fence's and the mirror's scripts name neither.
+	calls := 0
+	for _, l := range m.stop() {
+		cmd := strings.ToLower(l)
+		if !strings.Contains(l, " [0 lua] ") && (strings.Contains(cmd, `] "evalsha" `) || strings.Contains(cmd, `] "eval" `)) &&
+			(strings.Contains(l, `"`+a.keys(scs[2]).lease+`"`) || strings.Contains(l, `"`+a.keys(scs[3]).lease+`"`)) {
+			calls++
+		}
+	}
+	if calls != 1 {
+		t.Errorf("script calls renewing two owners of one replica: got %d; want 1", calls)
+	}
+	if state, reason, _ := waitOutcome(t, fs[0]); state == StateCommitted || reason != ReasonGenerationLost {
+		t.Fatalf("owner whose key was taken: got %v (%s); want a failure with %s", state, reason, ReasonGenerationLost)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if n := journalLen(t, a, asked); n != 11 {
+			return fmt.Errorf("journal of the asked owner: %d entries; want the start and 10 events", n)
+		}
+		return nil
+	})
+	for i, f := range fs[1:] {
+		select {
+		case <-f.Done():
+			t.Fatalf("owner %d ended: %v", i+1, waitDone(t, f, 0))
+		default:
+		}
+		if left := leaseLeft(t, a, scs[i+1]); left < renewLease/2 {
+			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i+1, left, renewLease)
+		}
+		f.Fail(StateFailedRetryable, "test over", nil)
+	}
+}
+
+// waitOutcome waits for f to end and returns its outcome.
+func waitOutcome(tb testing.TB, f *Flight) (State, string, []byte) {
+	tb.Helper()
+	waitDone(tb, f, 10*time.Second)
+	return f.Outcome()
+}
+
+// TestRedisRenewalAfterFailure: a renewal whose answer did not come makes
+// the next one send again only what it sent: a renewal that carried
+// neither the marks nor the extension of st and j costs the next no HSET
+// and no PEXPIRE.
+func TestRedisRenewalAfterFailure(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "failure", func(c *RedisConfig) { c.Lease = renewLease })
+	var scs [3]Scope
+	var fs [3]*Flight
+	for i := range scs {
+		scs[i], fs[i], _ = ownedStream(t, r, "k"+strconv.Itoa(i), 10)
+	}
+	r.renewAll() // sends the marks
+	// Redis takes no command for longer than a renewal waits: the renewal
+	// fails, whether it ran (once the pause is over) unknown.
+	if _, err := redistest.Command(srv.Addr, 5*time.Second, "CLIENT", "PAUSE", "2500", "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	unavailable := r.Stats().Unavailable
+	r.renewAll()
+	if n := r.Stats().Unavailable - unavailable; n != int64(len(fs)) {
+		t.Fatalf("renewals failed during the pause: got %d; want %d", n, len(fs))
+	}
+	if _, err := redistest.Command(srv.Addr, 10*time.Second, "PING"); err != nil { // answered once the pause is over
+		t.Fatal(err)
+	}
+	for _, sc := range scs {
+		shortenLease(t, r, sc)
+	}
+	before := redisCalls(t, srv.Addr)
+	r.renewAll()
+	after := redisCalls(t, srv.Addr)
+	if r.Stats().Unavailable-unavailable != int64(len(fs)) {
+		t.Fatal("renewals after the pause failed")
+	}
+	for _, cmd := range []string{"hset", "pexpire"} {
+		if n := after[cmd] - before[cmd]; n != 0 {
+			t.Errorf("%s: %d calls by the renewals after a failed one that sent neither marks nor extension; want none", cmd, n)
+		}
+	}
+	for i, sc := range scs {
+		if left := leaseLeft(t, r, sc); left < renewLease/2 {
+			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i, left, renewLease)
+		}
+		fs[i].Fail(StateFailedRetryable, "test over", nil)
+	}
+}
+
+// TestRedisRenewalSendsWhatMoved: a renewal sets only the fields of st
+// that moved since the renewals sent them (an event stream's events and
+// bytes), and none when nothing moved; the key info other replicas read
+// follows the owner all the same.
+func TestRedisRenewalSendsWhatMoved(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	long := func(c *RedisConfig) { c.Lease = renewLease }
+	a := newRedis(t, srv.Addr, "moved", long)
+	b := newRedis(t, srv.Addr, "moved", long)
+	sc, f, _ := ownedStream(t, a, "k", 10)
+	f.Mark(StateExecutionStarted, 1, 200) // again: it does not move
+	a.renewAll()
+	appendN(t, f, 11, 5)
+	hsets := func() []string {
+		t.Helper()
+		m := monitor(t, srv.Addr)
+		a.renewAll()
+		var hs []string
+		for _, l := range m.stop() {
+			if strings.Contains(l, " [0 lua] ") && strings.Contains(strings.ToLower(l), `"hset" `) {
+				hs = append(hs, l)
+			}
+		}
+		return hs
+	}
+	hs := hsets()
+	if len(hs) != 1 || !strings.Contains(hs[0], `"events" "15"`) || !strings.Contains(hs[0], `"bytes"`) ||
+		strings.Contains(hs[0], `"state"`) || strings.Contains(hs[0], `"attempts"`) || strings.Contains(hs[0], `"status"`) {
+		t.Fatalf("the renewal after 5 events: HSET %q; want one setting events, bytes and updated only", hs)
+	}
+	if ki, ok := b.Info(sc); !ok || ki.State != StateExecutionStarted || ki.Attempts != 1 || ki.LastStatus != 200 || ki.Events != 15 {
+		t.Fatalf("the other replica's key info: %+v (found %v); want execution_started, attempt 1, status 200, 15 events", ki, ok)
+	}
+	if hs := hsets(); len(hs) != 0 {
+		t.Fatalf("a renewal with nothing moved: HSET %q; want none", hs)
+	}
+	f.Fail(StateFailedRetryable, "test over", nil)
+}
+
+// monitored is what a MONITOR connection saw.
+type monitored struct {
+	tb    testing.TB
+	addr  string
+	lines chan []string
+}
+
+// monitor starts watching the commands the server at addr runs.
+func monitor(tb testing.TB, addr string) *monitored {
+	tb.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	rd := bufio.NewReader(c)
+	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+		tb.Fatal(err)
+	}
+	if l, err := rd.ReadString('\n'); err != nil || l != "+OK\r\n" {
+		tb.Fatalf("MONITOR: %q %v", l, err)
+	}
+	m := &monitored{tb: tb, addr: addr, lines: make(chan []string, 1)}
+	go func() {
+		var ls []string
+		for {
+			l, err := rd.ReadString('\n')
+			if err != nil || strings.Contains(strings.ToLower(l), `"echo" "monitor-end"`) {
+				m.lines <- ls
+				return
+			}
+			ls = append(ls, l)
+		}
+	}()
+	return m
+}
+
+// stop returns the commands the server ran since monitor: those before
+// an ECHO it sends.
+func (m *monitored) stop() []string {
+	m.tb.Helper()
+	if _, err := redistest.Command(m.addr, 5*time.Second, "ECHO", "monitor-end"); err != nil {
+		m.tb.Fatal(err)
+	}
+	select {
+	case ls := <-m.lines:
+		return ls
+	case <-time.After(10 * time.Second):
+		m.tb.Fatal("MONITOR: the end marker did not come")
+		return nil
+	}
+}
