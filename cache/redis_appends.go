@@ -5,14 +5,16 @@ import (
 	"sync"
 )
 
-// Bounds of one call of appendBatcher. Past a few dozen owners a call's
-// cost is its appends' own (each item's KEYS/ARGV set-up and writes), so
-// more items save little while they hold Redis longer; and a call carries
-// no more event bytes than one owner's largest batch (maxBatchBytes), so
-// it blocks Redis no longer than an owner's catch-up does alone.
+// Bounds of one call of appendBatcher. An append costs Redis more than a
+// renewal (its events' XADDs and st's fields), so a call takes half of
+// maxBatchItems to stay within the few hundred µs a batch script may hold
+// Redis; its bytes are bounded by maxBatchArgBytes, as every batch
+// script's. An append too large for either (a follower's first batch,
+// mostly) goes alone as appendScript, which also keeps it clear of Lua's
+// bound on unpack (about 8,000 values) in batchScript.
 const (
-	maxAppendItems = 64
-	maxAppendBytes = maxBatchBytes
+	maxAppendItems = maxBatchItems / 2
+	maxAppendArgs  = 4096
 	// maxAppendCalls bounds the calls in flight at once: a second call
 	// starts only when the queue holds a full call, so that a replica
 	// appending faster than one call per round trip is not held to it.
@@ -34,10 +36,10 @@ type appendBatcher struct {
 
 // appendReq is one owner's append, answered on done.
 type appendReq struct {
-	ctx        context.Context // the owner's: once done, its append is not sent
-	keys, args []string
-	bytes      int
-	done       chan appendAnswer // capacity 1
+	ctx   context.Context // the owner's: once done, its append is not sent
+	item  batchItem
+	bytes int
+	done  chan appendAnswer // capacity 1
 }
 
 type appendAnswer struct {
@@ -54,15 +56,13 @@ func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error
 		defer cancel()
 		return parseWriteAnswer(appendScript.Exec(ctx, r.c, keys, args))
 	}
-	req := &appendReq{ctx: o.ctx, keys: keys, args: args, done: make(chan appendAnswer, 1)}
-	for _, a := range args {
-		req.bytes += len(a)
-	}
+	it := batchItem{keys: keys, args: args}
+	req := &appendReq{ctx: o.ctx, item: it, bytes: it.size(), done: make(chan appendAnswer, 1)}
 	b := &r.appends
 	b.mu.Lock()
 	b.queue = append(b.queue, req)
 	b.bytes += req.bytes
-	if b.calls == 0 || (b.calls < maxAppendCalls && (len(b.queue) >= maxAppendItems || b.bytes >= maxAppendBytes)) {
+	if b.calls == 0 || (b.calls < maxAppendCalls && (len(b.queue) >= maxAppendItems || b.bytes >= maxBatchArgBytes)) {
 		b.calls++
 		r.wg.Go(r.sendAppends)
 	}
@@ -89,38 +89,37 @@ func (r *Redis) sendAppends() {
 		b.mu.Unlock()
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 		if len(batch) == 1 {
-			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, batch[0].keys, batch[0].args))
+			it := batch[0].item
+			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, it.keys, it.args))
 			batch[0].done <- appendAnswer{a, err}
 		} else {
-			items := make([]scriptItem, len(batch))
+			items := make([]batchItem, len(batch))
 			for i, q := range batch {
-				items[i] = scriptItem{keys: q.keys, args: q.args}
+				items[i] = q.item
 			}
-			out, err := appendsScript.Exec(ctx, r.c, items)
+			out, err := appendsScript.exec(ctx, r.c, items)
 			for i, q := range batch {
-				switch {
-				case err != nil:
+				if err != nil {
 					q.done <- appendAnswer{err: err}
-				case i >= len(out):
-					q.done <- appendAnswer{a: writeAnswer{verdict: writeFenced}}
-				default:
-					a, err := parseWriteStrings(out[i].AsStrSlice())
-					q.done <- appendAnswer{a, err}
+					continue
 				}
+				a, err := parseWriteStrings(out[i].AsStrSlice())
+				q.done <- appendAnswer{a, err}
 			}
 		}
 		cancel()
 	}
 }
 
-// take removes the next call's appends from the queue, within the bounds
-// (an append past maxAppendBytes alone goes alone); those whose owner
-// stopped are dropped. Called with mu held.
+// take removes the next call's appends from the queue, within the bounds;
+// an append too large for a batch goes alone. Those whose owner stopped
+// are dropped. Called with mu held.
 func (b *appendBatcher) take() []*appendReq {
 	n, bytes := 0, 0
 	var batch []*appendReq
 	for _, q := range b.queue {
-		if len(batch) == maxAppendItems || (len(batch) > 0 && bytes+q.bytes > maxAppendBytes) {
+		alone := q.bytes > maxBatchArgBytes || len(q.item.args) > maxAppendArgs
+		if len(batch) == maxAppendItems || (len(batch) > 0 && (alone || bytes+q.bytes > maxBatchArgBytes)) {
 			break
 		}
 		n++
@@ -130,6 +129,9 @@ func (b *appendBatcher) take() []*appendReq {
 		}
 		batch = append(batch, q)
 		bytes += q.bytes
+		if alone {
+			break
+		}
 	}
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {

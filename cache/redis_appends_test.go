@@ -51,7 +51,7 @@ func mirroredStreams(tb testing.TB, r *Redis, name string, n int) ([]Scope, []*F
 		})
 	}
 	// Load the batch script, so that no NOSCRIPT retry is counted.
-	if _, err := appendsScript.Exec(context.Background(), r.c, nil); err != nil {
+	if _, err := appendsScript.exec(context.Background(), r.c, nil); err != nil {
 		tb.Fatal(err)
 	}
 	return scs, fs, wants
@@ -315,5 +315,115 @@ func TestRedisAppendsCallFails(t *testing.T) {
 	}
 	if st := r.Stats(); st.Fenced != 0 {
 		t.Fatalf("%d owners fenced; want none", st.Fenced)
+	}
+}
+
+// BenchmarkRedisFollowed measures what Redis spends on 64 streams of 100
+// events paced together (one event each every 20 ms), each followed by a
+// join on another replica from its first event, so that every event is
+// mirrored: claims, joins, appends, tail reads and commits. An op is the
+// 64 streams; the metrics are per event.
+func BenchmarkRedisFollowed(b *testing.B) {
+	const streams, events, pace = 64, 100, 20 * time.Millisecond
+	srv := redistest.Start(b)
+	mod := func(c *RedisConfig) { c.Lease = appendLease }
+	rs := []*Redis{newRedis(b, srv.Addr, "followed", mod), newRedis(b, srv.Addr, "followed", mod)}
+	costStream(b, rs[0], "warm") // loads the scripts
+	if _, err := appendsScript.exec(context.Background(), rs[0].c, nil); err != nil {
+		b.Fatal(err)
+	}
+	before := readRedisCost(b, srv.Addr)
+	b.ResetTimer()
+	for n := range b.N {
+		fs, subs := make([]*Flight, streams), make([]*Sub, streams)
+		for i := range streams {
+			sc := Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}
+			fs[i] = rbegin(b, rs[0], sc, "fp").Flight
+			startStream(b, fs[i])
+			if _, err := fs[i].Append("", chatChunk); err != nil {
+				b.Fatal(err)
+			}
+			j := rbegin(b, rs[1], sc, "fp")
+			if j.Decision != Join {
+				b.Fatalf("stream %d: duplicate got %v; want join", i, j.Decision)
+			}
+			subs[i], _ = j.Flight.Subscribe(0)
+		}
+		for range events - 1 {
+			time.Sleep(pace)
+			for _, f := range fs {
+				if _, err := f.Append("", chatChunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		for i, f := range fs {
+			wg.Go(func() {
+				defer subs[i].Close()
+				if !f.Commit(nil) {
+					b.Error("Commit: got false")
+				}
+				if _, ended := follow(subs[i], 5*time.Second); !ended {
+					b.Error("a follower did not end")
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.StopTimer()
+	st := rs[0].Stats()
+	b.N *= streams * events // per event
+	reportRedisCost(b, srv.Addr, before)
+	b.ReportMetric(float64(st.Batches)/float64(b.N), "batches/op")
+}
+
+// TestRedisAppendsCatchUpAlone: a follower's first batch past a batch
+// call's bounds (thousands of events) queued among other owners' appends
+// goes in a call of its own, and every journal ends whole.
+func TestRedisAppendsCatchUpAlone(t *testing.T) {
+	t.Parallel()
+	const streams, held = 8, 3000
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "catchup", heldMod)
+	scs, fs, wants := mirroredStreams(t, r, "c", streams)
+	bigSc, big, bigWant := ownedStream(t, r, "big", held)
+	before := readRedisCost(t, srv.Addr)
+	srv.Pause()
+	wants[0] = append(wants[0], appendN(t, fs[0], 2, 1)...)
+	time.Sleep(20 * time.Millisecond)
+	for i, f := range fs[1:4] {
+		wants[i+1] = append(wants[i+1], appendN(t, f, 2, 1)...)
+	}
+	ownerOf(t, r, big).ask()
+	for i, f := range fs[4:] {
+		wants[i+4] = append(wants[i+4], appendN(t, f, 2, 1)...)
+	}
+	time.Sleep(100 * time.Millisecond) // the appends and the catch-up queue, or wait in calls of their own
+	srv.Resume()
+	scs, fs, wants = append(scs, bigSc), append(fs, big), append(wants, bigWant)
+	for i := range fs {
+		eventually(t, 5*time.Second, func() error {
+			if n, want := journalLen(t, r, scs[i]), int64(fs[i].Events()+1); n != want {
+				return fmt.Errorf("stream %d: %d journal entries; want %d", i, n, want)
+			}
+			return nil
+		})
+	}
+	// The held append; the others in calls around the catch-up, which a
+	// full queue's bytes sends at once in more calls at a time.
+	if calls := readRedisCost(t, srv.Addr).scripts - before.scripts; calls > 1+maxAppendCalls+1 {
+		t.Fatalf("%d script calls; want at most %d", calls, 1+maxAppendCalls+1)
+	}
+	if st := r.Stats(); st.Fenced != 0 {
+		t.Fatalf("%d owners fenced; want none", st.Fenced)
+	}
+	for i, f := range fs {
+		if !f.Commit(nil) {
+			t.Fatalf("stream %d: Commit: got false; want true", i)
+		}
+		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
+		}
 	}
 }

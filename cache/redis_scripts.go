@@ -297,7 +297,7 @@ var appendScript = rueidis.NewLuaScript(appendLua)
 
 // appendsScript runs appendScript's body for several owners in one call
 // (appendBatcher).
-var appendsScript = manyScript(appendLua)
+var appendsScript = newBatchScript(appendLua)
 
 const appendLua = `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
