@@ -119,7 +119,7 @@ func (c *RedisConfig) setDefaults() {
 // except LiveBytes and LiveFlights.
 type RedisStats struct {
 	Claims      int64 // claim scripts run
-	Batches     int64 // append scripts run (one Redis round trip each)
+	Batches     int64 // append batches Redis took (on a standalone Redis, several owners' share a script call)
 	Events      int64 // events appended by this replica as owner
 	Commits     int64 // generations this replica committed
 	Fenced      int64 // owned generations ended because another replica took them over
