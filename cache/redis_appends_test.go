@@ -65,6 +65,53 @@ func heldMod(c *RedisConfig) {
 	c.Timeout = 10 * time.Second
 }
 
+// journalsWhole waits until the journal of each stream but skip (-1 for
+// none) holds every event its flight journaled, after the start entry.
+func journalsWhole(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, skip int) {
+	tb.Helper()
+	for i := range fs {
+		if i == skip {
+			continue
+		}
+		eventually(tb, 5*time.Second, func() error {
+			if n, want := journalLen(tb, r, scs[i]), int64(fs[i].Events()+1); n != want {
+				return fmt.Errorf("stream %d: %d journal entries; want %d", i, n, want)
+			}
+			return nil
+		})
+	}
+}
+
+// commitAll commits each stream but skip (-1 for none) and checks that a
+// replay gives its events.
+func commitAll(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, wants [][]byte, skip int) {
+	tb.Helper()
+	for i, f := range fs {
+		if i == skip {
+			continue
+		}
+		if !f.Commit(nil) {
+			tb.Fatalf("stream %d: Commit: got false; want true", i)
+		}
+		if b := rbegin(tb, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+			tb.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
+		}
+	}
+}
+
+// heldStreams starts a private Redis, a store on it (heldMod) and
+// heldCount mirrored streams of one event each.
+func heldStreams(tb testing.TB) (*redistest.Server, *Redis, []Scope, []*Flight, [][]byte) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	r := newRedis(tb, srv.Addr, "held", heldMod)
+	scs, fs, wants := mirroredStreams(tb, r, "s", heldCount)
+	return srv, r, scs, fs, wants
+}
+
+// heldCount is how many streams the tests of held appends run.
+const heldCount = 8
+
 // queued returns how many appends wait in r's batcher.
 func queued(r *Redis) int {
 	r.appends.mu.Lock()
@@ -169,10 +216,7 @@ func TestRedisAppendsTogether(t *testing.T) {
 // fails, and the others' events reach Redis whole and commit.
 func TestRedisAppendsFencedInBatch(t *testing.T) {
 	t.Parallel()
-	const streams = 8
-	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "fenced", heldMod)
-	scs, fs, wants := mirroredStreams(t, r, "f", streams)
+	srv, r, scs, fs, wants := heldStreams(t)
 	const victim = 3
 	// Another replica took the key over: st names another token.
 	if err := r.c.Do(context.Background(), r.c.B().Hset().Key(r.keys(scs[victim]).st).FieldValue().
@@ -189,32 +233,12 @@ func TestRedisAppendsFencedInBatch(t *testing.T) {
 	if _, reason, _ := fs[victim].Outcome(); reason != ReasonGenerationLost {
 		t.Fatalf("fenced owner: reason %q; want %s", reason, ReasonGenerationLost)
 	}
-	for i := range fs {
-		if i == victim {
-			continue
-		}
-		eventually(t, 5*time.Second, func() error {
-			if n := journalLen(t, r, scs[i]); n != 3 {
-				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
-			}
-			return nil
-		})
-	}
+	journalsWhole(t, r, scs, fs, victim)
 	// The held append, then the others' in one call.
 	if calls := readRedisCost(t, srv.Addr).scripts - before.scripts; calls != 2 {
 		t.Fatalf("%d script calls for the appends; want 2", calls)
 	}
-	for i, f := range fs {
-		if i == victim {
-			continue
-		}
-		if !f.Commit(nil) {
-			t.Fatalf("stream %d: Commit: got false; want true", i)
-		}
-		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
-			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
-		}
-	}
+	commitAll(t, r, scs, fs, wants, victim)
 }
 
 // TestRedisAppendsPrevInBatch: an owner whose journal in Redis lost its
@@ -223,10 +247,7 @@ func TestRedisAppendsFencedInBatch(t *testing.T) {
 // ends whole.
 func TestRedisAppendsPrevInBatch(t *testing.T) {
 	t.Parallel()
-	const streams = 8
-	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "prev", heldMod)
-	scs, fs, wants := mirroredStreams(t, r, "p", streams)
+	srv, r, scs, fs, wants := heldStreams(t)
 	const lost = 5
 	// A failover lost the acknowledged event: the journal ends at the
 	// start, and its top id with it (which XDEL would keep).
@@ -243,13 +264,8 @@ redis.call('XADD', KEYS[1], e[1], unpack(e[2]))`).Numkeys(1).Key(r.keys(scs[lost
 	for i, p := range appendHeld(t, srv, r, fs) {
 		wants[i] = append(wants[i], p...)
 	}
+	journalsWhole(t, r, scs, fs, -1)
 	for i, f := range fs {
-		eventually(t, 5*time.Second, func() error {
-			if n := journalLen(t, r, scs[i]); n != 3 {
-				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
-			}
-			return nil
-		})
 		select {
 		case <-f.Done():
 			t.Fatalf("stream %d: ended; want it live", i)
@@ -259,17 +275,10 @@ redis.call('XADD', KEYS[1], e[1], unpack(e[2]))`).Numkeys(1).Key(r.keys(scs[lost
 	// The held append, the others' in one call, and the lost journal's
 	// re-append alone; each batch Redis took is counted.
 	calls := readRedisCost(t, srv.Addr).scripts - before.scripts
-	if b := r.Stats().Batches - batches; calls != 3 || b != streams {
-		t.Fatalf("%d script calls, %d batches; want 3 calls and %d batches", calls, b, streams)
+	if b := r.Stats().Batches - batches; calls != 3 || b != heldCount {
+		t.Fatalf("%d script calls, %d batches; want 3 calls and %d batches", calls, b, heldCount)
 	}
-	for i, f := range fs {
-		if !f.Commit(nil) {
-			t.Fatalf("stream %d: Commit: got false; want true", i)
-		}
-		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
-			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
-		}
-	}
+	commitAll(t, r, scs, fs, wants, -1)
 }
 
 // TestRedisAppendsCallFails: a call of many owners' appends that times out
@@ -299,20 +308,8 @@ func TestRedisAppendsCallFails(t *testing.T) {
 		return nil
 	})
 	srv.Resume()
-	for i, f := range fs {
-		eventually(t, 5*time.Second, func() error {
-			if n := journalLen(t, r, scs[i]); n != 3 {
-				return fmt.Errorf("stream %d: %d journal entries; want the start and two events", i, n)
-			}
-			return nil
-		})
-		if !f.Commit(nil) {
-			t.Fatalf("stream %d: Commit: got false; want true", i)
-		}
-		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
-			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
-		}
-	}
+	journalsWhole(t, r, scs, fs, -1)
+	commitAll(t, r, scs, fs, wants, -1)
 	if st := r.Stats(); st.Fenced != 0 {
 		t.Fatalf("%d owners fenced; want none", st.Fenced)
 	}
@@ -383,10 +380,8 @@ func BenchmarkRedisFollowed(b *testing.B) {
 // goes in a call of its own, and every journal ends whole.
 func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	t.Parallel()
-	const streams, held = 8, 3000
-	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "catchup", heldMod)
-	scs, fs, wants := mirroredStreams(t, r, "c", streams)
+	const held = 3000
+	srv, r, scs, fs, wants := heldStreams(t)
 	bigSc, big, bigWant := ownedStream(t, r, "big", held)
 	before := readRedisCost(t, srv.Addr)
 	srv.Pause()
@@ -402,14 +397,7 @@ func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the appends and the catch-up queue, or wait in calls of their own
 	srv.Resume()
 	scs, fs, wants = append(scs, bigSc), append(fs, big), append(wants, bigWant)
-	for i := range fs {
-		eventually(t, 5*time.Second, func() error {
-			if n, want := journalLen(t, r, scs[i]), int64(fs[i].Events()+1); n != want {
-				return fmt.Errorf("stream %d: %d journal entries; want %d", i, n, want)
-			}
-			return nil
-		})
-	}
+	journalsWhole(t, r, scs, fs, -1)
 	// The held append; the others in calls around the catch-up, which a
 	// full queue's bytes sends at once in more calls at a time.
 	if calls := readRedisCost(t, srv.Addr).scripts - before.scripts; calls > 1+maxAppendCalls+1 {
@@ -418,12 +406,5 @@ func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	if st := r.Stats(); st.Fenced != 0 {
 		t.Fatalf("%d owners fenced; want none", st.Fenced)
 	}
-	for i, f := range fs {
-		if !f.Commit(nil) {
-			t.Fatalf("stream %d: Commit: got false; want true", i)
-		}
-		if b := rbegin(t, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
-			t.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
-		}
-	}
+	commitAll(t, r, scs, fs, wants, -1)
 }
