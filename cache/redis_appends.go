@@ -88,11 +88,22 @@ func (r *Redis) sendAppends() {
 		}
 		b.mu.Unlock()
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
-		if len(batch) == 1 {
-			it := batch[0].item
-			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, it.keys, it.args))
-			batch[0].done <- appendAnswer{a, err}
-		} else {
+		alone := func(q *appendReq) {
+			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, q.item.keys, q.item.args))
+			q.done <- appendAnswer{a, err}
+		}
+		switch {
+		case len(batch) == 1:
+			alone(batch[0])
+		case !r.sharedKeys():
+			// The client turned into a Cluster's since they queued
+			// (swapClient): their keys are in different slots.
+			var wg sync.WaitGroup
+			for _, q := range batch {
+				wg.Go(func() { alone(q) })
+			}
+			wg.Wait()
+		default:
 			items := make([]batchItem, len(batch))
 			for i, q := range batch {
 				items[i] = q.item

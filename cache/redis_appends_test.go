@@ -114,9 +114,16 @@ const heldCount = 8
 
 // queued returns how many appends wait in r's batcher.
 func queued(r *Redis) int {
+	_, n := sending(r)
+	return n
+}
+
+// sending returns the calls r's batcher has running and the appends
+// waiting in its queue.
+func sending(r *Redis) (calls, queued int) {
 	r.appends.mu.Lock()
 	defer r.appends.mu.Unlock()
-	return len(r.appends.queue)
+	return r.appends.calls, len(r.appends.queue)
 }
 
 // appendHeld appends one event to each of fs while srv is stopped: the
@@ -128,7 +135,12 @@ func appendHeld(tb testing.TB, srv *redistest.Server, r *Redis, fs []*Flight) []
 	srv.Pause()
 	defer srv.Resume()
 	got[0] = appendN(tb, fs[0], fs[0].Events()+1, 1)
-	time.Sleep(20 * time.Millisecond) // the first append reaches the stopped server
+	eventually(tb, 5*time.Second, func() error { // taken alone, for the stopped server
+		if calls, n := sending(r); calls != 1 || n != 0 {
+			return fmt.Errorf("%d calls, %d appends queued; want the first append in a call", calls, n)
+		}
+		return nil
+	})
 	for i, f := range fs[1:] {
 		got[i+1] = appendN(tb, f, f.Events()+1, 1)
 	}
@@ -386,7 +398,6 @@ func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	before := readRedisCost(t, srv.Addr)
 	srv.Pause()
 	wants[0] = append(wants[0], appendN(t, fs[0], 2, 1)...)
-	time.Sleep(20 * time.Millisecond)
 	for i, f := range fs[1:4] {
 		wants[i+1] = append(wants[i+1], appendN(t, f, 2, 1)...)
 	}
