@@ -608,9 +608,7 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 		}
 		args, bytes := o.appendEvents(args, pos, evs)
 		args[8] = strconv.FormatInt(bytes, 10)
-		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		a, err := parseWriteAnswer(appendScript.Exec(ctx, o.r.c, o.k.journal, args))
-		cancel()
+		a, err := o.r.appendJournal(o, o.k.journal, args)
 		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
 			if a.verdict == writeOK { // writePrev wrote nothing, the mark included

@@ -43,6 +43,9 @@ import (
 // generation + 1 when the clock has not moved past it), so they increase
 // per scope across replicas without a replica's clock taking part.
 
+// errEmptyAnswer is an answer no script gives: an empty array.
+var errEmptyAnswer = errors.New("empty script answer")
+
 // scriptStrings reads a script's array of strings.
 func scriptStrings(res rueidis.RedisResult) ([]string, error) {
 	arr, err := res.AsStrSlice()
@@ -50,7 +53,7 @@ func scriptStrings(res rueidis.RedisResult) ([]string, error) {
 		return nil, err
 	}
 	if len(arr) == 0 {
-		return nil, errors.New("empty script answer")
+		return nil, errEmptyAnswer
 	}
 	return arr, nil
 }
@@ -290,7 +293,13 @@ return 1
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
 // the owner re-appends from there.
-var appendScript = rueidis.NewLuaScript(`
+var appendScript = rueidis.NewLuaScript(appendLua)
+
+// appendsScript runs appendScript's body for several owners in one call
+// (appendBatcher).
+var appendsScript = newBatchScript(appendLua)
+
+const appendLua = `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
@@ -318,7 +327,7 @@ if n > 0 then
 end
 redis.call('HSET', KEYS[1], unpack(f))
 return {'ok'}
-`)
+`
 
 // writeAnswer is the answer of appendScript and of finishScript.
 type writeAnswer struct {
@@ -346,9 +355,16 @@ var writeWords = [...]string{writeOK: "ok", writeAlready: "already", writeFenced
 // parseWriteAnswer reads the answer of appendScript or finishScript. An
 // error is the client's or Redis's; an answer no script gives is a fence.
 func parseWriteAnswer(res rueidis.RedisResult) (writeAnswer, error) {
-	out, err := scriptStrings(res)
+	return parseWriteStrings(res.AsStrSlice())
+}
+
+// parseWriteStrings reads a write script's answer as strings.
+func parseWriteStrings(out []string, err error) (writeAnswer, error) {
 	if err != nil {
 		return writeAnswer{}, err
+	}
+	if len(out) == 0 {
+		return writeAnswer{}, errEmptyAnswer
 	}
 	v := slices.Index(writeWords[:], out[0])
 	if v < 0 {

@@ -119,7 +119,7 @@ func (c *RedisConfig) setDefaults() {
 // except LiveBytes and LiveFlights.
 type RedisStats struct {
 	Claims      int64 // claim scripts run
-	Batches     int64 // append scripts run (one Redis round trip each)
+	Batches     int64 // append batches Redis took (on a standalone Redis, several owners' share a script call)
 	Events      int64 // events appended by this replica as owner
 	Commits     int64 // generations this replica committed
 	Fenced      int64 // owned generations ended because another replica took them over
@@ -179,6 +179,8 @@ type Redis struct {
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
 	renewals, asks, mirrors                                                     atomic.Int64
+
+	appends appendBatcher // owners' appends on a standalone Redis
 
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
