@@ -237,10 +237,9 @@ func TestRedisUnfollowedRecords(t *testing.T) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "records", func(c *RedisConfig) { c.Lease = time.Minute })
 	ctx := context.Background()
-	// A first stream loads the scripts.
-	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
-	startStream(t, warm)
-	warm.Commit(nil)
+	if _, warm, _ := ownedStream(t, r, "warm", 1); !warm.Commit(nil) { // loads the scripts
+		t.Fatal("Commit: got false")
+	}
 	sc := Scope{Tenant: "t", Key: "k"}
 	before := readRedisCost(t, srv.Addr)
 	f := rbegin(t, r, sc, "fp").Flight
