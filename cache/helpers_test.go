@@ -288,12 +288,13 @@ func commits(tb testing.TB, r *Redis, sc Scope) int64 {
 type redisCost struct {
 	scripts, commands int64
 	scriptUS, cpuUS   float64
+	calls             map[string]int64 // per command, lower case
 }
 
 // readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
 func readRedisCost(tb testing.TB, addr string) redisCost {
 	tb.Helper()
-	var c redisCost
+	c := redisCost{calls: map[string]int64{}}
 	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
 	if err != nil {
 		tb.Fatalf("INFO commandstats: %v", err)
@@ -316,6 +317,7 @@ func readRedisCost(tb testing.TB, addr string) redisCost {
 			}
 		}
 		c.commands += calls
+		c.calls[cmd] = calls
 		if cmd == "evalsha" || cmd == "eval" {
 			c.scripts += calls
 			c.scriptUS += usec

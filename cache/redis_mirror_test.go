@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -23,6 +24,25 @@ func journalLen(tb testing.TB, r *Redis, sc Scope) int64 {
 		tb.Fatalf("XLEN: %v", err)
 	}
 	return n
+}
+
+// journalExists reports whether sc's journal key exists in Redis.
+func journalExists(tb testing.TB, r *Redis, sc Scope) bool {
+	tb.Helper()
+	n, err := r.c.Do(context.Background(), r.c.B().Exists().Key(r.keys(sc).j).Build()).AsInt64()
+	if err != nil {
+		tb.Fatalf("EXISTS: %v", err)
+	}
+	return n == 1
+}
+
+// checkJournalTTL fails the test unless sc's journal expires, within max.
+func checkJournalTTL(tb testing.TB, r *Redis, sc Scope, max time.Duration) {
+	tb.Helper()
+	ms, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).j).Build()).AsInt64()
+	if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > max {
+		tb.Fatalf("the journal's PTTL: %d ms, %v; want an expiry within %v", ms, err, max)
+	}
 }
 
 // askDirectly sets st.want as a follower's ask does, without the signal
@@ -60,8 +80,8 @@ func TestRedisMirrorOnlyWhenAsked(t *testing.T) {
 		}
 		return nil
 	})
-	if n := journalLen(t, rs[0], sc); n != 1 {
-		t.Fatalf("journal entries in Redis while live: got %d; want only the start marker", n)
+	if journalExists(t, rs[0], sc) {
+		t.Fatal("a journal in Redis while live; want none")
 	}
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false; want true")
@@ -193,16 +213,144 @@ func TestRedisAskSignalLost(t *testing.T) {
 			askDirectly(t, rs[0], sc)
 			if !atCommit {
 				eventually(t, 10*testLease, func() error {
-					if n := journalLen(t, rs[0], sc); n != 151 {
-						return fmt.Errorf("journal entries after a renewal: got %d; want 151", n)
+					if n := journalLen(t, rs[0], sc); n != 150 {
+						return fmt.Errorf("journal entries after a renewal: got %d; want 150", n)
 					}
 					return nil
 				})
 			}
 			f.Commit(nil)
-			if n := journalLen(t, rs[0], sc); n != 152 {
-				t.Fatalf("journal entries after the commit: got %d; want every event, the start and the end", n)
+			if n := journalLen(t, rs[0], sc); n != 151 {
+				t.Fatalf("journal entries after the commit: got %d; want every event and the end", n)
 			}
+			checkJournalTTL(t, rs[0], sc, journalTTL)
 		})
+	}
+}
+
+// TestRedisUnfollowedRecords: a new key's unfollowed stream writes no
+// journal at its claim or its commit (no XADD, no DEL but the lease's, no
+// XREVRANGE), and its claim writes in st only the fields that are not a
+// default, which every reader takes as empty or 0.
+func TestRedisUnfollowedRecords(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "records", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	if _, warm, _ := ownedStream(t, r, "warm", 1); !warm.Commit(nil) { // loads the scripts
+		t.Fatal("Commit: got false")
+	}
+	sc := Scope{Tenant: "t", Key: "k"}
+	before := readRedisCost(t, srv.Addr)
+	f := rbegin(t, r, sc, "fp").Flight
+	if f == nil {
+		t.Fatal("the claim of a new key: not a miss")
+	}
+	n, err := r.c.Do(ctx, r.c.B().Hlen().Key(r.keys(sc).st).Build()).AsInt64()
+	if err != nil || n != 8 {
+		t.Errorf("st of a new key: %d fields, %v; want 8 (phase, state, gen, tok, fp, owner, created, updated)", n, err)
+	}
+	ki, ok := r.Info(sc)
+	if want := (KeyInfo{State: StateIntentReceived, Generation: f.Gen, Created: ki.Created, Updated: ki.Updated}); !ok ||
+		!reflect.DeepEqual(ki, want) || ki.Created.IsZero() {
+		t.Errorf("Info of a new key: %+v (found %v); want %+v with its times", ki, ok, want)
+	}
+	startStream(t, f)
+	want := appendN(t, f, 1, 50)
+	if journalExists(t, r, sc) {
+		t.Error("a journal in Redis while live; want none")
+	}
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	after := readRedisCost(t, srv.Addr)
+	for cmd, max := range map[string]int64{"xadd": 0, "xrevrange": 0, "hdel": 0, "del": 1} {
+		if got := after.calls[cmd] - before.calls[cmd]; got != max {
+			t.Errorf("%s in the claim and commit of an unfollowed stream: %d calls; want %d", cmd, got, max)
+		}
+	}
+	if journalExists(t, r, sc) {
+		t.Error("a journal in Redis after the commit; want none")
+	}
+	if ki, ok := r.Info(sc); !ok || ki.State != StateCommitted || ki.Events != 50 || ki.Reason != "" || !ki.BodyStored {
+		t.Errorf("Info of the committed key: %+v (found %v); want committed with 50 events and its body", ki, ok)
+	}
+	if c := commits(t, r, sc); c != 1 {
+		t.Errorf("commits: %d; want 1", c)
+	}
+	_, res, err := r.Attach(sc, "fp", sse.ID{}, false)
+	if err != nil || res == nil {
+		t.Fatalf("Attach: %v, %v; want the result", err, res)
+	}
+	if got, _ := res.After(0); !bytes.Equal(got, want) {
+		t.Fatal("the committed result differs from the events journaled")
+	}
+}
+
+// TestRedisStaleJournal: a failed generation's record expires before its
+// journal (FailedTTL shorter than the journal's 60 s); the key's next
+// generation, claimed with no record, is followed from another replica
+// byte for byte, its first batch deleting the earlier journal, and then
+// expires with st; unfollowed, the next one commits past it.
+func TestRedisStaleJournal(t *testing.T) {
+	t.Parallel()
+	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+	mod := func(c *RedisConfig) { c.FailedTTL = 20 * time.Millisecond }
+	rs := []*Redis{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
+	sc, old, _ := ownedStream(t, rs[0], "stale", 10)
+	staleJournal(t, rs[0], sc, old)
+	_, f, want := ownedStream(t, rs[0], "stale", 30)
+	if f == nil || f.Gen <= old.Gen {
+		t.Fatalf("the next claim: %v; want a new generation after %d", f, old.Gen)
+	}
+	j := rbegin(t, rs[1], sc, "fp")
+	if j.Decision != Join {
+		t.Fatalf("duplicate got %v; want join", j.Decision)
+	}
+	sub, _ := j.Flight.Subscribe(0)
+	defer sub.Close()
+	want = append(want, appendN(t, f, 31, 10)...)
+	eventually(t, 10*testLease, func() error {
+		if n := journalLen(t, rs[0], sc); n != 40 {
+			return fmt.Errorf("journal entries once mirrored: %d; want the new generation's 40 alone", n)
+		}
+		return nil
+	})
+	checkJournalTTL(t, rs[0], sc, rs[0].cfg.LiveTTL)
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	got, _ := follow(sub, 3*testLease)
+	if waitDone(t, j.Flight, 3*testLease) != StateCommitted || !bytes.Equal(got, want) {
+		t.Fatalf("the follower: %d bytes of %d; want committed with every event", len(got), len(want))
+	}
+	// Unfollowed, past another failed generation's journal.
+	sc2, old2, _ := ownedStream(t, rs[0], "stale-unfollowed", 5)
+	staleJournal(t, rs[0], sc2, old2)
+	_, f2, want2 := ownedStream(t, rs[0], "stale-unfollowed", 5)
+	if !f2.Commit(nil) || journalExists(t, rs[0], sc2) && journalLen(t, rs[0], sc2) != 1 {
+		t.Fatal("the unfollowed commit past a stale journal: refused, or a journal of its own")
+	}
+	if _, res, err := rs[1].Attach(sc2, "fp", sse.ID{}, false); err != nil || res == nil {
+		t.Fatalf("Attach: %v; want the result", err)
+	} else if got, _ := res.After(0); !bytes.Equal(got, want2) {
+		t.Fatal("the committed result differs from the events journaled")
+	}
+}
+
+// staleJournal fails f's generation and waits for its record to expire
+// (FailedTTL) while its journal, with the terminal entry, stays.
+func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
+	tb.Helper()
+	f.Fail(StateFailedRetryable, "upstream_error", nil)
+	eventually(tb, 10*testLease, func() error {
+		n, err := r.c.Do(context.Background(), r.c.B().Exists().Key(r.keys(sc).st).Build()).AsInt64()
+		if err != nil || n != 0 {
+			return fmt.Errorf("st of the failed generation: exists %d, %v; want expired", n, err)
+		}
+		return nil
+	})
+	if !journalExists(tb, r, sc) {
+		tb.Fatal("the failed generation's journal expired with st; the test needs it to outlive st")
 	}
 }

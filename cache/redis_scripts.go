@@ -26,12 +26,16 @@ import (
 //	               and how long its commit_unknown holds the key (ms)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
-//	j      STREAM  entry ids <gen>-<seq>; <gen>-0 marks the start, seq
-//	               1..n carry the events (field e: the encoded event, id
-//	               included; field h on seq 1: the head), <gen>-maxSeq
-//	               ends the generation (field t: done|failed|lost). The
-//	               events are written only once want is set; a committed
-//	               generation nobody followed leaves no journal.
+//	j      STREAM  entry ids <gen>-<seq>; seq 1..n carry the events
+//	               (field e: the encoded event, id included; field h on
+//	               seq 1: the head), <gen>-maxSeq ends the generation
+//	               (field t: done|failed|lost). It is made by the first
+//	               batch written once want is set, or by a terminal entry:
+//	               a generation nobody followed has none while live, nor
+//	               once committed. A journal without entries of the
+//	               generation in st ends, for the scripts, at <gen>-0; it
+//	               may hold an earlier generation's entries, when st
+//	               expired before it (the first batch deletes them).
 //	res    STRING  the committed result, compressed (see blob.go)
 //
 // Each tenant also has a sorted set of its keys, in its own slot, for
@@ -153,15 +157,26 @@ end
 local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
 local gs = string.format('%.0f', g)
-redis.call('DEL', KEYS[3], KEYS[4])
-if phase then redis.call('HDEL', KEYS[1], 'want') end
-redis.call('XADD', KEYS[3], gs .. '-0', 't', 'start')
-redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
-  'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
-  'attempts', 0, 'status', 0, 'reason', '', 'events', 0, 'bytes', 0,
-  'regen', regenerated, 'reaped', reaped, 'tool', ARGV[9], 'utl', ARGV[10])
+-- The journal is written by the first mirrored batch, or by a terminal
+-- entry: a generation nobody follows never has one.
+if phase then
+  redis.call('DEL', KEYS[3], KEYS[4])
+  redis.call('HDEL', KEYS[1], 'want')
+  redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
+    'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
+    'attempts', '0', 'status', '0', 'reason', '', 'events', '0', 'bytes', '0',
+    'regen', regenerated, 'reaped', reaped, 'tool', ARGV[9], 'utl', ARGV[10])
+else
+  -- st is new: a field left out reads as its default ('' or 0).
+  local f = {'phase', 'live', 'state', 'intent_received', 'gen', gs,
+    'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6]}
+  if ARGV[9] ~= '' then
+    table.insert(f, 'tool'); table.insert(f, ARGV[9])
+    table.insert(f, 'utl'); table.insert(f, ARGV[10])
+  end
+  redis.call('HSET', KEYS[1], unpack(f))
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[3], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
 return {'miss', gs, regenerated, reaped, counting and '1' or '0'}
 `)
@@ -258,8 +273,9 @@ func heldFor(out []string, i int) time.Duration {
 // learnt it (the reply was lost past the claim's retries), so that
 // nobody waits a lease on a generation that has no owner and never
 // called the upstream. Only the claim's own token matches: the caller
-// never answered Miss, so nothing else holds it, and the journal holds
-// only the start entry. The key ends failed_retryable: a retry is safe.
+// never answered Miss, so nothing else holds it, and the generation has
+// no journal: the terminal entry makes it. The key ends failed_retryable:
+// a retry is safe.
 //
 // KEYS: st, lease, j
 // ARGV: tok, st ttl ms, journal ttl ms, now ms
@@ -282,7 +298,23 @@ redis.call('DEL', KEYS[2])
 return 1
 `)
 
+// journalEndLua defines journalEnd(j, gen): the id the journal ends with
+// for generation gen, <gen>-0 when it holds none of gen's entries (none
+// is written before the first mirrored batch), and whether what it holds
+// is an earlier generation's, left by a record that expired before it.
+const journalEndLua = `
+local function journalEnd(j, gen)
+  local last = redis.call('XREVRANGE', j, '+', '-', 'COUNT', 1)
+  if #last == 0 then return gen .. '-0', false end
+  local id = last[1][1]
+  if string.sub(id, 1, #gen + 1) == gen .. '-' then return id, false end
+  return gen .. '-0', true
+end
+`
+
 // appendScript appends a batch of events to the live journal, fenced.
+// The first batch makes the journal (after deleting an earlier
+// generation's), which then expires with st: renewals extend both.
 //
 // KEYS: st, j
 // ARGV: tok, gen, prev (the id the journal must end with), state,
@@ -299,23 +331,27 @@ var appendScript = rueidis.NewLuaScript(appendLua)
 // (appendBatcher).
 var appendsScript = newBatchScript(appendLua)
 
-const appendLua = `
+const appendLua = journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local lastId = ''
-if #last > 0 then lastId = last[1][1] end
+local lastId, stale = journalEnd(KEYS[2], ARGV[2])
 if lastId ~= ARGV[3] then return {'prev', lastId} end
+local first = lastId == ARGV[2] .. '-0'
+if stale then redis.call('DEL', KEYS[2]) end
 local n = 0
 for i = 12, #ARGV, 2 do
   local id = ARGV[i]
   if id == ARGV[2] .. '-1' and ARGV[8] ~= '' then
-    redis.call('XADD', KEYS[2], 'NOMKSTREAM', id, 'e', ARGV[i + 1], 'h', ARGV[8])
+    redis.call('XADD', KEYS[2], id, 'e', ARGV[i + 1], 'h', ARGV[8])
   else
-    redis.call('XADD', KEYS[2], 'NOMKSTREAM', id, 'e', ARGV[i + 1])
+    redis.call('XADD', KEYS[2], id, 'e', ARGV[i + 1])
   end
   n = n + 1
   lastId = id
+end
+if first and n > 0 then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 end
 local f = {'state', ARGV[4], 'attempts', ARGV[5], 'updated', ARGV[7], 'bytes', ARGV[9]}
 if ARGV[6] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[6]) end
@@ -429,7 +465,7 @@ return 1`)
 // append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
-var finishScript = rueidis.NewLuaScript(nowLua + endLua + `
+var finishScript = rueidis.NewLuaScript(nowLua + endLua + journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 if s[1] == ARGV[3] then return {'already'} end
@@ -438,32 +474,33 @@ local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
 local first = 26
 if #ARGV >= first then
-  local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-  local lastId = ''
-  if #last > 0 then lastId = last[1][1] end
+  local lastId, stale = journalEnd(KEYS[3], ARGV[2])
   if lastId ~= ARGV[4] then return {'prev', lastId} end
+  if stale then redis.call('DEL', KEYS[3]) end
   for i = first, #ARGV, 2 do
     local id = ARGV[i]
     if id == ARGV[2] .. '-1' and ARGV[14] ~= '' then
-      redis.call('XADD', KEYS[3], 'NOMKSTREAM', id, 'e', ARGV[i + 1], 'h', ARGV[14])
+      redis.call('XADD', KEYS[3], id, 'e', ARGV[i + 1], 'h', ARGV[14])
     else
-      redis.call('XADD', KEYS[3], 'NOMKSTREAM', id, 'e', ARGV[i + 1])
+      redis.call('XADD', KEYS[3], id, 'e', ARGV[i + 1])
     end
   end
 end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
-local f = {'phase', ARGV[3], 'state', ARGV[7], 'reason', ARGV[8], 'updated', ARGV[9],
+local f = {'phase', ARGV[3], 'state', ARGV[7], 'updated', ARGV[9],
   'events', ARGV[12], 'bytes', ARGV[13]}
+-- The claim left reason '' (or out): an empty one need not be written.
+if ARGV[8] ~= '' then table.insert(f, 'reason'); table.insert(f, ARGV[8]) end
 local kept = true -- the journal is kept, for the tails
 if ARGV[3] == 'done' then
+  -- Unmirrored, the generation wrote no journal, and keeps none.
   if mirrored then
     redis.call('XADD', KEYS[3], term, 't', 'done')
   else
-    redis.call('DEL', KEYS[3])
     kept = false
   end
   redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
-  table.insert(f, 'commits'); table.insert(f, (tonumber(s[5]) or 0) + 1)
+  table.insert(f, 'commits'); table.insert(f, s[5] and tostring(tonumber(s[5]) + 1) or '1')
 else
   redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11], 'n', ARGV[12])
 end

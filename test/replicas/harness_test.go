@@ -362,20 +362,6 @@ func (e *env) commits() map[string]int64 {
 	return out
 }
 
-// journalEntries returns the entries of every journal of the test.
-func (e *env) journalEntries() int64 {
-	e.t.Helper()
-	var n int64
-	for _, k := range e.keys("ssg:*:j") {
-		l, err := e.rc.Do(context.Background(), e.rc.B().Xlen().Key(k).Build()).AsInt64()
-		if err != nil {
-			e.t.Fatalf("XLEN %s: %v", k, err)
-		}
-		n += l
-	}
-	return n
-}
-
 // wanted reports whether a follower asked for a journal of the test.
 func (e *env) wanted() bool {
 	for _, k := range e.keys("ssg:*:st") {
