@@ -68,10 +68,16 @@ func (r *Redis) tenantKey(sc Scope) string {
 }
 
 // setTTL is the expiry of a tenant's set, renewed at each write: past any
-// of its members' scores.
+// of its members' scores, by enough that the end of a generation shorter
+// than about 10 minutes finds the expiry its claim set past its score
+// (covered in finishScript) and need not renew it.
 func (r *Redis) setTTL() string {
-	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + time.Minute)
+	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack)
 }
+
+// setSlack is how far a set's expiry is set past the longest of its
+// members' expiries.
+const setSlack = 11 * time.Minute
 
 // knownKey names the marker of a tenant known by a commit; it shares the
 // tenant set's slot.
@@ -265,27 +271,29 @@ end
 
 // endLua defines the key count's update at a generation's end.
 //
-// keyEnd(set, known, member, ttl, exp, setttl, mark) sets a counted key's
-// expiry in its tenant's set to exp (a string, ttl ms from now; ttl 0: no
-// longer counted), and marks the tenant known for mark ms after a commit
-// ("0": not). globalEnd(all, strangers, unknown, member, ttl, exp, setttl,
-// committed, unknown, now) does the same in the sets of all keys and of
-// strangers' keys: a committed key leaves the strangers' set (its tenant
-// is known now); a key ended commit_unknown joins the set of those until
-// its records expire, and any other end takes it out.
+// keyEnd(set, known, member, ttl, exp, setttl, mark, covered) sets a
+// counted key's expiry in its tenant's set to exp (a string, ttl ms from
+// now; ttl 0: no longer counted), renewing the set's expiry unless covered
+// (the claim's renewal is past exp), and marks the tenant known for mark
+// ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
+// ttl, exp, setttl, committed, unknown, now, covered) does the same in the
+// sets of all keys and of strangers' keys: a committed key leaves the
+// strangers' set (its tenant is known now); a key ended commit_unknown
+// joins the set of those until its records expire, and any other end
+// takes it out.
 const endLua = `
-local function endIn(set, member, ttl, exp, setttl)
+local function endIn(set, member, ttl, exp, setttl, covered)
   if ttl <= 0 then
     redis.call('ZREM', set, member)
-  elseif redis.call('ZADD', set, 'XX', 'CH', exp, member) == 1 then
+  elseif redis.call('ZADD', set, 'XX', 'CH', exp, member) == 1 and not covered then
     redis.call('PEXPIRE', set, setttl)
   end
 end
-local function keyEnd(set, known, member, ttl, exp, setttl, mark)
+local function keyEnd(set, known, member, ttl, exp, setttl, mark, covered)
   if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
-  endIn(set, member, ttl, exp, setttl)
+  endIn(set, member, ttl, exp, setttl, covered)
 end
-local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t)
+local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered)
   if unk and ttl > 0 then
     -- the expired go as the new come, so that the set is bounded by the
     -- keys in commit_unknown now, scraped or not
@@ -295,11 +303,11 @@ local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, comm
   else
     redis.call('ZREM', unknown, member)
   end
-  endIn(all, member, ttl, exp, setttl)
+  endIn(all, member, ttl, exp, setttl, covered)
   if committed then
     redis.call('ZREM', strangers, member)
   else
-    endIn(strangers, member, ttl, exp, setttl)
+    endIn(strangers, member, ttl, exp, setttl, covered)
   end
 end
 `
@@ -351,7 +359,7 @@ return 1
 // Returns 1.
 var keyEndScript = rueidis.NewLuaScript(nowLua + endLua + `
 local ttl = tonumber(ARGV[2])
-keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4])
+keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4], false)
 return 1
 `)
 
@@ -366,7 +374,7 @@ return 1
 // Returns 1.
 var globalEndScript = rueidis.NewLuaScript(nowLua + endLua + `
 local t, ttl = now(), tonumber(ARGV[2])
-globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t)
+globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t, false)
 return 1
 `)
 

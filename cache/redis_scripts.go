@@ -469,8 +469,12 @@ redis.call('DEL', KEYS[2])
 if #KEYS >= 9 then
   local t, ttl = now(), tonumber(ARGV[21])
   local exp = tostring(t + ttl)
-  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23])
-  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t)
+  -- The claim renewed the sets' expiry at gen (its clock, or ms after):
+  -- it is past exp while the generation is short (setSlack), by a minute
+  -- to spare for a clock that stepped back.
+  local covered = t + ttl + 60000 <= tonumber(ARGV[2]) + tonumber(ARGV[22])
+  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered)
 end
 return {'ok'}
 `)
