@@ -277,7 +277,8 @@ end
 // (the claim's renewal is past exp), and marks the tenant known for mark
 // ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
 // ttl, exp, setttl, committed, unknown, now, covered) does the same in the
-// sets of all keys and of strangers' keys: a committed key leaves the
+// sets of all keys and of strangers' keys (whose expiry it renews whatever
+// covered says): a committed key leaves the
 // strangers' set (its tenant is known now); a key ended commit_unknown
 // joins the set of those until its records expire, and any other end
 // takes it out.
@@ -307,7 +308,8 @@ local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, comm
   if committed then
     redis.call('ZREM', strangers, member)
   else
-    endIn(strangers, member, ttl, exp, setttl, covered)
+    -- the key may be there by an earlier generation's claim, not this one's
+    endIn(strangers, member, ttl, exp, setttl, false)
   end
 end
 `
