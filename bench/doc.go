@@ -167,7 +167,8 @@
 //   - redis: ssegate's Redis store (-redis) on a private redis-server, when
 //     redis-server is on PATH (skipped with a note otherwise), beside the
 //     in-memory store: CPU per event (ssegate's and redis-server's, apart
-//     and summed) and Redis round trips per event at the -redis-load step;
+//     and summed, with redis-server's idle CPU over the step beside it) and
+//     Redis round trips per event at the -redis-load step;
 //     the latency a joiner on another replica adds to each event over the
 //     first client's (p50/p99) and its wait for its first event at the
 //     -redis-join step (one follower per stream on another replica, so

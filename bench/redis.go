@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -27,8 +28,9 @@ import (
 //     N keyed streams opened at once, paced by the upstream) through one
 //     ssegate with the in-memory store and one with the Redis store, in
 //     turn every round. The Redis store's CPU is ssegate's plus the
-//     redis-server's (utime+stime of its /proc/<pid>/stat), shown apart and
-//     summed; Redis round trips per event are the commands clients sent
+//     redis-server's (INFO cpu: user and system time), shown apart and
+//     summed, and beside it redis-server's idle CPU (redisIdleRate) over
+//     the step's wall time; Redis round trips per event are the commands clients sent
 //     (redis-server's INFO commandstats: every script call, XREAD, BLPOP,
 //     LPOP, RPUSH) per event the upstream produced.
 //   - Joiner latency: the -redis-join step: N streams, each started by a
@@ -55,7 +57,11 @@ type redisNumbers struct {
 	SsegateCPUusPerEvent num `json:"ssegate_cpu_us_per_event"`
 	RedisCPUSec          num `json:"redis_cpu_s"`
 	RedisCPUusPerEvent   num `json:"redis_cpu_us_per_event"`
-	SumCPUusPerEvent     num `json:"cpu_sum_us_per_event"`
+	// RedisIdleUsPerEvent is what redis-server spent idle (redisIdleRate)
+	// over the step's wall time, per event delivered: the part of
+	// RedisCPUusPerEvent that does not grow with the streams.
+	RedisIdleUsPerEvent num `json:"redis_idle_cpu_us_per_event"`
+	SumCPUusPerEvent    num `json:"cpu_sum_us_per_event"`
 	// SumToMemory is the sum over the in-memory store's CPU per event in
 	// the same round.
 	SumToMemory num `json:"cpu_sum_ratio_to_memory"`
@@ -93,7 +99,7 @@ type redisNumbers struct {
 
 func newRedisNumbers(store string) *redisNumbers {
 	return &redisNumbers{Store: store,
-		SsegateCPUusPerEvent: nan, RedisCPUSec: nan, RedisCPUusPerEvent: nan, SumCPUusPerEvent: nan, SumToMemory: nan,
+		SsegateCPUusPerEvent: nan, RedisCPUSec: nan, RedisCPUusPerEvent: nan, RedisIdleUsPerEvent: nan, SumCPUusPerEvent: nan, SumToMemory: nan,
 		RoundTripsPerEvent: nan, BatchesPerEvent: nan, RedisCPUusPerProduced: nan, AddedP50us: nan, AddedP99us: nan, AddedMaxus: nan,
 		JoinWaitP50us: nan, JoinWaitP99us: nan}
 }
@@ -110,7 +116,7 @@ var (
 // redisTable is how scenario redis is shown.
 var redisTable = table{"redis", "(redis) Redis store",
 	"ssegate with `-redis` on a private redis-server (`--save '' --appendonly no`, loopback, same machine) beside the in-memory store, in turn every round. " +
-		"CPU step: keyed streams opened at once and paced by the upstream (as in c), one replica; ssegate CPU and redis-server CPU per event delivered, shown apart and summed; \"sum to in-memory\" is the median of the per-round ratios to the in-memory store's CPU. " +
+		"CPU step: keyed streams opened at once and paced by the upstream (as in c), one replica; ssegate CPU and redis-server CPU (INFO cpu) per event delivered, shown apart and summed; \"of it idle\" is redis-server's CPU per second with the replica connected and nothing to do (3 s watched before the step) times the step's wall time, per event: the part that does not grow with the streams; \"sum to in-memory\" is the median of the per-round ratios to the in-memory store's CPU. " +
 		"Redis round trips per event = the commands all clients sent redis-server over the step (INFO commandstats: every script call (claims, key counts, appends, lease renewals, commits, reaps and asks), XREAD, BLPOP, LPOP, RPUSH) per event the upstream produced; Redis CPU per produced event likewise; append batches per event are the row's replica's. " +
 		"Joiner step: each stream is started by a client on replica A; after its first event a joiner sends the same request on B (another replica on the same Redis: one cross-replica follower per stream) and one on A itself; added latency = the joiner's arrival time of each event minus the first client's (one clock, the bench process), over the events that arrived live; join wait = from the joiner's request to its first event (on B: its claim, its ask to A and A's first mirrored batch); the baseline is a joiner on a single replica with the in-memory store. On joiner rows the CPU columns are the whole setup's (every replica, and redis-server) per event delivered to any client; the round trips and Redis CPU per produced event are the whole setup's too.",
 	cpuEv, []column{colPath,
@@ -122,6 +128,9 @@ var redisTable = table{"redis", "(redis) Redis store",
 		}},
 		{"Redis CPU µs/event", "---:", func(a *agg) string {
 			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.RedisCPUusPerEvent })), 2)
+		}},
+		{"of it idle", "---:", func(a *agg) string {
+			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.RedisIdleUsPerEvent })), 2)
 		}},
 		{"sum µs/event", "---:", func(a *agg) string {
 			return fmtNum(a.med(rnum(func(x *redisNumbers) num { return x.SumCPUusPerEvent })), 2)
@@ -281,33 +290,42 @@ func redisCommand(addr, name string) error {
 // what ssegate's round trips to Redis are counted by.
 var clientCommands = []string{"evalsha", "eval", "xread", "blpop", "lpop", "rpush"}
 
-// redisCommands returns the calls of clientCommands redis-server counted
-// (INFO commandstats), summed.
-func redisCommands(addr string) (int64, error) {
+// redisInfo returns the lines of one INFO section of redis-server.
+func redisInfo(addr, section string) ([]string, error) {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := fmt.Fprint(c, "*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n"); err != nil {
-		return 0, err
+	if _, err := fmt.Fprintf(c, "*2\r\n$4\r\nINFO\r\n$%d\r\n%s\r\n", len(section), section); err != nil {
+		return nil, err
 	}
 	br := bufio.NewReader(c)
 	line, err := br.ReadString('\n')
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
 	if err != nil || !strings.HasPrefix(line, "$") {
-		return 0, fmt.Errorf("INFO commandstats: %q", line)
+		return nil, fmt.Errorf("INFO %s: %q", section, line)
 	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(br, b); err != nil {
+		return nil, err
+	}
+	return strings.Split(string(b), "\n"), nil
+}
+
+// redisCommands returns the calls of clientCommands redis-server counted
+// (INFO commandstats), summed.
+func redisCommands(addr string) (int64, error) {
+	lines, err := redisInfo(addr, "commandstats")
+	if err != nil {
 		return 0, err
 	}
 	var total int64
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range lines {
 		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
 		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
 		if !ok || !isCmd || !slices.Contains(clientCommands, cmd) {
@@ -321,6 +339,56 @@ func redisCommands(addr string) (int64, error) {
 		total += v
 	}
 	return total, nil
+}
+
+// redisServerCPU returns the CPU time redis-server reports for its main
+// process (INFO cpu: used_cpu_user + used_cpu_sys, µs precision, where
+// /proc's ticks are 10 ms).
+func redisServerCPU(addr string) (time.Duration, error) {
+	lines, err := redisInfo(addr, "cpu")
+	if err != nil {
+		return 0, err
+	}
+	var sec float64
+	found := 0
+	for _, l := range lines {
+		name, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %q", l)
+		}
+		sec += f
+		found++
+	}
+	if found != 2 {
+		return 0, errors.New("INFO cpu: no used_cpu_user and used_cpu_sys")
+	}
+	return time.Duration(sec * float64(time.Second)), nil
+}
+
+// redisIdleWindow is how long scenario redis watches redis-server with its
+// replicas connected and nothing to do, before each CPU step: what
+// redis-server spends whatever the load (its cron, the replicas' pings and
+// blocking reads), shown beside the step's figure.
+const redisIdleWindow = 3 * time.Second
+
+// redisIdleRate returns redis-server's CPU per second over
+// redisIdleWindow.
+func redisIdleRate(addr string) (time.Duration, error) {
+	c0, err := redisServerCPU(addr)
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	time.Sleep(redisIdleWindow)
+	c1, err := redisServerCPU(addr)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(float64(c1-c0) / time.Since(t0).Seconds()), nil
 }
 
 // startSsegate starts ssegate as env.start does, with extra flags.
@@ -465,9 +533,13 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 	}
 
 	var m0 redisCounters
-	var rcpu0 time.Duration
+	var rcpu0, idle time.Duration
 	var cmds0 int64
 	if rs != nil {
+		if idle, err = redisIdleRate(rs.addr); err != nil {
+			m.Error = err.Error()
+			return m
+		}
 		if m0, err = scrapeRedis(srv.addr); err != nil {
 			m.Error = err.Error()
 			return m
@@ -476,7 +548,7 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 			m.Error = err.Error()
 			return m
 		}
-		if rcpu0, err = cpuOf(rs); err != nil {
+		if rcpu0, err = redisServerCPU(rs.addr); err != nil {
 			m.Error = err.Error()
 			return m
 		}
@@ -497,7 +569,7 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 	}
 	var rcpu1 time.Duration
 	if rs != nil {
-		if rcpu1, err = cpuOf(rs); err != nil {
+		if rcpu1, err = redisServerCPU(rs.addr); err != nil {
 			m.Error = err.Error()
 			return m
 		}
@@ -517,7 +589,10 @@ func (r *runner) redisCPU(rs *server, url string, st slowStep, step string, roun
 
 	m.fillLoad(lr)
 	setCPU(&m, x, cpu1-cpu0, rcpu1-rcpu0, rs != nil, float64(lr.events))
-	r.logf("%-40s %s, redis cpu %.2fµs/ev, %.3f round trips/ev (%d commands)", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RoundTripsPerEvent), x.Commands)
+	if rs != nil && lr.events > 0 {
+		x.RedisIdleUsPerEvent = num(us(time.Duration(float64(idle)*lr.wall.Seconds())) / float64(lr.events))
+	}
+	r.logf("%-40s %s, redis cpu %.2fµs/ev (idle %.2f), %.3f round trips/ev (%d commands)", label, m.summary(), float64(x.RedisCPUusPerEvent), float64(x.RedisIdleUsPerEvent), float64(x.RoundTripsPerEvent), x.Commands)
 	return m
 }
 
@@ -680,7 +755,7 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 	var rcpu0 time.Duration
 	var cmds0 int64
 	if rs != nil {
-		if rcpu0, err = cpuOf(rs); err != nil {
+		if rcpu0, err = redisServerCPU(rs.addr); err != nil {
 			return fail(err)
 		}
 		if cmds0, err = redisCommands(rs.addr); err != nil {
@@ -741,7 +816,7 @@ func (r *runner) redisJoiners(rs *server, url string, st slowStep, step string, 
 	var after []redisCounters
 	var cmds1 int64
 	if rs != nil {
-		if rcpu1, err = cpuOf(rs); err != nil {
+		if rcpu1, err = redisServerCPU(rs.addr); err != nil {
 			return fail(err)
 		}
 		if cmds1, err = redisCommands(rs.addr); err != nil {

@@ -48,6 +48,9 @@ func TestRedisScenario(t *testing.T) {
 			if !(x.RedisCPUusPerEvent >= 0) || !(x.RoundTripsPerEvent > 0) {
 				t.Errorf("%s: Redis CPU %v µs/event, %v round trips/event; want numbers", name, x.RedisCPUusPerEvent, x.RoundTripsPerEvent)
 			}
+			if m.Path == pathRedisCPU.name && !(x.RedisIdleUsPerEvent >= 0) {
+				t.Errorf("%s: Redis idle CPU %v µs/event; want a number", name, x.RedisIdleUsPerEvent)
+			}
 			// Nobody follows the CPU step's streams from another replica:
 			// no event goes to Redis. Each joiner step's stream is
 			// followed: its owner mirrors it, a batch an event at most
