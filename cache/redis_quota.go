@@ -278,10 +278,9 @@ end
 // ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
 // ttl, exp, setttl, committed, unknown, now, covered) does the same in the
 // sets of all keys and of strangers' keys (whose expiry it renews whatever
-// covered says): a committed key leaves the
-// strangers' set (its tenant is known now); a key ended commit_unknown
-// joins the set of those until its records expire, and any other end
-// takes it out.
+// covered says): a committed key leaves the strangers' set (its tenant is
+// known now); a key ended commit_unknown joins the set of those until its
+// records expire, and any other end takes it out.
 const endLua = `
 local function endIn(set, member, ttl, exp, setttl, covered)
   if ttl <= 0 then
