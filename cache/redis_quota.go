@@ -45,7 +45,7 @@ import (
 // against MaxStrangerKeys. Counting by expiry rather than by a number
 // means the count cannot drift: a key whose end was never reported (a
 // replica that died, an update lost with Redis) stops counting when its
-// score passes, and each count removes up to pruneBatch expired members
+// score passes, and one count in 8 removes up to pruneBatch expired members
 // (all of them when they would refuse a key). A tenant is known (not a stranger) while prefix:tenant:{th}:known
 // exists: it is set for TTL at each of the tenant's commits. On a
 // Cluster a new key is counted against its tenant first and then against
@@ -68,10 +68,16 @@ func (r *Redis) tenantKey(sc Scope) string {
 }
 
 // setTTL is the expiry of a tenant's set, renewed at each write: past any
-// of its members' scores.
+// of its members' scores, by enough that the end of a generation shorter
+// than about 10 minutes finds the expiry its claim set past its score
+// (covered in finishScript) and need not renew it.
 func (r *Redis) setTTL() string {
-	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + time.Minute)
+	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack)
 }
+
+// setSlack is how far a set's expiry is set past the longest of its
+// members' expiries.
+const setSlack = 11 * time.Minute
 
 // knownKey names the marker of a tenant known by a commit; it shares the
 // tenant set's slot.
@@ -198,99 +204,111 @@ local function now()
 end
 `
 
-// pruneBatch is how many expired members a count removes from a set.
+// pruneBatch is how many expired members a pruning count removes from a
+// set.
 const pruneBatch = "64"
 
 // countLua defines the key count's checks, which write nothing but the
-// removal of expired members, and its writes.
+// removal of expired members, and its writes. A count costs a ZCARD per
+// set while the set is below its bound, and its ZADD and PEXPIRE: the
+// member's own score is read (ZSCORE) only at the bound, and 1 count in 8
+// prunes (pruning), so that a set removes up to 8 expired members for each
+// it adds and holds about its unexpired keys; a set at its bound removes
+// all of them before it refuses, so a key is refused only when the set
+// holds its bound of unexpired keys. Scores go to Redis as strings made
+// once (exp): each Lua number a command is given is converted again.
 //
-// tenantRoom(set, known, member, bound, now) returns whether the tenant's
-// set takes the member (it is in, or the tenant has room: bound < 0 is
-// none), its score, and whether the tenant is a stranger.
+// tenantRoom(set, known, member, bound, now, prune) returns whether the
+// tenant's set takes the member (it is in, or the tenant has room: bound
+// < 0 is none) and whether the tenant is a stranger.
 // globalRoom(all, strangers, member, bound on all, bound on strangers,
-// stranger, now) returns 1 (room), 0 (all keys hold their bound) or -1
-// (strangers' keys hold theirs), and the member's scores in both.
-// tenantCount and globalCount add the member, live, with those scores.
+// stranger, now, prune) returns 1 (room), 0 (all keys hold their bound)
+// or -1 (strangers' keys hold theirs).
+// tenantCount and globalCount add the member, live until exp (a string),
+// or raise its score to exp (ZADD GT).
 const countLua = `
-local function full(set, bound, t)
-  -- Each count removes up to ` + pruneBatch + ` expired members, more than
-  -- it adds, so that the set holds about its unexpired keys and no one
-  -- count pays for a backlog; all of them only when they would refuse a
-  -- key, which that pace leaves few.
-  local old = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. t, 'LIMIT', 0, ` + pruneBatch + `)
-  if #old > 0 then redis.call('ZREM', set, unpack(old)) end
-  if bound < 0 or redis.call('ZCARD', set) < bound then return false end
-  if #old == ` + pruneBatch + ` then redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t) end
-  return redis.call('ZCARD', set) >= bound
+local function pruning(member)
+  return string.byte(member, -1) % 8 == 0
 end
-local function tenantRoom(set, known, member, bound, t)
-  local cur = redis.call('ZSCORE', set, member)
-  if not cur and full(set, bound, t) then return false end
-  return true, cur, redis.call('EXISTS', known) == 0
-end
-local function globalRoom(all, strangers, member, bound, sbound, stranger, t)
-  local cur = redis.call('ZSCORE', all, member)
-  if not cur and full(all, bound, t) then return 0 end
-  local scur = nil
-  if stranger then
-    scur = redis.call('ZSCORE', strangers, member)
-    if not scur and full(strangers, sbound, t) then return -1 end
+local function room(set, member, bound, t, prune)
+  if prune then
+    local old = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. t, 'LIMIT', 0, ` + pruneBatch + `)
+    if #old > 0 then redis.call('ZREM', set, unpack(old)) end
   end
-  return 1, cur, scur
+  if bound < 0 or redis.call('ZCARD', set) < bound then return true end
+  if redis.call('ZSCORE', set, member) then return true end
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
+  return redis.call('ZCARD', set) < bound
 end
-local function tenantCount(set, member, cur, exp, setttl)
-  if not cur or tonumber(cur) < exp then redis.call('ZADD', set, exp, member) end
+local function tenantRoom(set, known, member, bound, t, prune)
+  if not room(set, member, bound, t, prune) then return false end
+  return true, redis.call('EXISTS', known) == 0
+end
+local function globalRoom(all, strangers, member, bound, sbound, stranger, t, prune)
+  if not room(all, member, bound, t, prune) then return 0 end
+  if stranger and not room(strangers, member, sbound, t, prune) then return -1 end
+  return 1
+end
+local function tenantCount(set, member, exp, setttl)
+  redis.call('ZADD', set, 'GT', exp, member)
   redis.call('PEXPIRE', set, setttl)
 end
-local function globalCount(all, strangers, unknown, member, cur, scur, stranger, exp, setttl, known)
-  if not cur or tonumber(cur) < exp then redis.call('ZADD', all, exp, member) end
+local function globalCount(all, strangers, unknown, member, stranger, exp, setttl, known)
+  redis.call('ZADD', all, 'GT', exp, member)
   redis.call('PEXPIRE', all, setttl)
   if stranger then
-    if not scur or tonumber(scur) < exp then redis.call('ZADD', strangers, exp, member) end
+    redis.call('ZADD', strangers, 'GT', exp, member)
     redis.call('PEXPIRE', strangers, setttl)
   end
-  -- a key the ledger held may be among the commit_unknown; a new one not
+  -- A key the ledger held may be among the commit_unknown. One without a
+  -- record is not, but for the few ms by which a reaped key's member can
+  -- outlive its records (its end is a script after the reap's): the
+  -- generation's end takes it out then (globalEnd), which spares every
+  -- new key a ZREM.
   if known then redis.call('ZREM', unknown, member) end
 end
 `
 
 // endLua defines the key count's update at a generation's end.
 //
-// keyEnd(set, known, member, ttl, setttl, mark, now) sets a counted key's
-// expiry in its tenant's set (ttl ms from now; 0: no longer counted), and
-// marks the tenant known for mark ms after a commit ("0": not).
-// globalEnd(all, strangers, unknown, member, ttl, setttl, committed,
-// unknown, now) does the same in the sets of all keys and of strangers'
-// keys: a committed key leaves the strangers' set (its tenant is known
-// now); a key ended commit_unknown joins the set of those until its
+// keyEnd(set, known, member, ttl, exp, setttl, mark, covered) sets a
+// counted key's expiry in its tenant's set to exp (a string, ttl ms from
+// now; ttl 0: no longer counted), renewing the set's expiry unless covered
+// (the claim's renewal is past exp), and marks the tenant known for mark
+// ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
+// ttl, exp, setttl, committed, unknown, now, covered) does the same in the
+// sets of all keys and of strangers' keys (whose expiry it renews whatever
+// covered says): a committed key leaves the strangers' set (its tenant is
+// known now); a key ended commit_unknown joins the set of those until its
 // records expire, and any other end takes it out.
 const endLua = `
-local function endIn(set, member, ttl, setttl, t)
+local function endIn(set, member, ttl, exp, setttl, covered)
   if ttl <= 0 then
     redis.call('ZREM', set, member)
-  elseif redis.call('ZADD', set, 'XX', 'CH', t + ttl, member) == 1 then
+  elseif redis.call('ZADD', set, 'XX', 'CH', exp, member) == 1 and not covered then
     redis.call('PEXPIRE', set, setttl)
   end
 end
-local function keyEnd(set, known, member, ttl, setttl, mark, t)
+local function keyEnd(set, known, member, ttl, exp, setttl, mark, covered)
   if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
-  endIn(set, member, ttl, setttl, t)
+  endIn(set, member, ttl, exp, setttl, covered)
 end
-local function globalEnd(all, strangers, unknown, member, ttl, setttl, committed, unk, t)
+local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered)
   if unk and ttl > 0 then
     -- the expired go as the new come, so that the set is bounded by the
     -- keys in commit_unknown now, scraped or not
     redis.call('ZREMRANGEBYSCORE', unknown, '-inf', t)
-    redis.call('ZADD', unknown, t + ttl, member)
+    redis.call('ZADD', unknown, exp, member)
     redis.call('PEXPIRE', unknown, setttl)
   else
     redis.call('ZREM', unknown, member)
   end
-  endIn(all, member, ttl, setttl, t)
+  endIn(all, member, ttl, exp, setttl, covered)
   if committed then
     redis.call('ZREM', strangers, member)
   else
-    endIn(strangers, member, ttl, setttl, t)
+    -- the key may be there by an earlier generation's claim, not this one's
+    endIn(strangers, member, ttl, exp, setttl, false)
   end
 end
 `
@@ -305,9 +323,9 @@ end
 // when the tenant holds its bound of other unexpired keys.
 var quotaScript = rueidis.NewLuaScript(nowLua + countLua + `
 local t = now()
-local ok, cur, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t)
+local ok, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t, pruning(ARGV[1]))
 if not ok then return 0 end
-tenantCount(KEYS[1], ARGV[1], cur, t + tonumber(ARGV[3]), ARGV[4])
+tenantCount(KEYS[1], ARGV[1], tostring(t + tonumber(ARGV[3])), ARGV[4])
 if stranger then return 1 end
 return 2
 `)
@@ -326,9 +344,9 @@ return 2
 var globalScript = rueidis.NewLuaScript(nowLua + countLua + `
 local t = now()
 local stranger = ARGV[4] == '1'
-local ok, cur, scur = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t)
+local ok = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t, pruning(ARGV[1]))
 if ok ~= 1 then return ok end
-globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], cur, scur, stranger, t + tonumber(ARGV[5]), ARGV[6], true)
+globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], stranger, tostring(t + tonumber(ARGV[5])), ARGV[6], true)
 return 1
 `)
 
@@ -341,7 +359,8 @@ return 1
 //
 // Returns 1.
 var keyEndScript = rueidis.NewLuaScript(nowLua + endLua + `
-keyEnd(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], now())
+local ttl = tonumber(ARGV[2])
+keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4], false)
 return 1
 `)
 
@@ -355,7 +374,8 @@ return 1
 //
 // Returns 1.
 var globalEndScript = rueidis.NewLuaScript(nowLua + endLua + `
-globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', now())
+local t, ttl = now(), tonumber(ARGV[2])
+globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t, false)
 return 1
 `)
 

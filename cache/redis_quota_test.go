@@ -133,10 +133,15 @@ func uncounted(r *Redis, sc Scope) func() error {
 	}
 }
 
+// maxCountedCmds bounds the commands Redis runs, inner ones included, for
+// the claim and the commit of a known tenant's new key whose count does
+// not prune (TestRedisCountInScripts).
+const maxCountedCmds = 29
+
 // TestRedisCountInScripts: on a standalone Redis a new key is counted by
 // its claim and its count ended by its commit: one script call each, where
 // the count took scripts of its own (three more at the claim, two at the
-// commit). The count is the same: the key counts against its tenant and
+// commit), and at most maxCountedCmds commands in Redis in all. The count is the same: the key counts against its tenant and
 // the whole while live, then for TTL after its commit, its tenant known.
 func TestRedisCountInScripts(t *testing.T) {
 	t.Parallel()
@@ -146,24 +151,40 @@ func TestRedisCountInScripts(t *testing.T) {
 	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
 	startStream(t, warm)
 	warm.Commit(nil)
-	sc := Scope{Tenant: "t", Key: "k"}
+	sc := keysThatPrune(r, "t", 1, false)[0] // its count does not prune: a fixed cost
+	polls := storeCmds(t, srv.Addr)
 	before := readRedisCost(t, srv.Addr)
 	f := rbegin(t, r, sc, "fp").Flight
-	if n := readRedisCost(t, srv.Addr).scripts - before.scripts; n != 1 {
+	claimed := readRedisCost(t, srv.Addr)
+	if n := claimed.scripts - before.scripts; n != 1 {
 		t.Errorf("the claim of a new key: %d script calls; want 1", n)
 	}
+	cmds := storeCmds(t, srv.Addr) - polls
 	if got := tenantScore(t, r, sc); got < 59*time.Minute || got > time.Hour {
 		t.Errorf("a live key counts for its tenant %v more; want LiveTTL (1h)", got)
 	}
 	startStream(t, f)
 	appendN(t, f, 1, 20)
+	polls = storeCmds(t, srv.Addr)
 	before = readRedisCost(t, srv.Addr)
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false")
 	}
-	if n := readRedisCost(t, srv.Addr).scripts - before.scripts; n != 1 {
+	committed := readRedisCost(t, srv.Addr)
+	if n := committed.scripts - before.scripts; n != 1 {
 		t.Errorf("the commit: %d script calls; want 1", n)
 	}
+	// Redis's cost is about its commands, inner ones included: a known
+	// tenant's new key takes, at the claim, its record, lease and journal
+	// start and 7 commands of count (ZCARD, ZADD, PEXPIRE of the tenant's
+	// set and of all keys, EXISTS of the known marker), and at the commit
+	// 6 of the count's end (TIME, SET of the marker, ZADD of the tenant's
+	// set and of all keys, ZREM from the strangers' and the
+	// commit_unknown's sets).
+	if cmds += storeCmds(t, srv.Addr) - polls; cmds > maxCountedCmds {
+		t.Errorf("a new key's claim and commit: %d commands in Redis; want at most %d", cmds, maxCountedCmds)
+	}
+	t.Logf("a new key's claim and commit: %d commands in Redis", cmds)
 	if got := tenantScore(t, r, sc); got < 23*time.Hour || got > 24*time.Hour {
 		t.Errorf("a committed key counts for its tenant %v more; want TTL (24h)", got)
 	}
@@ -177,6 +198,129 @@ func TestRedisCountInScripts(t *testing.T) {
 	if n, err := r.c.Do(ctx, r.c.B().Exists().Key(r.knownKey(sc)).Build()).AsInt64(); err != nil || n != 1 {
 		t.Errorf("the tenant's known marker after a commit: %d, %v; want set", n, err)
 	}
+	// The commit did not renew the sets' expiry: the claim's is past the
+	// key's score.
+	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0]} {
+		if err := setOutlives(r, key, r.keys(sc).h); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// setOutlives returns an error unless the set key expires after member's
+// score, by Redis's clock.
+func setOutlives(r *Redis, key, member string) error {
+	ctx := context.Background()
+	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(key).Member(member).Build()).AsFloat64()
+	if err != nil {
+		return fmt.Errorf("%s: score of %s: %w", key, member, err)
+	}
+	at, err := r.c.Do(ctx, r.c.B().Pexpiretime().Key(key).Build()).AsInt64()
+	if err != nil {
+		return fmt.Errorf("%s: PEXPIRETIME: %w", key, err)
+	}
+	if float64(at) < score {
+		return fmt.Errorf("%s expires at %d, before its member's score %.0f", key, at, score)
+	}
+	return nil
+}
+
+// TestRedisLongGenerationRenewsSets: a generation that ends long after
+// its claim renews its sets' expiry, which its claim's no longer covers:
+// a set never expires before one of its members' scores.
+func TestRedisLongGenerationRenewsSets(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "long", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	sc := Scope{Tenant: "t", Key: "long"}
+	o := rbegin(t, r, sc, "fp").Flight.be.(*owner)
+	o.shutdown() // its finish is sent below, as if by it
+	k := r.keys(sc)
+	// As if claimed 20 minutes ago: the generation's number, and the
+	// expiry its claim gave the sets, are that old.
+	old := time.Now().Add(-20 * time.Minute)
+	gen := strconv.FormatInt(old.UnixMilli(), 10)
+	if err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("gen", gen).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]} {
+		at := old.Add(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack).UnixMilli()
+		if err := r.c.Do(ctx, r.c.B().Pexpireat().Key(key).MillisecondsTimestamp(at).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), append([]string{
+		o.tok, gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL), string(StateCommitted), "", nowMS(time.Now()),
+		"", "", "0", "0", "", "0", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false)...)))
+	if err != nil || a.verdict != writeOK {
+		t.Fatalf("finish: %v, %v; want ok", a, err)
+	}
+	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0]} {
+		if err := setOutlives(r, key, k.h); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestRedisStrangersLeaveAtCommit: a key counted as a stranger's leaves
+// the strangers' set at its commit, also when its tenant became known
+// between its claim and its commit.
+func TestRedisStrangersLeaveAtCommit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "strangers", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	set := r.globalKeys()[1]
+	in := func(sc Scope) bool {
+		t.Helper()
+		err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(r.keys(sc).h).Build()).Error()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	a, b := Scope{Tenant: "s", Key: "a"}, Scope{Tenant: "s", Key: "b"}
+	fa, fb := rbegin(t, r, a, "fp").Flight, rbegin(t, r, b, "fp").Flight
+	for _, sc := range []Scope{a, b} {
+		if !in(sc) {
+			t.Fatalf("%v, a stranger's key: not in the strangers' set", sc)
+		}
+	}
+	for _, f := range []*Flight{fa, fb} {
+		startStream(t, f)
+		if !f.Commit(nil) {
+			t.Fatal("Commit: got false")
+		}
+	}
+	for _, sc := range []Scope{a, b} {
+		if in(sc) {
+			t.Errorf("%v: still in the strangers' set after its tenant's commits", sc)
+		}
+	}
+}
+
+// storeCmds is how many commands the server ran, inner ones included,
+// less INFO, a replica's polls of its inbox (BLPOP, LPOP), which come
+// whenever they time out, and the client's PINGs of idle connections.
+func storeCmds(tb testing.TB, addr string) int64 {
+	tb.Helper()
+	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
+	if err != nil {
+		tb.Fatalf("INFO commandstats: %v", err)
+	}
+	var n int64
+	for _, l := range strings.Split(stats, "\n") {
+		name, rest, _ := strings.Cut(strings.TrimSpace(l), ":")
+		cmd, ok := strings.CutPrefix(name, "cmdstat_")
+		if !ok || cmd == "info" || cmd == "blpop" || cmd == "lpop" || cmd == "ping" {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		c, _ := strconv.ParseInt(calls, 10, 64)
+		n += c
+	}
+	return n
 }
 
 // TestRedisScrapeReads: counting the keys in commit_unknown for a scrape
@@ -206,17 +350,18 @@ func TestRedisScrapeReads(t *testing.T) {
 	}
 }
 
-// TestRedisCountPrunes: each count takes expired members out of its sets,
-// a bounded number at a time, so that the sets hold about their unexpired
-// keys, with bounds far away or none (a set pruned only when full grew to
-// its bound and then had one claim remove it all, stalling Redis).
+// TestRedisCountPrunes: one count in 8, chosen by the key's hash, takes
+// expired members out of its sets, a bounded number at a time, so that
+// the sets hold about their unexpired keys, with bounds far away or none
+// (a set pruned only when full grew to its bound and then had one claim
+// remove it all, stalling Redis); the other counts leave them.
 func TestRedisCountPrunes(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "prune", func(c *RedisConfig) { c.MaxKeysPerTenant = -1 })
 	ctx := context.Background()
-	sc := Scope{Tenant: "t", Key: "new-0"}
-	sets := []string{r.globalKeys()[0], r.tenantKey(sc)}
+	keep, pruning := keysThatPrune(r, "t", 1, false), keysThatPrune(r, "t", 4, true)
+	sets := []string{r.globalKeys()[0], r.globalKeys()[1], r.tenantKey(keep[0])}
 	for _, key := range sets {
 		for i := range 200 {
 			if err := r.c.Do(ctx, r.c.B().Zadd().Key(key).ScoreMember().ScoreMember(1, fmt.Sprint("expired-", i)).Build()).Error(); err != nil {
@@ -232,18 +377,107 @@ func TestRedisCountPrunes(t *testing.T) {
 		}
 		return n
 	}
-	rbegin(t, r, sc, "fp")
+	rbegin(t, r, keep[0], "fp")
 	for _, key := range sets {
-		if got, want := card(key), int64(200-64+1); got != want {
-			t.Errorf("%s after one count: %d members; want %d (64 expired removed)", key, got, want)
+		if got, want := card(key), int64(200+1); got != want {
+			t.Errorf("%s after a count that does not prune: %d members; want %d (none removed)", key, got, want)
 		}
 	}
-	for i := 1; i < 4; i++ {
-		rbegin(t, r, Scope{Tenant: "t", Key: fmt.Sprint("new-", i)}, "fp")
+	rbegin(t, r, pruning[0], "fp")
+	for _, key := range sets {
+		if got, want := card(key), int64(200-64+2); got != want {
+			t.Errorf("%s after a count that prunes: %d members; want %d (64 expired removed)", key, got, want)
+		}
+	}
+	for _, sc := range pruning[1:] {
+		rbegin(t, r, sc, "fp")
 	}
 	for _, key := range sets {
-		if got := card(key); got != 4 {
-			t.Errorf("%s after four counts: %d members; want the 4 live keys", key, got)
+		if got := card(key); got != 5 {
+			t.Errorf("%s after four counts that prune: %d members; want the 5 live keys", key, got)
 		}
+	}
+}
+
+// keysThatPrune returns n scopes of tenant whose count prunes (or, with
+// prune false, does not): countLua's pruning() of their hash.
+func keysThatPrune(r *Redis, tenant string, n int, prune bool) []Scope {
+	var out []Scope
+	for i := 0; len(out) < n; i++ {
+		sc := Scope{Tenant: tenant, Key: fmt.Sprint("key-", prune, "-", i)}
+		if h := r.keys(sc).h; (h[len(h)-1]%8 == 0) == prune {
+			out = append(out, sc)
+		}
+	}
+	return out
+}
+
+// TestRedisBoundsWithoutPrune: a count that does not prune still refuses
+// a key only when the set holds its bound of unexpired keys: a set at its
+// bound with expired members removes them all, then takes the key; at its
+// bound of unexpired keys it refuses a new key, writing nothing, but takes
+// a key it already counts (whose records are gone); and it never holds
+// more than its bound. So for each of the tenant's, all keys' and
+// strangers' sets.
+func TestRedisBoundsWithoutPrune(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	const bound = 3
+	for _, tt := range []struct {
+		name string
+		mod  func(*RedisConfig)
+		set  func(*Redis, Scope) string
+		err  error
+	}{
+		{"tenant", func(c *RedisConfig) { c.MaxKeysPerTenant = bound }, (*Redis).tenantKey, ErrTenantFull},
+		{"all", func(c *RedisConfig) { c.MaxKeys, c.MaxStrangerKeys = bound, 100 }, func(r *Redis, _ Scope) string { return r.globalKeys()[0] }, ErrStoreFull},
+		{"strangers", func(c *RedisConfig) { c.MaxStrangerKeys = bound }, func(r *Redis, _ Scope) string { return r.globalKeys()[1] }, ErrStoreFull},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRedis(t, srv.Addr, "bound-"+tt.name, tt.mod)
+			ks := keysThatPrune(r, "t", 3, false)
+			set := tt.set(r, ks[0])
+			zadd := func(score float64, member string) {
+				t.Helper()
+				if err := r.c.Do(ctx, r.c.B().Zadd().Key(set).ScoreMember().ScoreMember(score, member).Build()).Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			card := func() int64 {
+				t.Helper()
+				n, err := r.c.Do(ctx, r.c.B().Zcard().Key(set).Build()).AsInt64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			for i := range bound {
+				zadd(1, fmt.Sprint("expired-", i))
+			}
+			if b := rbegin(t, r, ks[0], "fp"); b.Decision != Miss {
+				t.Fatalf("a new key, the set at its bound of expired keys: got %v; want miss", b.Decision)
+			}
+			if n := card(); n != 1 {
+				t.Fatalf("the set after it: %d members; want 1 (the expired all removed)", n)
+			}
+			// Two more unexpired: one a key counted whose records are gone.
+			ghost := Scope{Tenant: "t", Key: "ghost"}
+			zadd(1e15, r.keys(ghost).h)
+			zadd(1e15, "live")
+			zadd(1, "expired")
+			if _, err := r.Begin(ks[1], "fp"); !errors.Is(err, tt.err) {
+				t.Fatalf("a new key, the set at its bound of unexpired keys: got %v; want %v", err, tt.err)
+			}
+			if n := card(); n != bound {
+				t.Fatalf("the set after a refusal: %d members; want %d", n, bound)
+			}
+			if b := rbegin(t, r, ghost, "fp"); b.Decision != Miss {
+				t.Fatalf("a key the full set counts already: got %v; want miss", b.Decision)
+			}
+			if n := card(); n != bound {
+				t.Fatalf("the set after the counted key's claim: %d members; want %d", n, bound)
+			}
+		})
 	}
 }

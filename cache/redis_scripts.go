@@ -146,13 +146,14 @@ if counting then
   -- held starts again and counts as live whatever they are.
   local tb, ab, sb = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
   if phase then tb, ab, sb = -1, -1, -1 end
-  local ok, tcur, stranger = tenantRoom(KEYS[5], KEYS[6], ARGV[15], tb, t)
+  local prune = pruning(ARGV[15])
+  local ok, stranger = tenantRoom(KEYS[5], KEYS[6], ARGV[15], tb, t, prune)
   if not ok then return {'full', '0'} end
-  local g, cur, scur = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t)
-  if g ~= 1 then return {'full', tostring(g - 1)} end
-  local exp = t + tonumber(ARGV[5])
-  tenantCount(KEYS[5], ARGV[15], tcur, exp, ARGV[14])
-  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], cur, scur, stranger, exp, ARGV[14], phase)
+  local g = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t, prune)
+  if g ~= 1 then return {'full', g == 0 and '-1' or '-2'} end
+  local exp = tostring(t + tonumber(ARGV[5]))
+  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14])
+  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase)
 end
 local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
@@ -514,8 +515,13 @@ if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
 redis.call('DEL', KEYS[2])
 if #KEYS >= 9 then
   local t, ttl = now(), tonumber(ARGV[21])
-  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, ARGV[22], ARGV[23], t)
-  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t)
+  local exp = tostring(t + ttl)
+  -- The claim renewed the sets' expiry at gen (its clock, or ms after):
+  -- it is past exp while the generation is short (setSlack), by a minute
+  -- to spare for a clock that stepped back.
+  local covered = t + ttl + 60000 <= tonumber(ARGV[2]) + tonumber(ARGV[22])
+  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered)
 end
 return {'ok'}
 `)
