@@ -114,6 +114,8 @@ local heldReaped = ''
 if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]) == 0 then
   -- A tool call whose owner died: it may have run, so it is not run again.
   redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
+  -- the XADD may have made the journal (an unmirrored call has none)
+  redis.call('PEXPIRE', KEYS[3], '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
   redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6])
   redis.call('PEXPIRE', KEYS[1], s[9])
   phase, s[7], heldReaped = 'lost', 'commit_unknown', s[9]
@@ -512,7 +514,7 @@ if ARGV[19] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[19]) e
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
-redis.call('DEL', KEYS[2])
+-- The lease is left to expire: nothing reads it once phase is not live.
 if #KEYS >= 9 then
   local t, ttl = now(), tonumber(ARGV[21])
   local exp = tostring(t + ttl)

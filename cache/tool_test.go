@@ -201,5 +201,11 @@ func TestToolReapedHeld(t *testing.T) {
 		if got := tenantScore(t, rs[1], sc); !within(got) {
 			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
 		}
+		// The reap's terminal entry made the journal (the call was never
+		// mirrored): it must expire, as every key but the secret does.
+		ttl, err := rs[1].c.Do(context.Background(), rs[1].c.B().Pttl().Key(rs[1].keys(sc).j).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > journalTTL.Milliseconds() {
+			t.Errorf("PTTL of the reaped call's journal: got %d, %v; want 1..%d ms", ttl, err, journalTTL.Milliseconds())
+		}
 	})
 }
