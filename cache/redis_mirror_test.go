@@ -229,7 +229,7 @@ func TestRedisAskSignalLost(t *testing.T) {
 }
 
 // TestRedisUnfollowedRecords: a new key's unfollowed stream writes no
-// journal at its claim or its commit (no XADD, no DEL but the lease's, no
+// journal at its claim or its commit (no XADD, no DEL: the lease is left to expire, no
 // XREVRANGE), and its claim writes in st only the fields that are not a
 // default, which every reader takes as empty or 0.
 func TestRedisUnfollowedRecords(t *testing.T) {
