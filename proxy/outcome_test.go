@@ -205,6 +205,20 @@ func TestUpstreamMarkersNotKept(t *testing.T) {
 	wantCount(t, "upstream calls", fs.calls.Load(), 1)
 }
 
+// fetchAwaitingHead sends a keyed request through a proxy on up and
+// returns once up has read it and awaits its head: the proxy, the key, and
+// where the client's result comes.
+func fetchAwaitingHead(t *testing.T, up *rawUpstream, name string) (*env, string, chan result) {
+	t.Helper()
+	e := retryEnv(t, []string{up.url}, nil)
+	key := newKey(name)
+	done := make(chan result, 1)
+	go func() { done <- e.fetch(req{key: key}) }()
+	waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
+	time.Sleep(50 * time.Millisecond) // the request is read by now
+	return e, key, done
+}
+
 // TestNoRetryAfterTheCall: once the request was written upstream, no
 // answer is a 503 or carries Retry-After, whatever ended it: it is the
 // outcome-unknown answer, and the key ends commit_unknown.
@@ -221,13 +235,8 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
 			u.stall()
 		})
-		e := retryEnv(t, []string{up.url}, nil)
-		key := newKey("shutdown")
-		done := make(chan result, 1)
-		go func() { done <- e.fetch(req{key: key}) }()
-		waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
-		time.Sleep(50 * time.Millisecond) // the request is read by now
-		e.proxy.Abort()                   // what Shutdown does once the drain's time is up
+		e, key, done := fetchAwaitingHead(t, up, "shutdown")
+		e.proxy.Abort() // what Shutdown does once the drain's time is up
 		close(release)
 		got := <-done
 		unknownAnswer(t, "client", got, 502)
@@ -240,12 +249,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			readRequest(c)
 			u.stall() // no head, ever
 		})
-		e := retryEnv(t, []string{up.url}, nil)
-		key := newKey("drain")
-		done := make(chan result, 1)
-		go func() { done <- e.fetch(req{key: key}) }()
-		waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
-		time.Sleep(50 * time.Millisecond) // the request is read by now
+		e, key, done := fetchAwaitingHead(t, up, "drain")
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		if err := e.proxy.Shutdown(ctx); err == nil {
