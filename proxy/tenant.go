@@ -74,6 +74,9 @@ type mac struct {
 	sum   [sha256.Size]byte
 }
 
+// zeroBlock overwrites a hash's buffer (putMAC).
+var zeroBlock [sha256.BlockSize]byte
+
 // newMAC starts a MAC for purpose, to which parts are then added; sumMAC
 // ends it.
 func (p *Proxy) newMAC(purpose string) *mac {
@@ -98,19 +101,23 @@ func (m *mac) addBytes(b []byte) {
 
 // sumMAC returns m's MAC, and m to be reused.
 func (p *Proxy) sumMAC(m *mac) (sum [sha256.Size]byte) {
-	m.h.Reset()
-	m.h.Write(m.parts)
+	m.h.Write(m.parts) // m.h is new or was reset by putMAC
 	// Summed into m: a local array passed to Sum would escape.
 	sum = [sha256.Size]byte(m.h.Sum(m.sum[:0]))
 	p.putMAC(m)
 	return sum
 }
 
-// putMAC gives m back to be reused, its parts (credentials among them)
-// wiped first, so that a pooled state holds no secret; one made for a
-// huge part is let go.
+// putMAC gives m back to be reused, reset, with its parts (credentials
+// among them) wiped first, and so the hash's buffer: the last partial
+// block it hashed (the credential's end) stays in it through a reset, so
+// a block's worth of zeros goes through the buffer before the reset that
+// leaves it ready. One made for a huge part is let go.
 func (p *Proxy) putMAC(m *mac) {
 	clear(m.parts)
+	m.h.Reset()
+	m.h.Write(zeroBlock[:m.h.BlockSize()-1])
+	m.h.Reset()
 	if cap(m.parts) <= 4<<10 {
 		p.macs.Put(m)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -255,4 +256,43 @@ func TestMACWiped(t *testing.T) {
 	if all := m.parts[:cap(m.parts)]; bytes.Contains(all, []byte("sk-wiped")) {
 		t.Fatalf("a MAC given back holds %q; want its parts wiped", m.parts)
 	}
+	// The hash's state keeps the last block it hashed unless reset.
+	if held := heldBytes(reflect.ValueOf(m.h), map[uintptr]bool{}); bytes.Contains(held, []byte("sk-wiped")) {
+		t.Fatal("a MAC given back holds the credential in its hash's state; want it wiped")
+	}
+}
+
+// heldBytes returns every byte v holds in byte arrays and slices,
+// following pointers, interfaces and fields, exported or not.
+func heldBytes(v reflect.Value, seen map[uintptr]bool) []byte {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		if v.Kind() == reflect.Pointer {
+			if seen[v.Pointer()] {
+				return nil
+			}
+			seen[v.Pointer()] = true
+		}
+		return heldBytes(v.Elem(), seen)
+	case reflect.Struct:
+		var out []byte
+		for i := range v.NumField() {
+			out = append(out, heldBytes(v.Field(i), seen)...)
+		}
+		return out
+	case reflect.Array, reflect.Slice:
+		var out []byte
+		for i := range v.Len() {
+			if e := v.Index(i); e.Kind() == reflect.Uint8 {
+				out = append(out, byte(e.Uint()))
+			} else {
+				out = append(out, heldBytes(e, seen)...)
+			}
+		}
+		return out
+	}
+	return nil
 }
