@@ -44,7 +44,7 @@ func (l *keepAccepting) Accept() (net.Conn, error) {
 
 // acceptRetryable reports whether err is an accept error that passes.
 func acceptRetryable(err error) bool {
-	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} { // ECONNABORTED: Go accepts again itself
 		if errors.Is(err, e) {
 			return true
 		}

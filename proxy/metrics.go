@@ -116,7 +116,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.clientsGone = c("clients_gone_total", "Answers whose client went away before the end: mid-stream, or while waiting for a non-streaming answer it joined.")
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
-	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) or because they broke first (ECONNABORTED): each is waited out and the accept tried again.")
+	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): each is waited out and the accept tried again.")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	lost := cv("tokens_lost_total", "Upstream-reported tokens of generations no client got whole, by kind (input, output) and loss: aborted (the stream reached clients and did not end whole), retried (an attempt failed before any output and was made again), fallback (the model's last attempt, given up for the next model), failed (the last attempt failed before any output).", "kind", "loss")
 	for l := range numLosses {

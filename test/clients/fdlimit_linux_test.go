@@ -14,9 +14,9 @@ import (
 
 // TestOutOfFileDescriptors: the built binary runs out of file descriptors
 // (its limit lowered under it, then connections opened past it) while a
-// stream is live. It goes on: the live stream ends whole, the connections
-// it could not take wait, are taken once descriptors are free again, and
-// each wait is counted; the process does not exit on its first failed
+// stream is live. It goes on: the live stream ends whole, the accepts that
+// failed are waited out and counted, a request once descriptors are free
+// again is answered; the process does not exit on its first failed
 // accept, which ended every stream it relayed.
 func TestOutOfFileDescriptors(t *testing.T) {
 	g := startGate(t, "-upstream", "mock")
