@@ -144,6 +144,7 @@ func (b *appendBatcher) take() []*appendReq {
 			break
 		}
 	}
+	clear(b.queue[:n]) // sent: the backing array need not keep their events
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
 		b.queue = nil
