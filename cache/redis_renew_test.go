@@ -310,3 +310,31 @@ func (m *monitored) stop() []string {
 		return nil
 	}
 }
+
+// TestRedisClaimAgainForgetsModel: a key claimed again after a failed
+// generation shows, on another replica, the new generation's model and
+// fallbacks (none yet), not the last generation's.
+func TestRedisClaimAgainForgetsModel(t *testing.T) {
+	t.Parallel()
+	_, rs := renewStores(t, 2)
+	a, b := rs[0], rs[1]
+	sc := Scope{Tenant: "t", Key: "again"}
+	f := rbegin(t, a, sc, "fp").Flight
+	f.SetModel("m2", []Fallback{{Model: "m1", Reason: "overloaded"}})
+	startStream(t, f)
+	appendN(t, f, 1, 3)
+	a.renewAll()
+	if ki, _ := b.Info(sc); ki.Model != "m2" || len(ki.Fallbacks) != 1 {
+		t.Fatalf("first generation's key info: model %q, fallbacks %v; want m2 and one", ki.Model, ki.Fallbacks)
+	}
+	f.Fail(StateFailedRetryable, "upstream_reset", nil)
+	waitDone(t, f, 5*time.Second)
+	g := rbegin(t, a, sc, "fp").Flight
+	startStream(t, g)
+	appendN(t, g, 1, 2)
+	a.renewAll()
+	if ki, _ := b.Info(sc); ki.Model != "" || len(ki.Fallbacks) != 0 {
+		t.Errorf("second generation's key info: model %q, fallbacks %v; want none yet", ki.Model, ki.Fallbacks)
+	}
+	g.Fail(StateFailedRetryable, "test_over", nil)
+}
