@@ -457,11 +457,10 @@ func (r *Redis) renewAll() {
 
 // renewal is one owner's renewal as renewAll sends it.
 type renewal struct {
-	o       *owner
-	sent    time.Duration // since o.t0
-	args    []string      // renewScript's
-	extends bool          // args extend st and j
-	marks   bool          // args set fields of st
+	o     *owner
+	sent  time.Duration // since o.t0
+	args  []string      // renewScript's: args[3] extends st and j unless ""
+	moved uint8         // the renewedFields it sets, a bit each
 }
 
 // renewal makes this owner's renewal, sent at sent since t0. It extends
@@ -475,7 +474,7 @@ type renewal struct {
 func (o *owner) renewal(sent time.Duration) renewal {
 	rn := renewal{o: o, sent: sent, args: []string{o.tok, o.gen, ms(o.r.cfg.Lease), ""}}
 	if sent-o.extended >= o.r.cfg.LiveTTL/4 {
-		rn.args[3], o.extended, rn.extends = ms(o.r.cfg.LiveTTL), sent, true
+		rn.args[3], o.extended = ms(o.r.cfg.LiveTTL), sent
 	}
 	if o.mirror.Load() {
 		return rn
@@ -487,9 +486,10 @@ func (o *owner) renewal(sent time.Duration) renewal {
 		if v != "" && v != "0" && v != o.sentMarks[i] {
 			rn.args = append(rn.args, renewedFields[i], v)
 			o.sentMarks[i] = v
+			rn.moved |= 1 << i
 		}
 	}
-	if rn.marks = len(rn.args) > 4; rn.marks {
+	if rn.moved != 0 {
 		rn.args = append(rn.args, "updated", nowMS(o.r.cfg.Now()))
 	}
 	return rn
@@ -519,11 +519,13 @@ func (o *owner) renewed(rn renewal, n int64, err error) {
 	default:
 		// Whether it reached Redis is unknown: the next renewal sends
 		// again what this one sent (what earlier ones sent is known).
-		if rn.extends {
+		if rn.args[3] != "" {
 			o.extended = -o.r.cfg.LiveTTL
 		}
-		if rn.marks {
-			o.sentMarks = renewedMarks{}
+		for i := range o.sentMarks {
+			if rn.moved&(1<<i) != 0 {
+				o.sentMarks[i] = ""
+			}
 		}
 		o.r.unavailable.Add(1)
 		if o.leaseLapsed() {

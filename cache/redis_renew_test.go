@@ -3,8 +3,10 @@ package cache
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -337,4 +339,35 @@ func TestRedisClaimAgainForgetsModel(t *testing.T) {
 		t.Errorf("second generation's key info: model %q, fallbacks %v; want none yet", ki.Model, ki.Fallbacks)
 	}
 	g.Fail(StateFailedRetryable, "test_over", nil)
+}
+
+// TestRedisRenewalLostSendsAgain: a renewal whose answer was lost makes
+// the next one send again the fields it carried, and only those: the
+// fields earlier renewals set are known to be in Redis.
+func TestRedisRenewalLostSendsAgain(t *testing.T) {
+	t.Parallel()
+	_, rs := renewStores(t, 1)
+	_, f, _ := ownedStream(t, rs[0], "lost", 10)
+	o := f.be.(*owner)
+	fields := func(rn renewal) []string {
+		var fs []string
+		for i := 4; i+1 < len(rn.args); i += 2 {
+			if rn.args[i] != "updated" {
+				fs = append(fs, rn.args[i])
+			}
+		}
+		return fs
+	}
+	first := o.renewal(time.Since(o.t0))
+	o.renewed(first, 1, nil)
+	f.Mark(StateExecutionStarted, 2, 200) // attempts moved; events did not
+	lost := o.renewal(time.Since(o.t0))
+	if got := fields(lost); !slices.Equal(got, []string{"attempts"}) {
+		t.Fatalf("a renewal after the attempts moved sets %v; want [attempts]", got)
+	}
+	o.renewed(lost, 0, errors.New("reply lost"))
+	if got := fields(o.renewal(time.Since(o.t0))); !slices.Equal(got, []string{"attempts"}) {
+		t.Errorf("the renewal after a lost one sets %v; want [attempts] again, and no field sent before it", got)
+	}
+	f.Fail(StateFailedRetryable, "test over", nil)
 }
