@@ -549,6 +549,10 @@ func (m *Memory) knownLocked(id string, now time.Time) *entry {
 	return e
 }
 
+// EndsNoFlight says that a Memory store never ends a flight itself: only
+// its generation does (a client awaiting a head need not watch it).
+func (*Memory) EndsNoFlight() {}
+
 // Info returns what the ledger knows of a key.
 func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	now := m.cfg.Now()

@@ -332,3 +332,15 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		wantCount(t, "upstream calls", up.calls.Load(), 1)
 	})
 }
+
+// TestPassiveStores: a client awaiting a head watches its flight only
+// with a store that may end it itself: the Redis store may, the
+// in-memory store never does.
+func TestPassiveStores(t *testing.T) {
+	if _, ok := any((*cache.Redis)(nil)).(passiveStore); ok {
+		t.Error("the Redis store is a passiveStore; want one that ends flights (it fences them)")
+	}
+	if _, ok := any((*cache.Memory)(nil)).(passiveStore); !ok {
+		t.Error("the in-memory store is not a passiveStore; want its clients spared the watch")
+	}
+}

@@ -34,8 +34,7 @@ type Proxy struct {
 	tracer trace.Tracer // nil: no spans
 	work   *workers     // the goroutines requests start
 	macs   sync.Pool    // *mac: HMAC states keyed by the secret, reused
-	// storeEnds: the store may end a flight itself (a Redis store fences
-	// one whose lease it lost); the in-memory store never does.
+	// storeEnds: the store may end a flight itself (not a passiveStore).
 	storeEnds bool
 
 	draining atomic.Bool // set by Drain: /readyz answers 503
@@ -80,7 +79,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Tracer != nil {
 		p.tracer = cfg.Tracer.Tracer(tracerName)
 	}
-	if _, mem := cfg.Store.(*cache.Memory); !mem {
+	if _, passive := cfg.Store.(passiveStore); !passive {
 		p.storeEnds = true
 	}
 	if _, ok := cfg.Store.(ToolStore); len(cfg.MCPPaths) > 0 && cfg.Store != nil && !ok {

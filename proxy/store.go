@@ -19,3 +19,11 @@ type Store interface {
 	Attach(sc cache.Scope, fingerprint string, after sse.ID, hasAfter bool) (*cache.Flight, *cache.Result, error)
 	Info(sc cache.Scope) (cache.KeyInfo, bool)
 }
+
+// passiveStore is a Store that never ends a flight itself (cache.Memory):
+// only its generation does. A store without it may (a Redis store fences
+// a generation whose lease it lost), so a client awaiting a head watches
+// the flight too (origin.attach).
+type passiveStore interface {
+	EndsNoFlight()
+}
