@@ -397,9 +397,8 @@ func BenchmarkRedisFollowed(b *testing.B) {
 	}
 	b.StopTimer()
 	st := rs[0].Stats()
-	b.N *= streams * events // per event
-	reportRedisCost(b, srv.Addr, before)
-	b.ReportMetric(float64(st.Batches)/float64(b.N), "batches/op")
+	reportRedisCost(b, srv.Addr, before, streams*events) // per event
+	b.ReportMetric(float64(st.Batches)/float64(b.N*streams*events), "batches/op")
 }
 
 // TestRedisAppendsCatchUpAlone: a follower's first batch past a batch
