@@ -305,6 +305,13 @@ return 1
 // for generation gen, <gen>-0 when it holds none of gen's entries (none
 // is written before the first mirrored batch), and whether what it holds
 // is an earlier generation's, left by a record that expired before it.
+//
+// And journalAppend(st, j, gen, prev, head, argv, from), the append of
+// the appendScript and finishScript: unless the journal ends at prev (it
+// returns where it ends then, writing nothing), it appends argv's id,
+// event pairs from from on (the event of seq 1 with the head), deleting
+// an earlier generation's entries first; the first batch makes the
+// journal, which expires with st. It returns nil and the last id.
 const journalEndLua = `
 local function journalEnd(j, gen)
   local last = redis.call('XREVRANGE', j, '+', '-', 'COUNT', 1)
@@ -312,6 +319,27 @@ local function journalEnd(j, gen)
   local id = last[1][1]
   if string.sub(id, 1, #gen + 1) == gen .. '-' then return id, false end
   return gen .. '-0', true
+end
+local function journalAppend(st, j, gen, prev, head, argv, from)
+  local lastId, stale = journalEnd(j, gen)
+  if lastId ~= prev then return lastId end
+  if stale then redis.call('DEL', j) end
+  local first = lastId == gen .. '-0'
+  for i = from, #argv, 2 do
+    local id = argv[i]
+    if id == gen .. '-1' and head ~= '' then
+      redis.call('XADD', j, id, 'e', argv[i + 1], 'h', head)
+    else
+      redis.call('XADD', j, id, 'e', argv[i + 1])
+    end
+    if first then
+      local ttl = redis.call('PTTL', st)
+      if ttl > 0 then redis.call('PEXPIRE', j, ttl) end
+      first = false
+    end
+    lastId = id
+  end
+  return nil, lastId
 end
 `
 
@@ -337,30 +365,13 @@ var appendsScript = newBatchScript(appendLua)
 const appendLua = journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
-local lastId, stale = journalEnd(KEYS[2], ARGV[2])
-if lastId ~= ARGV[3] then return {'prev', lastId} end
-local first = lastId == ARGV[2] .. '-0'
-if stale then redis.call('DEL', KEYS[2]) end
-local n = 0
-for i = 12, #ARGV, 2 do
-  local id = ARGV[i]
-  if id == ARGV[2] .. '-1' and ARGV[8] ~= '' then
-    redis.call('XADD', KEYS[2], id, 'e', ARGV[i + 1], 'h', ARGV[8])
-  else
-    redis.call('XADD', KEYS[2], id, 'e', ARGV[i + 1])
-  end
-  n = n + 1
-  lastId = id
-end
-if first and n > 0 then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-end
+local ends, lastId = journalAppend(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[8], ARGV, 12)
+if ends then return {'prev', ends} end
 local f = {'state', ARGV[4], 'attempts', ARGV[5], 'updated', ARGV[7], 'bytes', ARGV[9]}
 if ARGV[6] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[6]) end
 if ARGV[10] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[10]) end
 if ARGV[11] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[11]) end
-if n > 0 then
+if #ARGV >= 12 then
   local seq = string.match(lastId, '-(%d+)$')
   table.insert(f, 'events'); table.insert(f, seq)
 end
@@ -477,17 +488,8 @@ local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
 local first = 26
 if #ARGV >= first then
-  local lastId, stale = journalEnd(KEYS[3], ARGV[2])
-  if lastId ~= ARGV[4] then return {'prev', lastId} end
-  if stale then redis.call('DEL', KEYS[3]) end
-  for i = first, #ARGV, 2 do
-    local id = ARGV[i]
-    if id == ARGV[2] .. '-1' and ARGV[14] ~= '' then
-      redis.call('XADD', KEYS[3], id, 'e', ARGV[i + 1], 'h', ARGV[14])
-    else
-      redis.call('XADD', KEYS[3], id, 'e', ARGV[i + 1])
-    end
-  end
+  local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
+  if ends then return {'prev', ends} end
 end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
 local f = {'phase', ARGV[3], 'state', ARGV[7], 'updated', ARGV[9],
