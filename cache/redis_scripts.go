@@ -382,7 +382,7 @@ return {'ok'}
 // writeAnswer is the answer of appendScript and of finishScript.
 type writeAnswer struct {
 	verdict writeVerdict
-	last    string // writePrev: the id the journal ends with, "" for none
+	last    string // writePrev: the id the journal ends with, <gen>-0 for none of the generation's
 }
 
 type writeVerdict uint8
