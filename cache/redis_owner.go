@@ -51,6 +51,10 @@ type owner struct {
 	k   rkeys
 	tok string
 	gen string
+	// fresh is the claim's: whether it counted a key with no record, which
+	// the finish then need not look for in some sets (finishScript).
+	// Set by own before start.
+	fresh string
 
 	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
 	// is when (as time since t0) the last successful renewal, or the
@@ -360,7 +364,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
 		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown)...)
+		append(o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown), o.fresh)...)
 	for range 2 {
 		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
@@ -724,7 +728,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
 			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-			o.r.endArgs(o.k, o.r.cfg.TTL, true, false)...)
+			append(o.r.endArgs(o.k, o.r.cfg.TTL, true, false), o.fresh)...)
 		args, bytes := o.appendEvents(args, pos, evs)
 		if !mirror {
 			bytes = o.journalBytes()

@@ -276,11 +276,17 @@ end
 // now; ttl 0: no longer counted), renewing the set's expiry unless covered
 // (the claim's renewal is past exp), and marks the tenant known for mark
 // ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
-// ttl, exp, setttl, committed, unknown, now, covered) does the same in the
-// sets of all keys and of strangers' keys (whose expiry it renews whatever
-// covered says): a committed key leaves the strangers' set (its tenant is
-// known now); a key ended commit_unknown joins the set of those until its
-// records expire, and any other end takes it out.
+// ttl, exp, setttl, committed, unknown, now, covered, fresh) does the same
+// in the sets of all keys and of strangers' keys (whose expiry it renews
+// whatever covered says): a committed key leaves the strangers' set (its
+// tenant is known now); a key ended commit_unknown joins the set of those
+// until its records expire, and any other end takes it out. fresh is the
+// claim's (claimScript): a key it counted with no record is in neither set
+// but by an earlier generation's member, whose score is its records'
+// expiry, now past or a few ms off (a reap's end, a script after the
+// reap's), or that a lost update of the count left to count until its
+// score: it is left to the pruning, and a known tenant's key is not looked
+// for among strangers'. nil: not known.
 const endLua = `
 local function endIn(set, member, ttl, exp, setttl, covered)
   if ttl <= 0 then
@@ -293,17 +299,18 @@ local function keyEnd(set, known, member, ttl, exp, setttl, mark, covered)
   if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
   endIn(set, member, ttl, exp, setttl, covered)
 end
-local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered)
+local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered, fresh)
   if unk and ttl > 0 then
     -- the expired go as the new come, so that the set is bounded by the
     -- keys in commit_unknown now, scraped or not
     redis.call('ZREMRANGEBYSCORE', unknown, '-inf', t)
     redis.call('ZADD', unknown, exp, member)
     redis.call('PEXPIRE', unknown, setttl)
-  else
+  elseif fresh ~= '1' and fresh ~= '2' then
     redis.call('ZREM', unknown, member)
   end
   endIn(all, member, ttl, exp, setttl, covered)
+  if fresh == '1' then return end -- a known tenant's fresh key is not among strangers'
   if committed then
     redis.call('ZREM', strangers, member)
   else

@@ -102,7 +102,9 @@ const maxSeq = "18446744073709551615"
 // {"new"} (with ask: nothing was written), {"full", 0|-1|-2} (counted
 // here: the tenant, all keys, or strangers' keys hold their bound;
 // nothing was written), or {"miss", gen, regenerated (0|1), reaped (0|1),
-// counted (0|1)}.
+// counted (0|1), fresh (0|1|2: counted with no record, a known tenant's
+// or a stranger's key; a claim that ran before and lost its reply answers
+// without it)}.
 var claimScript = rueidis.NewLuaScriptRetryable(nowLua + countLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
@@ -143,6 +145,10 @@ elseif phase == 'live' then
   reaped = '1'
 end
 local t = now()
+-- fresh: this claim counted a key with no record (1; 2 for a stranger's),
+-- which no earlier generation left in the strangers' or commit_unknown
+-- keys' sets: its end need not take it out of them (globalEnd).
+local fresh = '0'
 if counting then
   -- A key with no record is counted against the bounds; one the ledger
   -- held starts again and counts as live whatever they are.
@@ -156,6 +162,7 @@ if counting then
   local exp = tostring(t + tonumber(ARGV[5]))
   tenantCount(KEYS[5], ARGV[15], exp, ARGV[14])
   globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase)
+  if not phase then fresh = stranger and '2' or '1' end
 end
 local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
@@ -181,7 +188,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
-return {'miss', gs, regenerated, reaped, counting and '1' or '0'}
+return {'miss', gs, regenerated, reaped, counting and '1' or '0', fresh}
 `)
 
 // claimAnswer is claimScript's answer.
@@ -192,6 +199,10 @@ type claimAnswer struct {
 	// (regenerated), or a generation whose owner's lease had expired
 	// (reaped); the claim counted the key (counted).
 	regenerated, reaped, counted bool
+	// claimMiss: "1" when the claim counted a key it found no record of,
+	// "2" when that key is a stranger's, "0" otherwise: finishScript's
+	// fresh argument.
+	fresh string
 	// claimConflict, claimUnknown: the claim reaped a dead owner's tool
 	// call to commit_unknown, which holds its key this long (0: it did not).
 	heldReaped time.Duration
@@ -253,6 +264,10 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 	switch a.verdict {
 	case claimMiss:
 		a.regenerated, a.reaped, a.counted = flag(2), flag(3), flag(4)
+		a.fresh = "0"
+		if len(out) > 5 && (out[5] == "1" || out[5] == "2") {
+			a.fresh = out[5]
+		}
 	case claimUnknown:
 		a.heldReaped = heldFor(out, 2)
 	}
@@ -475,8 +490,8 @@ return 1`)
 // owner mirrors its journal), attempts, status, model, fallbacks (each
 // "" or 0 for none), then the count's end: member (the scope's hash),
 // ttl ms, set ttl ms, known (ms to mark the tenant known for; 0: not),
-// committed (1|0), commit_unknown (1|0); then id, event pairs still to
-// append.
+// committed (1|0), commit_unknown (1|0), fresh (the claim's: 0|1|2); then
+// id, event pairs still to append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
 var finishScript = rueidis.NewLuaScript(nowLua + endLua + journalEndLua + `
@@ -486,7 +501,7 @@ if s[1] == ARGV[3] then return {'already'} end
 if s[1] ~= 'live' then return {'fenced'} end
 local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
-local first = 26
+local first = 27
 if #ARGV >= first then
   local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
   if ends then return {'prev', ends} end
@@ -525,7 +540,7 @@ if #KEYS >= 9 then
   -- to spare for a clock that stepped back.
   local covered = t + ttl + 60000 <= tonumber(ARGV[2]) + tonumber(ARGV[22])
   keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
-  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered, ARGV[26])
 end
 return {'ok'}
 `)

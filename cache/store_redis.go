@@ -510,7 +510,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
 			r.reaped.Add(1)
 		}
-		f := r.own(sc, k, a.gen, tok, fp, sent)
+		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh)
 		f.tool = t
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
@@ -720,10 +720,12 @@ func (r *Redis) keep(k rkeys, res *Result) {
 
 // own registers the flight this replica just claimed and starts its
 // journal mirror and lease.
-func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time) *Flight {
+// fresh is the claim's (claimAnswer.fresh), for the finish.
+func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string) *Flight {
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
 	f.share = r.shares.enter(sc.Tenant)
 	o := newOwner(r, f, k, tok, claimed)
+	o.fresh = fresh
 	f.be = o
 	r.mu.Lock()
 	r.flights[k.h] = f
