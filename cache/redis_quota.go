@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -76,8 +77,66 @@ func (r *Redis) setTTL() string {
 }
 
 // setSlack is how far a set's expiry is set past the longest of its
-// members' expiries.
+// members' expiries: past setRenewEvery, by the 10 minutes a generation
+// may run before its end must renew the sets again (covered in
+// finishScript).
 const setSlack = 11 * time.Minute
+
+// setRenewEvery is how often a replica's claims renew the expiry of a set
+// of keys they count in (setRenewals): a claim within that of the last
+// renewal its replica sent leaves the expiry as it is, which is still
+// past its key's score by setSlack less setRenewEvery at least.
+const setRenewEvery = time.Minute
+
+// maxRenewedSets bounds the sets a replica remembers renewing: past it, a
+// set it does not remember is renewed at each claim, as without the
+// memory.
+const maxRenewedSets = 1 << 16
+
+// setRenewals remembers when this replica's claims last renewed the
+// expiry of each set of keys, so that its claims renew a set once every
+// setRenewEvery rather than each (a command of Redis's each).
+type setRenewals struct {
+	mu   sync.Mutex
+	last map[string]time.Time // set key: when the claim that renewed it was sent
+}
+
+// flags returns the claim's renew argument for sets (claimScript): a
+// character each, "0" for a set renewed by a claim sent less than
+// setRenewEvery before now.
+func (s *setRenewals) flags(now time.Time, sets ...string) string {
+	b := make([]byte, len(sets))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, set := range sets {
+		b[i] = '1'
+		if t, ok := s.last[set]; ok && now.Sub(t) < setRenewEvery {
+			b[i] = '0'
+		}
+	}
+	return string(b)
+}
+
+// renewed records that a claim sent at sent renewed the expiry of sets.
+func (s *setRenewals) renewed(sent time.Time, sets ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil {
+		s.last = make(map[string]time.Time)
+	}
+	if len(s.last) >= maxRenewedSets {
+		for set, t := range s.last {
+			if sent.Sub(t) >= setRenewEvery {
+				delete(s.last, set)
+			}
+		}
+	}
+	for _, set := range sets {
+		if t, ok := s.last[set]; (ok && t.Before(sent)) || (!ok && len(s.last) < maxRenewedSets) {
+			s.last[set] = sent
+		}
+	}
+}
 
 // knownKey names the marker of a tenant known by a commit; it shares the
 // tenant set's slot.
@@ -224,21 +283,34 @@ const pruneBatch = "64"
 // globalRoom(all, strangers, member, bound on all, bound on strangers,
 // stranger, now, prune) returns 1 (room), 0 (all keys hold their bound)
 // or -1 (strangers' keys hold theirs).
-// tenantCount and globalCount add the member, live until exp (a string),
-// or raise its score to exp (ZADD GT).
+// tenantCount(set, member, exp, setttl, renew) and globalCount(all,
+// strangers, unknown, member, stranger, exp, setttl, known, renew all,
+// renew strangers') add the member, live until exp (a string), or raise
+// its score to exp (ZADD GT), and set each set's expiry to setttl unless
+// its renew is false: the caller renewed it within setRenewEvery
+// (setRenewals), which leaves it past exp. A set room found empty (or
+// did not count, unbounded) is renewed whatever renew says, since a set
+// whose last member went is deleted and made again by the ZADD, with no
+// expiry.
 const countLua = `
 local function pruning(member)
   return string.byte(member, -1) % 8 == 0
 end
+local empty = {} -- the sets room found empty (or did not count): a ZADD makes them anew
 local function room(set, member, bound, t, prune)
   if prune then
     local old = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. t, 'LIMIT', 0, ` + pruneBatch + `)
     if #old > 0 then redis.call('ZREM', set, unpack(old)) end
   end
-  if bound < 0 or redis.call('ZCARD', set) < bound then return true end
+  if bound < 0 then empty[set] = true; return true end
+  local n = redis.call('ZCARD', set)
+  if n == 0 then empty[set] = true end
+  if n < bound then return true end
   if redis.call('ZSCORE', set, member) then return true end
   redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
-  return redis.call('ZCARD', set) < bound
+  n = redis.call('ZCARD', set)
+  if n == 0 then empty[set] = true end
+  return n < bound
 end
 local function tenantRoom(set, known, member, bound, t, prune)
   if not room(set, member, bound, t, prune) then return false end
@@ -249,17 +321,16 @@ local function globalRoom(all, strangers, member, bound, sbound, stranger, t, pr
   if stranger and not room(strangers, member, sbound, t, prune) then return -1 end
   return 1
 end
-local function tenantCount(set, member, exp, setttl)
+local function add(set, member, exp, setttl, renew)
   redis.call('ZADD', set, 'GT', exp, member)
-  redis.call('PEXPIRE', set, setttl)
+  if renew ~= false or empty[set] then redis.call('PEXPIRE', set, setttl) end
 end
-local function globalCount(all, strangers, unknown, member, stranger, exp, setttl, known)
-  redis.call('ZADD', all, 'GT', exp, member)
-  redis.call('PEXPIRE', all, setttl)
-  if stranger then
-    redis.call('ZADD', strangers, 'GT', exp, member)
-    redis.call('PEXPIRE', strangers, setttl)
-  end
+local function tenantCount(set, member, exp, setttl, renew)
+  add(set, member, exp, setttl, renew)
+end
+local function globalCount(all, strangers, unknown, member, stranger, exp, setttl, known, renewAll, renewStrangers)
+  add(all, member, exp, setttl, renewAll)
+  if stranger then add(strangers, member, exp, setttl, renewStrangers) end
   -- A key the ledger held may be among the commit_unknown. One without a
   -- record is not, but for the few ms by which a reaped key's member can
   -- outlive its records (its end is a script after the reap's): the

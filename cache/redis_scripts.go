@@ -93,7 +93,11 @@ const maxSeq = "18446744073709551615"
 // empty otherwise), unknown ttl ms (how long a tool call that ended
 // commit_unknown holds its key), then with the count's keys: bound per
 // tenant, bound on all keys, bound on strangers' keys (-1: none), set
-// ttl ms, member (the scope's hash)
+// ttl ms, member (the scope's hash), and which of the tenant's set, the
+// set of all keys and that of strangers' keys to renew the expiry of (a
+// character each, 0 for not: the caller renewed it within
+// setRenewEvery; the count renews a set it finds empty whatever this
+// says)
 //
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
 // {"unknown", gen, held} (a tool call whose outcome is unknown; held is
@@ -160,8 +164,10 @@ if counting then
   local g = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t, prune)
   if g ~= 1 then return {'full', g == 0 and '-1' or '-2'} end
   local exp = tostring(t + tonumber(ARGV[5]))
-  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14])
-  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase)
+  local rn = ARGV[16] or '111'
+  local function renew(i) return string.sub(rn, i, i) ~= '0' end
+  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14], renew(1))
+  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase, renew(2), renew(3))
   if not phase then fresh = stranger and '2' or '1' end
 end
 local g = t
@@ -535,10 +541,11 @@ if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
 if #KEYS >= 9 then
   local t, ttl = now(), tonumber(ARGV[21])
   local exp = tostring(t + ttl)
-  -- The claim renewed the sets' expiry at gen (its clock, or ms after):
-  -- it is past exp while the generation is short (setSlack), by a minute
-  -- to spare for a clock that stepped back.
-  local covered = t + ttl + 60000 <= tonumber(ARGV[2]) + tonumber(ARGV[22])
+  -- The sets' expiry was renewed at gen (the claim's clock, or ms after),
+  -- or by the claim's replica at most setRenewEvery before: it is past
+  -- exp while the generation is short (setSlack), by a minute to spare
+  -- for a clock that stepped back.
+  local covered = t + ttl + 60000 + ` + strconv.FormatInt(setRenewEvery.Milliseconds(), 10) + ` <= tonumber(ARGV[2]) + tonumber(ARGV[22])
   keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
   globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered, ARGV[26])
 end

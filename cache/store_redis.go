@@ -178,6 +178,10 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+
+	// setRenewals spares the claims of a busy tenant the renewal of its
+	// sets' expiry (claimScript).
+	setRenewals setRenewals
 	renewals, asks, mirrors                                                     atomic.Int64
 
 	appends appendBatcher // owners' appends on a standalone Redis
@@ -448,9 +452,13 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
 		args := []string{fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl}
+		var sets []string // the count's sets, in the order of renew's flags
+		renew := ""
 		if shared {
+			sets = []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]}
+			renew = r.setRenewals.flags(sent, sets...)
 			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
-				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h)
+				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h, renew)
 		}
 		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
 		cancel()
@@ -497,6 +505,18 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			return Begun{Decision: Hit, Result: res}, nil
 		case claimJoin:
 			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
+		}
+		if a.counted {
+			// The count renewed the sets its flags asked it to; the
+			// strangers' set only for a stranger's key, which only a
+			// fresh key's answer tells.
+			var done []string
+			for i, set := range sets {
+				if renew[i] == '1' && (i < 2 || a.fresh == "2") {
+					done = append(done, set)
+				}
+			}
+			r.setRenewals.renewed(sent, done...)
 		}
 		if ask == "1" && !a.counted {
 			// A key the ledger held (failed, lost, or without its body)
