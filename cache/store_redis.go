@@ -181,8 +181,8 @@ type Redis struct {
 
 	// setRenewals spares the claims of a busy tenant the renewal of its
 	// sets' expiry (claimScript).
-	setRenewals setRenewals
-	renewals, asks, mirrors                                                     atomic.Int64
+	setRenewals             setRenewals
+	renewals, asks, mirrors atomic.Int64
 
 	appends appendBatcher // owners' appends on a standalone Redis
 
