@@ -178,11 +178,11 @@ type Redis struct {
 	wg     sync.WaitGroup // owners' and tails' goroutines
 
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
+	renewals, asks, mirrors                                                     atomic.Int64
 
 	// setRenewals spares the claims of a busy tenant the renewal of its
 	// sets' expiry (claimScript).
-	setRenewals             setRenewals
-	renewals, asks, mirrors atomic.Int64
+	setRenewals setRenewals
 
 	appends appendBatcher // owners' appends on a standalone Redis
 
