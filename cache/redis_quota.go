@@ -399,7 +399,7 @@ end
 // Returns 1 when the key is counted (it was, or the tenant had room) and
 // the tenant is a stranger, 2 when it is counted and the tenant known, 0
 // when the tenant holds its bound of other unexpired keys.
-var quotaScript = rueidis.NewLuaScript(nowLua + countLua + `
+var quotaScript = newScript(nowLua + countLua + `
 local t = now()
 local ok, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t, pruning(ARGV[1]))
 if not ok then return 0 end
@@ -419,7 +419,7 @@ return 2
 //
 // Returns 1 when the key is counted (it was, or there was room), 0 when
 // all keys hold their bound, -1 when strangers' keys hold theirs.
-var globalScript = rueidis.NewLuaScript(nowLua + countLua + `
+var globalScript = newScript(nowLua + countLua + `
 local t = now()
 local stranger = ARGV[4] == '1'
 local ok = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t, pruning(ARGV[1]))
@@ -436,7 +436,7 @@ return 1
 // known (ms to mark the tenant known for; 0: not)
 //
 // Returns 1.
-var keyEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+var keyEndScript = newScript(nowLua + endLua + `
 local ttl = tonumber(ARGV[2])
 keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4], false)
 return 1
@@ -451,7 +451,7 @@ return 1
 // (1|0), commit_unknown (1|0)
 //
 // Returns 1.
-var globalEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+var globalEndScript = newScript(nowLua + endLua + `
 local t, ttl = now(), tonumber(ARGV[2])
 globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t, false)
 return 1
@@ -465,7 +465,7 @@ return 1
 // KEYS: the set of commit_unknown keys
 //
 // Returns the count.
-var unknownScript = rueidis.NewLuaScript(nowLua + `
+var unknownScript = newScript(nowLua + `
 return redis.call('ZCOUNT', KEYS[1], now(), '+inf')
 `)
 

@@ -109,7 +109,7 @@ const maxSeq = "18446744073709551615"
 // counted (0|1), fresh (0|1|2: counted with no record, a known tenant's
 // or a stranger's key; a claim that ran before and lost its reply answers
 // without it)}.
-var claimScript = rueidis.NewLuaScriptRetryable(nowLua + countLua + `
+var claimScript = newScriptRetryable(nowLua + countLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
 local held = s[8] and s[8] ~= ''
@@ -307,7 +307,7 @@ func heldFor(out []string, i int) time.Duration {
 // Returns 1 when the generation is ended under that token (by this call,
 // or by one whose reply was lost), 0 when the key holds no generation of
 // that token (the claim never ran, or was reaped since).
-var abandonScript = rueidis.NewLuaScriptRetryable(`
+var abandonScript = newScriptRetryable(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[3] ~= ARGV[1] then return 0 end
 if s[1] == 'failed' then return 1 end
@@ -377,7 +377,7 @@ end
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
 // the owner re-appends from there.
-var appendScript = rueidis.NewLuaScript(appendLua)
+var appendScript = newScript(appendLua)
 
 // appendsScript runs appendScript's body for several owners in one call
 // (appendBatcher).
@@ -500,7 +500,7 @@ return 1`)
 // id, event pairs still to append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
-var finishScript = rueidis.NewLuaScript(nowLua + endLua + journalEndLua + `
+var finishScript = newScript(nowLua + endLua + journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 if s[1] == ARGV[3] then return {'already'} end
@@ -564,7 +564,7 @@ return {'ok'}
 // call: the follower signals the owner replica's inbox), {"reaped", utl}
 // (this call ended it; utl: how long a tool call's key is held, ms, or ""), {"done"} (committed: the result holds its events) or
 // {"ended"} (failed or lost, or another generation holds the key).
-var reapScript = rueidis.NewLuaScript(`
+var reapScript = newScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
 if s[2] ~= ARGV[1] then return {'ended'} end
 if s[1] == 'done' then return {'done'} end
@@ -620,7 +620,7 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 // KEYS: st, lease, j, res
 //
 // Returns "live", "none" or "ok".
-var forgetScript = rueidis.NewLuaScript(`
+var forgetScript = newScript(`
 local phase = redis.call('HGET', KEYS[1], 'phase')
 if not phase then return 'none' end
 local tool = redis.call('HGET', KEYS[1], 'tool')

@@ -282,10 +282,24 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 				cfg.Logger.Warn("redis not connected yet; will keep trying", "err", err.Error())
 			}, func() {
 				cfg.Logger.Info("redis reachable; connected", "mode", fmt.Sprint(swap.Mode()))
+				r.loadScripts()
 			})
 		})
+	} else {
+		r.loadScripts()
 	}
 	return r, nil
+}
+
+// loadScripts loads the store's scripts ahead of their first calls
+// (loadScripts); a failure is logged, and each script then loads at its
+// first call.
+func (r *Redis) loadScripts() {
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	if err := loadScripts(ctx, r.c); err != nil {
+		r.cfg.Logger.Warn("redis: could not load the scripts ahead; each loads at its first call", "err", err.Error())
+	}
 }
 
 func isAuthError(err error) bool {
