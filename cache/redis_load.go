@@ -2,24 +2,38 @@ package cache
 
 import (
 	"context"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/redis/rueidis"
 )
 
-// scriptBodies are the Lua scripts of the Redis store, as newScript and
+// scripts are the Lua scripts of the Redis store, as newScript and
 // newScriptRetryable made them, for loadScripts.
-var scriptBodies []string
+var scripts struct {
+	mu     sync.Mutex
+	bodies []string
+}
+
+func addScript(body string) {
+	scripts.mu.Lock()
+	defer scripts.mu.Unlock()
+	if !slices.Contains(scripts.bodies, body) {
+		scripts.bodies = append(scripts.bodies, body)
+	}
+}
 
 // newScript is rueidis.NewLuaScript for a script of the store, which
 // loadScripts loads when the store connects.
 func newScript(body string) *rueidis.Lua {
-	scriptBodies = append(scriptBodies, body)
+	addScript(body)
 	return rueidis.NewLuaScript(body)
 }
 
 // newScriptRetryable is rueidis.NewLuaScriptRetryable likewise.
 func newScriptRetryable(body string) *rueidis.Lua {
-	scriptBodies = append(scriptBodies, body)
+	addScript(body)
 	return rueidis.NewLuaScriptRetryable(body)
 }
 
@@ -28,16 +42,23 @@ func newScriptRetryable(body string) *rueidis.Lua {
 // every call in flight when a script is first used (a burst of claims as
 // the replica starts) gets NOSCRIPT and is sent again as an EVAL carrying
 // the whole script, which Redis hashes and reads each time. A node that
-// joins later, or a Redis that restarted, loads them that way, one burst
-// each. It returns the first error; the store works without the load.
-func loadScripts(ctx context.Context, c rueidis.Client) error {
+// joins later, or a Redis that restarted or failed over, loads them that
+// way, one burst each. Each node gets timeout. It returns the first error;
+// the store works without the load.
+func loadScripts(ctx context.Context, c rueidis.Client, timeout time.Duration) error {
+	scripts.mu.Lock()
+	bodies := slices.Clone(scripts.bodies)
+	scripts.mu.Unlock()
 	var first error
 	for _, node := range c.Nodes() {
-		cmds := make(rueidis.Commands, 0, len(scriptBodies))
-		for _, body := range scriptBodies {
+		cmds := make(rueidis.Commands, 0, len(bodies))
+		for _, body := range bodies {
 			cmds = append(cmds, node.B().ScriptLoad().Script(body).Build())
 		}
-		for _, res := range node.DoMulti(ctx, cmds...) {
+		nctx, cancel := context.WithTimeout(ctx, timeout)
+		res := node.DoMulti(nctx, cmds...)
+		cancel()
+		for _, res := range res {
 			if err := res.Error(); err != nil && first == nil {
 				first = err
 			}

@@ -68,10 +68,11 @@ func (r *Redis) tenantKey(sc Scope) string {
 	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+sc.Tenant) + "}"
 }
 
-// setTTL is the expiry of a tenant's set, renewed at each write: past any
-// of its members' scores, by enough that the end of a generation shorter
-// than about 10 minutes finds the expiry its claim set past its score
-// (covered in finishScript) and need not renew it.
+// setTTL is the expiry of a tenant's set, renewed by the writes that count
+// a key (a replica's claims once every setRenewEvery: setRenewals): past
+// any of its members' scores, by enough that the end of a generation
+// shorter than about 9 minutes finds the expiry renewed before its claim
+// past its score (covered in finishScript) and need not renew it.
 func (r *Redis) setTTL() string {
 	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack)
 }
@@ -97,8 +98,9 @@ const maxRenewedSets = 1 << 16
 // expiry of each set of keys, so that its claims renew a set once every
 // setRenewEvery rather than each (a command of Redis's each).
 type setRenewals struct {
-	mu   sync.Mutex
-	last map[string]time.Time // set key: when the claim that renewed it was sent
+	mu    sync.Mutex
+	last  map[string]time.Time // set key: when the claim that renewed it was sent
+	swept time.Time            // when renewed last dropped the renewals past setRenewEvery
 }
 
 // flags returns the claim's renew argument for sets (claimScript): a
@@ -118,13 +120,20 @@ func (s *setRenewals) flags(now time.Time, sets ...string) string {
 }
 
 // renewed records that a claim sent at sent renewed the expiry of sets.
+// At the bound it drops the renewals past setRenewEvery, at most once
+// every setRenewEvery, so that claims past the bound do not each walk
+// the map.
 func (s *setRenewals) renewed(sent time.Time, sets ...string) {
+	if len(sets) == 0 {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.last == nil {
 		s.last = make(map[string]time.Time)
 	}
-	if len(s.last) >= maxRenewedSets {
+	if len(s.last) >= maxRenewedSets && sent.Sub(s.swept) >= setRenewEvery {
+		s.swept = sent
 		for set, t := range s.last {
 			if sent.Sub(t) >= setRenewEvery {
 				delete(s.last, set)
@@ -136,6 +145,15 @@ func (s *setRenewals) renewed(sent time.Time, sets ...string) {
 			s.last[set] = sent
 		}
 	}
+}
+
+// forget drops every renewal remembered: Redis may hold the sets with an
+// older expiry than this replica renewed (a restart from an older
+// snapshot, a failover to a replica behind), so the next claims renew them.
+func (s *setRenewals) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.last)
 }
 
 // knownKey names the marker of a tenant known by a commit; it shares the
@@ -269,8 +287,8 @@ const pruneBatch = "64"
 
 // countLua defines the key count's checks, which write nothing but the
 // removal of expired members, and its writes. A count costs a ZCARD per
-// set while the set is below its bound, and its ZADD and PEXPIRE: the
-// member's own score is read (ZSCORE) only at the bound, and 1 count in 8
+// set while the set is below its bound, and its ZADD (and PEXPIRE, at
+// most once a minute per replica: renew, below): the member's own score is read (ZSCORE) only at the bound, and 1 count in 8
 // prunes (pruning), so that a set removes up to 8 expired members for each
 // it adds and holds about its unexpired keys; a set at its bound removes
 // all of them before it refuses, so a key is refused only when the set

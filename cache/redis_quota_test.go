@@ -147,7 +147,7 @@ func TestRedisCountInScripts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "count", func(c *RedisConfig) { c.Lease = time.Minute })
-	// A first stream loads the scripts (EVALSHA, then EVAL once).
+	// A first stream renews the sets' expiry (setRenewals).
 	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
 	startStream(t, warm)
 	warm.Commit(nil)
@@ -212,7 +212,11 @@ func TestRedisCountInScripts(t *testing.T) {
 
 // setOutlives returns an error unless the set key expires after member's
 // score, by Redis's clock.
-func setOutlives(r *Redis, key, member string) error {
+func setOutlives(r *Redis, key, member string) error { return setOutlivesBy(r, key, member, 0) }
+
+// setOutlivesBy returns an error unless the set key expires at least
+// margin after member's score.
+func setOutlivesBy(r *Redis, key, member string, margin time.Duration) error {
 	ctx := context.Background()
 	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(key).Member(member).Build()).AsFloat64()
 	if err != nil {
@@ -222,8 +226,8 @@ func setOutlives(r *Redis, key, member string) error {
 	if err != nil {
 		return fmt.Errorf("%s: PEXPIRETIME: %w", key, err)
 	}
-	if float64(at) < score {
-		return fmt.Errorf("%s expires at %d, before its member's score %.0f", key, at, score)
+	if float64(at) < score+float64(margin.Milliseconds()) {
+		return fmt.Errorf("%s expires at %d, less than %v after its member's score %.0f", key, at, margin, score)
 	}
 	return nil
 }
@@ -233,6 +237,23 @@ func setOutlives(r *Redis, key, member string) error {
 // a set never expires before one of its members' scores.
 func TestRedisLongGenerationRenewsSets(t *testing.T) {
 	t.Parallel()
+	// As if claimed age ago, the sets' expiry renewed renewed before the
+	// claim: 20 minutes, renewed by the claim; 9.5 minutes, renewed by
+	// the replica's claim a minute before (setRenewEvery). Either way the
+	// end renews the sets, so that they outlive the key's new score by the
+	// minute kept for a server clock that steps back.
+	for _, c := range []struct {
+		name         string
+		age, renewed time.Duration
+	}{{"20m", 20 * time.Minute, 0}, {"9.5m", 9*time.Minute + 30*time.Second, setRenewEvery}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			longGeneration(t, c.age, c.renewed)
+		})
+	}
+}
+
+func longGeneration(t *testing.T, age, renewed time.Duration) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "long", func(c *RedisConfig) { c.Lease = time.Minute })
 	ctx := context.Background()
@@ -240,15 +261,13 @@ func TestRedisLongGenerationRenewsSets(t *testing.T) {
 	o := rbegin(t, r, sc, "fp").Flight.be.(*owner)
 	o.shutdown() // its finish is sent below, as if by it
 	k := r.keys(sc)
-	// As if claimed 20 minutes ago: the generation's number, and the
-	// expiry its claim gave the sets, are that old.
-	old := time.Now().Add(-20 * time.Minute)
+	old := time.Now().Add(-age)
 	gen := strconv.FormatInt(old.UnixMilli(), 10)
 	if err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("gen", gen).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]} {
-		at := old.Add(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack).UnixMilli()
+		at := old.Add(-renewed + max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack).UnixMilli()
 		if err := r.c.Do(ctx, r.c.B().Pexpireat().Key(key).MillisecondsTimestamp(at).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +279,7 @@ func TestRedisLongGenerationRenewsSets(t *testing.T) {
 		t.Fatalf("finish: %v, %v; want ok", a, err)
 	}
 	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0]} {
-		if err := setOutlives(r, key, k.h); err != nil {
+		if err := setOutlivesBy(r, key, k.h, time.Minute); err != nil {
 			t.Error(err)
 		}
 	}
@@ -523,6 +542,11 @@ func TestRedisClaimFresh(t *testing.T) {
 	if n, err := r.UnknownKeys(); err != nil || n != 0 {
 		t.Errorf("commit_unknown keys: %d, %v; want 0 (the member left is past its score)", n, err)
 	}
+	for _, set := range r.globalKeys()[1:] {
+		if err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(r.keys(sc).h).Build()).Error(); err != nil {
+			t.Errorf("%s: the earlier generation's member: %v; want it left to the pruning, not looked for", set, err)
+		}
+	}
 	// A key the ledger holds, claimed again, is not fresh.
 	failed := Scope{Tenant: "t", Key: "failed"}
 	g := rbegin(t, r, failed, "fp").Flight
@@ -586,9 +610,32 @@ func TestRedisSetRenewals(t *testing.T) {
 	}
 	claim("a")
 	renewedAll("the first claim", true)
+	strangers := r.globalKeys()[1]
+	if left := pttl(strangers); left < 200*time.Second {
+		t.Errorf("a stranger's first key: the strangers' set expires in %v; want renewed", left)
+	}
+	r.setRenewals.mu.Lock()
+	_, remembered := r.setRenewals.last[strangers]
+	r.setRenewals.mu.Unlock()
+	if !remembered {
+		t.Error("a stranger's key renewed the strangers' set: not remembered")
+	}
 	shorten()
+	was := time.Now().Add(-50 * time.Second)
+	r.setRenewals.mu.Lock()
+	for set := range r.setRenewals.last {
+		r.setRenewals.last[set] = was
+	}
+	r.setRenewals.mu.Unlock()
 	claim("b")
 	renewedAll("a claim within setRenewEvery of the last renewal", false)
+	r.setRenewals.mu.Lock()
+	for set, at := range r.setRenewals.last {
+		if !at.Equal(was) {
+			t.Errorf("%s: a claim that did not renew it moved its renewal to %v", set, at)
+		}
+	}
+	r.setRenewals.mu.Unlock()
 	// The sets emptied (their last members went) are made anew by the
 	// next ZADD: that claim renews them.
 	for _, set := range sets {
@@ -626,11 +673,17 @@ func TestSetRenewalsBounded(t *testing.T) {
 	if got := s.flags(t0.Add(2*time.Second), "new"); got != "1" {
 		t.Errorf("a set renewed with the memory full: %q; want 1 (not remembered)", got)
 	}
+	// The sweep at the bound, which dropped nothing at t0+1s, runs again
+	// setRenewEvery later.
 	s.renewed(t0.Add(setRenewEvery), "new")
+	if n := len(s.last); n != maxRenewedSets {
+		t.Errorf("a sweep within setRenewEvery of the last: %d sets remembered; want %d", n, maxRenewedSets)
+	}
+	s.renewed(t0.Add(setRenewEvery+time.Second), "new")
 	if n := len(s.last); n != 1 {
 		t.Errorf("after setRenewEvery: %d sets remembered; want 1", n)
 	}
-	if got := s.flags(t0.Add(setRenewEvery+time.Second), "new", "set0"); got != "01" {
+	if got := s.flags(t0.Add(setRenewEvery+2*time.Second), "new", "set0"); got != "01" {
 		t.Errorf("flags after the sweep: %q; want 01", got)
 	}
 }

@@ -295,9 +295,8 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 // (loadScripts); a failure is logged, and each script then loads at its
 // first call.
 func (r *Redis) loadScripts() {
-	ctx, cancel := r.opCtx()
-	defer cancel()
-	if err := loadScripts(ctx, r.c); err != nil {
+	r.setRenewals.forget() // a Redis new to this replica: its sets' expiries are its own
+	if err := loadScripts(r.ctx, r.c, r.cfg.Timeout); err != nil {
 		r.cfg.Logger.Warn("redis: could not load the scripts ahead; each loads at its first call", "err", err.Error())
 	}
 }
@@ -477,6 +476,9 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
 		cancel()
 		if err != nil {
+			// Redis may come back from an older snapshot or a replica
+			// behind: the sets' expiries this replica renewed may be gone.
+			r.setRenewals.forget()
 			r.abandon(sc, k, tok, sent, err)
 			return Begun{}, r.unavailableErr("claim", err)
 		}
