@@ -154,11 +154,11 @@ func BenchmarkRedisCost(b *testing.B) {
 	// A renewal as renewAll sends it mid-stream: the lease, and the
 	// generation's progress (what moved since the last renewal).
 	renewItem := func(k rkeys) batchItem {
-		return batchItem{keys: k.withoutResult, args: []string{"tok", k.h, ms(r.cfg.Lease), "",
-			"events", "120", "bytes", "45000", "updated", nowMS(time.Now())}}
+		return batchItem{keys: k.withoutResult[:2], args: []string{"n67", "tok", k.h,
+			"120", "45000", nowMS(time.Now())}} // events, bytes, updated
 	}
 	renew := func(items ...batchItem) {
-		out, err := renewScript.exec(ctx, r.c, items)
+		out, err := r.renewRun(ctx, items)
 		if err != nil {
 			b.Fatal(err)
 		}

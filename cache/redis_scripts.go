@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -448,34 +449,79 @@ func parseWriteStrings(out []string, err error) (writeAnswer, error) {
 	return a, nil
 }
 
-// renewScript extends the owner's lease. A lease that expired while st
-// still names this owner (a pause nobody reaped) is set again: ownership
-// lives in st, the lease only signals death. An owner that does not
-// mirror its journal sends the marks that moved here, so that other
-// replicas' key info follows it within a renewal without a write per
-// event. st and j are extended only when the owner asks (Redis's expiry
-// of them need not move at every renewal: it only cleans up after every
-// replica vanished). It is a batch script: a replica renews many owners
-// in one call (renewAll).
+// renewScript extends the leases of owners, many in one call (renewAll):
+// on a standalone Redis up to maxBatchItems, on a Cluster one, whose keys
+// share a slot. A lease that expired while st still names its owner (a
+// pause nobody reaped) is set again: ownership lives in st, the lease
+// only signals death. An owner that does not mirror its journal sends the
+// marks that moved, so that other replicas' key info follows it within a
+// renewal without a write per event. st and j are extended only when the
+// owner asks (Redis's expiry of them need not move at every renewal: it
+// only cleans up after every replica vanished).
 //
-// KEYS: st, lease, j
-// ARGV: tok, gen, lease ms, live ttl ms ("": leave the expiries of st and
-// j as they are), then field, value pairs to set in st (none: leave st as
-// it is)
+// It is written for its cost, the largest share of what an unfollowed
+// stream costs Redis after its claim and commit: an item carries no field
+// names and no framing but its flags, runs without tables of its own, and
+// a standing lease is extended (PEXPIRE) rather than written again. Each
+// item runs under pcall, so that one item's error is its answer alone.
 //
-// Returns 1 while this owner holds the generation, 2 when it does and a
-// follower asked for its journal (st.want), 0 once it does not.
-var renewScript = newBatchScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
-if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-if ARGV[4] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+// KEYS: per item st, lease, and j when the item extends st and j
+// ARGV: lease ms, live ttl ms; then per item its flags ("e" to extend st
+// and j, "n" not, then a digit per field that moved: its place in
+// renewedFields, from 1), tok, gen, the moved fields' values in the
+// flags' order, and when any moved, the updated time (ms)
+//
+// Returns one answer per item: 1 while its owner holds the generation, 2
+// when it does and a follower asked for its journal (st.want), 0 once it
+// does not, or the error that ended the item.
+var renewScript = newScript(`
+local F = {` + renewedFieldsLua() + `}
+local lease, live, byte = ARGV[1], ARGV[2], string.byte
+local T = {}
+local function item(st, l, j, tok, gen, a, fl)
+  local s = redis.call('HMGET', st, 'phase', 'gen', 'tok', 'want')
+  if s[1] ~= 'live' or s[2] ~= gen or s[3] ~= tok then return 0 end
+  if redis.call('PEXPIRE', l, lease) == 0 then redis.call('SET', l, tok, 'PX', lease) end
+  if j then
+    redis.call('PEXPIRE', st, live)
+    redis.call('PEXPIRE', j, live)
+  end
+  local n = #fl
+  if n > 1 then
+    for i = 2, n do
+      T[2 * i - 3], T[2 * i - 2] = F[byte(fl, i) - 48], ARGV[a + i - 2]
+    end
+    T[2 * n - 1], T[2 * n] = 'updated', ARGV[a + n - 1]
+    redis.call('HSET', st, unpack(T, 1, 2 * n))
+  end
+  if s[4] then return 2 end
+  return 1
 end
-if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
-if s[4] then return 2 end
-return 1`)
+local out, k, a, nargs = {}, 1, 3, #ARGV
+while a <= nargs do
+  local fl = ARGV[a]
+  local j, nk = nil, 2
+  if byte(fl, 1) == 101 then j, nk = KEYS[k + 2], 3 end -- 'e'
+  local ok, r = pcall(item, KEYS[k], KEYS[k + 1], j, ARGV[a + 1], ARGV[a + 2], a + 3, fl)
+  if not ok then
+    if type(r) ~= 'table' or not r.err then r = {err = tostring(r)} end
+  end
+  out[#out + 1] = r
+  k = k + nk
+  -- flags, tok, gen, one value per moved field, and updated when any moved
+  a = a + 3 + #fl - 1
+  if #fl > 1 then a = a + 1 end
+end
+return out`)
+
+// renewedFieldsLua is renewedFields as a Lua list.
+func renewedFieldsLua() string {
+	q := make([]string, len(renewedFields))
+	for i, f := range renewedFields {
+		q[i] = "'" + f + "'"
+	}
+	return strings.Join(q, ", ")
+}
 
 // finishScript ends a generation: committed with its result, or failed.
 // It is idempotent per (gen, tok): re-running it after a lost reply
