@@ -34,7 +34,7 @@ type batchScript struct{ lua *rueidis.Lua }
 // Every key of a call must hash to one slot on a Cluster, where a batch
 // is one item (or items of one scope).
 func newBatchScript(body string) batchScript {
-	return batchScript{rueidis.NewLuaScript(`local function item(KEYS, ARGV)
+	return batchScript{newScript(`local function item(KEYS, ARGV)
 ` + body + `
 end
 local out, k, a, n = {}, 1, 1, #ARGV

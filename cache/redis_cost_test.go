@@ -154,11 +154,11 @@ func BenchmarkRedisCost(b *testing.B) {
 	// A renewal as renewAll sends it mid-stream: the lease, and the
 	// generation's progress (what moved since the last renewal).
 	renewItem := func(k rkeys) batchItem {
-		return batchItem{keys: k.withoutResult, args: []string{"tok", k.h, ms(r.cfg.Lease), "",
-			"events", "120", "bytes", "45000", "updated", nowMS(time.Now())}}
+		return batchItem{keys: k.withoutResult[:2], args: []string{"n67", "tok", k.h,
+			"120", "45000", nowMS(time.Now())}} // events, bytes, updated
 	}
 	renew := func(items ...batchItem) {
-		out, err := renewScript.exec(ctx, r.c, items)
+		out, err := r.renewRun(ctx, items)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -185,7 +185,7 @@ func BenchmarkRedisCost(b *testing.B) {
 		k.h = k.st // a member to end
 		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
 			string(StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
-			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false)...))
+			"0", "1", "200", "gpt-4o-mini", ""}, append(r.endArgs(k, r.cfg.TTL, true, false), "1")...)) // a known tenant's new key
 	})
 	counted := func(n int) []rkeys { // keys counted as a new key's are
 		ks := make([]rkeys, n)

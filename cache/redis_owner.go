@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -51,6 +52,10 @@ type owner struct {
 	k   rkeys
 	tok string
 	gen string
+	// fresh is the claim's: whether it counted a key with no record, which
+	// the finish then need not look for in some sets (finishScript).
+	// Set by own before start.
+	fresh string
 
 	// t0 and lastRenew measure the lease on the monotonic clock: lastRenew
 	// is when (as time since t0) the last successful renewal, or the
@@ -360,7 +365,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
 		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown)...)
+		append(o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown), o.fresh)...)
 	for range 2 {
 		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
@@ -431,7 +436,11 @@ func (r *Redis) renewAll() {
 	items := make([]batchItem, len(owners))
 	for i, o := range owners {
 		rns[i] = o.renewal(now.Sub(o.t0))
-		items[i] = batchItem{keys: o.k.withoutResult, args: rns[i].args}
+		keys := o.k.withoutResult[:2] // st, lease
+		if rns[i].extends {
+			keys = o.k.withoutResult // and j
+		}
+		items[i] = batchItem{keys: keys, args: rns[i].args}
 	}
 	per := 1
 	if r.sharedKeys() {
@@ -442,7 +451,7 @@ func (r *Redis) renewAll() {
 		rs := rns[:len(run)]
 		rns = rns[len(run):]
 		wg.Go(func() {
-			out, err := renewScript.exec(ctx, r.c, run)
+			out, err := r.renewRun(ctx, run)
 			for i, rn := range rs {
 				n, e := int64(0), err
 				if err == nil {
@@ -455,12 +464,33 @@ func (r *Redis) renewAll() {
 	wg.Wait()
 }
 
+// renewRun sends a run of renewals in one call of renewScript and returns
+// one answer per item; an error when the call as a whole failed, in which
+// case whether any item ran is unknown.
+func (r *Redis) renewRun(ctx context.Context, run []batchItem) ([]rueidis.RedisMessage, error) {
+	var keys []string
+	args := []string{ms(r.cfg.Lease), ms(r.cfg.LiveTTL)}
+	for _, it := range run {
+		keys = append(keys, it.keys...)
+		args = append(args, it.args...)
+	}
+	out, err := renewScript.Exec(ctx, r.c, keys, args).ToArray()
+	if err != nil {
+		return nil, err
+	}
+	if len(out) != len(run) {
+		return nil, fmt.Errorf("renewals: %d answers for %d items", len(out), len(run))
+	}
+	return out, nil
+}
+
 // renewal is one owner's renewal as renewAll sends it.
 type renewal struct {
-	o     *owner
-	sent  time.Duration // since o.t0
-	args  []string      // renewScript's: args[3] extends st and j unless ""
-	moved uint8         // the renewedFields it sets, a bit each
+	o       *owner
+	sent    time.Duration // since o.t0
+	args    []string      // renewScript's item: flags, tok, gen, the moved values, updated
+	extends bool          // st and j are extended
+	moved   uint8         // the renewedFields it sets, a bit each
 }
 
 // renewal makes this owner's renewal, sent at sent since t0. It extends
@@ -472,27 +502,42 @@ type renewal struct {
 // A field is never cleared (0 and "" are not sent): the claim wrote the
 // zeros.
 func (o *owner) renewal(sent time.Duration) renewal {
-	rn := renewal{o: o, sent: sent, args: []string{o.tok, o.gen, ms(o.r.cfg.Lease), ""}}
+	flags := make([]byte, 1, 1+len(renewedFields))
+	flags[0] = 'n'
+	rn := renewal{o: o, sent: sent, args: []string{"", o.tok, o.gen}}
 	if sent-o.extended >= o.r.cfg.LiveTTL/4 {
-		rn.args[3], o.extended = ms(o.r.cfg.LiveTTL), sent
+		rn.extends, o.extended = true, sent
+		flags[0] = 'e'
 	}
-	if o.mirror.Load() {
-		return rn
-	}
-	mk, _ := o.markNow()
-	p := renewedMarks{string(mk.state), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status),
-		mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()), strconv.FormatInt(o.journalBytes(), 10)}
-	for i, v := range p {
-		if v != "" && v != "0" && v != o.sentMarks[i] {
-			rn.args = append(rn.args, renewedFields[i], v)
-			o.sentMarks[i] = v
-			rn.moved |= 1 << i
+	if !o.mirror.Load() {
+		mk, _ := o.markNow()
+		p := renewedMarks{string(mk.state), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status),
+			mk.model, mk.fallbacks, strconv.Itoa(o.f.Events()), strconv.FormatInt(o.journalBytes(), 10)}
+		for i, v := range p {
+			if v != "" && v != "0" && v != o.sentMarks[i] {
+				rn.args = append(rn.args, v)
+				o.sentMarks[i] = v
+				rn.moved |= 1 << i
+				flags = append(flags, byte('1'+i))
+			}
+		}
+		if rn.moved != 0 {
+			rn.args = append(rn.args, nowMS(o.r.cfg.Now()))
 		}
 	}
-	if rn.moved != 0 {
-		rn.args = append(rn.args, "updated", nowMS(o.r.cfg.Now()))
-	}
+	rn.args[0] = string(flags)
 	return rn
+}
+
+// fields returns the names of the fields of st the renewal sets.
+func (rn renewal) fields() []string {
+	var fs []string
+	for i, f := range renewedFields {
+		if rn.moved&(1<<i) != 0 {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // renewedFields are the fields of st a renewal sets, and renewedMarks
@@ -519,7 +564,7 @@ func (o *owner) renewed(rn renewal, n int64, err error) {
 	default:
 		// Whether it reached Redis is unknown: the next renewal sends
 		// again what this one sent (what earlier ones sent is known).
-		if rn.args[3] != "" {
+		if rn.extends {
 			o.extended = -o.r.cfg.LiveTTL
 		}
 		for i := range o.sentMarks {
@@ -724,7 +769,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
 			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-			o.r.endArgs(o.k, o.r.cfg.TTL, true, false)...)
+			append(o.r.endArgs(o.k, o.r.cfg.TTL, true, false), o.fresh)...)
 		args, bytes := o.appendEvents(args, pos, evs)
 		if !mirror {
 			bytes = o.journalBytes()

@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -67,17 +68,93 @@ func (r *Redis) tenantKey(sc Scope) string {
 	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+sc.Tenant) + "}"
 }
 
-// setTTL is the expiry of a tenant's set, renewed at each write: past any
-// of its members' scores, by enough that the end of a generation shorter
-// than about 10 minutes finds the expiry its claim set past its score
-// (covered in finishScript) and need not renew it.
+// setTTL is the expiry of a tenant's set, renewed by the writes that count
+// a key (a replica's claims once every setRenewEvery: setRenewals): past
+// any of its members' scores, by enough that the end of a generation
+// shorter than about 9 minutes finds the expiry renewed before its claim
+// past its score (covered in finishScript) and need not renew it.
 func (r *Redis) setTTL() string {
 	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack)
 }
 
 // setSlack is how far a set's expiry is set past the longest of its
-// members' expiries.
+// members' expiries: past setRenewEvery, by the 10 minutes a generation
+// may run before its end must renew the sets again (covered in
+// finishScript).
 const setSlack = 11 * time.Minute
+
+// setRenewEvery is how often a replica's claims renew the expiry of a set
+// of keys they count in (setRenewals): a claim within that of the last
+// renewal its replica sent leaves the expiry as it is, which is still
+// past its key's score by setSlack less setRenewEvery at least.
+const setRenewEvery = time.Minute
+
+// maxRenewedSets bounds the sets a replica remembers renewing: past it, a
+// set it does not remember is renewed at each claim, as without the
+// memory.
+const maxRenewedSets = 1 << 16
+
+// setRenewals remembers when this replica's claims last renewed the
+// expiry of each set of keys, so that its claims renew a set once every
+// setRenewEvery rather than each (a command of Redis's each).
+type setRenewals struct {
+	mu    sync.Mutex
+	last  map[string]time.Time // set key: when the claim that renewed it was sent
+	swept time.Time            // when renewed last dropped the renewals past setRenewEvery
+}
+
+// flags returns the claim's renew argument for sets (claimScript): a
+// character each, "0" for a set renewed by a claim sent less than
+// setRenewEvery before now.
+func (s *setRenewals) flags(now time.Time, sets ...string) string {
+	b := make([]byte, len(sets))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, set := range sets {
+		b[i] = '1'
+		if t, ok := s.last[set]; ok && now.Sub(t) < setRenewEvery {
+			b[i] = '0'
+		}
+	}
+	return string(b)
+}
+
+// renewed records that a claim sent at sent renewed the expiry of sets.
+// At the bound it drops the renewals past setRenewEvery, at most once
+// every setRenewEvery, so that claims past the bound do not each walk
+// the map.
+func (s *setRenewals) renewed(sent time.Time, sets ...string) {
+	if len(sets) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil {
+		s.last = make(map[string]time.Time)
+	}
+	if len(s.last) >= maxRenewedSets && sent.Sub(s.swept) >= setRenewEvery {
+		s.swept = sent
+		for set, t := range s.last {
+			if sent.Sub(t) >= setRenewEvery {
+				delete(s.last, set)
+			}
+		}
+	}
+	for _, set := range sets {
+		if t, ok := s.last[set]; (ok && t.Before(sent)) || (!ok && len(s.last) < maxRenewedSets) {
+			s.last[set] = sent
+		}
+	}
+}
+
+// forget drops every renewal remembered: Redis may hold the sets with an
+// older expiry than this replica renewed (a restart from an older
+// snapshot, a failover to a replica behind), so the next claims renew them.
+func (s *setRenewals) forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.last)
+}
 
 // knownKey names the marker of a tenant known by a commit; it shares the
 // tenant set's slot.
@@ -210,8 +287,8 @@ const pruneBatch = "64"
 
 // countLua defines the key count's checks, which write nothing but the
 // removal of expired members, and its writes. A count costs a ZCARD per
-// set while the set is below its bound, and its ZADD and PEXPIRE: the
-// member's own score is read (ZSCORE) only at the bound, and 1 count in 8
+// set while the set is below its bound, and its ZADD (and PEXPIRE, at
+// most once a minute per replica: renew, below): the member's own score is read (ZSCORE) only at the bound, and 1 count in 8
 // prunes (pruning), so that a set removes up to 8 expired members for each
 // it adds and holds about its unexpired keys; a set at its bound removes
 // all of them before it refuses, so a key is refused only when the set
@@ -224,21 +301,34 @@ const pruneBatch = "64"
 // globalRoom(all, strangers, member, bound on all, bound on strangers,
 // stranger, now, prune) returns 1 (room), 0 (all keys hold their bound)
 // or -1 (strangers' keys hold theirs).
-// tenantCount and globalCount add the member, live until exp (a string),
-// or raise its score to exp (ZADD GT).
+// tenantCount(set, member, exp, setttl, renew) and globalCount(all,
+// strangers, unknown, member, stranger, exp, setttl, known, renew all,
+// renew strangers') add the member, live until exp (a string), or raise
+// its score to exp (ZADD GT), and set each set's expiry to setttl unless
+// its renew is false: the caller renewed it within setRenewEvery
+// (setRenewals), which leaves it past exp. A set room found empty (or
+// did not count, unbounded) is renewed whatever renew says, since a set
+// whose last member went is deleted and made again by the ZADD, with no
+// expiry.
 const countLua = `
 local function pruning(member)
   return string.byte(member, -1) % 8 == 0
 end
+local empty = {} -- the sets room found empty (or did not count): a ZADD makes them anew
 local function room(set, member, bound, t, prune)
   if prune then
     local old = redis.call('ZRANGEBYSCORE', set, '-inf', '(' .. t, 'LIMIT', 0, ` + pruneBatch + `)
     if #old > 0 then redis.call('ZREM', set, unpack(old)) end
   end
-  if bound < 0 or redis.call('ZCARD', set) < bound then return true end
+  if bound < 0 then empty[set] = true; return true end
+  local n = redis.call('ZCARD', set)
+  if n == 0 then empty[set] = true end
+  if n < bound then return true end
   if redis.call('ZSCORE', set, member) then return true end
   redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. t)
-  return redis.call('ZCARD', set) < bound
+  n = redis.call('ZCARD', set)
+  if n == 0 then empty[set] = true end
+  return n < bound
 end
 local function tenantRoom(set, known, member, bound, t, prune)
   if not room(set, member, bound, t, prune) then return false end
@@ -249,17 +339,16 @@ local function globalRoom(all, strangers, member, bound, sbound, stranger, t, pr
   if stranger and not room(strangers, member, sbound, t, prune) then return -1 end
   return 1
 end
-local function tenantCount(set, member, exp, setttl)
+local function add(set, member, exp, setttl, renew)
   redis.call('ZADD', set, 'GT', exp, member)
-  redis.call('PEXPIRE', set, setttl)
+  if renew ~= false or empty[set] then redis.call('PEXPIRE', set, setttl) end
 end
-local function globalCount(all, strangers, unknown, member, stranger, exp, setttl, known)
-  redis.call('ZADD', all, 'GT', exp, member)
-  redis.call('PEXPIRE', all, setttl)
-  if stranger then
-    redis.call('ZADD', strangers, 'GT', exp, member)
-    redis.call('PEXPIRE', strangers, setttl)
-  end
+local function tenantCount(set, member, exp, setttl, renew)
+  add(set, member, exp, setttl, renew)
+end
+local function globalCount(all, strangers, unknown, member, stranger, exp, setttl, known, renewAll, renewStrangers)
+  add(all, member, exp, setttl, renewAll)
+  if stranger then add(strangers, member, exp, setttl, renewStrangers) end
   -- A key the ledger held may be among the commit_unknown. One without a
   -- record is not, but for the few ms by which a reaped key's member can
   -- outlive its records (its end is a script after the reap's): the
@@ -276,11 +365,17 @@ end
 // now; ttl 0: no longer counted), renewing the set's expiry unless covered
 // (the claim's renewal is past exp), and marks the tenant known for mark
 // ms after a commit ("0": not). globalEnd(all, strangers, unknown, member,
-// ttl, exp, setttl, committed, unknown, now, covered) does the same in the
-// sets of all keys and of strangers' keys (whose expiry it renews whatever
-// covered says): a committed key leaves the strangers' set (its tenant is
-// known now); a key ended commit_unknown joins the set of those until its
-// records expire, and any other end takes it out.
+// ttl, exp, setttl, committed, unknown, now, covered, fresh) does the same
+// in the sets of all keys and of strangers' keys (whose expiry it renews
+// whatever covered says): a committed key leaves the strangers' set (its
+// tenant is known now); a key ended commit_unknown joins the set of those
+// until its records expire, and any other end takes it out. fresh is the
+// claim's (claimScript): a key it counted with no record is in neither set
+// but by an earlier generation's member, whose score is its records'
+// expiry, now past or a few ms off (a reap's end, a script after the
+// reap's), or that a lost update of the count left to count until its
+// score: it is left to the pruning, and a known tenant's key is not looked
+// for among strangers'. nil: not known.
 const endLua = `
 local function endIn(set, member, ttl, exp, setttl, covered)
   if ttl <= 0 then
@@ -293,17 +388,18 @@ local function keyEnd(set, known, member, ttl, exp, setttl, mark, covered)
   if mark ~= '0' then redis.call('SET', known, '1', 'PX', mark) end
   endIn(set, member, ttl, exp, setttl, covered)
 end
-local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered)
+local function globalEnd(all, strangers, unknown, member, ttl, exp, setttl, committed, unk, t, covered, fresh)
   if unk and ttl > 0 then
     -- the expired go as the new come, so that the set is bounded by the
     -- keys in commit_unknown now, scraped or not
     redis.call('ZREMRANGEBYSCORE', unknown, '-inf', t)
     redis.call('ZADD', unknown, exp, member)
     redis.call('PEXPIRE', unknown, setttl)
-  else
+  elseif fresh ~= '1' and fresh ~= '2' then
     redis.call('ZREM', unknown, member)
   end
   endIn(all, member, ttl, exp, setttl, covered)
+  if fresh == '1' then return end -- a known tenant's fresh key is not among strangers'
   if committed then
     redis.call('ZREM', strangers, member)
   else
@@ -321,7 +417,7 @@ end
 // Returns 1 when the key is counted (it was, or the tenant had room) and
 // the tenant is a stranger, 2 when it is counted and the tenant known, 0
 // when the tenant holds its bound of other unexpired keys.
-var quotaScript = rueidis.NewLuaScript(nowLua + countLua + `
+var quotaScript = newScript(nowLua + countLua + `
 local t = now()
 local ok, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t, pruning(ARGV[1]))
 if not ok then return 0 end
@@ -341,7 +437,7 @@ return 2
 //
 // Returns 1 when the key is counted (it was, or there was room), 0 when
 // all keys hold their bound, -1 when strangers' keys hold theirs.
-var globalScript = rueidis.NewLuaScript(nowLua + countLua + `
+var globalScript = newScript(nowLua + countLua + `
 local t = now()
 local stranger = ARGV[4] == '1'
 local ok = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t, pruning(ARGV[1]))
@@ -358,7 +454,7 @@ return 1
 // known (ms to mark the tenant known for; 0: not)
 //
 // Returns 1.
-var keyEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+var keyEndScript = newScript(nowLua + endLua + `
 local ttl = tonumber(ARGV[2])
 keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4], false)
 return 1
@@ -373,7 +469,7 @@ return 1
 // (1|0), commit_unknown (1|0)
 //
 // Returns 1.
-var globalEndScript = rueidis.NewLuaScript(nowLua + endLua + `
+var globalEndScript = newScript(nowLua + endLua + `
 local t, ttl = now(), tonumber(ARGV[2])
 globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t, false)
 return 1
@@ -387,7 +483,7 @@ return 1
 // KEYS: the set of commit_unknown keys
 //
 // Returns the count.
-var unknownScript = rueidis.NewLuaScript(nowLua + `
+var unknownScript = newScript(nowLua + `
 return redis.call('ZCOUNT', KEYS[1], now(), '+inf')
 `)
 

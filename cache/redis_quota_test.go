@@ -136,7 +136,7 @@ func uncounted(r *Redis, sc Scope) func() error {
 // maxCountedCmds bounds the commands Redis runs, inner ones included, for
 // the claim and the commit of a known tenant's new key whose count does
 // not prune (TestRedisCountInScripts).
-const maxCountedCmds = 24
+const maxCountedCmds = 20
 
 // TestRedisCountInScripts: on a standalone Redis a new key is counted by
 // its claim and its count ended by its commit: one script call each, where
@@ -147,7 +147,7 @@ func TestRedisCountInScripts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "count", func(c *RedisConfig) { c.Lease = time.Minute })
-	// A first stream loads the scripts (EVALSHA, then EVAL once).
+	// A first stream renews the sets' expiry (setRenewals).
 	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
 	startStream(t, warm)
 	warm.Commit(nil)
@@ -176,13 +176,14 @@ func TestRedisCountInScripts(t *testing.T) {
 	}
 	// Redis's cost is about its commands, inner ones included: a known
 	// tenant's new key takes 2 scripts; at the claim its record (HMGET,
-	// TIME, HSET, PEXPIRE), its lease (SET) and 7 commands of count (ZCARD,
-	// ZADD, PEXPIRE of the tenant's set and of all keys, EXISTS of the
-	// known marker); at the commit its record and result (HMGET, SET,
-	// HSET, PEXPIRE; no journal was written, the lease is left to expire)
-	// and 6 of the count's end (TIME, SET of the marker, ZADD of the
-	// tenant's set and of all keys, ZREM from the strangers' and the
-	// commit_unknown's sets): 24, where the code before this count took 35.
+	// TIME, HSET, PEXPIRE), its lease (SET) and 5 commands of count (ZCARD
+	// and ZADD of the tenant's set and of all keys, EXISTS of the known
+	// marker; the warm stream's claim renewed the sets' expiry); at the
+	// commit its record and result (HMGET, SET, HSET, PEXPIRE; no journal
+	// was written, the lease is left to expire) and 4 of the count's end
+	// (TIME, SET of the marker, ZADD of the tenant's set and of all keys;
+	// the key was in neither the strangers' nor the commit_unknown's set,
+	// which the claim knew): 20, where the code before this count took 35.
 	if cmds += storeCmds(t, srv.Addr) - polls; cmds > maxCountedCmds {
 		t.Errorf("a new key's claim and commit: %d commands in Redis; want at most %d", cmds, maxCountedCmds)
 	}
@@ -211,7 +212,11 @@ func TestRedisCountInScripts(t *testing.T) {
 
 // setOutlives returns an error unless the set key expires after member's
 // score, by Redis's clock.
-func setOutlives(r *Redis, key, member string) error {
+func setOutlives(r *Redis, key, member string) error { return setOutlivesBy(r, key, member, 0) }
+
+// setOutlivesBy returns an error unless the set key expires at least
+// margin after member's score.
+func setOutlivesBy(r *Redis, key, member string, margin time.Duration) error {
 	ctx := context.Background()
 	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(key).Member(member).Build()).AsFloat64()
 	if err != nil {
@@ -221,8 +226,8 @@ func setOutlives(r *Redis, key, member string) error {
 	if err != nil {
 		return fmt.Errorf("%s: PEXPIRETIME: %w", key, err)
 	}
-	if float64(at) < score {
-		return fmt.Errorf("%s expires at %d, before its member's score %.0f", key, at, score)
+	if float64(at) < score+float64(margin.Milliseconds()) {
+		return fmt.Errorf("%s expires at %d, less than %v after its member's score %.0f", key, at, margin, score)
 	}
 	return nil
 }
@@ -232,6 +237,23 @@ func setOutlives(r *Redis, key, member string) error {
 // a set never expires before one of its members' scores.
 func TestRedisLongGenerationRenewsSets(t *testing.T) {
 	t.Parallel()
+	// As if claimed age ago, the sets' expiry renewed renewed before the
+	// claim: 20 minutes, renewed by the claim; 9.5 minutes, renewed by
+	// the replica's claim a minute before (setRenewEvery). Either way the
+	// end renews the sets, so that they outlive the key's new score by the
+	// minute kept for a server clock that steps back.
+	for _, c := range []struct {
+		name         string
+		age, renewed time.Duration
+	}{{"20m", 20 * time.Minute, 0}, {"9.5m", 9*time.Minute + 30*time.Second, setRenewEvery}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			longGeneration(t, c.age, c.renewed)
+		})
+	}
+}
+
+func longGeneration(t *testing.T, age, renewed time.Duration) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "long", func(c *RedisConfig) { c.Lease = time.Minute })
 	ctx := context.Background()
@@ -239,15 +261,13 @@ func TestRedisLongGenerationRenewsSets(t *testing.T) {
 	o := rbegin(t, r, sc, "fp").Flight.be.(*owner)
 	o.shutdown() // its finish is sent below, as if by it
 	k := r.keys(sc)
-	// As if claimed 20 minutes ago: the generation's number, and the
-	// expiry its claim gave the sets, are that old.
-	old := time.Now().Add(-20 * time.Minute)
+	old := time.Now().Add(-age)
 	gen := strconv.FormatInt(old.UnixMilli(), 10)
 	if err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("gen", gen).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]} {
-		at := old.Add(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack).UnixMilli()
+		at := old.Add(-renewed + max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack).UnixMilli()
 		if err := r.c.Do(ctx, r.c.B().Pexpireat().Key(key).MillisecondsTimestamp(at).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +279,7 @@ func TestRedisLongGenerationRenewsSets(t *testing.T) {
 		t.Fatalf("finish: %v, %v; want ok", a, err)
 	}
 	for _, key := range []string{r.tenantKey(sc), r.globalKeys()[0]} {
-		if err := setOutlives(r, key, k.h); err != nil {
+		if err := setOutlivesBy(r, key, k.h, time.Minute); err != nil {
 			t.Error(err)
 		}
 	}
@@ -483,5 +503,187 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 				t.Fatalf("the set after the counted key's claim: %d members; want %d", n, bound)
 			}
 		})
+	}
+}
+
+// TestRedisClaimFresh: a claim tells its finish whether it counted a key
+// with no record (a known tenant's, or a stranger's) or a key the ledger
+// held, and the finish of a fresh key leaves the sets it was not in alone:
+// an earlier generation's member left there counts nothing, as before.
+func TestRedisClaimFresh(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "fresh", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	fresh := func(f *Flight) string { return f.be.(*owner).fresh }
+	stranger := rbegin(t, r, Scope{Tenant: "t", Key: "first"}, "fp").Flight
+	if got := fresh(stranger); got != "2" {
+		t.Errorf("a stranger's new key: fresh %q; want 2", got)
+	}
+	startStream(t, stranger)
+	stranger.Commit(nil)
+	// An earlier generation of the next key left members in the strangers'
+	// and the commit_unknown keys' sets, their scores past.
+	sc := Scope{Tenant: "t", Key: "next"}
+	past := float64(time.Now().Add(-time.Second).UnixMilli())
+	for _, set := range r.globalKeys()[1:] {
+		if err := r.c.Do(ctx, r.c.B().Zadd().Key(set).ScoreMember().ScoreMember(past, r.keys(sc).h).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := rbegin(t, r, sc, "fp").Flight
+	if got := fresh(f); got != "1" {
+		t.Errorf("a known tenant's new key: fresh %q; want 1", got)
+	}
+	startStream(t, f)
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	if n, err := r.UnknownKeys(); err != nil || n != 0 {
+		t.Errorf("commit_unknown keys: %d, %v; want 0 (the member left is past its score)", n, err)
+	}
+	for _, set := range r.globalKeys()[1:] {
+		if err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(r.keys(sc).h).Build()).Error(); err != nil {
+			t.Errorf("%s: the earlier generation's member: %v; want it left to the pruning, not looked for", set, err)
+		}
+	}
+	// A key the ledger holds, claimed again, is not fresh.
+	failed := Scope{Tenant: "t", Key: "failed"}
+	g := rbegin(t, r, failed, "fp").Flight
+	startStream(t, g)
+	g.Fail(StateFailedRetryable, "test", nil)
+	waitDone(t, g, 5*time.Second)
+	again := rbegin(t, r, failed, "fp").Flight
+	if again == nil {
+		t.Fatal("a failed key claimed again: not a miss")
+	}
+	if got := fresh(again); got != "0" {
+		t.Errorf("a failed key claimed again: fresh %q; want 0", got)
+	}
+	again.Fail(StateFailedRetryable, "test", nil)
+}
+
+// TestRedisSetRenewals: a replica's claims renew the expiry of the sets
+// they count in once every setRenewEvery, not each; a set found empty is
+// renewed whatever (the ZADD made it anew, with no expiry), and one whose
+// last renewal is older than setRenewEvery is renewed again.
+func TestRedisSetRenewals(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "renewals", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	sets := []string{r.tenantKey(Scope{Tenant: "t"}), r.globalKeys()[0]}
+	pttl := func(set string) time.Duration {
+		t.Helper()
+		n, err := r.c.Do(ctx, r.c.B().Pttl().Key(set).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(n) * time.Millisecond
+	}
+	shorten := func() {
+		t.Helper()
+		for _, set := range sets {
+			if err := r.c.Do(ctx, r.c.B().Pexpire().Key(set).Milliseconds(100_000).Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	full, _ := strconv.ParseInt(r.setTTL(), 10, 64)
+	renewedAll := func(what string, want bool) {
+		t.Helper()
+		for _, set := range sets {
+			left := pttl(set)
+			if got := left > 200*time.Second; got != want {
+				t.Errorf("%s: %s expires in %v; renewed %v, want %v (to %v)", what, set, left, got, want, time.Duration(full)*time.Millisecond)
+			}
+		}
+	}
+	claim := func(key string) {
+		t.Helper()
+		f := rbegin(t, r, Scope{Tenant: "t", Key: key}, "fp").Flight
+		if f == nil {
+			t.Fatalf("%s: not a miss", key)
+		}
+		f.Fail(StateFailedRetryable, "test", nil)
+		waitDone(t, f, 5*time.Second)
+	}
+	claim("a")
+	renewedAll("the first claim", true)
+	strangers := r.globalKeys()[1]
+	if left := pttl(strangers); left < 200*time.Second {
+		t.Errorf("a stranger's first key: the strangers' set expires in %v; want renewed", left)
+	}
+	r.setRenewals.mu.Lock()
+	_, remembered := r.setRenewals.last[strangers]
+	r.setRenewals.mu.Unlock()
+	if !remembered {
+		t.Error("a stranger's key renewed the strangers' set: not remembered")
+	}
+	shorten()
+	was := time.Now().Add(-50 * time.Second)
+	r.setRenewals.mu.Lock()
+	for set := range r.setRenewals.last {
+		r.setRenewals.last[set] = was
+	}
+	r.setRenewals.mu.Unlock()
+	claim("b")
+	renewedAll("a claim within setRenewEvery of the last renewal", false)
+	r.setRenewals.mu.Lock()
+	for set, at := range r.setRenewals.last {
+		if !at.Equal(was) {
+			t.Errorf("%s: a claim that did not renew it moved its renewal to %v", set, at)
+		}
+	}
+	r.setRenewals.mu.Unlock()
+	// The sets emptied (their last members went) are made anew by the
+	// next ZADD: that claim renews them.
+	for _, set := range sets {
+		if err := r.c.Do(ctx, r.c.B().Del().Key(set).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim("c")
+	renewedAll("a claim that found the sets empty", true)
+	// The last renewal setRenewEvery ago: the next claim renews.
+	shorten()
+	r.setRenewals.mu.Lock()
+	for set := range r.setRenewals.last {
+		r.setRenewals.last[set] = time.Now().Add(-setRenewEvery)
+	}
+	r.setRenewals.mu.Unlock()
+	claim("d")
+	renewedAll("a claim setRenewEvery after the last renewal", true)
+}
+
+// TestSetRenewalsBounded: a replica remembers at most maxRenewedSets
+// sets; past it, those it forgot or could not take are renewed at each
+// claim, and the renewals older than setRenewEvery make room.
+func TestSetRenewalsBounded(t *testing.T) {
+	t.Parallel()
+	var s setRenewals
+	t0 := time.Now()
+	for i := range maxRenewedSets {
+		s.renewed(t0, "set"+strconv.Itoa(i))
+	}
+	if got := s.flags(t0.Add(time.Second), "set0", "new"); got != "01" {
+		t.Errorf("flags at the bound: %q; want 01", got)
+	}
+	s.renewed(t0.Add(time.Second), "new")
+	if got := s.flags(t0.Add(2*time.Second), "new"); got != "1" {
+		t.Errorf("a set renewed with the memory full: %q; want 1 (not remembered)", got)
+	}
+	// The sweep at the bound, which dropped nothing at t0+1s, runs again
+	// setRenewEvery later.
+	s.renewed(t0.Add(setRenewEvery), "new")
+	if n := len(s.last); n != maxRenewedSets {
+		t.Errorf("a sweep within setRenewEvery of the last: %d sets remembered; want %d", n, maxRenewedSets)
+	}
+	s.renewed(t0.Add(setRenewEvery+time.Second), "new")
+	if n := len(s.last); n != 1 {
+		t.Errorf("after setRenewEvery: %d sets remembered; want 1", n)
+	}
+	if got := s.flags(t0.Add(setRenewEvery+2*time.Second), "new", "set0"); got != "01" {
+		t.Errorf("flags after the sweep: %q; want 01", got)
 	}
 }

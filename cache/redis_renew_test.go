@@ -209,9 +209,10 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 	before := redisCalls(t, addr)
 	r.renewAll()
 	after := redisCalls(t, addr)
-	for _, cmd := range []string{"hset", "pexpire"} {
-		if n := after[cmd] - before[cmd]; n != 0 {
-			t.Errorf("%s: %d calls by the renewals after a failed one that sent neither marks nor extension; want none", cmd, n)
+	// Each lease is extended by a PEXPIRE of its own; st and j are not.
+	for cmd, want := range map[string]int64{"hset": 0, "pexpire": int64(len(fs))} {
+		if n := after[cmd] - before[cmd]; n != want {
+			t.Errorf("%s: %d calls by the renewals after a failed one that sent neither marks nor extension; want %d (the leases')", cmd, n, want)
 		}
 	}
 	for i, sc := range scs {
@@ -349,15 +350,7 @@ func TestRedisRenewalLostSendsAgain(t *testing.T) {
 	_, rs := renewStores(t, 1)
 	_, f, _ := ownedStream(t, rs[0], "lost", 10)
 	o := f.be.(*owner)
-	fields := func(rn renewal) []string {
-		var fs []string
-		for i := 4; i+1 < len(rn.args); i += 2 {
-			if rn.args[i] != "updated" {
-				fs = append(fs, rn.args[i])
-			}
-		}
-		return fs
-	}
+	fields := renewal.fields
 	first := o.renewal(time.Since(o.t0))
 	o.renewed(first, 1, nil)
 	f.Mark(StateExecutionStarted, 2, 200) // attempts moved; events did not
@@ -370,4 +363,81 @@ func TestRedisRenewalLostSendsAgain(t *testing.T) {
 		t.Errorf("the renewal after a lost one sets %v; want [attempts] again, and no field sent before it", got)
 	}
 	f.Fail(StateFailedRetryable, "test over", nil)
+}
+
+// TestRedisRenewScriptItems: one call of renewScript reads each item's
+// keys and values where its flags say they are, whatever the items before
+// it carried: an extension (and j), moved fields, neither, a fenced
+// owner, and a lease that expired while st still names its owner.
+func TestRedisRenewScriptItems(t *testing.T) {
+	t.Parallel()
+	_, rs := renewStores(t, 1)
+	r := rs[0]
+	ctx := context.Background()
+	var os []*owner
+	for i := range 5 {
+		_, f, _ := ownedStream(t, r, "items"+strconv.Itoa(i), 3)
+		os = append(os, f.be.(*owner))
+	}
+	item := func(o *owner, extend bool, tok string, fields ...string) batchItem {
+		fl := "n"
+		keys := o.k.withoutResult[:2]
+		if extend {
+			fl, keys = "e", o.k.withoutResult
+		}
+		args := []string{"", tok, o.gen}
+		for i := 0; i < len(fields); i += 2 {
+			fl += strconv.Itoa(slices.Index(renewedFields[:], fields[i]) + 1)
+			args = append(args, fields[i+1])
+		}
+		if len(fields) > 0 {
+			args = append(args, "1700000000000")
+		}
+		args[0] = fl
+		return batchItem{keys: keys, args: args}
+	}
+	r.renewAll() // the owners' own renewals have nothing left to set
+	expireLease(t, r, os[4].f.Scope)
+	out, err := r.renewRun(ctx, []batchItem{
+		item(os[0], true, os[0].tok, "events", "11", "bytes", "111"),
+		item(os[1], false, os[1].tok),
+		item(os[2], true, "stranger", "events", "99"),
+		item(os[3], false, os[3].tok, "state", string(StateCommitUnknown), "attempts", "3", "bytes", "333"),
+		item(os[4], false, os[4].tok, "events", "44"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int64{1, 1, 0, 1, 1} {
+		if n, err := out[i].AsInt64(); err != nil || n != want {
+			t.Errorf("item %d: answer %d, %v; want %d", i, n, err, want)
+		}
+	}
+	hget := func(o *owner, f string) string {
+		v, _ := r.c.Do(ctx, r.c.B().Hget().Key(o.k.st).Field(f).Build()).ToString()
+		return v
+	}
+	for _, c := range []struct {
+		o            *owner
+		field, value string
+	}{{os[0], "events", "11"}, {os[0], "bytes", "111"}, {os[0], "updated", "1700000000000"},
+		{os[3], "state", string(StateCommitUnknown)}, {os[3], "attempts", "3"},
+		{os[3], "bytes", "333"}, {os[4], "events", "44"}} {
+		if got := hget(c.o, c.field); got != c.value {
+			t.Errorf("%s %s: %q; want %q", c.o.k.h[:6], c.field, got, c.value)
+		}
+	}
+	if got := hget(os[1], "updated"); got == "1700000000000" {
+		t.Error("an item that moved nothing set updated")
+	}
+	if got := hget(os[2], "events"); got == "99" {
+		t.Error("a fenced item set st")
+	}
+	tok, err := r.c.Do(ctx, r.c.B().Get().Key(os[4].k.lease).Build()).ToString()
+	if err != nil || tok != os[4].tok {
+		t.Errorf("an expired lease: %q, %v; want it set again to the owner's token", tok, err)
+	}
+	for _, o := range os {
+		o.f.Fail(StateFailedRetryable, "test over", nil)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -93,7 +94,11 @@ const maxSeq = "18446744073709551615"
 // empty otherwise), unknown ttl ms (how long a tool call that ended
 // commit_unknown holds its key), then with the count's keys: bound per
 // tenant, bound on all keys, bound on strangers' keys (-1: none), set
-// ttl ms, member (the scope's hash)
+// ttl ms, member (the scope's hash), and which of the tenant's set, the
+// set of all keys and that of strangers' keys to renew the expiry of (a
+// character each, 0 for not: the caller renewed it within
+// setRenewEvery; the count renews a set it finds empty whatever this
+// says)
 //
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
 // {"unknown", gen, held} (a tool call whose outcome is unknown; held is
@@ -102,8 +107,10 @@ const maxSeq = "18446744073709551615"
 // {"new"} (with ask: nothing was written), {"full", 0|-1|-2} (counted
 // here: the tenant, all keys, or strangers' keys hold their bound;
 // nothing was written), or {"miss", gen, regenerated (0|1), reaped (0|1),
-// counted (0|1)}.
-var claimScript = rueidis.NewLuaScriptRetryable(nowLua + countLua + `
+// counted (0|1), fresh (0|1|2: counted with no record, a known tenant's
+// or a stranger's key; a claim that ran before and lost its reply answers
+// without it)}.
+var claimScript = newScriptRetryable(nowLua + countLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
 local phase, gen, fp = s[1], s[2], s[3]
 local held = s[8] and s[8] ~= ''
@@ -143,6 +150,10 @@ elseif phase == 'live' then
   reaped = '1'
 end
 local t = now()
+-- fresh: this claim counted a key with no record (1; 2 for a stranger's),
+-- which no earlier generation left in the strangers' or commit_unknown
+-- keys' sets: its end need not take it out of them (globalEnd).
+local fresh = '0'
 if counting then
   -- A key with no record is counted against the bounds; one the ledger
   -- held starts again and counts as live whatever they are.
@@ -154,8 +165,11 @@ if counting then
   local g = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t, prune)
   if g ~= 1 then return {'full', g == 0 and '-1' or '-2'} end
   local exp = tostring(t + tonumber(ARGV[5]))
-  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14])
-  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase)
+  local rn = ARGV[16] or '111'
+  local function renew(i) return string.sub(rn, i, i) ~= '0' end
+  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14], renew(1))
+  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase, renew(2), renew(3))
+  if not phase then fresh = stranger and '2' or '1' end
 end
 local g = t
 if gen and tonumber(gen) >= g then g = tonumber(gen) + 1 end
@@ -181,7 +195,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
-return {'miss', gs, regenerated, reaped, counting and '1' or '0'}
+return {'miss', gs, regenerated, reaped, counting and '1' or '0', fresh}
 `)
 
 // claimAnswer is claimScript's answer.
@@ -192,6 +206,10 @@ type claimAnswer struct {
 	// (regenerated), or a generation whose owner's lease had expired
 	// (reaped); the claim counted the key (counted).
 	regenerated, reaped, counted bool
+	// claimMiss: "1" when the claim counted a key it found no record of,
+	// "2" when that key is a stranger's, "0" otherwise: finishScript's
+	// fresh argument.
+	fresh string
 	// claimConflict, claimUnknown: the claim reaped a dead owner's tool
 	// call to commit_unknown, which holds its key this long (0: it did not).
 	heldReaped time.Duration
@@ -253,6 +271,10 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 	switch a.verdict {
 	case claimMiss:
 		a.regenerated, a.reaped, a.counted = flag(2), flag(3), flag(4)
+		a.fresh = "0"
+		if len(out) > 5 && (out[5] == "1" || out[5] == "2") {
+			a.fresh = out[5]
+		}
 	case claimUnknown:
 		a.heldReaped = heldFor(out, 2)
 	}
@@ -286,7 +308,7 @@ func heldFor(out []string, i int) time.Duration {
 // Returns 1 when the generation is ended under that token (by this call,
 // or by one whose reply was lost), 0 when the key holds no generation of
 // that token (the claim never ran, or was reaped since).
-var abandonScript = rueidis.NewLuaScriptRetryable(`
+var abandonScript = newScriptRetryable(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[3] ~= ARGV[1] then return 0 end
 if s[1] == 'failed' then return 1 end
@@ -356,7 +378,7 @@ end
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
 // the owner re-appends from there.
-var appendScript = rueidis.NewLuaScript(appendLua)
+var appendScript = newScript(appendLua)
 
 // appendsScript runs appendScript's body for several owners in one call
 // (appendBatcher).
@@ -427,34 +449,79 @@ func parseWriteStrings(out []string, err error) (writeAnswer, error) {
 	return a, nil
 }
 
-// renewScript extends the owner's lease. A lease that expired while st
-// still names this owner (a pause nobody reaped) is set again: ownership
-// lives in st, the lease only signals death. An owner that does not
-// mirror its journal sends the marks that moved here, so that other
-// replicas' key info follows it within a renewal without a write per
-// event. st and j are extended only when the owner asks (Redis's expiry
-// of them need not move at every renewal: it only cleans up after every
-// replica vanished). It is a batch script: a replica renews many owners
-// in one call (renewAll).
+// renewScript extends the leases of owners, many in one call (renewAll):
+// on a standalone Redis up to maxBatchItems, on a Cluster one, whose keys
+// share a slot. A lease that expired while st still names its owner (a
+// pause nobody reaped) is set again: ownership lives in st, the lease
+// only signals death. An owner that does not mirror its journal sends the
+// marks that moved, so that other replicas' key info follows it within a
+// renewal without a write per event. st and j are extended only when the
+// owner asks (Redis's expiry of them need not move at every renewal: it
+// only cleans up after every replica vanished).
 //
-// KEYS: st, lease, j
-// ARGV: tok, gen, lease ms, live ttl ms ("": leave the expiries of st and
-// j as they are), then field, value pairs to set in st (none: leave st as
-// it is)
+// It is written for its cost, the largest share of what an unfollowed
+// stream costs Redis after its claim and commit: an item carries no field
+// names and no framing but its flags, runs without tables of its own, and
+// a standing lease is extended (PEXPIRE) rather than written again. Each
+// item runs under pcall, so that one item's error is its answer alone.
 //
-// Returns 1 while this owner holds the generation, 2 when it does and a
-// follower asked for its journal (st.want), 0 once it does not.
-var renewScript = newBatchScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want')
-if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-if ARGV[4] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+// KEYS: per item st, lease, and j when the item extends st and j
+// ARGV: lease ms, live ttl ms; then per item its flags ("e" to extend st
+// and j, "n" not, then a digit per field that moved: its place in
+// renewedFields, from 1), tok, gen, the moved fields' values in the
+// flags' order, and when any moved, the updated time (ms)
+//
+// Returns one answer per item: 1 while its owner holds the generation, 2
+// when it does and a follower asked for its journal (st.want), 0 once it
+// does not, or the error that ended the item.
+var renewScript = newScript(`
+local F = {` + renewedFieldsLua() + `}
+local lease, live, byte = ARGV[1], ARGV[2], string.byte
+local T = {}
+local function item(st, l, j, tok, gen, a, fl)
+  local s = redis.call('HMGET', st, 'phase', 'gen', 'tok', 'want')
+  if s[1] ~= 'live' or s[2] ~= gen or s[3] ~= tok then return 0 end
+  if redis.call('PEXPIRE', l, lease) == 0 then redis.call('SET', l, tok, 'PX', lease) end
+  if j then
+    redis.call('PEXPIRE', st, live)
+    redis.call('PEXPIRE', j, live)
+  end
+  local n = #fl
+  if n > 1 then
+    for i = 2, n do
+      T[2 * i - 3], T[2 * i - 2] = F[byte(fl, i) - 48], ARGV[a + i - 2]
+    end
+    T[2 * n - 1], T[2 * n] = 'updated', ARGV[a + n - 1]
+    redis.call('HSET', st, unpack(T, 1, 2 * n))
+  end
+  if s[4] then return 2 end
+  return 1
 end
-if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5)) end
-if s[4] then return 2 end
-return 1`)
+local out, k, a, nargs = {}, 1, 3, #ARGV
+while a <= nargs do
+  local fl = ARGV[a]
+  local j, nk = nil, 2
+  if byte(fl, 1) == 101 then j, nk = KEYS[k + 2], 3 end -- 'e'
+  local ok, r = pcall(item, KEYS[k], KEYS[k + 1], j, ARGV[a + 1], ARGV[a + 2], a + 3, fl)
+  if not ok then
+    if type(r) ~= 'table' or not r.err then r = {err = tostring(r)} end
+  end
+  out[#out + 1] = r
+  k = k + nk
+  -- flags, tok, gen, one value per moved field, and updated when any moved
+  a = a + 3 + #fl - 1
+  if #fl > 1 then a = a + 1 end
+end
+return out`)
+
+// renewedFieldsLua is renewedFields as a Lua list.
+func renewedFieldsLua() string {
+	q := make([]string, len(renewedFields))
+	for i, f := range renewedFields {
+		q[i] = "'" + f + "'"
+	}
+	return strings.Join(q, ", ")
+}
 
 // finishScript ends a generation: committed with its result, or failed.
 // It is idempotent per (gen, tok): re-running it after a lost reply
@@ -475,18 +542,18 @@ return 1`)
 // owner mirrors its journal), attempts, status, model, fallbacks (each
 // "" or 0 for none), then the count's end: member (the scope's hash),
 // ttl ms, set ttl ms, known (ms to mark the tenant known for; 0: not),
-// committed (1|0), commit_unknown (1|0); then id, event pairs still to
-// append.
+// committed (1|0), commit_unknown (1|0), fresh (the claim's: 0|1|2); then
+// id, event pairs still to append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
-var finishScript = rueidis.NewLuaScript(nowLua + endLua + journalEndLua + `
+var finishScript = newScript(nowLua + endLua + journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
 if s[1] == ARGV[3] then return {'already'} end
 if s[1] ~= 'live' then return {'fenced'} end
 local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
-local first = 26
+local first = 27
 if #ARGV >= first then
   local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
   if ends then return {'prev', ends} end
@@ -520,12 +587,13 @@ if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
 if #KEYS >= 9 then
   local t, ttl = now(), tonumber(ARGV[21])
   local exp = tostring(t + ttl)
-  -- The claim renewed the sets' expiry at gen (its clock, or ms after):
-  -- it is past exp while the generation is short (setSlack), by a minute
-  -- to spare for a clock that stepped back.
-  local covered = t + ttl + 60000 <= tonumber(ARGV[2]) + tonumber(ARGV[22])
+  -- The sets' expiry was renewed at gen (the claim's clock, or ms after),
+  -- or by the claim's replica at most setRenewEvery before: it is past
+  -- exp while the generation is short (setSlack), by a minute to spare
+  -- for a clock that stepped back.
+  local covered = t + ttl + 60000 + ` + strconv.FormatInt(setRenewEvery.Milliseconds(), 10) + ` <= tonumber(ARGV[2]) + tonumber(ARGV[22])
   keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
-  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered, ARGV[26])
 end
 return {'ok'}
 `)
@@ -542,7 +610,7 @@ return {'ok'}
 // call: the follower signals the owner replica's inbox), {"reaped", utl}
 // (this call ended it; utl: how long a tool call's key is held, ms, or ""), {"done"} (committed: the result holds its events) or
 // {"ended"} (failed or lost, or another generation holds the key).
-var reapScript = rueidis.NewLuaScript(`
+var reapScript = newScript(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
 if s[2] ~= ARGV[1] then return {'ended'} end
 if s[1] == 'done' then return {'done'} end
@@ -598,7 +666,7 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 // KEYS: st, lease, j, res
 //
 // Returns "live", "none" or "ok".
-var forgetScript = rueidis.NewLuaScript(`
+var forgetScript = newScript(`
 local phase = redis.call('HGET', KEYS[1], 'phase')
 if not phase then return 'none' end
 local tool = redis.call('HGET', KEYS[1], 'tool')

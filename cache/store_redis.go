@@ -180,6 +180,10 @@ type Redis struct {
 	claims, batches, events, commits, fenced, reaped, tails, reads, unavailable atomic.Int64
 	renewals, asks, mirrors                                                     atomic.Int64
 
+	// setRenewals spares the claims of a busy tenant the renewal of its
+	// sets' expiry (claimScript).
+	setRenewals setRenewals
+
 	appends appendBatcher // owners' appends on a standalone Redis
 
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
@@ -278,10 +282,23 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 				cfg.Logger.Warn("redis not connected yet; will keep trying", "err", err.Error())
 			}, func() {
 				cfg.Logger.Info("redis reachable; connected", "mode", fmt.Sprint(swap.Mode()))
+				r.loadScripts()
 			})
 		})
+	} else {
+		r.loadScripts()
 	}
 	return r, nil
+}
+
+// loadScripts loads the store's scripts ahead of their first calls
+// (loadScripts); a failure is logged, and each script then loads at its
+// first call.
+func (r *Redis) loadScripts() {
+	r.setRenewals.forget() // a Redis new to this replica: its sets' expiries are its own
+	if err := loadScripts(r.ctx, r.c, r.cfg.Timeout); err != nil {
+		r.cfg.Logger.Warn("redis: could not load the scripts ahead; each loads at its first call", "err", err.Error())
+	}
 }
 
 func isAuthError(err error) bool {
@@ -448,13 +465,20 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
 		args := []string{fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl}
+		var sets []string // the count's sets, in the order of renew's flags
+		renew := ""
 		if shared {
+			sets = []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]}
+			renew = r.setRenewals.flags(sent, sets...)
 			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
-				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h)
+				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h, renew)
 		}
 		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
 		cancel()
 		if err != nil {
+			// Redis may come back from an older snapshot or a replica
+			// behind: the sets' expiries this replica renewed may be gone.
+			r.setRenewals.forget()
 			r.abandon(sc, k, tok, sent, err)
 			return Begun{}, r.unavailableErr("claim", err)
 		}
@@ -498,6 +522,18 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		case claimJoin:
 			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
 		}
+		if a.counted {
+			// The count renewed the sets its flags asked it to; the
+			// strangers' set only for a stranger's key, which only a
+			// fresh key's answer tells.
+			var done []string
+			for i, set := range sets {
+				if renew[i] == '1' && (i < 2 || a.fresh == "2") {
+					done = append(done, set)
+				}
+			}
+			r.setRenewals.renewed(sent, done...)
+		}
 		if ask == "1" && !a.counted {
 			// A key the ledger held (failed, lost, or without its body)
 			// starts again: it counts as live.
@@ -510,7 +546,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
 			r.reaped.Add(1)
 		}
-		f := r.own(sc, k, a.gen, tok, fp, sent)
+		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh)
 		f.tool = t
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
@@ -720,10 +756,12 @@ func (r *Redis) keep(k rkeys, res *Result) {
 
 // own registers the flight this replica just claimed and starts its
 // journal mirror and lease.
-func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time) *Flight {
+// fresh is the claim's (claimAnswer.fresh), for the finish.
+func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string) *Flight {
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
 	f.share = r.shares.enter(sc.Tenant)
 	o := newOwner(r, f, k, tok, claimed)
+	o.fresh = fresh
 	f.be = o
 	r.mu.Lock()
 	r.flights[k.h] = f

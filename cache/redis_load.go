@@ -1,0 +1,68 @@
+package cache
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// scripts are the Lua scripts of the Redis store, as newScript and
+// newScriptRetryable made them, for loadScripts.
+var scripts struct {
+	mu     sync.Mutex
+	bodies []string
+}
+
+func addScript(body string) {
+	scripts.mu.Lock()
+	defer scripts.mu.Unlock()
+	if !slices.Contains(scripts.bodies, body) {
+		scripts.bodies = append(scripts.bodies, body)
+	}
+}
+
+// newScript is rueidis.NewLuaScript for a script of the store, which
+// loadScripts loads when the store connects.
+func newScript(body string) *rueidis.Lua {
+	addScript(body)
+	return rueidis.NewLuaScript(body)
+}
+
+// newScriptRetryable is rueidis.NewLuaScriptRetryable likewise.
+func newScriptRetryable(body string) *rueidis.Lua {
+	addScript(body)
+	return rueidis.NewLuaScriptRetryable(body)
+}
+
+// loadScripts loads the store's scripts into every node c knows (SCRIPT
+// LOAD), so that the first calls are EVALSHAs that find them. Otherwise
+// every call in flight when a script is first used (a burst of claims as
+// the replica starts) gets NOSCRIPT and is sent again as an EVAL carrying
+// the whole script, which Redis hashes and reads each time. A node that
+// joins later, or a Redis that restarted or failed over, loads them that
+// way, one burst each. Each node gets timeout. It returns the first error;
+// the store works without the load.
+func loadScripts(ctx context.Context, c rueidis.Client, timeout time.Duration) error {
+	scripts.mu.Lock()
+	bodies := slices.Clone(scripts.bodies)
+	scripts.mu.Unlock()
+	var first error
+	for _, node := range c.Nodes() {
+		cmds := make(rueidis.Commands, 0, len(bodies))
+		for _, body := range bodies {
+			cmds = append(cmds, node.B().ScriptLoad().Script(body).Build())
+		}
+		nctx, cancel := context.WithTimeout(ctx, timeout)
+		res := node.DoMulti(nctx, cmds...)
+		cancel()
+		for _, res := range res {
+			if err := res.Error(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
