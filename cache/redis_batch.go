@@ -8,11 +8,11 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// maxBatchItems and maxBatchArgBytes bound one call of a batch script.
-// Redis runs nothing else while a script runs, so a call is kept to about
-// a millisecond of it (a renewal costs it ~7 µs inside a batch), and its
-// keys and arguments to what the server takes in a read or two of its
-// query buffer.
+// maxBatchItems and maxBatchArgBytes bound one call of a batch script,
+// and of renewScript. Redis runs nothing else while a script runs, so a
+// call is kept to about a millisecond of it (a renewal costs it ~7 µs
+// inside a call), and its keys and arguments to what the server takes in
+// a read or two of its query buffer.
 const (
 	maxBatchItems    = 128
 	maxBatchArgBytes = 64 << 10
