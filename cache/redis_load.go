@@ -12,7 +12,7 @@ import (
 // scripts are the Lua scripts of the Redis store, as newScript and
 // newScriptRetryable made them, for loadScripts.
 var scripts struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // guards bodies: tests make scripts while stores load them
 	bodies []string
 }
 
@@ -37,32 +37,43 @@ func newScriptRetryable(body string) *rueidis.Lua {
 	return rueidis.NewLuaScriptRetryable(body)
 }
 
-// loadScripts loads the store's scripts into every node c knows (SCRIPT
+// loadAll loads the store's scripts into every node c knows (SCRIPT
 // LOAD), so that the first calls are EVALSHAs that find them. Otherwise
 // every call in flight when a script is first used (a burst of claims as
 // the replica starts) gets NOSCRIPT and is sent again as an EVAL carrying
 // the whole script, which Redis hashes and reads each time. A node that
 // joins later, or a Redis that restarted or failed over, loads them that
-// way, one burst each. Each node gets timeout. It returns the first error;
-// the store works without the load.
-func loadScripts(ctx context.Context, c rueidis.Client, timeout time.Duration) error {
+// way, one burst each. The nodes load at once, each within timeout, so a
+// slow node delays the start by one timeout at most. It returns the first
+// error; the store works without the load.
+func loadAll(ctx context.Context, c rueidis.Client, timeout time.Duration) error {
 	scripts.mu.Lock()
 	bodies := slices.Clone(scripts.bodies)
 	scripts.mu.Unlock()
-	var first error
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
 	for _, node := range c.Nodes() {
-		cmds := make(rueidis.Commands, 0, len(bodies))
-		for _, body := range bodies {
-			cmds = append(cmds, node.B().ScriptLoad().Script(body).Build())
-		}
-		nctx, cancel := context.WithTimeout(ctx, timeout)
-		res := node.DoMulti(nctx, cmds...)
-		cancel()
-		for _, res := range res {
-			if err := res.Error(); err != nil && first == nil {
-				first = err
+		wg.Go(func() {
+			cmds := make(rueidis.Commands, 0, len(bodies))
+			for _, body := range bodies {
+				cmds = append(cmds, node.B().ScriptLoad().Script(body).Build())
 			}
-		}
+			nctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			for _, res := range node.DoMulti(nctx, cmds...) {
+				if err := res.Error(); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
 	}
+	wg.Wait()
 	return first
 }

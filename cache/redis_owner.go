@@ -452,6 +452,11 @@ func (r *Redis) renewAll() {
 		rns = rns[len(run):]
 		wg.Go(func() {
 			out, err := r.renewRun(ctx, run)
+			if err != nil {
+				// Redis may come back from an older snapshot: the sets'
+				// expiries this replica renewed may be gone.
+				r.setRenewals.forget()
+			}
 			for i, rn := range rs {
 				n, e := int64(0), err
 				if err == nil {
@@ -527,17 +532,6 @@ func (o *owner) renewal(sent time.Duration) renewal {
 	}
 	rn.args[0] = string(flags)
 	return rn
-}
-
-// fields returns the names of the fields of st the renewal sets.
-func (rn renewal) fields() []string {
-	var fs []string
-	for i, f := range renewedFields {
-		if rn.moved&(1<<i) != 0 {
-			fs = append(fs, f)
-		}
-	}
-	return fs
 }
 
 // renewedFields are the fields of st a renewal sets, and renewedMarks

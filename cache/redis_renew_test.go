@@ -475,3 +475,14 @@ func TestRedisRenewScriptItems(t *testing.T) {
 		o.f.Fail(StateFailedRetryable, "test over", nil)
 	}
 }
+
+// fields returns the names of the fields of st the renewal sets.
+func (rn renewal) fields() []string {
+	var fs []string
+	for i, f := range renewedFields {
+		if rn.moved&(1<<i) != 0 {
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
