@@ -205,12 +205,12 @@ func TestUpstreamMarkersNotKept(t *testing.T) {
 	wantCount(t, "upstream calls", fs.calls.Load(), 1)
 }
 
-// fetchAwaitingHead sends a keyed request through a proxy on up and
-// returns once up has read it and awaits its head: the proxy, the key, and
-// where the client's result comes.
-func fetchAwaitingHead(t *testing.T, up *rawUpstream, name string) (*env, string, chan result) {
+// fetchAwaitingHead sends a keyed request through a proxy on up (tuned
+// by tune, if not nil) and returns once up has read it and awaits its
+// head: the proxy, the key, and where the client's result comes.
+func fetchAwaitingHead(t *testing.T, up *rawUpstream, name string, tune func(*Config)) (*env, string, chan result) {
 	t.Helper()
-	e := retryEnv(t, []string{up.url}, nil)
+	e := retryEnv(t, []string{up.url}, tune)
 	key := newKey(name)
 	done := make(chan result, 1)
 	go func() { done <- e.fetch(req{key: key}) }()
@@ -235,7 +235,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
 			u.stall()
 		})
-		e, key, done := fetchAwaitingHead(t, up, "shutdown")
+		e, key, done := fetchAwaitingHead(t, up, "shutdown", nil)
 		e.proxy.Abort() // what Shutdown does once the drain's time is up
 		close(release)
 		got := <-done
@@ -249,7 +249,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			readRequest(c)
 			u.stall() // no head, ever
 		})
-		e, key, done := fetchAwaitingHead(t, up, "drain")
+		e, key, done := fetchAwaitingHead(t, up, "drain", nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		if err := e.proxy.Shutdown(ctx); err == nil {

@@ -3,8 +3,10 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -257,4 +259,41 @@ func TestAppendReplyLost(t *testing.T) {
 		t.Fatalf("duplicate: got %d replayed %v; want the stream replayed", dup.status, dup.replayed)
 	}
 	e.wantCalls(1)
+}
+
+// TestRedisDrainWhileHeadAwaited: with the Redis store, a drain that ends
+// once the request was written upstream and while its head is awaited
+// answers the client with the outcome unknown (502, never 503 or
+// Retry-After), the upstream is called once, and the key ends
+// commit_unknown in Redis, for every replica to see. (A Redis paused
+// meanwhile is test/replicas' TestRedisPausedWhileHeadAwaited.)
+func TestRedisDrainWhileHeadAwaited(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
+		Lease: time.Second, Timeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+		readRequest(c)
+		u.stall() // no head, ever
+	})
+	e, key, done := fetchAwaitingHead(t, up, "drain", func(pc *Config) { pc.Store = store })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := e.proxy.Shutdown(ctx); err == nil {
+		t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
+	}
+	unknownAnswer(t, "client", <-done, 502)
+	sc := cache.Scope{Tenant: e.tenantOf(""), Key: key}
+	var last cache.KeyInfo
+	if !within(10*time.Second, func() bool {
+		last, _ = store.Info(sc)
+		return last.State == cache.StateCommitUnknown
+	}) {
+		t.Fatalf("key in Redis: %+v; want commit_unknown", last)
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 1)
 }
