@@ -185,7 +185,7 @@ func BenchmarkRedisCost(b *testing.B) {
 		k.h = k.st // a member to end
 		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
 			string(StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
-			"0", "1", "200", "gpt-4o-mini", ""}, append(r.endArgs(k, r.cfg.TTL, true, false), "1")...)) // a known tenant's new key
+			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false, "1")...)) // a known tenant's new key
 	})
 	counted := func(n int) []rkeys { // keys counted as a new key's are
 		ks := make([]rkeys, n)

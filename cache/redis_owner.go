@@ -313,7 +313,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.shutdown()
 		o.r.forget(o.k, f)
 		if !out.counted {
-			o.r.keyCommitted(f.Scope, o.k)
+			o.r.keyCommitted(f.Scope, o.k, f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL))
 		}
 		return true
 	}
@@ -365,7 +365,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
 		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-		append(o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown), o.fresh)...)
+		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown, o.fresh)...)
 	for range 2 {
 		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
@@ -759,11 +759,12 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			head = headJSON(h)
 		}
 		mk, _ := o.markNow()
-		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)), ms(journalTTL),
+		keep := o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)
+		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(keep), ms(journalTTL),
 			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
 			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-			append(o.r.endArgs(o.k, o.r.cfg.TTL, true, false), o.fresh)...)
+			o.r.endArgs(o.k, keep, true, false, o.fresh)...)
 		args, bytes := o.appendEvents(args, pos, evs)
 		if !mirror {
 			bytes = o.journalBytes()

@@ -228,14 +228,15 @@ func (r *Redis) keyEnded(sc Scope, k rkeys, state State, ttl time.Duration) {
 	r.keyEnd(sc, k, ttl, false, state == StateCommitUnknown)
 }
 
-// keyCommitted is keyEnded for a committed key, whose commit makes its
-// tenant known for TTL.
-func (r *Redis) keyCommitted(sc Scope, k rkeys) { r.keyEnd(sc, k, r.cfg.TTL, true, false) }
+// keyCommitted is keyEnded for a committed key whose records are kept
+// for ttl (TTL, or a tool call's dedupe window), and whose commit makes
+// its tenant known for TTL.
+func (r *Redis) keyCommitted(sc Scope, k rkeys, ttl time.Duration) { r.keyEnd(sc, k, ttl, true, false) }
 
 func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	a := r.endArgs(k, ttl, known, unknown)
+	a := r.endArgs(k, ttl, known, unknown, "")
 	for _, err := range []error{
 		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, a[1], a[2], a[3]}).Error(),
 		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, a[1], a[2], a[4], a[5]}).Error(),
@@ -248,9 +249,10 @@ func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool
 
 // endArgs are the arguments of the count's end (keyEnd, globalEnd) as
 // finishScript takes them: member, ttl ms, set ttl ms, known mark ms,
-// committed, commit_unknown. known is a commit's end: it marks the
-// tenant known for TTL.
-func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool) []string {
+// committed, commit_unknown, fresh (the claim's: claimAnswer.fresh; the
+// end scripts of a Cluster read none). known is a commit's end: it marks
+// the tenant known for TTL.
+func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool, fresh string) []string {
 	mark, committed, unk := "0", "0", "0"
 	if known {
 		mark, committed = ms(r.cfg.TTL), "1"
@@ -258,7 +260,7 @@ func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool) []strin
 	if unknown {
 		unk = "1"
 	}
-	return []string{k.h, ms(ttl), r.setTTL(), mark, committed, unk}
+	return []string{k.h, ms(ttl), r.setTTL(), mark, committed, unk, fresh}
 }
 
 // finishKeys are finishScript's keys for sc: on a standalone Redis with

@@ -274,7 +274,7 @@ func longGeneration(t *testing.T, age, renewed time.Duration) {
 	}
 	a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), append([]string{
 		o.tok, gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL), string(StateCommitted), "", nowMS(time.Now()),
-		"", "", "0", "0", "", "0", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false)...)))
+		"", "", "0", "0", "", "0", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, "")...)))
 	if err != nil || a.verdict != writeOK {
 		t.Fatalf("finish: %v, %v; want ok", a, err)
 	}

@@ -209,3 +209,23 @@ func TestToolReapedHeld(t *testing.T) {
 		}
 	})
 }
+
+// TestToolCommitCountsItsKeep: a committed tool call whose key stands for
+// its own window (Tool.Keep) counts against its tenant for that window,
+// as long as its records stand, not for the store's TTL.
+func TestToolCommitCountsItsKeep(t *testing.T) {
+	t.Parallel()
+	r := replicas(t, 1)[0]
+	sc := Scope{Tenant: "t", Key: "call"}
+	b, err := r.BeginTool(sc, "fp", Tool{Name: "search", Keep: 10 * time.Minute})
+	if err != nil || b.Flight == nil {
+		t.Fatalf("BeginTool: %+v, %v; want a miss", b, err)
+	}
+	startStream(t, b.Flight)
+	if !b.Flight.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	if got := tenantScore(t, r, sc); got < 9*time.Minute || got > 10*time.Minute {
+		t.Errorf("the committed call counts for its tenant %v more; want its keep (10m), not TTL (%v)", got, r.cfg.TTL)
+	}
+}
