@@ -98,12 +98,19 @@ func (s batchScript) exec(ctx context.Context, c rueidis.Client, items []batchIt
 		args = append(args, strconv.Itoa(len(it.keys)), strconv.Itoa(len(it.args)))
 		args = append(args, it.args...)
 	}
-	out, err := s.lua.Exec(ctx, c, keys, args).ToArray()
+	return execItems(ctx, c, s.lua, keys, args, len(items))
+}
+
+// execItems runs a script of n items and returns its answer to each; an
+// error when the call as a whole failed (whether any item ran is then
+// unknown) or did not answer each item.
+func execItems(ctx context.Context, c rueidis.Client, lua *rueidis.Lua, keys, args []string, n int) ([]rueidis.RedisMessage, error) {
+	out, err := lua.Exec(ctx, c, keys, args).ToArray()
 	if err != nil {
 		return nil, err
 	}
-	if len(out) != len(items) {
-		return nil, fmt.Errorf("batch script: %d answers for %d items", len(out), len(items))
+	if len(out) != n {
+		return nil, fmt.Errorf("script of %d items: %d answers", n, len(out))
 	}
 	return out, nil
 }

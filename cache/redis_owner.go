@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -479,14 +478,7 @@ func (r *Redis) renewRun(ctx context.Context, run []batchItem) ([]rueidis.RedisM
 		keys = append(keys, it.keys...)
 		args = append(args, it.args...)
 	}
-	out, err := renewScript.Exec(ctx, r.c, keys, args).ToArray()
-	if err != nil {
-		return nil, err
-	}
-	if len(out) != len(run) {
-		return nil, fmt.Errorf("renewals: %d answers for %d items", len(out), len(run))
-	}
-	return out, nil
+	return execItems(ctx, r.c, renewScript, keys, args, len(run))
 }
 
 // renewal is one owner's renewal as renewAll sends it.

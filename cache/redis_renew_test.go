@@ -86,7 +86,7 @@ func TestRedisRenewalsBatched(t *testing.T) {
 		startStream(t, fs[i])
 		appendN(t, fs[i], 1, i%5+1)
 	}
-	r.renewAll() // loads the script: its first calls are answered NOSCRIPT and sent again
+	r.renewAll() // sends the marks
 	for _, sc := range scs {
 		shortenLease(t, r, sc)
 	}

@@ -468,7 +468,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		var sets []string // the count's sets, in the order of renew's flags
 		renew := ""
 		if shared {
-			sets = []string{r.tenantKey(sc), r.globalKeys()[0], r.globalKeys()[1]}
+			sets = []string{keys[4], keys[6], keys[7]} // the tenant's set, all keys', strangers' (finishKeys)
 			renew = r.setRenewals.flags(sent, sets...)
 			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
 				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h, renew)

@@ -308,7 +308,7 @@ func redisDesc(name, help string) *prometheus.Desc {
 
 var (
 	descRClaims  = redisDesc("claims_total", "Claim scripts run.")
-	descRBatches = redisDesc("append_batches_total", "Journal append scripts run: one Redis round trip each.")
+	descRBatches = redisDesc("append_batches_total", "Journal append batches Redis took, one per owner; on a standalone Redis several owners' batches share one script call.")
 	descREvents  = redisDesc("events_appended_total", "Events this replica appended to Redis as owner.")
 	descRCommits = redisDesc("commits_total", "Generations this replica committed.")
 	descRFenced  = redisDesc("fenced_total", "Owned generations ended because another replica took them over.")
