@@ -267,7 +267,10 @@ func snapshotGoroutines() goroutines {
 	var b bytes.Buffer
 	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
 	g := goroutines{n: runtime.NumGoroutine(), stacks: map[string]int{}}
-	for _, rec := range strings.Split(b.String(), "\n\n")[1:] {
+	// "goroutine profile: total N", then the records, most goroutines
+	// first, a blank line between two.
+	_, recs, _ := strings.Cut(b.String(), "\n")
+	for _, rec := range strings.Split(recs, "\n\n") {
 		head, stack, _ := strings.Cut(rec, "\n")
 		n, err := strconv.Atoi(strings.Fields(head + " 0")[0])
 		if err != nil {
