@@ -59,6 +59,59 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	e.wantCalls(52)
 }
 
+// TestKeepAliveIdleAfterStream: a connection kept after a streamed
+// answer waits for its next request as long as the server's idle timeout
+// (-idle-timeout), not -read-timeout, which bounds reading a request: it
+// closes soon after IdleTimeout. A request that begins within it gets
+// -read-timeout from its first byte, even when it ends after the idle
+// timeout has passed.
+func TestKeepAliveIdleAfterStream(t *testing.T) {
+	t.Parallel()
+	const idle = 300 * time.Millisecond
+	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+		pc.IdleTimeout, pc.ReadTimeout = idle, 20*time.Second
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	stream := func() {
+		t.Helper()
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("reading an answer on the kept-alive connection: %v", err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]") {
+			t.Fatalf("got %d %q (%v); want a whole stream", resp.StatusCode, body, err)
+		}
+	}
+	fmt.Fprint(conn, request)
+	stream()
+	// The next request's first bytes within the idle timeout, its end
+	// after it: served.
+	time.Sleep(idle / 3)
+	fmt.Fprint(conn, request[:10])
+	time.Sleep(idle)
+	fmt.Fprint(conn, request[10:])
+	stream()
+	// Then nothing: the connection closes after the idle timeout.
+	waited := time.Now()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	if rest, err := io.ReadAll(br); err != nil || len(rest) > 0 {
+		t.Fatalf("read %q, %v, after %s; want the connection closed", rest, err, time.Since(waited))
+	}
+	if took := time.Since(waited); took < idle-50*time.Millisecond || took > idle+2*time.Second {
+		t.Errorf("the idle connection closed after %s; want about the idle timeout, %s", took, idle)
+	}
+	e.wantCalls(2)
+}
+
 // TestKeepAliveAfterSlowBound: a connection handed back after a
 // taken-over answer keeps no write deadline: a later answer on it, which
 // fasthttp writes itself past -slow-client-timeout, arrives.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -414,6 +415,10 @@ func (c *clientConn) finish(ok bool, onGone func()) {
 			return
 		}
 		next := &keptConn{Conn: c.conn, pre: c.pre}
+		if next.idleWait(p.idleTimeout()) != nil {
+			c.conn.Close() //nolint:errcheck // unusable
+			return
+		}
 		if c.over == nil {
 			p.work.run(func() { _ = p.srv.ServeConn(next) }) // it closes next when done
 			return
@@ -452,11 +457,35 @@ func readAhead(hijacked net.Conn) (pre []byte, ok bool) {
 // (pre) is read first. ended, for a connection another server accepted,
 // is closed when the connection closes: that server's hijack handler
 // waits for it (takeOver).
+//
+// fasthttp's ServeConn waits for a connection's first request as for a
+// new connection's, under ReadTimeout; this one is a keep-alive
+// connection between two requests, so until its next request's first
+// byte, keptConn holds the read deadline to the server's idle timeout
+// (idleWait), and from that byte gives the request ReadTimeout, as
+// fasthttp does on a connection it kept itself; a connection that ends
+// while waiting reads as io.EOF, so that fasthttp closes it without an
+// answer, as its own.
 type keptConn struct {
 	net.Conn
 	pre   []byte
 	ended chan struct{}
 	once  sync.Once
+
+	waiting bool          // no byte of the next request yet: the idle deadline stands
+	read    time.Duration // the server's ReadTimeout, from the first byte
+}
+
+// idleWait bounds the wait for c's next request by idle, from now; read
+// then bounds the request. A connection whose next request has begun
+// (pre) is not waited on. It is called before ServeConn, by the goroutine
+// that runs it.
+func (c *keptConn) idleWait(idle, read time.Duration) error {
+	if len(c.pre) > 0 || idle <= 0 {
+		return nil
+	}
+	c.waiting, c.read = true, read
+	return c.Conn.SetReadDeadline(time.Now().Add(idle))
 }
 
 func (c *keptConn) Read(p []byte) (int, error) {
@@ -465,7 +494,34 @@ func (c *keptConn) Read(p []byte) (int, error) {
 		c.pre = c.pre[n:]
 		return n, nil
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if c.waiting && n == 0 && err != nil {
+		// The idle timeout, or the client closed: a keep-alive connection
+		// that ends between requests, closed without an answer, as
+		// fasthttp closes its own (an error would get a 408).
+		return 0, io.EOF
+	}
+	if c.waiting && n > 0 {
+		c.waiting = false
+		var d time.Time
+		if c.read > 0 {
+			d = time.Now().Add(c.read)
+		}
+		if err2 := c.Conn.SetReadDeadline(d); err == nil {
+			err = err2
+		}
+	}
+	return n, err
+}
+
+// SetReadDeadline leaves the idle deadline in place while c waits for
+// its next request: the deadline ServeConn sets then is for a new
+// connection's first request.
+func (c *keptConn) SetReadDeadline(t time.Time) error {
+	if c.waiting {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *keptConn) Close() error {

@@ -68,7 +68,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
-		live: make(map[*gen]struct{}), work: newWorkers(), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
+		live: make(map[*gen]struct{}), work: newWorkers(workerIdle), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
 	for _, raw := range cfg.Upstreams {
 		up, err := newUpstream(raw, &cfg, p.circuitChanged, p.upstreamTimedOut)
 		if err != nil {
@@ -132,6 +132,17 @@ const serverName = "ssegate"
 // (keep-alive included), but only this one applies those bounds to every
 // request, and its ConnState must stay the proxy's.
 func (p *Proxy) Server() *fasthttp.Server { return p.srv }
+
+// idleTimeout returns how long a kept connection of the proxy's server
+// waits for its next request (IdleTimeout, else ReadTimeout, as fasthttp
+// takes it), and the bound on reading that request.
+func (p *Proxy) idleTimeout() (idle, read time.Duration) {
+	idle, read = p.srv.IdleTimeout, p.srv.ReadTimeout
+	if idle == 0 {
+		idle = read
+	}
+	return idle, read
+}
 
 func (p *Proxy) newServer() *fasthttp.Server {
 	return &fasthttp.Server{
