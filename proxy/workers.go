@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // workers runs the goroutines every request starts (its generation, the
 // wait for its head, its connection's next request) on goroutines kept a
@@ -9,43 +12,88 @@ import "time"
 // time it doubles on the way to the depth a request reaches, which cost
 // about a tenth of a short stream's CPU.
 //
+// The idle workers are a stack: run hands a function to the one idle
+// last, so that under a trickle of requests the few most recent workers
+// serve it and the rest of a burst's workers end after idle, as
+// fasthttp's do. (Idle workers waiting on one channel would take turns,
+// and a trickle of one function per idle/n would keep n of them.)
+//
 // A worker belongs to no request: it runs what run hands it and ends once
-// it was idle for workerIdle. Nothing it runs may outlive the proxy's own
+// it was idle for idle. Nothing it runs may outlive the proxy's own
 // accounting (gens, clients), which the functions keep as a go statement's
 // would.
 type workers struct {
-	ready chan func() // unbuffered: a send is taken only by an idle worker
+	idle time.Duration
+
+	mu    sync.Mutex // guards ready
+	ready []*worker  // the idle workers, the one idle last at the end
+}
+
+// worker is one idle-able goroutine; run hands it a function on fn.
+type worker struct {
+	fn chan func() // buffered 1: run's send never waits
 }
 
 // workerIdle is how long an idle worker waits for another function, as
 // long as the server's own idle workers (Server.MaxIdleWorkerDuration).
 const workerIdle = 2 * time.Second
 
-func newWorkers() *workers { return &workers{ready: make(chan func())} }
+func newWorkers(idle time.Duration) *workers { return &workers{idle: idle} }
 
-// run runs fn on an idle worker, or on a new one when none is idle. Like a
-// go statement, it does not wait for fn.
+// run runs fn on the worker idle last, or on a new one when none is idle.
+// Like a go statement, it does not wait for fn.
 func (w *workers) run(fn func()) {
-	select {
-	case w.ready <- fn:
-	default:
-		go w.work(fn)
+	w.mu.Lock()
+	if n := len(w.ready); n > 0 {
+		k := w.ready[n-1]
+		w.ready[n-1] = nil
+		w.ready = w.ready[:n-1]
+		w.mu.Unlock()
+		k.fn <- fn
+		return
 	}
+	w.mu.Unlock()
+	go w.work(&worker{fn: make(chan func(), 1)}, fn)
 }
 
 // work runs fn, then each function run hands it, until none came for
-// workerIdle.
-func (w *workers) work(fn func()) {
-	t := time.NewTimer(workerIdle)
+// idle.
+func (w *workers) work(k *worker, fn func()) {
+	t := time.NewTimer(w.idle)
 	defer t.Stop()
 	for {
 		fn()
 		fn = nil // what the last one held is not kept while idle
-		t.Reset(workerIdle)
+		w.mu.Lock()
+		w.ready = append(w.ready, k)
+		w.mu.Unlock()
+		t.Reset(w.idle)
 		select {
-		case fn = <-w.ready:
+		case fn = <-k.fn:
+			continue
 		case <-t.C:
+		}
+		// Idle for w.idle: leave, unless run took k from ready meanwhile
+		// and its function is on the way.
+		if w.leave(k) {
 			return
 		}
+		fn = <-k.fn
 	}
+}
+
+// leave takes k out of ready and reports whether it was there. The
+// workers idle longest are at the start, so the search is short.
+func (w *workers) leave(k *worker) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, r := range w.ready {
+		if r == k {
+			copy(w.ready[i:], w.ready[i+1:])
+			w.ready[len(w.ready)-1] = nil
+			w.ready = w.ready[:len(w.ready)-1]
+			return true
+		}
+	}
+	return false
 }

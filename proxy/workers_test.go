@@ -6,7 +6,12 @@ import (
 	"net/http"
 	rtmetrics "runtime/metrics"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // TestRequestGoroutines holds the goroutines a streamed request starts in
@@ -67,4 +72,77 @@ func TestRequestGoroutines(t *testing.T) {
 		}
 	}
 	e.wantCalls(3 * (3 + 3*20)) // every request a new generation: no key repeats
+}
+
+// TestWorkersTrickleEndsBurst: after a burst, a trickle of functions is
+// served by the worker idle last, and the rest of the burst's workers end
+// once idle. Workers that took turns would all stay: a trickle of one
+// function per idle/16 would keep 16.
+func TestWorkersTrickleEndsBurst(t *testing.T) {
+	t.Parallel()
+	const idle, burst = 200 * time.Millisecond, 16
+	w := newWorkers(idle)
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(burst)
+	for range burst {
+		w.run(func() { started.Done(); <-release })
+	}
+	started.Wait()
+	close(release)
+	poll.Until(5*time.Second, func() bool { return w.idleWorkers() == burst })
+	if n := w.idleWorkers(); n != burst {
+		t.Fatalf("%d workers idle after the burst; want %d", n, burst)
+	}
+	// One function every idle/40 for 3×idle: each of 16 workers taking
+	// turns would run one every 0.4×idle and never end.
+	done := make(chan struct{})
+	for end := time.Now().Add(3 * idle); time.Now().Before(end); time.Sleep(idle / 40) {
+		w.run(func() { done <- struct{}{} })
+		<-done
+	}
+	if n := w.idleWorkers(); n > 2 {
+		t.Errorf("%d workers idle after a trickle of 3×idle; want the trickle's own (at most 2)", n)
+	}
+}
+
+// TestWorkersRunEachOnce runs functions from many goroutines while
+// workers end (idle 1 ms): every function runs exactly once, whether the
+// worker it was handed to was about to end or not.
+func TestWorkersRunEachOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorkers(time.Millisecond)
+	const callers, each = 8, 500
+	var ran atomic.Int64
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				wg.Add(1)
+				w.run(func() { ran.Add(1); wg.Done() })
+				if (c+i)%7 == 0 {
+					time.Sleep(time.Millisecond) // let some workers end
+				}
+			}
+		}()
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d functions ran in 10s; want %d: some were handed to a worker that ended", ran.Load(), callers*each)
+	}
+	if got := ran.Load(); got != callers*each {
+		t.Errorf("%d functions ran; want %d", got, callers*each)
+	}
+}
+
+// idleWorkers is how many workers wait for a function.
+func (w *workers) idleWorkers() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.ready)
 }
