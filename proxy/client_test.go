@@ -61,10 +61,10 @@ func TestKeepAliveAfterStream(t *testing.T) {
 
 // TestKeepAliveIdleAfterStream: a connection kept after a streamed
 // answer waits for its next request as long as the server's idle timeout
-// (-idle-timeout), not -read-timeout, which bounds reading a request: it
-// closes soon after IdleTimeout. A request that begins within it gets
-// -read-timeout from its first byte, even when it ends after the idle
-// timeout has passed.
+// (IdleTimeout), not ReadTimeout, which bounds reading a request: it
+// closes soon after IdleTimeout, without an answer. A request that begins
+// within it gets ReadTimeout from its first byte, even when it ends after
+// the idle timeout has passed.
 func TestKeepAliveIdleAfterStream(t *testing.T) {
 	t.Parallel()
 	const idle = 300 * time.Millisecond
