@@ -478,8 +478,8 @@ type keptConn struct {
 
 // idleWait bounds the wait for c's next request by idle, from now; read
 // then bounds the request. A connection whose next request has begun
-// (pre) is not waited on. It is called before ServeConn, by the goroutine
-// that runs it.
+// (pre) is not waited on. It is called before c is handed to ServeConn's
+// goroutine (run's hand-over, or close(over), orders the two).
 func (c *keptConn) idleWait(idle, read time.Duration) error {
 	if len(c.pre) > 0 || idle <= 0 {
 		return nil

@@ -77,10 +77,10 @@ func TestRequestGoroutines(t *testing.T) {
 // TestWorkersTrickleEndsBurst: after a burst, a trickle of functions is
 // served by the worker idle last, and the rest of the burst's workers end
 // once idle. Workers that took turns would all stay: a trickle of one
-// function per idle/16 would keep 16.
+// function per idle/40 would keep 16.
 func TestWorkersTrickleEndsBurst(t *testing.T) {
 	t.Parallel()
-	const idle, burst = 200 * time.Millisecond, 16
+	const idle, burst = time.Second, 16
 	w := newWorkers(idle)
 	release := make(chan struct{})
 	var started sync.WaitGroup
@@ -88,11 +88,10 @@ func TestWorkersTrickleEndsBurst(t *testing.T) {
 	for range burst {
 		w.run(func() { started.Done(); <-release })
 	}
-	started.Wait()
+	started.Wait() // burst workers, each running a function
 	close(release)
-	poll.Until(5*time.Second, func() bool { return w.idleWorkers() == burst })
-	if n := w.idleWorkers(); n != burst {
-		t.Fatalf("%d workers idle after the burst; want %d", n, burst)
+	if !poll.Until(idle/2, func() bool { return w.idleWorkers() == burst }) {
+		t.Fatalf("%d workers idle half the idle time after the burst; want %d", w.idleWorkers(), burst)
 	}
 	// One function every idle/40 for 3×idle: each of 16 workers taking
 	// turns would run one every 0.4×idle and never end.
