@@ -35,18 +35,7 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	request := func(key string) string {
 		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
 	}
-	read := func() {
-		t.Helper()
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("reading an answer on the kept-alive connection: %v", err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]") {
-			t.Fatalf("got %d %q (%v); want a whole stream", resp.StatusCode, body, err)
-		}
-	}
+	read := func() { t.Helper(); readWholeStream(t, br) }
 	for i := range 50 {
 		fmt.Fprint(conn, request(fmt.Sprint("ka-", i)))
 		read()
@@ -57,6 +46,21 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	read()
 	read()
 	e.wantCalls(52)
+}
+
+// readWholeStream reads an answer from a kept-alive connection and fails
+// t unless it is a whole stream.
+func readWholeStream(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading an answer on the kept-alive connection: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]") {
+		t.Fatalf("got %d %q (%v); want a whole stream", resp.StatusCode, body, err)
+	}
 }
 
 // TestKeepAliveIdleAfterStream: a connection kept after a streamed
@@ -81,15 +85,7 @@ func TestKeepAliveIdleAfterStream(t *testing.T) {
 	stream := func() {
 		t.Helper()
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatalf("reading an answer on the kept-alive connection: %v", err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]") {
-			t.Fatalf("got %d %q (%v); want a whole stream", resp.StatusCode, body, err)
-		}
+		readWholeStream(t, br)
 	}
 	fmt.Fprint(conn, request)
 	stream()
