@@ -331,8 +331,14 @@ func (r *Redis) Close() {
 	for _, o := range owners {
 		o.shutdown()
 	}
-	r.wg.Wait()
+	// The cancel ends the calls in flight but one that rueidis reads
+	// synchronously (alone on its connection, its context with a
+	// deadline: pipe.Do's syncDo), which ends only at its deadline or when
+	// its connection closes: closing the client first ends it, within
+	// rueidis's own close of a server that does not answer. A blocking
+	// command's connection is not the client's to close (blockCtx).
 	r.c.Close()
+	r.wg.Wait()
 	r.results.Close()
 	r.codec.close()
 }
@@ -787,7 +793,7 @@ func (r *Redis) inbox() {
 	key := r.inboxKey(r.replica)
 	backoff := 5 * time.Millisecond
 	for r.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
+		ctx, cancel := r.blockCtx(r.idle + r.cfg.Timeout)
 		kv, err := r.c.Do(ctx, r.c.B().Blpop().Key(key).Timeout(r.idle.Seconds()).Build()).AsStrSlice()
 		cancel()
 		switch {
@@ -817,6 +823,24 @@ func (r *Redis) inbox() {
 		for _, v := range more {
 			r.asked(v)
 		}
+	}
+}
+
+// blockCtx bounds a blocking command by d and ends it when the store
+// closes. Its context has no deadline, on purpose: rueidis sends a
+// command whose context has a deadline, when it is alone on its
+// connection (a blocking command always is: a connection of its own),
+// synchronously, bounded by the deadline only (pipe.Do's syncDo), so that
+// Close's cancel would not end it and Close would wait for the deadline
+// on a Redis that stopped answering. Without a deadline the command goes
+// through the connection's queue, where the cancel, or the timer's, ends
+// it at once.
+func (r *Redis) blockCtx(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	t := time.AfterFunc(d, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
 	}
 }
 
