@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"os"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -16,7 +19,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // TestKeepAliveAfterStream: after a complete streamed answer the client's
@@ -219,7 +224,15 @@ func TestHTTP10Client(t *testing.T) {
 // (rawPost) and reads until n events arrived.
 func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 	t.Helper()
-	return rawPost(t, addr, "/v1/chat/completions",
+	conn, _ := rawStreamSeen(t, addr, key, tokens, n)
+	return conn
+}
+
+// rawStreamSeen is rawStream, and returns every byte it read from the
+// connection (the answer's head, and the body's start as it came).
+func rawStreamSeen(t *testing.T, addr, key string, tokens, n int) (*net.TCPConn, *bytes.Buffer) {
+	t.Helper()
+	return rawPostSeen(t, addr, "/v1/chat/completions",
 		keyHeader(key)+fmt.Sprintf("X-Mock-Tokens: %d\r\nX-Mock-Chunk-Bytes: 8000\r\n", tokens), chatBody, n)
 }
 
@@ -229,21 +242,30 @@ func rawStream(t *testing.T, addr, key string, tokens, n int) *net.TCPConn {
 // and reads until n events arrived.
 func rawPost(t *testing.T, addr, path, extra, body string, n int) *net.TCPConn {
 	t.Helper()
+	conn, _ := rawPostSeen(t, addr, path, extra, body, n)
+	return conn
+}
+
+// rawPostSeen is rawPost, and returns every byte it read from the
+// connection: what the client has had so far.
+func rawPostSeen(t *testing.T, addr, path, extra, body string, n int) (*net.TCPConn, *bytes.Buffer) {
+	t.Helper()
 	conn := dialSmallBuffer(t, addr, 4096)
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		path, extra, len(body), body)
-	br := bufio.NewReader(conn)
+	var seen bytes.Buffer
+	br := bufio.NewReader(io.TeeReader(conn, &seen))
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-	for seen := 0; seen < n; {
+	for events := 0; events < n; {
 		line, err := br.ReadString('\n')
 		if err != nil {
-			t.Fatalf("after %d events: %v", seen, err)
+			t.Fatalf("after %d events: %v", events, err)
 		}
 		if strings.HasPrefix(line, "data: ") {
-			seen++
+			events++
 		}
 	}
-	return conn
+	return conn, &seen
 }
 
 // keyHeader is the Idempotency-Key header line of key, or "" for none.
@@ -257,33 +279,55 @@ func keyHeader(key string) string {
 // TestClientLeavesMidStream: a client that closes, resets or stops reading
 // mid-stream never wedges the generation. Without a key the upstream call
 // ends within a second (its connection closed: the mock stops writing);
-// with one, the generation reads on and commits. Either way the slot of
-// -max-streams (ssegate_live_generations) comes back, and no goroutine is
-// left behind.
+// with one, the generation reads on and commits, in the memory store or
+// in Redis, and a repeat of the key replays the whole stream without
+// calling the upstream again. Either way the slot of -max-streams
+// (ssegate_live_generations) comes back, and no goroutine is left
+// behind. A client that stopped reading (cut after -slow-client-timeout)
+// never got what reads as a whole stream.
 func TestClientLeavesMidStream(t *testing.T) {
 	// Not parallel: it holds the end of the upstream call to about a
 	// second after the client left, which other tests' load would skew.
 	// Its cases run at once, each with a proxy of its own (and counting
 	// the goroutines of its own).
-	for _, keyed := range []bool{false, true} {
+	for _, c := range []struct {
+		store string
+		keyed bool
+	}{{"memory", false}, {"memory", true}, {"redis", true}} {
 		for _, how := range []string{"close", "reset", "stop-reading"} {
-			t.Run(fmt.Sprintf("keyed=%v/%s", keyed, how), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/keyed=%v/%s", c.store, c.keyed, how), func(t *testing.T) {
 				t.Parallel()
 				goroutines := ownGoroutines(t) // before newEnv: the servers' goroutines are the test's
-				e := newEnv(t, slowMock(2*time.Millisecond, 16), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				opts := []envOption{slowMock(2*time.Millisecond, 16), func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 					pc.SlowClientTimeout = 300 * time.Millisecond
-				})
-				addr := strings.TrimPrefix(e.url, "http://")
-				// A first stream starts what lives as long as the server
-				// (its worker pool's cleaner, the upstream pool's).
-				rawStream(t, addr, "", 3, 4).Close()
-				within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
-				before, _ := goroutines()
-				key, tokens := "", 5000 // 10 s of stream, 40 MB: far more than socket buffers
-				if keyed {
-					key, tokens = newKey("leave"), 600
+				}}
+				var e *env
+				if c.store == "redis" {
+					var logs gatetest.LogBuffer
+					e, _ = replicaEnv(t, redistest.Shared(t), redistest.Prefix(t), &logs, opts...)
+				} else {
+					e = newEnv(t, opts...)
 				}
-				conn := rawStream(t, addr, key, tokens, 5)
+				addr := strings.TrimPrefix(e.url, "http://")
+				// A first stream of the same kind starts what lives as
+				// long as the server (its worker pool's cleaner, the
+				// upstream pool's, the Redis client's connections).
+				first := ""
+				if c.keyed {
+					first = newKey("leave-first")
+				}
+				rawStream(t, addr, first, 3, 4).Close()
+				if c.keyed {
+					e.waitState(first, "", cache.StateCommitted)
+				}
+				within(time.Second, func() bool { return e.proxy.streams.Load() == 0 })
+				before, stacks := goroutines()
+				beforeOwn := busyGoroutines(stacks)
+				key, tokens := "", 5000 // 10 s of stream, 40 MB: far more than socket buffers
+				if c.keyed {
+					key, tokens = newKey("leave"), 600 // 4.8 MB: still more (maxSocketBuffers)
+				}
+				conn, seen := rawStreamSeen(t, addr, key, tokens, 5)
 				left := time.Now()
 				switch how {
 				case "close":
@@ -294,7 +338,7 @@ func TestClientLeavesMidStream(t *testing.T) {
 				case "stop-reading":
 					defer conn.Close()
 				}
-				if keyed {
+				if c.keyed {
 					e.waitState(key, "", cache.StateCommitted)
 				} else if !within(4*time.Second+e.proxy.cfg.SlowClientTimeout, func() bool { return e.mock.Active() == 0 }) {
 					// Well before the stream's 10 s; a stalled client is
@@ -305,15 +349,110 @@ func TestClientLeavesMidStream(t *testing.T) {
 				if !within(time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
 					t.Fatalf("live generations: got %d a second after the stream ended; want 0", e.proxy.streams.Load())
 				}
+				var replay result
+				if c.keyed {
+					// The generation the client left is kept whole: a
+					// repeat of the key is its replay, not a new call.
+					replay = e.fetch(req{key: key})
+					e.client.CloseIdleConnections() // its goroutines are the test's
+					if !clean(replay) || !replay.replayed || len(replay.events) != tokens+3 {
+						t.Fatalf("repeat: got %d, %d events ending %q, replayed %v; want the whole stream (%d events ending [DONE]) replayed",
+							replay.status, len(replay.events), replay.lastData(), replay.replayed, tokens+3)
+					}
+				}
+				if how == "stop-reading" {
+					// Cut by -slow-client-timeout, unless the socket
+					// buffers between took the whole stream.
+					dropped := within(5*time.Second, func() bool { return testutil.ToFloat64(e.proxy.m.slowDropped) == 1 })
+					wantCut(t, conn, seen, replay, dropped)
+				}
 				conn.Close()
-				if !within(5*time.Second, func() bool { n, _ := goroutines(); return n <= before+2 }) {
+				// And none of ssegate's own, however few: a goroutine a
+				// generation leaves behind is one per request.
+				if !within(5*time.Second, func() bool {
 					n, stacks := goroutines()
-					t.Fatalf("goroutines: got %d; want at most %d (before the request + 2)\n%s", n, before+2, stacks)
+					return n <= before+2 && busyGoroutines(stacks) <= beforeOwn
+				}) {
+					n, stacks := goroutines()
+					t.Fatalf("goroutines: got %d, %d running ssegate's code; want at most %d (before the request + 2), %d running ssegate's code\n%s",
+						n, busyGoroutines(stacks), before+2, beforeOwn, stacks)
 				}
 				e.wantCalls(2) // the first stream's and this one's
 			})
 		}
 	}
+}
+
+// wantCut reads the rest of what a client that stopped reading was sent,
+// seen holding what it read before. Unless it had the whole stream
+// (whole: a replay of the same generation), it must have been dropped
+// as a slow client, and its answer must read as cut: a chunked body
+// without its end and without the stream's terminal event, whose events
+// are the start of whole, when there is one.
+func wantCut(t *testing.T, conn net.Conn, seen *bytes.Buffer, whole result, dropped bool) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	resp, err := http.ReadResponse(bufio.NewReader(io.MultiReader(seen, conn)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body) // to the body's end, or the connection's
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the client that stopped reading: its answer neither ended nor was cut 5 s after the generation, after %d bytes", len(body))
+	}
+	got := parseResult(resp, body, err)
+	if !dropped {
+		if whole.raw != nil && len(whole.raw) <= maxSocketBuffers() && err == nil && bytes.Equal(eventBytes(body), eventBytes(whole.raw)) {
+			t.Logf("the client that stopped reading had the whole stream (%d bytes) in socket buffers: nothing to cut", len(body))
+			return
+		}
+		t.Fatalf("slow clients dropped: got 0; want 1 (the client that stopped reading got %d bytes of %d, read error %v)", len(body), len(whole.raw), err)
+	}
+	if err == nil || got.lastData() == "[DONE]" || bytes.Contains(body, []byte("data: [DONE]")) {
+		t.Fatalf("the client that stopped reading got %d bytes, read error %v, last event %q; want a cut answer, without [DONE]",
+			len(body), err, got.lastData())
+	}
+	if whole.raw == nil {
+		return
+	}
+	if i := bytes.LastIndex(body, []byte("\n\n")); i < 0 || !bytes.HasPrefix(eventBytes(whole.raw), eventBytes(body[:i+2])) {
+		t.Fatalf("the %d bytes the client that stopped reading got are not the start of the stream's replay", len(body))
+	}
+}
+
+// busyGoroutines counts, in stacks (ownGoroutines'), the goroutines
+// running code of ssegate's packages other than tests: the store's, the
+// proxy's, the mock upstream's; not an idle worker of the proxy's pool
+// (its innermost frame of ssegate's is the pool's), which holds nothing
+// and ends on its own.
+func busyGoroutines(stacks string) (n int) {
+	for _, group := range strings.Split(stacks, "\n\n") {
+		if strings.Contains(group, "_test.go:") {
+			continue
+		}
+		_, frames, _ := strings.Cut(group, "github.com/ssegate/ssegate/")
+		if frames == "" || strings.HasPrefix(frames, "proxy.(*workers).") {
+			continue
+		}
+		count, _, _ := strings.Cut(group, " @ ")
+		c, _ := strconv.Atoi(count)
+		n += c
+	}
+	return n
+}
+
+// maxSocketBuffers bounds what a loopback connection can hold unread:
+// the sender's largest send buffer (Linux's tcp_wmem maximum) and the
+// receiver's small one (dialSmallBuffer's, doubled by the kernel). Where
+// it cannot be read, it is unbounded.
+func maxSocketBuffers() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
+	if f := strings.Fields(string(b)); err == nil && len(f) == 3 {
+		if n, err := strconv.Atoi(f[2]); err == nil {
+			return n + 2*4096
+		}
+	}
+	return math.MaxInt
 }
 
 // ownGoroutines labels the calling goroutine with the test's name, and so

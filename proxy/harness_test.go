@@ -54,6 +54,9 @@ type env struct {
 	proxy  *Proxy
 	url    string
 	client *http.Client
+	// info reads a key's state from the proxy's store, when that is not
+	// store (a Redis store: replicaEnv); nil: store's.
+	info func(cache.Scope) (cache.KeyInfo, bool)
 }
 
 type envOption func(*Config, *cache.Config, *mockllm.Config)
@@ -362,7 +365,11 @@ func (e *env) waitState(key, auth string, state cache.State) cache.KeyInfo {
 	var last string
 	if within(10*time.Second, func() bool {
 		var ok bool
-		ki, ok = e.store.Info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
+		info := e.store.Info
+		if e.info != nil {
+			info = e.info
+		}
+		ki, ok = info(cache.Scope{Tenant: e.tenantOf(auth), Key: key})
 		last = fmt.Sprintf("%+v (found %v)", ki, ok)
 		return ok && ki.State == state
 	}) {

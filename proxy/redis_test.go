@@ -39,6 +39,7 @@ func replicaEnv(t *testing.T, addr, prefix string, logs *gatetest.LogBuffer, opt
 		pc.Store = store
 		pc.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	}}, opts...)...)
+	e.info = store.Info // waitState reads the key's state in Redis
 	return e, store
 }
 
