@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -18,10 +19,15 @@ import (
 // append call in flight. Close cancels the store's context first, which
 // ends the calls in flight (owner.ctx), so it must not wait for them:
 // not for -redis-timeout (heldMod: 10 s), nor for a blocking command's
-// idle bound beside it. What remains is rueidis's own close of a
-// connection whose server does not answer (about 2 s: it cuts the
-// connection after a second).
-const closeBound = 4 * time.Second
+// idle bound beside it. What remains is rueidis's own close of its
+// pipelined connections to a server that does not answer: it closes them
+// in turn, each after a second without an answer to its PING, and opens
+// 2^min(log2(GOMAXPROCS), 2) of them (rueidis's singleClientMultiplex).
+// Two seconds more are margin.
+func closeBound() time.Duration {
+	conns := 1 << min(int(math.Log2(float64(runtime.GOMAXPROCS(0)))), 2)
+	return time.Duration(conns+2) * time.Second
+}
 
 // storeGoroutines returns the stacks (function names, innermost first) of
 // the goroutines running code of this package that are not a test's own:
@@ -74,7 +80,7 @@ func countIn(stacks []string, fn string) int {
 // TestRedisCloseAppendsQueued: the store closed while an owner's append
 // call is held in a stopped Redis and the other owners' appends queue
 // behind it (and more events behind the held one). Close returns within
-// closeBound, not after -redis-timeout; every owner waiting for its
+// closeBound(), not after -redis-timeout; every owner waiting for its
 // append gets an answer and ends (no goroutine of the store is left); a
 // commit that waited for the held owner, and the other owners' commits
 // after Close, are refused; and once Redis runs again no key is
@@ -146,13 +152,13 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	}()
 	select {
 	case <-closed:
-	case <-time.After(closeBound):
+	case <-time.After(closeBound()):
 		left := storeGoroutines()
 		if n := countIn(left, "cache.(*Redis).appendJournal"); n > 0 {
-			t.Errorf("%v after Close began: %d owners still wait for their append's answer", closeBound, n)
+			t.Errorf("%v after Close began: %d owners still wait for their append's answer", closeBound(), n)
 		}
 		t.Errorf("Close: not returned within %v with Redis stopped; the store's goroutines then:\n\t%s",
-			closeBound, strings.Join(left, "\n\t"))
+			closeBound(), strings.Join(left, "\n\t"))
 		srv.Resume() // so that Close can end, and the test with it
 		select {
 		case <-closed:

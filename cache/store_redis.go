@@ -335,8 +335,11 @@ func (r *Redis) Close() {
 	// synchronously (alone on its connection, its context with a
 	// deadline: pipe.Do's syncDo), which ends only at its deadline or when
 	// its connection closes: closing the client first ends it, within
-	// rueidis's own close of a server that does not answer. A blocking
-	// command's connection is not the client's to close (blockCtx).
+	// rueidis's own close of a server that does not answer (a second per
+	// pipelined connection). A blocking command's connection is not the
+	// client's to close: the inbox's runs under blockCtx, which the cancel
+	// ends; a follower's tail (follower.tail's XREAD) still ends only at its
+	// own bound, idle + -redis-timeout, on a Redis that stopped answering.
 	r.c.Close()
 	r.wg.Wait()
 	r.results.Close()
