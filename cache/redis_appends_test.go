@@ -433,3 +433,50 @@ func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	}
 	commitAll(t, r, scs, fs, wants, -1)
 }
+
+// TestRedisAppendQueuedDeadline: an append queued behind a call held in a
+// stopped Redis gets its answer (a failure, which its owner retries)
+// -redis-timeout after it queued, not after the held call's timeout and
+// then its own call's; the owners heal once Redis answers.
+func TestRedisAppendQueuedDeadline(t *testing.T) {
+	t.Parallel()
+	const timeout = 2 * time.Second
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "qdeadline", func(c *RedisConfig) {
+		c.Lease = appendLease
+		c.Timeout = timeout
+	})
+	scs, fs, wants := mirroredStreams(t, r, "q", heldCount)
+	unavailable := r.Stats().Unavailable
+	srv.Pause()
+	t.Cleanup(srv.Resume) // when the test ends early
+	wants[0] = append(wants[0], appendN(t, fs[0], 2, 1)...)
+	eventually(t, 5*time.Second, func() error { // sent alone, held in the stopped server
+		if calls, n := sending(r); calls != 1 || n != 0 {
+			return fmt.Errorf("%d calls, %d appends queued; want the first append in a call", calls, n)
+		}
+		return nil
+	})
+	queuedAt := time.Now()
+	for i, f := range fs[1:] {
+		wants[i+1] = append(wants[i+1], appendN(t, f, 2, 1)...)
+	}
+	// The held call fails at its timeout; each queued append at its own
+	// deadline, by then: without one, they would be sent after the held
+	// call failed and fail a timeout later.
+	eventually(t, 2*timeout, func() error {
+		if n := r.Stats().Unavailable - unavailable; n < heldCount {
+			return fmt.Errorf("%d failed appends; want each of the %d", n, heldCount)
+		}
+		return nil
+	})
+	if took := time.Since(queuedAt); took > timeout+timeout/2 {
+		t.Errorf("the queued appends failed %v after they queued; want about -redis-timeout (%v)", took.Round(time.Millisecond), timeout)
+	}
+	srv.Resume()
+	journalsWhole(t, r, scs, fs, -1)
+	commitAll(t, r, scs, fs, wants, -1)
+	if st := r.Stats(); st.Fenced != 0 {
+		t.Fatalf("%d owners fenced; want none", st.Fenced)
+	}
+}
