@@ -103,7 +103,9 @@ const maxSeq = "18446744073709551615"
 // Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
 // {"unknown", gen, held} (a tool call whose outcome is unknown; held is
 // the ms it holds its key when this claim reaped its dead owner's
-// generation to it, "" otherwise), {"conflict", held} likewise,
+// generation to it, or the ms left when it did so in a run whose reply
+// was lost ('reaper' is its token), "" otherwise), {"conflict", held}
+// likewise,
 // {"new"} (with ask: nothing was written), {"full", 0|-1|-2} (counted
 // here: the tenant, all keys, or strangers' keys hold their bound;
 // nothing was written), or {"miss", gen, regenerated (0|1), reaped (0|1),
@@ -111,7 +113,7 @@ const maxSeq = "18446744073709551615"
 // or a stranger's key; a claim that ran before and lost its reply answers
 // without it)}.
 var claimScript = newScriptRetryable(nowLua + countLua + `
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl', 'reaper')
 local phase, gen, fp = s[1], s[2], s[3]
 local held = s[8] and s[8] ~= ''
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
@@ -123,9 +125,14 @@ if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]
   redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
   -- the XADD may have made the journal (an unmirrored call has none)
   redis.call('PEXPIRE', KEYS[3], '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
-  redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6])
+  redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6], 'reaper', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], s[9])
   phase, s[7], heldReaped = 'lost', 'commit_unknown', s[9]
+elseif held and s[10] == ARGV[2] then
+  -- This claim reaped the call before and lost its reply (a retry):
+  -- answer the reap again, with the hold left, so that its caller ends
+  -- the key's count with it.
+  heldReaped = tostring(redis.call('PTTL', KEYS[1]))
 end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
   if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict', heldReaped} end

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/redistest"
 )
 
 // TestToolUnknownHeld: a tool call that ended commit_unknown answers its
@@ -206,6 +208,43 @@ func TestToolReapedHeld(t *testing.T) {
 		ttl, err := rs[1].c.Do(context.Background(), rs[1].c.B().Pttl().Key(rs[1].keys(sc).j).Build()).AsInt64()
 		if err != nil || ttl <= 0 || ttl > journalTTL.Milliseconds() {
 			t.Errorf("PTTL of the reaped call's journal: got %d, %v; want 1..%d ms", ttl, err, journalTTL.Milliseconds())
+		}
+	})
+	// A claim that reaps the call and loses its reply is sent again
+	// (rueidis retries the claim): the run that answers finds the call
+	// already reaped, by this claim's own token, and answers the reap
+	// again, so that its count ends with the hold too.
+	t.Run("claim-reply-lost", func(t *testing.T) {
+		srv := redistest.Start(t)
+		relay := redistest.NewRelay(t, srv.Addr)
+		prefix := redistest.Prefix(t)
+		a := newRedis(t, srv.Addr, prefix, nil)
+		b := newRedis(t, relay.Addr, prefix, nil)
+		sc := Scope{Tenant: "t", Key: "claimed-lost"}
+		first, err := a.BeginTool(sc, "fp", tool)
+		if err != nil || first.Decision != Miss {
+			t.Fatalf("first call: %v %v; want miss", first.Decision, err)
+		}
+		first.Flight.be.(*owner).shutdown() // the owner's process is gone
+		expireLease(t, a, sc)
+		lost := relay.LoseReply("$7\r\nunknown\r\n", 0)
+		u, err := b.BeginTool(sc, "fp", tool)
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no claim's reply was lost")
+		}
+		if err != nil || u.Decision != Unknown {
+			t.Fatalf("re-issue after the owner died: %v %v; want unknown", u.Decision, err)
+		}
+		if n := b.Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if n, err := b.UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+		if got := tenantScore(t, b, sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
 		}
 	})
 }
