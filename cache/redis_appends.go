@@ -26,9 +26,11 @@ const (
 // appendBatcher sends the appends of a replica's owners to a standalone
 // Redis: what queued while the previous call was on its way goes in one
 // call of appendsScript (group commit: an append that finds nothing in
-// flight is sent at once, alone, as appendScript). Each owner still has
-// one append in flight at most, so its order and its prev checks are as
-// when each went alone.
+// flight is sent at once, alone, as appendScript). An owner sends its
+// next append only once the last has its answer; an append answered by
+// its deadline (or its call's timeout) may still run after the next, and
+// the prev check keeps the journal the owner's events, in order, each
+// once: whichever runs second finds the journal moved and writes nothing.
 type appendBatcher struct {
 	mu    sync.Mutex // guards queue, bytes and calls
 	queue []*appendReq

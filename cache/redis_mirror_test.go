@@ -354,3 +354,48 @@ func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
 		tb.Fatal("the failed generation's journal expired with st; the test needs it to outlive st")
 	}
 }
+
+// TestRedisFinishWholeJournal: a mirrored commit whose journal, with the
+// events it carries, would not end with the stream's last event is
+// refused with "prev" and writes no terminal entry: a follower takes what
+// precedes that entry for the whole answer. With the rest it commits.
+func TestRedisFinishWholeJournal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "whole", func(c *RedisConfig) { c.Lease = time.Minute })
+	ctx := context.Background()
+	scs, fs, _ := mirroredStreams(t, r, "w", 1) // event 1 in the journal
+	sc, f := scs[0], fs[0]
+	o := ownerOf(t, r, f)
+	o.shutdown() // its finishes are sent below, as if by it
+	k := r.keys(sc)
+	finish := func(prev string, from, to int) writeAnswer {
+		t.Helper()
+		args := append([]string{o.tok, o.gen, "done", prev, ms(r.cfg.TTL), ms(journalTTL), string(StateCommitted), "", nowMS(time.Now()),
+			"blob", "", "5", "0", "", "1", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, o.fresh)...)
+		for seq := from; seq <= to; seq++ {
+			args = append(args, o.gen+"-"+strconv.Itoa(seq), "event "+strconv.Itoa(seq))
+		}
+		a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), args))
+		if err != nil {
+			t.Fatalf("finish: %v", err)
+		}
+		return a
+	}
+	// Five events; the commit carries the second only.
+	if a := finish(o.gen+"-1", 2, 2); a.verdict != writePrev || a.last != o.gen+"-2" {
+		t.Fatalf("a commit short of the last event: got %+v; want prev %s-2", a, o.gen)
+	}
+	if got := journalLast(t, r, sc); got != o.gen+"-2" {
+		t.Fatalf("the journal ends at %q; want %s-2 and no terminal entry", got, o.gen)
+	}
+	if ki, _ := r.Info(sc); ki.State == StateCommitted {
+		t.Fatal("committed short of the last event")
+	}
+	if a := finish(o.gen+"-2", 3, 5); a.verdict != writeOK {
+		t.Fatalf("the commit with the rest: got %+v; want ok", a)
+	}
+	if got, want := journalLast(t, r, sc), o.gen+"-"+maxSeq; got != want {
+		t.Fatalf("the journal ends at %q; want the terminal entry %s", got, want)
+	}
+}

@@ -745,6 +745,11 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		var h Head
 		if mirror {
 			evs, h, _ = o.f.wireSince(pos.flushed, maxBatch)
+			if pos.flushed+len(evs) < o.f.Events() {
+				// Asked since flush looked: mirror the rest first (the
+				// finish would refuse a journal short of the last event).
+				continue
+			}
 		}
 		head := ""
 		if pos.flushed == 0 && len(evs) > 0 {

@@ -552,7 +552,9 @@ func renewedFieldsLua() string {
 // committed (1|0), commit_unknown (1|0), fresh (the claim's: 0|1|2); then
 // id, event pairs still to append.
 //
-// Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}.
+// Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}
+// (also when a mirrored commit's journal, with the pairs appended, would
+// not end with its events'th: the owner sends the rest, then finishes).
 var finishScript = newScript(nowLua + endLua + journalEndLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
@@ -561,10 +563,16 @@ if s[1] ~= 'live' then return {'fenced'} end
 local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
 local first = 27
+local endId = ARGV[4]
 if #ARGV >= first then
-  local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
+  local ends, lastId = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
   if ends then return {'prev', ends} end
+  endId = lastId
 end
+-- A mirrored journal ends with the stream's last event before its end is
+-- written: a follower takes what precedes the terminal entry for the whole
+-- answer. Short of it, the owner sends the rest first.
+if mirrored and ARGV[3] == 'done' and endId ~= ARGV[2] .. '-' .. ARGV[12] then return {'prev', endId} end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
 local f = {'phase', ARGV[3], 'state', ARGV[7], 'updated', ARGV[9],
   'events', ARGV[12], 'bytes', ARGV[13]}
