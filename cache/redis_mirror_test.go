@@ -356,9 +356,10 @@ func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
 }
 
 // TestRedisFinishWholeJournal: a mirrored commit whose journal, with the
-// events it carries, would not end with the stream's last event is
-// refused with "prev" and writes no terminal entry: a follower takes what
-// precedes that entry for the whole answer. With the rest it commits.
+// events it carries (none, or some), would not end with the stream's last
+// event is refused with "prev" and writes no terminal entry: a follower
+// takes what precedes that entry for the whole answer. With the rest it
+// commits.
 func TestRedisFinishWholeJournal(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -382,7 +383,12 @@ func TestRedisFinishWholeJournal(t *testing.T) {
 		}
 		return a
 	}
-	// Five events; the commit carries the second only.
+	// Five events; the commit carries none, its owner taking the journal
+	// for whole where it ends at the first (a failover lost the rest).
+	if a := finish(o.gen+"-5", 6, 5); a.verdict != writePrev || a.last != o.gen+"-1" {
+		t.Fatalf("a commit of no events on a journal short of the last: got %+v; want prev %s-1", a, o.gen)
+	}
+	// The commit carries the second only.
 	if a := finish(o.gen+"-1", 2, 2); a.verdict != writePrev || a.last != o.gen+"-2" {
 		t.Fatalf("a commit short of the last event: got %+v; want prev %s-2", a, o.gen)
 	}

@@ -568,6 +568,10 @@ if #ARGV >= first then
   local ends, lastId = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
   if ends then return {'prev', ends} end
   endId = lastId
+elseif mirrored and ARGV[3] == 'done' then
+  -- No events carried: the journal must end where the owner thinks (a
+  -- failover may have lost its acknowledged tail).
+  endId = journalEnd(KEYS[3], ARGV[2])
 end
 -- A mirrored journal ends with the stream's last event before its end is
 -- written: a follower takes what precedes the terminal entry for the whole
