@@ -357,8 +357,8 @@ func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
 
 // TestRedisFinishWholeJournal: a mirrored commit whose journal, with the
 // events it carries (none, or some), would not end with the stream's last
-// event is refused with "prev" and writes no terminal entry: a follower
-// takes what precedes that entry for the whole answer. With the rest it
+// event is refused with "prev", before any write: a follower takes what
+// precedes the terminal entry for the whole answer. With the rest it
 // commits.
 func TestRedisFinishWholeJournal(t *testing.T) {
 	t.Parallel()
@@ -388,17 +388,17 @@ func TestRedisFinishWholeJournal(t *testing.T) {
 	if a := finish(o.gen+"-5", 6, 5); a.verdict != writePrev || a.last != o.gen+"-1" {
 		t.Fatalf("a commit of no events on a journal short of the last: got %+v; want prev %s-1", a, o.gen)
 	}
-	// The commit carries the second only.
-	if a := finish(o.gen+"-1", 2, 2); a.verdict != writePrev || a.last != o.gen+"-2" {
-		t.Fatalf("a commit short of the last event: got %+v; want prev %s-2", a, o.gen)
+	// The commit carries the second only: refused before any write.
+	if a := finish(o.gen+"-1", 2, 2); a.verdict != writePrev || a.last != o.gen+"-1" {
+		t.Fatalf("a commit short of the last event: got %+v; want prev %s-1", a, o.gen)
 	}
-	if got := journalLast(t, r, sc); got != o.gen+"-2" {
-		t.Fatalf("the journal ends at %q; want %s-2 and no terminal entry", got, o.gen)
+	if got := journalLast(t, r, sc); got != o.gen+"-1" {
+		t.Fatalf("the journal ends at %q; want %s-1: nothing written, no terminal entry", got, o.gen)
 	}
 	if ki, _ := r.Info(sc); ki.State == StateCommitted {
 		t.Fatal("committed short of the last event")
 	}
-	if a := finish(o.gen+"-2", 3, 5); a.verdict != writeOK {
+	if a := finish(o.gen+"-1", 2, 5); a.verdict != writeOK {
 		t.Fatalf("the commit with the rest: got %+v; want ok", a)
 	}
 	if got, want := journalLast(t, r, sc), o.gen+"-"+maxSeq; got != want {

@@ -24,7 +24,9 @@ import (
 //	               the claim answered, for a re-claim: claimScript), want
 //	               (set by a follower on another replica: mirror the journal);
 //	               tool and utl for an MCP tool call (BeginTool): its name,
-//	               and how long its commit_unknown holds the key (ms)
+//	               and how long its commit_unknown holds the key (ms);
+//	               reaper, the token of the claim that reaped it
+//	               (claimScript)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; seq 1..n carry the events
@@ -563,20 +565,21 @@ if s[1] ~= 'live' then return {'fenced'} end
 local mirrored = ARGV[15] == '1'
 if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
 local first = 27
-local endId = ARGV[4]
-if #ARGV >= first then
-  local ends, lastId = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
-  if ends then return {'prev', ends} end
-  endId = lastId
-elseif mirrored and ARGV[3] == 'done' then
-  -- No events carried: the journal must end where the owner thinks (a
-  -- failover may have lost its acknowledged tail).
-  endId = journalEnd(KEYS[3], ARGV[2])
+if mirrored and ARGV[3] == 'done' then
+  -- A mirrored journal ends with the stream's last event before its end
+  -- is written: a follower takes what precedes the terminal entry for the
+  -- whole answer. With the events carried (none: where the journal ends,
+  -- which a failover may have cut), it must end so; short of it the owner
+  -- is told where it ends and sends the rest first.
+  local want = ARGV[2] .. '-' .. ARGV[12]
+  local ends = ARGV[#ARGV - 1]
+  if #ARGV < first then ends = journalEnd(KEYS[3], ARGV[2]) end
+  if ends ~= want then return {'prev', (journalEnd(KEYS[3], ARGV[2]))} end
 end
--- A mirrored journal ends with the stream's last event before its end is
--- written: a follower takes what precedes the terminal entry for the whole
--- answer. Short of it, the owner sends the rest first.
-if mirrored and ARGV[3] == 'done' and endId ~= ARGV[2] .. '-' .. ARGV[12] then return {'prev', endId} end
+if #ARGV >= first then
+  local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
+  if ends then return {'prev', ends} end
+end
 local term = ARGV[2] .. '-' .. '` + maxSeq + `'
 local f = {'phase', ARGV[3], 'state', ARGV[7], 'updated', ARGV[9],
   'events', ARGV[12], 'bytes', ARGV[13]}
