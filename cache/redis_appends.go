@@ -2,9 +2,7 @@ package cache
 
 import (
 	"context"
-	"errors"
 	"sync"
-	"time"
 )
 
 // Bounds of one call of appendBatcher. An append costs Redis more than a
@@ -40,13 +38,12 @@ type appendBatcher struct {
 
 // appendReq is one owner's append, answered on done.
 type appendReq struct {
-	ctx context.Context // the owner's: once done, its append is not sent
-	// -redis-timeout from its queueing: past it the owner has its answer
-	// (errAppendQueued) and the append is not sent.
-	deadline time.Time
-	item     batchItem
-	bytes    int
-	done     chan appendAnswer // capacity 1
+	// The owner's, bounded by -redis-timeout from the queueing: once done,
+	// the owner has its answer and the append is not sent.
+	ctx   context.Context
+	item  batchItem
+	bytes int
+	done  chan appendAnswer // capacity 1
 }
 
 type appendAnswer struct {
@@ -54,24 +51,19 @@ type appendAnswer struct {
 	err error
 }
 
-// errAppendQueued answers an append that waited -redis-timeout behind the
-// calls ahead of it (a Redis that stopped answering): as a call that
-// timed out, the owner tries again.
-var errAppendQueued = errors.New("redis: an append waited -redis-timeout behind the calls in flight")
-
 // appendJournal runs o's append (appendScript's keys and arguments): on a
 // standalone Redis through the replica's batcher, on a Cluster alone
 // (each scope's keys are in a slot of their own). Either way its answer
 // comes within -redis-timeout: a queued append is not held for the calls
 // ahead of it and then its own.
 func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error) {
+	ctx, cancel := context.WithTimeout(o.ctx, r.cfg.Timeout)
+	defer cancel()
 	if !r.sharedKeys() {
-		ctx, cancel := context.WithTimeout(o.ctx, r.cfg.Timeout)
-		defer cancel()
 		return parseWriteAnswer(appendScript.Exec(ctx, r.c, keys, args))
 	}
 	it := batchItem{keys: keys, args: args}
-	req := &appendReq{ctx: o.ctx, deadline: time.Now().Add(r.cfg.Timeout), item: it, bytes: it.size(), done: make(chan appendAnswer, 1)}
+	req := &appendReq{ctx: ctx, item: it, bytes: it.size(), done: make(chan appendAnswer, 1)}
 	b := &r.appends
 	b.mu.Lock()
 	b.queue = append(b.queue, req)
@@ -81,18 +73,15 @@ func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error
 		r.wg.Go(r.sendAppends)
 	}
 	b.mu.Unlock()
-	t := time.NewTimer(r.cfg.Timeout)
-	defer t.Stop()
 	select {
 	case ans := <-req.done:
 		return ans.a, ans.err
-	case <-o.ctx.Done():
-		return writeAnswer{}, o.ctx.Err()
-	case <-t.C:
-		// Sent meanwhile or not, its answer is the timeout's: the
-		// owner appends again, and an append that did run reads as
-		// its own (writePrev).
-		return writeAnswer{}, errAppendQueued
+	case <-ctx.Done():
+		// The owner stopped, or the append waited -redis-timeout behind
+		// the calls ahead of it. Sent meanwhile or not, its answer is a
+		// timed-out call's: the owner appends again, and an append that
+		// did run reads as its own (writePrev).
+		return writeAnswer{}, ctx.Err()
 	}
 }
 
@@ -144,11 +133,11 @@ func (r *Redis) sendAppends() {
 }
 
 // take removes the next call's appends from the queue, within the bounds;
-// an append too large for a batch goes alone. Those whose owner stopped,
-// or whose deadline passed, are dropped. Called with mu held.
+// an append too large for a batch goes alone. Those whose context is done
+// (the owner stopped, or -redis-timeout passed) are dropped. Called with
+// mu held.
 func (b *appendBatcher) take() []*appendReq {
 	n, bytes := 0, 0
-	now := time.Now()
 	var batch []*appendReq
 	for _, q := range b.queue {
 		alone := q.bytes > maxBatchArgBytes || len(q.item.args) > maxAppendArgs
@@ -157,7 +146,7 @@ func (b *appendBatcher) take() []*appendReq {
 		}
 		n++
 		b.bytes -= q.bytes
-		if q.ctx.Err() != nil || now.After(q.deadline) {
+		if q.ctx.Err() != nil {
 			continue
 		}
 		batch = append(batch, q)
