@@ -22,6 +22,10 @@ type follower struct {
 	f   *Flight
 	k   rkeys
 	gen string
+	tok string // its reaps' token (loseLua)
+	// counted: this follower's reap was counted (lost), from its answer
+	// or, when that was lost, from the terminal entry it wrote.
+	counted bool
 }
 
 func (fl *follower) reserve(f *Flight, n int) error { return fl.r.reserve(f, n) }
@@ -110,7 +114,7 @@ func (fl *follower) tail() {
 // and ends the flight from the result of one committed before its journal
 // was mirrored. It reports whether the flight has ended.
 func (fl *follower) poll(ended *int) (bool, error) {
-	r, f := fl.r, fl.f
+	f := fl.f
 	state, word, err := fl.check()
 	if err != nil {
 		return false, err
@@ -126,17 +130,7 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		return true, nil
 	case reapReaped:
 		// The next read returns the lost entry this wrote.
-		r.reaped.Add(1)
-		r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-			"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-			"state", StateCommitUnknown)
-		// A tool call's key is held for its own time (word: ms), others'
-		// records kept for FailedTTL; the count follows them.
-		hold := r.cfg.FailedTTL
-		if h := heldFor([]string{word}, 0); h > 0 {
-			hold = h
-		}
-		r.keyEnded(f.Scope, fl.k, StateCommitUnknown, hold)
+		fl.lost(word)
 	default:
 		// Over, yet no terminal entry after ours: read once more (it may
 		// have just been written), then give up.
@@ -146,6 +140,26 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// lost logs and counts the reap of this follower's generation, once, and
+// ends its count: a tool call's key is held for its own time (utl: ms),
+// others' records kept for FailedTTL; the count follows them.
+func (fl *follower) lost(utl string) {
+	if fl.counted {
+		return
+	}
+	fl.counted = true
+	r, f := fl.r, fl.f
+	r.reaped.Add(1)
+	r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
+		"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+		"state", StateCommitUnknown)
+	hold := r.cfg.FailedTTL
+	if h := heldFor([]string{utl}, 0); h > 0 {
+		hold = h
+	}
+	r.keyEnded(f.Scope, fl.k, StateCommitUnknown, hold)
 }
 
 // signal pushes the ask to the owner replica's inbox, so that it mirrors
@@ -248,6 +262,9 @@ func (fl *follower) end(fields map[string]string) {
 		}
 		f.Fail(State(fields["state"]), reason, body)
 	default: // lost: reaped, the owner died or was cut off
+		if fields["by"] == fl.tok {
+			fl.lost(fields["utl"]) // its own reap, whose answer was lost
+		}
 		f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
 	}
 }
@@ -300,6 +317,6 @@ func (fl *follower) check() (reapAnswer, string, error) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	return parseReapAnswer(reapScript.Exec(ctx, r.c, fl.k.withoutResult, []string{
-		fl.gen, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
+		fl.gen, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()), fl.tok,
 	}))
 }

@@ -25,8 +25,8 @@ import (
 //	               (set by a follower on another replica: mirror the journal);
 //	               tool and utl for an MCP tool call (BeginTool): its name,
 //	               and how long its commit_unknown holds the key (ms);
-//	               reaper, the token of the claim that reaped it
-//	               (claimScript)
+//	               reaper, the token of the claim or follower that ended
+//	               the generation lost (loseLua)
 //	lease  STRING  the owner's token; a failure detector only, renewed
 //	               every Lease/3. Ownership is (tok, gen) in st.
 //	j      STREAM  entry ids <gen>-<seq>; seq 1..n carry the events
@@ -114,7 +114,7 @@ const maxSeq = "18446744073709551615"
 // counted (0|1), fresh (0|1|2: counted with no record, a known tenant's
 // or a stranger's key; a claim that ran before and lost its reply answers
 // without it)}.
-var claimScript = newScriptRetryable(nowLua + countLua + `
+var claimScript = newScriptRetryable(nowLua + countLua + loseLua + `
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl', 'reaper')
 local phase, gen, fp = s[1], s[2], s[3]
 local held = s[8] and s[8] ~= ''
@@ -124,17 +124,11 @@ end
 local heldReaped = ''
 if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]) == 0 then
   -- A tool call whose owner died: it may have run, so it is not run again.
-  redis.pcall('XADD', KEYS[3], gen .. '-' .. '` + maxSeq + `', 't', 'lost')
-  -- the XADD may have made the journal (an unmirrored call has none)
-  redis.call('PEXPIRE', KEYS[3], '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
-  redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[6], 'reaper', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], s[9])
-  phase, s[7], heldReaped = 'lost', 'commit_unknown', s[9]
+  heldReaped = lose(KEYS[1], KEYS[3], gen, ARGV[6], ARGV[2], s[9], nil)
+  phase, s[7] = 'lost', 'commit_unknown'
 elseif held and s[10] == ARGV[2] then
-  -- This claim reaped the call before and lost its reply (a retry):
-  -- answer the reap again, with the hold left, so that its caller ends
-  -- the key's count with it.
-  heldReaped = tostring(redis.call('PTTL', KEYS[1]))
+  -- This claim reaped the call before and lost its reply (a retry).
+  heldReaped = reapedAgain(KEYS[1])
 end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
   if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict', heldReaped} end
@@ -626,14 +620,16 @@ return {'ok'}
 // as lost (commit_unknown in docs/design.md, Key states) so that the key is free.
 //
 // KEYS: st, lease, j
-// ARGV: gen, st ttl ms, journal ttl ms, now ms
+// ARGV: gen, st ttl ms, journal ttl ms, now ms, the follower's token
 //
 // Returns {"alive"}, {"asked", owner} (alive, and want was set by this
 // call: the follower signals the owner replica's inbox), {"reaped", utl}
-// (this call ended it; utl: how long a tool call's key is held, ms, or ""), {"done"} (committed: the result holds its events) or
-// {"ended"} (failed or lost, or another generation holds the key).
-var reapScript = newScript(`
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner')
+// (this call ended it; utl: how long a tool call's key is held, ms, or
+// "": the terminal entry says both, for a call whose answer is lost), {"done"}
+// (committed: the result holds its events) or {"ended"} (failed or lost,
+// or another generation holds the key).
+var reapScript = newScript(loseLua + `
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner', 'utl')
 if s[2] ~= ARGV[1] then return {'ended'} end
 if s[1] == 'done' then return {'done'} end
 if s[1] ~= 'live' then return {'ended'} end
@@ -641,14 +637,32 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('HSETNX', KEYS[1], 'want', '1') == 1 then return {'asked', s[3] or ''} end
   return {'alive'}
 end
-redis.pcall('XADD', KEYS[3], ARGV[1] .. '-' .. '` + maxSeq + `', 't', 'lost')
-redis.call('HSET', KEYS[1], 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', ARGV[4])
--- A tool call's unknown outcome holds its key for its own time.
-local utl = redis.call('HGET', KEYS[1], 'utl')
-if utl and utl ~= '' and utl ~= '0' then redis.call('PEXPIRE', KEYS[1], utl) else utl = ''; redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {'reaped', utl}
+return {'reaped', lose(KEYS[1], KEYS[3], ARGV[1], ARGV[4], ARGV[5], s[4], ARGV[2])}
 `)
+
+// loseLua holds lose(st, j, gen, now, reaper, utl, failedTTL), the end of a
+// generation whose owner's lease expired, for reapScript and claimScript:
+// the terminal entry `t=lost` with the reaper's token (by) and the hold
+// (utl), which makes the journal of a generation that mirrored none (it
+// expires after journalTTL); st lost in commit_unknown with the reaper's
+// token; and st's expiry: a tool call's (utl set) holds its key for utl
+// ms, any other's record is kept failedTTL ms. It returns the hold: utl,
+// or "" for none. A reaper whose answer is lost learns it reaped from
+// what it wrote: a follower from the entry it reads next, a claim, sent
+// again, from st (reapedAgain: the ms a tool call's key is still held).
+var loseLua = `
+local function lose(st, j, gen, now, reaper, utl, failedTTL)
+  if not utl or utl == '0' then utl = '' end
+  redis.pcall('XADD', j, gen .. '-' .. '` + maxSeq + `', 't', 'lost', 'by', reaper, 'utl', utl)
+  redis.call('PEXPIRE', j, '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
+  redis.call('HSET', st, 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', now, 'reaper', reaper)
+  redis.call('PEXPIRE', st, utl ~= '' and utl or failedTTL)
+  return utl
+end
+local function reapedAgain(st)
+  return tostring(redis.call('PTTL', st))
+end
+`
 
 // reapAnswer is reapScript's answer.
 type reapAnswer uint8

@@ -877,7 +877,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 	}
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
 	f.share = r.shares.enter(sc.Tenant)
-	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10)}
+	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10), tok: newToken()}
 	f.be = fl
 	r.flights[k.h] = f
 	r.tails.Add(1)

@@ -210,6 +210,44 @@ func TestToolReapedHeld(t *testing.T) {
 			t.Errorf("PTTL of the reaped call's journal: got %d, %v; want 1..%d ms", ttl, err, journalTTL.Milliseconds())
 		}
 	})
+	// A follower's reap whose answer is lost: the terminal entry it reads
+	// next names its token and the hold, so that its replica still counts
+	// the reap and ends the count with the hold.
+	t.Run("follower-reply-lost", func(t *testing.T) {
+		srv := redistest.Start(t)
+		relay := redistest.NewRelay(t, srv.Addr)
+		prefix := redistest.Prefix(t)
+		a := newRedis(t, srv.Addr, prefix, nil)
+		b := newRedis(t, relay.Addr, prefix, nil)
+		sc := Scope{Tenant: "t", Key: "followed-lost"}
+		first, err := a.BeginTool(sc, "fp", tool)
+		if err != nil || first.Decision != Miss {
+			t.Fatalf("first call: %v %v; want miss", first.Decision, err)
+		}
+		j, err := b.BeginTool(sc, "fp", tool)
+		if err != nil || j.Decision != Join {
+			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
+		}
+		lost := relay.LoseReply("$6\r\nreaped\r\n", 0)
+		first.Flight.be.(*owner).shutdown() // the owner's process is gone
+		if st := waitDone(t, j.Flight, 3*testLease+2*time.Second); st != StateCommitUnknown {
+			t.Fatalf("follower: got %v; want commit_unknown", st)
+		}
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no reap's answer was lost")
+		}
+		if n := b.Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if got := tenantScore(t, b, sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+		if n, err := b.UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+	})
 	// A claim that reaps the call and loses its reply is sent again
 	// (rueidis retries the claim): the run that answers finds the call
 	// already reaped, by this claim's own token, and answers the reap
