@@ -295,7 +295,6 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 // (loadAll); a failure is logged, and each script then loads at its first
 // call.
 func (r *Redis) loadScripts() {
-	r.setRenewals.forget() // a Redis new to this replica: its sets' expiries are its own
 	if err := loadAll(r.ctx, r.c, r.cfg.Timeout); err != nil {
 		r.cfg.Logger.Warn("redis: could not load the scripts ahead; each loads at its first call", "err", err.Error())
 	}
