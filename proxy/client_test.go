@@ -22,6 +22,7 @@ import (
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
+	"github.com/valyala/fasthttp"
 )
 
 // TestKeepAliveAfterStream: after a complete streamed answer the client's
@@ -80,38 +81,54 @@ func TestKeepAliveIdleAfterStream(t *testing.T) {
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.IdleTimeout, pc.ReadTimeout = idle, 20*time.Second
 	})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	// The proxy's own server, and another fasthttp server running its
+	// Handler, whose connections the proxy serves on its own after a
+	// stream (takeOver's over).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	br := bufio.NewReader(conn)
-	request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
-	stream := func() {
-		t.Helper()
-		conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-		readWholeStream(t, br)
+	other := &fasthttp.Server{Handler: e.proxy.Handler}
+	go other.Serve(ln)                     //nolint:errcheck // ends with Shutdown
+	t.Cleanup(func() { other.Shutdown() }) //nolint:errcheck // a test
+	addrs := map[string]string{"own": strings.TrimPrefix(e.url, "http://"), "another": ln.Addr().String()}
+	for name, addr := range addrs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			request := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+			stream := func() {
+				t.Helper()
+				conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+				readWholeStream(t, br)
+			}
+			fmt.Fprint(conn, request)
+			stream()
+			// The next request's first bytes within the idle timeout,
+			// its end after it: served.
+			fmt.Fprint(conn, request[:10])
+			time.Sleep(idle + idle/4)
+			fmt.Fprint(conn, request[10:])
+			stream()
+			// Then nothing: the connection closes after the idle timeout.
+			waited := time.Now()
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+			if rest, err := io.ReadAll(br); err != nil || len(rest) > 0 {
+				t.Fatalf("read %q, %v, after %s; want the connection closed", rest, err, time.Since(waited))
+			}
+			// The server's wait began when it wrote the answer's end, a
+			// little before this read it.
+			if took := time.Since(waited); took < idle/2 || took > idle+2*time.Second {
+				t.Errorf("the idle connection closed after %s; want about the idle timeout, %s", took, idle)
+			}
+		})
 	}
-	fmt.Fprint(conn, request)
-	stream()
-	// The next request's first bytes within the idle timeout, its end
-	// after it: served.
-	fmt.Fprint(conn, request[:10])
-	time.Sleep(idle + idle/4)
-	fmt.Fprint(conn, request[10:])
-	stream()
-	// Then nothing: the connection closes after the idle timeout.
-	waited := time.Now()
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-	if rest, err := io.ReadAll(br); err != nil || len(rest) > 0 {
-		t.Fatalf("read %q, %v, after %s; want the connection closed", rest, err, time.Since(waited))
-	}
-	// The server's wait began when it wrote the answer's end, a little
-	// before this read it.
-	if took := time.Since(waited); took < idle/2 || took > idle+2*time.Second {
-		t.Errorf("the idle connection closed after %s; want about the idle timeout, %s", took, idle)
-	}
-	e.wantCalls(2)
+	t.Cleanup(func() { e.wantCalls(2 * int64(len(addrs))) })
 }
 
 // TestKeepAliveAfterSlowBound: a connection handed back after a
