@@ -166,6 +166,36 @@ func TestToolReapedHeld(t *testing.T) {
 		}
 		return rs, sc, b.Flight
 	}
+	// relayed returns a store on a Redis of its own and one on the same
+	// Redis through a relay that can lose a reply, and a tool call begun
+	// on the first.
+	relayed := func(t *testing.T, key string) (a, b *Redis, relay *redistest.Relay, sc Scope, f *Flight) {
+		t.Helper()
+		srv := redistest.Start(t)
+		relay = redistest.NewRelay(t, srv.Addr)
+		prefix := redistest.Prefix(t)
+		a, b = newRedis(t, srv.Addr, prefix, nil), newRedis(t, relay.Addr, prefix, nil)
+		sc = Scope{Tenant: "t", Key: key}
+		begun, err := a.BeginTool(sc, "fp", tool)
+		if err != nil || begun.Decision != Miss {
+			t.Fatalf("first call: %v %v; want miss", begun.Decision, err)
+		}
+		return a, b, relay, sc, begun.Flight
+	}
+	// counted checks that r counted the reap of sc and holds its count
+	// for the tool's UnknownTTL.
+	counted := func(t *testing.T, r *Redis, sc Scope) {
+		t.Helper()
+		if n := r.Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if n, err := r.UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+		if got := tenantScore(t, r, sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+	}
 	t.Run("follower", func(t *testing.T) {
 		rs, sc, f := first(t, "followed")
 		j, err := rs[1].BeginTool(sc, "fp", tool)
@@ -214,22 +244,13 @@ func TestToolReapedHeld(t *testing.T) {
 	// next names its token and the hold, so that its replica still counts
 	// the reap and ends the count with the hold.
 	t.Run("follower-reply-lost", func(t *testing.T) {
-		srv := redistest.Start(t)
-		relay := redistest.NewRelay(t, srv.Addr)
-		prefix := redistest.Prefix(t)
-		a := newRedis(t, srv.Addr, prefix, nil)
-		b := newRedis(t, relay.Addr, prefix, nil)
-		sc := Scope{Tenant: "t", Key: "followed-lost"}
-		first, err := a.BeginTool(sc, "fp", tool)
-		if err != nil || first.Decision != Miss {
-			t.Fatalf("first call: %v %v; want miss", first.Decision, err)
-		}
+		_, b, relay, sc, f := relayed(t, "followed-lost")
 		j, err := b.BeginTool(sc, "fp", tool)
 		if err != nil || j.Decision != Join {
 			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
 		}
 		lost := relay.LoseReply("$6\r\nreaped\r\n", 0)
-		first.Flight.be.(*owner).shutdown() // the owner's process is gone
+		f.be.(*owner).shutdown() // the owner's process is gone
 		if st := waitDone(t, j.Flight, 3*testLease+2*time.Second); st != StateCommitUnknown {
 			t.Fatalf("follower: got %v; want commit_unknown", st)
 		}
@@ -238,32 +259,15 @@ func TestToolReapedHeld(t *testing.T) {
 		default:
 			t.Fatal("no reap's answer was lost")
 		}
-		if n := b.Stats().Reaped; n != 1 {
-			t.Errorf("reaped: got %d; want 1", n)
-		}
-		if got := tenantScore(t, b, sc); !within(got) {
-			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
-		}
-		if n, err := b.UnknownKeys(); err != nil || n != 1 {
-			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
-		}
+		counted(t, b, sc)
 	})
 	// A claim that reaps the call and loses its reply is sent again
 	// (rueidis retries the claim): the run that answers finds the call
 	// already reaped, by this claim's own token, and answers the reap
 	// again, so that its count ends with the hold too.
 	t.Run("claim-reply-lost", func(t *testing.T) {
-		srv := redistest.Start(t)
-		relay := redistest.NewRelay(t, srv.Addr)
-		prefix := redistest.Prefix(t)
-		a := newRedis(t, srv.Addr, prefix, nil)
-		b := newRedis(t, relay.Addr, prefix, nil)
-		sc := Scope{Tenant: "t", Key: "claimed-lost"}
-		first, err := a.BeginTool(sc, "fp", tool)
-		if err != nil || first.Decision != Miss {
-			t.Fatalf("first call: %v %v; want miss", first.Decision, err)
-		}
-		first.Flight.be.(*owner).shutdown() // the owner's process is gone
+		a, b, relay, sc, f := relayed(t, "claimed-lost")
+		f.be.(*owner).shutdown() // the owner's process is gone
 		expireLease(t, a, sc)
 		lost := relay.LoseReply("$7\r\nunknown\r\n", 0)
 		u, err := b.BeginTool(sc, "fp", tool)
@@ -275,15 +279,7 @@ func TestToolReapedHeld(t *testing.T) {
 		if err != nil || u.Decision != Unknown {
 			t.Fatalf("re-issue after the owner died: %v %v; want unknown", u.Decision, err)
 		}
-		if n := b.Stats().Reaped; n != 1 {
-			t.Errorf("reaped: got %d; want 1", n)
-		}
-		if n, err := b.UnknownKeys(); err != nil || n != 1 {
-			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
-		}
-		if got := tenantScore(t, b, sc); !within(got) {
-			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
-		}
+		counted(t, b, sc)
 	})
 }
 
