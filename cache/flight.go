@@ -55,6 +55,9 @@ type Flight struct {
 	reserved int     // bytes accounted with the backend
 	held     int     // of reserved, bytes held for events not yet appended (Hold)
 	subs     []*Sub
+	// followers: of subs, those -max-followers counts (Subscribe's); the
+	// origin's (SubscribeOrigin) is not one of them.
+	followers int
 	ended    bool
 	state    State
 	reason   string
@@ -419,8 +422,9 @@ func (f *Flight) end(state State, reason string) {
 // that joined before the end, a resume of the live flight that subscribes
 // late) reads a journal that refillLocked unpacked from the frames, never
 // the pools' blocks. Nor does a flight no Sub ever followed give them
-// back as it ends: its client's is usually still to come (a stream can
-// end before the request's goroutine subscribes), and reads them raw. A
+// back as it ends: a reader is still to come, and reads them raw (a
+// generation's own client subscribes before it starts, SubscribeOrigin,
+// so only a flight without one is never followed). A
 // flight that failed keeps its blocks for the collector: its late
 // readers have nothing else to read.
 func (f *Flight) freeLocked() {
@@ -475,22 +479,42 @@ func (f *Flight) Events() int {
 // (0 for all). Registration and position are taken under the journal's
 // lock, so the subscriber sees every later event exactly once. It fails
 // with ErrPosition for an event the flight has not journaled, and with
-// ErrTooManyFollowers past -max-followers.
+// ErrTooManyFollowers past -max-followers: the subscribers it counts are
+// Subscribe's, never the origin's (SubscribeOrigin).
 func (f *Flight) Subscribe(after uint64) (*Sub, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if after > uint64(f.j.events()) {
 		return nil, ErrPosition
 	}
-	if f.maxSubs > 0 && len(f.subs) >= f.maxSubs {
+	if f.maxSubs > 0 && f.followers >= f.maxSubs {
 		return nil, ErrTooManyFollowers
 	}
+	s := f.subscribeLocked(after)
+	s.follower = true
+	f.followers++
+	return s, nil
+}
+
+// SubscribeOrigin registers the subscriber of the client whose request
+// made the flight: every event from the first. It is taken before the
+// generation starts, so nothing the flight journals or ends with comes
+// before it, and it is no follower: -max-followers neither counts nor
+// refuses it, so that a request that made a generation always has a
+// place in it, however many joiners come first.
+func (f *Flight) SubscribeOrigin() *Sub {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscribeLocked(0)
+}
+
+func (f *Flight) subscribeLocked(after uint64) *Sub {
 	f.refillLocked()
 	f.followed = true
 	s := &Sub{f: f, next: int(after), held: int(after), c: make(chan struct{}, 1)}
 	s.c <- struct{}{} // there may be a backlog to read at once
 	f.subs = append(f.subs, s)
-	return s, nil
+	return s
 }
 
 // Sub follows one Flight for one client.
@@ -502,6 +526,9 @@ type Sub struct {
 	held   int
 	c      chan struct{}
 	closed bool // guarded by f.mu
+	// follower: counted among the flight's followers (Subscribe); set
+	// before the Sub is handed out.
+	follower bool
 }
 
 // C receives a signal whenever there may be something new to Read.
@@ -575,6 +602,9 @@ func (s *Sub) Close() {
 	s.closed = true
 	for i, x := range f.subs {
 		if x == s {
+			if s.follower {
+				f.followers--
+			}
 			last := len(f.subs) - 1
 			f.subs[i] = f.subs[last]
 			f.subs[last] = nil

@@ -190,8 +190,8 @@ func parseResultBody(t *testing.T, resp *http.Response) result {
 const joinBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
 
 // TestWholeAnswerJoiners: clients that join a non-streaming generation
-// count among its followers (-max-followers, here 3: the request that
-// started it and two joiners): a third joiner gets 503
+// count among its followers (-max-followers, here 2: the request that
+// started it is none of them): a third joiner gets 503
 // capacity_exceeded at once; one that closes its connection while it
 // waits is noticed and gives back its place, which a later joiner takes;
 // those still there get the one answer. One upstream call in all.
@@ -208,7 +208,7 @@ func TestWholeAnswerJoiners(t *testing.T) {
 		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
 	})
 	pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 30 * time.Second}, HeadTimeout: 30 * time.Second}
-	e := newEnvUpstream(t, up.url, nil, pc, cache.Config{Limits: cache.Limits{MaxSubscribers: 3}})
+	e := newEnvUpstream(t, up.url, nil, pc, cache.Config{Limits: cache.Limits{MaxSubscribers: 2}})
 	key := newKey("whole")
 	addr := strings.TrimPrefix(e.url, "http://")
 	send := func() (net.Conn, *bufio.Reader) {

@@ -181,7 +181,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	if replayed && p.tracer != nil {
 		p.traceAnswer(ctx, f, "", f.Trace())
 	}
-	if p.awaits(ctx, f) {
+	if p.awaits(f) {
 		p.await(ctx, f, after, replayed)
 		return
 	}

@@ -130,24 +130,27 @@ func (p *Proxy) saved(u cache.Usage) {
 	}
 }
 
-// awaits reports whether a client of flight f waits for its whole answer
-// (await) rather than for a stream's head: the answer is known not to be
-// a stream, or its head is still to come for a request that did not ask
-// to stream. Such an answer may take the whole -attempt-timeout.
-func (p *Proxy) awaits(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
+// awaits reports whether a client of flight f waits (await) rather than
+// being answered at once: the answer's head is still to come, whether
+// the request asked to stream or not, or the answer is known not to be a
+// stream and its whole body is awaited. A head may take -head-timeout, a
+// whole answer the whole -attempt-timeout: no client waits that long
+// without its place counted, nor after it hung up.
+func (p *Proxy) awaits(f *cache.Flight) bool {
 	h, hasHead, ended := f.HeadEnded()
 	if hasHead || ended {
 		return hasHead && !h.Stream
 	}
-	return ctx.IsPost() && !sse.ParseRequest(ctx.Request.Body()).Stream
+	return true
 }
 
-// await answers a client that joined flight f and waits for its whole
-// answer. It counts among the flight's followers (-max-followers) from
-// its start, and waits on a connection taken over from fasthttp, not on
-// one of its workers; a client that closes its connection while it waits
-// is noticed at once (watchDeparture) and leaves, giving back its place.
-// An answer that turns out to be a stream is followed as serveFlight's.
+// await answers a client that joined flight f and waits for its head or
+// its whole answer. It counts among the flight's followers
+// (-max-followers) from its start, and waits on a connection taken over
+// from fasthttp, not on one of its workers; a client that closes its
+// connection while it waits is noticed at once (watchDeparture) and
+// leaves, giving back its place. An answer that turns out to be a stream
+// is followed as serveFlight's.
 func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
 	sub, ok := p.subscribe(ctx, f, after)
 	if !ok {

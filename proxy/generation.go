@@ -70,9 +70,14 @@ type gen struct {
 	span       *callSpan       // the current call's span
 }
 
+// newGen makes the generation of flight f for the request req, whose
+// client is its origin: that client's place in f (f.SubscribeOrigin, no
+// follower, never refused) is taken here, before the generation can be
+// launched, so that no joiner can come before it, and nothing the
+// generation journals or ends with.
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {
 	g := &gen{p: p, f: f, req: req, stop: make(chan struct{}), start: time.Now()}
-	g.o = &origin{p: p, g: g, f: f}
+	g.o = &origin{p: p, g: g, f: f, sub: f.SubscribeOrigin()}
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}

@@ -254,7 +254,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 			return
 		}
 		p.logTool(ctx, decisionJoin, "join", sc, call, "generation", b.Flight.Gen)
-		p.followTool(ctx, b.Flight, caller, true)
+		p.followTool(ctx, b.Flight, nil, caller, true)
 	case cache.Miss:
 		f := b.Flight
 		if !p.claimSlot(ctx, f) {
@@ -262,12 +262,14 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		}
 		// A JSON answer's whole time is -attempt-timeout's (it comes when
 		// the tool is done); an event stream's silences are bounded instead.
+		// The caller's place in the call (g.o.sub) is taken by newGen,
+		// before the call goes out: no re-issue can take it first.
 		g := p.newGen(f, sse.Request{})
 		g.streamOnHead = true
 		go g.runTool(newTemplate(ctx), call.id)
 		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
 		caller.origin = true
-		p.followTool(ctx, f, caller, false)
+		p.followTool(ctx, f, g.o.sub, caller, false)
 	}
 }
 

@@ -187,11 +187,15 @@ func (p *Proxy) replayTool(ctx *fasthttp.RequestCtx, r *cache.Result, tc *toolCa
 
 // followTool answers a caller of the live tool call f, its origin
 // included: the server's answer as it comes, each message rewritten for
-// the caller. The call goes on whatever becomes of its callers.
-func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, tc *toolCaller, replayed bool) {
-	sub, ok := p.subscribe(ctx, f, 0)
-	if !ok {
-		return
+// the caller. The call goes on whatever becomes of its callers. sub is
+// the origin's place in f, taken before the call went out (newGen); a
+// re-issue, with sub nil, takes one among f's followers (-max-followers).
+func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache.Sub, tc *toolCaller, replayed bool) {
+	if sub == nil {
+		var ok bool
+		if sub, ok = p.subscribe(ctx, f, 0); !ok {
+			return
+		}
 	}
 	p.waitFlight(ctx, f, sub, replayed, func(c *clientConn, h cache.Head) {
 		c.answerHead(tc.head(h))

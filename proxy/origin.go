@@ -30,8 +30,10 @@ type origin struct {
 	// answerRaw) and the heartbeat timer (beat).
 	mu   sync.Mutex
 	mode originMode // moved as originMode says
+	// The origin's place in f, taken by newGen before the generation
+	// starts (cache.Flight.SubscribeOrigin); never written again.
+	sub *cache.Sub
 	// Written by the request's handler (serveOrigin), before the take-over.
-	sub          *cache.Sub
 	method, path string // of the request, for the log of a refusal
 	// Written once, by the take-over (attach).
 	c *clientConn
@@ -101,19 +103,12 @@ func (m originMode) String() string {
 const maxParts = 4
 
 // serveOrigin answers the request that started g: its connection is
-// taken over now, before the upstream answers.
+// taken over now, before the upstream answers. Its place in the flight
+// was taken before the generation started (newGen): nothing can refuse it.
 func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 	o := g.o
-	sub, err := g.f.Subscribe(0)
-	if err != nil {
-		if o.onGone != nil {
-			o.onGone()
-		}
-		p.writeError(ctx, causeMaxFollowers.err(""))
-		return
-	}
 	o.mu.Lock()
-	o.sub, o.method, o.path = sub, string(ctx.Method()), string(ctx.Path())
+	o.method, o.path = string(ctx.Method()), string(ctx.Path())
 	o.mu.Unlock()
 	p.takeOver(ctx, false, o.attach)
 }

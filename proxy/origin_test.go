@@ -244,13 +244,9 @@ func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
 	}
 	f := cache.NewDetached(64 << 20)
 	g := p.newGen(f, sse.Request{Stream: true})
-	o := g.o
-	sub, err := f.Subscribe(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o := g.o // its place in f taken by newGen, as for every generation
 	o.mu.Lock()
-	o.sub, o.method, o.path = sub, "POST", "/v1/chat/completions"
+	o.method, o.path = "POST", "/v1/chat/completions"
 	o.mu.Unlock()
 	p.clients.Add(1) // as takeOver does; the answer's end (clientConn.finish) is Done
 	c := &clientConn{p: p, conn: conn, rc: rc}

@@ -219,6 +219,22 @@ func fetchAwaitingHead(t *testing.T, up *rawUpstream, name string, tune func(*Co
 	return e, key, done
 }
 
+// headRead reports whether a generation of p has its upstream's answer
+// head, and reads its body.
+func headRead(p *Proxy) bool {
+	p.liveMu.Lock()
+	defer p.liveMu.Unlock()
+	for g := range p.live {
+		g.mu.Lock()
+		read := g.resp != nil
+		g.mu.Unlock()
+		if read {
+			return true
+		}
+	}
+	return false
+}
+
 // TestNoRetryAfterTheCall: once the request was written upstream, no
 // answer is a 503 or carries Retry-After, whatever ended it: it is the
 // outcome-unknown answer, and the key ends commit_unknown.
@@ -254,6 +270,28 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		defer cancel()
 		if err := e.proxy.Shutdown(ctx); err == nil {
 			t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
+		}
+		got := <-done
+		unknownAnswer(t, "client", got, 502)
+		e.waitState(key, "", cache.StateCommitUnknown)
+		wantCount(t, "upstream calls", up.calls.Load(), 1)
+	})
+	t.Run("drain that ends between the head and the first event", func(t *testing.T) {
+		t.Parallel()
+		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+			readRequest(c)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
+			u.stall() // the upstream runs it; no event comes
+		})
+		e := retryEnv(t, []string{up.url}, nil)
+		key := newKey("drain-head")
+		done := make(chan result, 1)
+		go func() { done <- e.fetch(req{key: key}) }()
+		waitFor(t, func() bool { return headRead(e.proxy) })
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if err := e.proxy.Shutdown(ctx); err == nil {
+			t.Error("Shutdown with a stream that had no event past the drain: got nil; want the drain's error")
 		}
 		got := <-done
 		unknownAnswer(t, "client", got, 502)

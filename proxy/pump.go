@@ -462,7 +462,15 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 		return c, false
 	}
 	if !begun {
-		f.SetHead(head)
+		// Cut short (a shutdown, -max-stream-duration) after the
+		// upstream answered with a stream's head and before any event
+		// reached a client: the upstream took the request and may be
+		// generating it. As for a cut while the head was awaited (call),
+		// the head is not the clients': they get the outcome-unknown
+		// answer, and the key is left commit_unknown (failState).
+		g.mayRun = true
+		g.fail(c, 0, nil)
+		return c, true
 	}
 	if causes[c].relayEnd {
 		// The provider ended the stream itself, and what it sent was
