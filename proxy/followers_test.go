@@ -47,7 +47,7 @@ func TestOriginHasItsPlace(t *testing.T) {
 // never take it. The tool runs once per key.
 func TestToolOriginHasItsPlace(t *testing.T) {
 	t.Parallel()
-	const keys, dups = 60, 2
+	const keys, dups = 80, 4
 	e := newMCPEnv(t, mcpmock.Config{Stateless: true, JSON: true}, func(pc *Config) {
 		pc.Store = memoryStore(t, cache.Config{Limits: cache.Limits{MaxSubscribers: 1}})
 	})
