@@ -58,10 +58,10 @@ type Flight struct {
 	// followers: of subs, those -max-followers counts (Subscribe's); the
 	// origin's (SubscribeOrigin) is not one of them.
 	followers int
-	ended    bool
-	state    State
-	reason   string
-	body     []byte // non-streaming answer, for joiners
+	ended     bool
+	state     State
+	reason    string
+	body      []byte // non-streaming answer, for joiners
 	// whole: Commit was called, so the answer came whole (a stream's
 	// journal ends with its clean end, a non-streaming body was read
 	// whole). A flight that then ended uncommitted (the store refused the

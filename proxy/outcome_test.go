@@ -281,7 +281,8 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
 			readRequest(c)
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
-			u.stall() // the upstream runs it; no event comes
+			// The upstream runs the request; no event comes.
+			u.stall()
 		})
 		e := retryEnv(t, []string{up.url}, nil)
 		key := newKey("drain-head")

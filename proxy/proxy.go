@@ -227,8 +227,10 @@ const abortGrace = 5 * time.Second
 // Shutdown drains p, within ctx: /readyz answers 503 (Drain), the server
 // stops accepting and ends idle connections, and open streams run to
 // their end. When ctx ends first, every live generation is cut short
-// (Abort: its clients get stream_aborted, its key is left
-// failed_retryable) and Shutdown waits up to abortGrace more for their
+// (Abort: the clients of a stream that had its first event get
+// stream_aborted, its key is left failed_retryable; a call cut before
+// its first event gets the outcome-unknown answer, commit_unknown) and
+// Shutdown waits up to abortGrace more for their
 // connections to close. It returns nil after a whole drain, ctx's error
 // when streams were aborted.
 func (p *Proxy) Shutdown(ctx context.Context) error {
@@ -261,7 +263,8 @@ func (p *Proxy) liveCount() int {
 }
 
 // Abort cuts every live generation short: it ends uncommitted, and its
-// clients get stream_aborted. Used when a drain's time is up; Wait then
+// clients get stream_aborted, or the outcome-unknown answer when no
+// event had come (conclude, callFailed). Used when a drain's time is up; Wait then
 // waits for the streams to close.
 func (p *Proxy) Abort() {
 	p.abortOnce.Do(func() { close(p.done) })

@@ -139,7 +139,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.maxStrangers, "max-stranger-keys", 0, "unexpired keys of strangers together: credentials none of whose keys has completed (a minted or refused credential is one); above it their new keys get 503 capacity_exceeded, while a credential with a completed key still gets the rest of -max-keys (0: half of -max-keys)")
 	fs.Int64Var(&o.maxLiveTenant, "max-live-bytes-per-tenant", 0, "one credential's share of -max-live-bytes: past it, its new keyed requests get 503 capacity_exceeded while less than two shares are free, and its streams that grow are aborted while less than one is, so that another credential's stream within its share is never cut; a deployment with one credential sets it to -max-live-bytes (0: a quarter of -max-live-bytes)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
-	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live stream")
+	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live generation besides the request that started it")
 	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
 	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")
