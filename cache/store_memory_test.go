@@ -361,6 +361,30 @@ func TestBounds(t *testing.T) {
 			t.Errorf("Subscribe after a Close: got %v; want none", err)
 		}
 	})
+
+	t.Run("OriginNotCounted", func(t *testing.T) {
+		m := newMemory(t, Config{Limits: Limits{MaxSubscribers: 1}})
+		f := claim(t, m, sc("a"), "fp")
+		origin := f.SubscribeOrigin()
+		s1, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatalf("a follower beside the origin within -max-followers 1: got %v; want none", err)
+		}
+		if _, err := f.Subscribe(0); !errors.Is(err, ErrTooManyFollowers) {
+			t.Fatalf("a second follower: got %v; want ErrTooManyFollowers", err)
+		}
+		// Past the bound, the origin still has its place: it is no follower.
+		again := f.SubscribeOrigin()
+		again.Close()
+		origin.Close() // gives back no follower's place
+		if _, err := f.Subscribe(0); !errors.Is(err, ErrTooManyFollowers) {
+			t.Fatalf("a second follower once the origin left: got %v; want ErrTooManyFollowers", err)
+		}
+		s1.Close()
+		if _, err := f.Subscribe(0); err != nil {
+			t.Errorf("a follower once the other left: got %v; want none", err)
+		}
+	})
 }
 
 func TestBodyStoreDrop(t *testing.T) {
