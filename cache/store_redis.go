@@ -451,7 +451,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		keys = r.finishKeys(sc, k, true) // the same keys
 		// A tenant past its share of the live journals gets no new key;
 		// its hits and joins are answered as usual.
-		if admitErr = r.shares.admit(sc.Tenant); admitErr != nil {
+		if admitErr = r.shares.admit(sc.accounts()); admitErr != nil {
 			ask = "2"
 		}
 	}
@@ -502,7 +502,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			if admitErr != nil {
 				return Begun{}, admitErr
 			}
-			if err := r.shares.admit(sc.Tenant); err != nil {
+			if err := r.shares.admit(sc.accounts()); err != nil {
 				return Begun{}, err
 			}
 			if err := r.countKey(sc, k, false); err != nil {
@@ -730,7 +730,7 @@ func (r *Redis) catchUp(f *Flight, seq uint64) error {
 // ErrNotFound means Redis no longer holds it (or holds another
 // generation's).
 func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
-	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope == sc {
+	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope.same(sc) {
 		return res, nil
 	}
 	ctx, cancel := r.opCtx()
@@ -767,7 +767,7 @@ func (r *Redis) keep(k rkeys, res *Result) {
 // fresh is the claim's (claimAnswer.fresh), for the finish.
 func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string) *Flight {
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.Tenant)
+	f.share = r.shares.enter(sc.accounts())
 	o := newOwner(r, f, k, tok, claimed)
 	o.fresh = fresh
 	f.be = o
@@ -875,7 +875,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 		}
 	}
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.Tenant)
+	f.share = r.shares.enter(sc.accounts())
 	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10), tok: newToken()}
 	f.be = fl
 	r.flights[k.h] = f
