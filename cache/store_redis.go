@@ -447,11 +447,16 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	shared := r.sharedKeys()
 	keys := k.all
 	var admitErr error
+	// moreCounted: the key is counted in the sets of the scope's accounts
+	// after its first (countMore); a claim that a bound then refuses takes
+	// it out of them.
+	moreCounted := len(more(sc)) == 0
+	countedMore := false // by this claim, against the bound
 	if shared {
 		keys = r.finishKeys(sc, k, true) // the same keys
 		// A tenant past its share of the live journals gets no new key;
 		// its hits and joins are answered as usual.
-		if admitErr = r.shares.admit(sc.accounts()); admitErr != nil {
+		if admitErr = r.shares.admit(sc.accounts()); admitErr != nil || !moreCounted {
 			ask = "2"
 		}
 	}
@@ -505,12 +510,24 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			if err := r.shares.admit(sc.accounts()); err != nil {
 				return Begun{}, err
 			}
+			if !moreCounted {
+				if err := r.countMore(sc, k, false); err != nil {
+					return Begun{}, err
+				}
+				moreCounted, countedMore = true, true
+			}
+			if shared {
+				ask = "1" // the claim counts the rest
+				continue
+			}
 			if err := r.countKey(sc, k, false); err != nil {
+				r.uncountMore(more(sc), k)
 				return Begun{}, err
 			}
 			ask = "0"
 			continue
 		case claimFull:
+			r.uncountMore(more(sc), k)
 			return Begun{}, r.fullErr(a.full)
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
@@ -547,6 +564,13 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
 				r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+			}
+		}
+		if len(more(sc)) > 0 && !countedMore {
+			// A key the ledger held starts again: it counts as live in
+			// every account.
+			if err := r.countMore(sc, k, true); err != nil {
+				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 			}
 		}
 		if a.reaped {
