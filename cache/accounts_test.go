@@ -16,7 +16,14 @@ import (
 // account is not refused; a known key of the full account is decided as
 // usual; forgetting a key gives its place back in every account.
 func TestAccountBounds(t *testing.T) {
-	bothStores(t, 100, Limits{MaxKeysPerTenant: 2, MaxStrangerKeys: 100}, func(t *testing.T, s ledger) {
+	bothStores(t, 100, accountLimits, accountBounds)
+}
+
+// accountLimits are the bounds of accountBounds.
+var accountLimits = Limits{MaxKeysPerTenant: 2, MaxStrangerKeys: 100}
+
+func accountBounds(t *testing.T, s ledger) {
+	{
 		full := func(sc Scope) {
 			t.Helper()
 			if _, err := s.Begin(sc, "fp"); !errors.Is(err, ErrTenantFull) {
@@ -48,7 +55,7 @@ func TestAccountBounds(t *testing.T) {
 		if m, ok := s.(*Memory); ok {
 			checkLedger(t, m)
 		}
-	})
+	}
 }
 
 // TestRedisAccountEnds: with Redis, a key's end sets its expiry in the
