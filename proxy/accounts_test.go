@@ -3,12 +3,16 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -198,5 +202,58 @@ func TestLiveBytesPerCredential(t *testing.T) {
 				wantCount(t, "upstream calls of the victim's stream and its repeat", up.calls.Load()-calls, 1)
 			})
 		}
+	}
+}
+
+// TestToolHoldsPerCredential: tool calls held commit_unknown (each holds
+// its key for -mcp-unknown-ttl) count against the credential the
+// upstream bills: a client that varies a credential beside it holds at
+// most -max-keys-per-tenant of them, its next calls are refused with 503
+// capacity_exceeded and never sent, and another customer's call is sent.
+// With the memory store and with Redis.
+func TestToolHoldsPerCredential(t *testing.T) {
+	t.Parallel()
+	const perTenant, tries = 3, 8
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Ssegate-Outcome", "unknown")
+				fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"error":{"code":%d,"message":"the outcome is unknown"}}`, UnknownCode)
+			}))
+			t.Cleanup(up.Close)
+			cc := cache.Config{MaxKeys: 40, Limits: cache.Limits{MaxKeysPerTenant: perTenant}}
+			pc := Config{MCPPaths: []string{mcpmock.Path}}
+			accountsStores(t, store, &pc, cc)
+			e := &mcpEnv{env: newEnvUpstream(t, up.URL, nil, pc, cc)}
+			held, refused := 0, 0
+			for i := range tries {
+				key := newKey("tool-attacker")
+				resp := e.post(callBody(i+1, "write", map[string]any{"target": key}, nil),
+					"Idempotency-Key", key, "Authorization", "Bearer sk-attacker", "x-goog-api-key", fmt.Sprintf("minted-%d", i))
+				raw, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(raw), "capacity_exceeded") {
+					refused++
+					continue
+				}
+				wantUnknown(t, readRPC(t, resp, raw), i+1)
+				held++
+			}
+			if held != perTenant || refused != tries-perTenant {
+				t.Errorf("attacker varying x-goog-api-key: %d calls held commit_unknown, %d refused; want %d held (-max-keys-per-tenant), %d refused",
+					held, refused, perTenant, tries-perTenant)
+			}
+			wantCount(t, "calls to the server", calls.Load(), int64(held))
+			key := newKey("tool-victim")
+			wantUnknown(t, e.call(callBody(1, "write", map[string]any{"target": key}, nil), "Idempotency-Key", key, "Authorization", "Bearer sk-victim"), 1)
+			wantCount(t, "calls to the server with the victim's", calls.Load(), int64(held)+1)
+		})
 	}
 }
