@@ -26,12 +26,13 @@ func TestLedgerExpiry(t *testing.T) {
 	}
 	clk := newClock()
 	m := newMemory(t, Config{MaxKeys: maxKeys, TTL: ttl, FailedTTL: failedTTL, Now: clk.Now, Limits: Limits{MaxKeysPerTenant: quota, MaxStrangerKeys: maxKeys}})
-	model := map[Scope]*mkey{}
+	type skey struct{ Tenant, Key string } // a Scope, which is no map key
+	model := map[skey]*mkey{}
 	known := func(k *mkey) bool { return k != nil && (k.f != nil || !clk.Now().After(k.expires)) }
 	rng := rand.New(rand.NewPCG(1, 2))
 	for step := range 5000 {
 		sc := Scope{Tenant: "t" + strconv.Itoa(rng.IntN(4)), Key: strconv.Itoa(rng.IntN(8))}
-		k := model[sc]
+		k := model[skey{sc.Tenant, sc.Key}]
 		switch op := rng.IntN(10); {
 		case op < 5: // Begin
 			var want Decision
@@ -76,7 +77,7 @@ func TestLedgerExpiry(t *testing.T) {
 				t.Fatalf("step %d: Begin(%v): got %v; want %v", step, sc, b.Decision, want)
 			}
 			if b.Decision == Miss {
-				model[sc] = &mkey{f: b.Flight}
+				model[skey{sc.Tenant, sc.Key}] = &mkey{f: b.Flight}
 			}
 		case op < 8: // end a live generation
 			if k == nil || k.f == nil {
@@ -105,7 +106,7 @@ func TestLedgerExpiry(t *testing.T) {
 			}
 		}
 		for s, k := range model {
-			if _, ok := m.Info(s); ok != known(k) {
+			if _, ok := m.Info(Scope{Tenant: s.Tenant, Key: s.Key}); ok != known(k) {
 				t.Fatalf("step %d: Info(%v) found: got %v; want %v", step, s, ok, known(k))
 			}
 		}
@@ -120,14 +121,20 @@ func checkLedger(t *testing.T, m *Memory) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ended := 0
-	perTenant := map[*tenantKeys][2]int{} // keys, ended keys
+	perTenant := map[*tenantKeys][3]int{} // keys, ended keys it keeps, keys it is the first account of
 	states := map[State]int64{}
 	for id, e := range m.keys {
 		if e.id != id || m.tenants[e.tenant.name] != e.tenant {
 			t.Fatalf("entry %q: got id %q, tenant %p; want its own id and tenant", id, e.id, e.tenant)
 		}
+		for _, t := range e.more {
+			c := perTenant[t]
+			c[0]++
+			perTenant[t] = c
+		}
 		c := perTenant[e.tenant]
 		c[0]++
+		c[2]++
 		states[e.state]++
 		if e.state.Live() {
 			if e.at != [2]int32{-1, -1} {
@@ -151,8 +158,8 @@ func checkLedger(t *testing.T, m *Memory) {
 	heaps := []*expiries{&m.exp}
 	for name, tk := range m.tenants {
 		c := perTenant[tk]
-		if tk.n != c[0] || tk.n == 0 || tk.exp.len() != c[1] {
-			t.Fatalf("tenant %q: got %d keys, %d expiries; want %d > 0, %d", name, tk.n, tk.exp.len(), c[0], c[1])
+		if tk.n != c[0] || tk.n == 0 || tk.exp.len() != c[1] || tk.own != c[2] {
+			t.Fatalf("tenant %q: got %d keys, %d expiries, %d its own; want %d > 0, %d, %d", name, tk.n, tk.exp.len(), tk.own, c[0], c[1], c[2])
 		}
 		heaps = append(heaps, &tk.exp)
 	}

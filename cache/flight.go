@@ -42,8 +42,8 @@ type Flight struct {
 	maxBytes  int
 	maxSubs   int
 	started   time.Time
-	seal      *sealPolicy // nil: the journal never seals (a detached one drops instead)
-	share     *tenantLive // its tenant's live bytes (liveShares), or nil
+	seal      *sealPolicy   // nil: the journal never seals (a detached one drops instead)
+	share     []*tenantLive // its accounts' live bytes (liveShares), or nil
 	headReady chan struct{}
 	done      chan struct{}
 	trace     atomic.Pointer[string] // the traceparent of the generation's request (SetTrace)

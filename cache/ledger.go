@@ -4,12 +4,44 @@ import "time"
 
 // Scope names one idempotency key of one tenant. Tenant is a hash of the
 // caller's credential, never the credential itself.
+//
+// Accounts are what the key is counted against, by every per-tenant
+// bound (Limits: keys, live bytes, tool calls held): a hash of each
+// secret credential the request carries, alone, whatever header carries
+// it, so that a client cannot escape a bound by adding, varying or
+// omitting credentials the upstream ignores. Empty: the tenant is the one
+// account (a request with no secret credential, and the scopes a store's
+// own callers make). Accounts never name a key: two scopes with the same
+// Tenant and Key are one key whatever their Accounts (Scope.same).
 type Scope struct {
-	Tenant string
-	Key    string
+	Tenant   string
+	Key      string
+	Accounts []string
 }
 
 func (s Scope) id() string { return s.Tenant + "\x00" + s.Key }
+
+// same reports whether s and o name the same key.
+func (s Scope) same(o Scope) bool { return s.Tenant == o.Tenant && s.Key == o.Key }
+
+// accounts returns the names of the accounts s's key is counted against:
+// Accounts, or the tenant alone.
+func (s Scope) accounts() []string {
+	if len(s.Accounts) == 0 {
+		return []string{s.Tenant}
+	}
+	return s.Accounts
+}
+
+// account returns the first of s's accounts, the one whose keys are kept
+// by expiry (Memory) and whose commit makes it known
+// (Limits.MaxStrangerKeys).
+func (s Scope) account() string {
+	if len(s.Accounts) == 0 {
+		return s.Tenant
+	}
+	return s.Accounts[0]
+}
 
 // State is a key's place in its lifecycle, as docs/design.md, Key states, names it.
 type State string

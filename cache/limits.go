@@ -117,8 +117,11 @@ func (p *sealPolicy) wants(size int, started time.Time) bool {
 }
 
 // liveShares accounts the bytes of a store's live journals, all together
-// and per tenant, against Limits.MaxLiveBytes and each tenant's share of
-// it (MaxLiveBytesPerTenant, which says the rule).
+// and per account, against Limits.MaxLiveBytes and each account's share
+// of it (MaxLiveBytesPerTenant, which says the rule). A flight's bytes
+// count against every account of its scope (Scope.accounts): a tenant
+// that adds or varies credentials still holds its real credential's
+// bytes, and is held to its share.
 type liveShares struct {
 	max, share int64
 	total      atomic.Int64
@@ -127,35 +130,41 @@ type liveShares struct {
 	tenants map[string]*tenantLive
 }
 
-// tenantLive is one tenant's live journal bytes. A flight holds its
-// tenant's from its start to its end (enter, release).
+// tenantLive is one account's live journal bytes. A flight holds its
+// accounts' from its start to its end (enter, release).
 type tenantLive struct {
 	name    string
 	n       atomic.Int64
-	flights int // live flights of the tenant; guarded by liveShares.mu
+	flights int // live flights of the account; guarded by liveShares.mu
 }
 
 func newLiveShares(l Limits) *liveShares {
 	return &liveShares{max: l.MaxLiveBytes, share: l.MaxLiveBytesPerTenant, tenants: make(map[string]*tenantLive)}
 }
 
-// admit reports whether a new generation of tenant may begin: not while
-// the live journals are full, nor while tenant holds more than its share
-// and less than two shares are free (its streams would soon be stopped,
-// so its call is refused before it goes out rather than paid and cut).
-func (l *liveShares) admit(tenant string) error {
+// admit reports whether a new generation of a scope with accounts may
+// begin: not while the live journals are full, nor while one of its
+// accounts holds more than its share and less than two shares are free
+// (its streams would soon be stopped, so its call is refused before it
+// goes out rather than paid and cut).
+func (l *liveShares) admit(accounts []string) error {
 	if err := l.full(); err != nil {
 		return err
 	}
 	total := l.total.Load()
-	l.mu.Lock()
-	t := l.tenants[tenant]
-	l.mu.Unlock()
-	if t == nil {
+	if total < l.max-2*l.share {
 		return nil
 	}
-	if mine := t.n.Load(); mine >= l.share && total >= l.max-2*l.share {
-		return fmt.Errorf("this tenant's live journals hold %d bytes, past its -max-live-bytes-per-tenant share of %d, and less than two shares of -max-live-bytes are free: %w", mine, l.share, ErrStoreFull)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range accounts {
+		t := l.tenants[a]
+		if t == nil {
+			continue
+		}
+		if mine := t.n.Load(); mine >= l.share {
+			return fmt.Errorf("this credential's live journals hold %d bytes, past its -max-live-bytes-per-tenant share of %d, and less than two shares of -max-live-bytes are free: %w", mine, l.share, ErrStoreFull)
+		}
 	}
 	return nil
 }
@@ -168,56 +177,64 @@ func (l *liveShares) full() error {
 	return nil
 }
 
-// enter returns tenant's account for a flight that begins; the flight's
-// release (leave) ends its hold on it.
-func (l *liveShares) enter(tenant string) *tenantLive {
+// enter returns the accounts' holds for a flight that begins; the
+// flight's release (leave) ends them.
+func (l *liveShares) enter(accounts []string) []*tenantLive {
+	ts := make([]*tenantLive, len(accounts))
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.tenants[tenant]
-	if t == nil {
-		t = &tenantLive{name: tenant}
-		l.tenants[tenant] = t
+	for i, a := range accounts {
+		t := l.tenants[a]
+		if t == nil {
+			t = &tenantLive{name: a}
+			l.tenants[a] = t
+		}
+		t.flights++
+		ts[i] = t
 	}
-	t.flights++
-	return t
+	return ts
 }
 
-// reserve accounts n more bytes of a flight of t: refused when they would
-// pass MaxLiveBytes, or, for a tenant past its share, leave less than one
-// share free.
-func (l *liveShares) reserve(t *tenantLive, n int) error {
+// reserve accounts n more bytes of a flight of ts: refused when they
+// would pass MaxLiveBytes, or, when one of its accounts is past its
+// share, leave less than one share free.
+func (l *liveShares) reserve(ts []*tenantLive, n int) error {
 	total := l.total.Add(int64(n))
 	bound := l.max
 	var mine int64
-	if t != nil {
-		mine = t.n.Add(int64(n))
-		if mine > l.share {
+	for _, t := range ts {
+		if m := t.n.Add(int64(n)); m > l.share {
 			bound = l.max - l.share
+			mine = max(mine, m)
 		}
 	}
 	if total <= bound {
 		return nil
 	}
 	l.total.Add(-int64(n))
-	if t != nil {
+	for _, t := range ts {
 		t.n.Add(-int64(n))
 	}
 	if bound < l.max {
-		return fmt.Errorf("this tenant's live journals would hold %d bytes, past its -max-live-bytes-per-tenant share of %d, with less than one share of -max-live-bytes free: %w", mine, l.share, ErrStoreFull)
+		return fmt.Errorf("this credential's live journals would hold %d bytes, past its -max-live-bytes-per-tenant share of %d, with less than one share of -max-live-bytes free: %w", mine, l.share, ErrStoreFull)
 	}
 	return fmt.Errorf("live journals would exceed %d bytes: %w", l.max, ErrStoreFull)
 }
 
-// leave returns the n bytes a flight of t still held, as it ends.
-func (l *liveShares) leave(t *tenantLive, n int) {
+// leave returns the n bytes a flight of ts still held, as it ends.
+func (l *liveShares) leave(ts []*tenantLive, n int) {
 	l.total.Add(-int64(n))
-	if t == nil {
+	if len(ts) == 0 {
 		return
 	}
-	t.n.Add(-int64(n))
+	for _, t := range ts {
+		t.n.Add(-int64(n))
+	}
 	l.mu.Lock()
-	if t.flights--; t.flights == 0 {
-		delete(l.tenants, t.name)
+	for _, t := range ts {
+		if t.flights--; t.flights == 0 {
+			delete(l.tenants, t.name)
+		}
 	}
 	l.mu.Unlock()
 }

@@ -96,8 +96,9 @@ func TestRedisClusterSeedDownAtStart(t *testing.T) {
 // TestRedisClusterBounds: on a Redis Cluster, where a key's count is in
 // other slots than its records and is kept by scripts of its own rather
 // than inside the claim and the finish, the bounds hold as on a
-// standalone Redis: per tenant, on strangers' keys, on all keys, and a
-// denied key leaves them at once.
+// standalone Redis: per tenant, on strangers' keys, on all keys, per
+// account (each account's set in a slot of its own), and a denied key
+// leaves them at once.
 func TestRedisClusterBounds(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	store := func(prefix string, mod func(*RedisConfig)) *Redis {
@@ -116,6 +117,9 @@ func TestRedisClusterBounds(t *testing.T) {
 	})
 	t.Run("denied", func(t *testing.T) {
 		deniedKeyForgotten(t, store("denied", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 2, deniedLimits }))
+	})
+	t.Run("accounts", func(t *testing.T) {
+		accountBounds(t, store("accounts", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 100, accountLimits }))
 	})
 	if r := store("mode", nil); r.sharedKeys() {
 		t.Fatal("a cluster client's store: sharedKeys got true; want false")

@@ -311,8 +311,10 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
-		if !out.counted {
-			o.r.keyCommitted(f.Scope, o.k, f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL))
+		if keep := f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL); !out.counted {
+			o.r.keyCommitted(f.Scope, o.k, keep)
+		} else {
+			o.r.moreEnded(f.Scope, o.k, keep) // the finish ended the rest
 		}
 		return true
 	}
@@ -373,6 +375,8 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		if err == nil {
 			if a.written() && !shared { // shared: the script ended the count
 				o.r.keyEnded(f.Scope, o.k, state, ttl)
+			} else if a.written() {
+				o.r.moreEnded(f.Scope, o.k, ttl) // but for the accounts after the first
 			}
 			return
 		}

@@ -61,11 +61,101 @@ import (
 // the expired are removed as another is added, and a scrape only counts
 // the unexpired (UnknownKeys).
 
-// tenantKey names the set of the keys of sc's tenant. The tenant, itself
-// a hash of a credential, is hashed again so that the set's name does not
-// repeat what the ledger's records are named by.
-func (r *Redis) tenantKey(sc Scope) string {
-	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+sc.Tenant) + "}"
+// tenantKey names the set of the keys of sc's first account
+// (Scope.account: the tenant, for a scope without Accounts).
+func (r *Redis) tenantKey(sc Scope) string { return r.accountKey(sc.account()) }
+
+// accountKey names the set of the keys of an account: the one set of the
+// account whether it is a scope's first or comes after it, each in its
+// own slot. The account, itself a hash, is hashed again so that the
+// set's name does not repeat what the ledger's records are named by.
+func (r *Redis) accountKey(account string) string {
+	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+account) + "}"
+}
+
+// A scope's accounts after its first (Scope.Accounts: a request that
+// carries more than one credential value) are counted in their sets
+// apart from the claim, a script each, since each set is in a slot of its
+// own: a new key is counted in them, against MaxKeysPerTenant, before
+// the claim counts it against its first account and the whole (on a
+// Cluster, before countKey), and taken out of them again when a bound
+// refuses it there. Each count checks and adds atomically, so no set
+// passes its bound; a concurrent claim of the same key refused by a
+// bound can take out a member another claim of it counted, and the
+// claim that took the key counts it again, unbounded, as live
+// (countMore). Every end of the key's count ends it in them too
+// (keyEnd; moreEnded after a finish that ended the rest): a key whose end
+// goes unreported counts, there as in its first account's set, until
+// its live score passes.
+
+// more returns sc's accounts after its first.
+func more(sc Scope) []string {
+	if len(sc.Accounts) < 2 {
+		return nil
+	}
+	return sc.Accounts[1:]
+}
+
+// countMore counts sc's key as live in the sets of its accounts after
+// its first, against MaxKeysPerTenant unless unbounded. When one refuses
+// it, it is taken out of those that took it, and countMore returns
+// ErrTenantFull (wrapped).
+func (r *Redis) countMore(sc Scope, k rkeys, unbounded bool) error {
+	bound := strconv.Itoa(r.cfg.MaxKeysPerTenant)
+	if unbounded {
+		bound = "-1"
+	}
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	accounts := more(sc)
+	for i, a := range accounts {
+		set := r.accountKey(a)
+		n, err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{
+			k.h, bound, ms(r.cfg.LiveTTL), r.setTTL(),
+		}).AsInt64()
+		if err == nil && n != 0 {
+			continue
+		}
+		if !unbounded {
+			r.uncountMore(accounts[:i], k)
+		}
+		if err != nil {
+			return r.unavailableErr("account keys", err)
+		}
+		return r.fullErr(0)
+	}
+	return nil
+}
+
+// uncountMore takes k's key out of the sets of accounts: a bound refused
+// it after they had counted it.
+func (r *Redis) uncountMore(accounts []string, k rkeys) {
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	for _, a := range accounts {
+		if err := r.c.Do(ctx, r.c.B().Zrem().Key(r.accountKey(a)).Member(k.h).Build()).Error(); err != nil {
+			r.unavailable.Add(1)
+		}
+	}
+}
+
+// moreEnded ends sc's key's count in the sets of its accounts after its
+// first (keyEndScript), its records expiring in ttl (0: at once): what a
+// finish that ended the rest of the count in its own script leaves.
+func (r *Redis) moreEnded(sc Scope, k rkeys, ttl time.Duration) {
+	accounts := more(sc)
+	if len(accounts) == 0 {
+		return
+	}
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	for _, a := range accounts {
+		set := r.accountKey(a)
+		err := keyEndScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, ms(ttl), r.setTTL(), "0"}).Error()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			r.unavailable.Add(1)
+		}
+	}
 }
 
 // setTTL is the expiry of a tenant's set, renewed by the writes that count
@@ -245,6 +335,8 @@ func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool
 			r.unavailable.Add(1)
 		}
 	}
+	cancel()
+	r.moreEnded(sc, k, ttl)
 }
 
 // endArgs are the arguments of the count's end (keyEnd, globalEnd) as

@@ -118,17 +118,25 @@ type entry struct {
 
 	id     string      // its key in Memory.keys
 	alias  string      // its key in Memory.aliases, or "" (alias.go)
-	tenant *tenantKeys // its tenant's part of the ledger
+	tenant *tenantKeys // its first account's part of the ledger (Scope.account)
+	// more are its other accounts' parts (Scope.Accounts), which count it
+	// but do not keep it by expiry: at a bound they make room from the
+	// ledger's expiries.
+	more []*tenantKeys
 	// at is its place in the ledger's expiries and in its tenant's, or
 	// -1 where it is in neither (while live).
 	at [2]int32
 }
 
-// tenantKeys is what the ledger holds of one tenant, to bound its keys.
+// tenantKeys is what the ledger holds of one account (Scope.Accounts; a
+// tenant with no secret credential is its own), to bound its keys.
 type tenantKeys struct {
 	name string
-	n    int      // its keys in the ledger, expired ones not yet deleted included
-	exp  expiries // those of them that ended, by expiry
+	n    int // its keys in the ledger, expired ones not yet deleted included
+	// own: those of them whose first account it is (entry.tenant), which
+	// its known decides the strangers' count of.
+	own int
+	exp expiries // those of own that ended, by expiry
 	// known: a key of the tenant committed while the ledger held one of
 	// its keys (Limits.MaxStrangerKeys). Until then its keys count
 	// among the strangers'.
@@ -265,10 +273,10 @@ func (b *blob) cost() int64 { return int64(len(b.z)) + 128 }
 // the one of generation gen.
 func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 	b, ok := m.bodies.Get(id)
-	if !ok || b.gen != gen || b.sc != sc {
+	if !ok || b.gen != gen || !b.sc.same(sc) {
 		return nil, false
 	}
-	if r, ok := m.hot.Get(id); ok && r.Gen == gen && r.Scope == sc {
+	if r, ok := m.hot.Get(id); ok && r.Gen == gen && r.Scope.same(sc) {
 		return r, true
 	}
 	r, err := m.codec.decode(b.z, sc)
@@ -345,7 +353,7 @@ func (m *Memory) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b Begun, hit uint64, err error) {
 	now := m.cfg.Now()
 	m.mu.RLock()
-	b, hit, decided, err := m.peekLocked(id, sc.Tenant, fp, gone, now, t)
+	b, hit, decided, err := m.peekLocked(id, sc, fp, gone, now, t)
 	m.mu.RUnlock()
 	if decided {
 		return b, hit, err
@@ -382,11 +390,11 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 		}
 	}
 	if e == nil {
-		if err := m.roomLocked(sc.Tenant, now); err != nil {
+		if err := m.roomLocked(sc, now); err != nil {
 			return Begun{}, 0, err
 		}
 	}
-	if err := m.shares.admit(sc.Tenant); err != nil {
+	if err := m.shares.admit(sc.accounts()); err != nil {
 		return Begun{}, 0, err
 	}
 	var prev uint64
@@ -394,7 +402,7 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 		prev = e.gen
 	}
 	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
-	f.share = m.shares.enter(sc.Tenant)
+	f.share = m.shares.enter(sc.accounts())
 	// Its readers are all Subs of this process, so its blocks can go back
 	// to the pools (Flight.freeLocked).
 	f.j.pooled = true
@@ -405,7 +413,7 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 	if t != nil {
 		f.tool, ne.tool = t, t.Name
 	}
-	m.putLocked(sc.Tenant, e, ne)
+	m.putLocked(sc, e, ne)
 	m.flights++
 	return Begun{Decision: Miss, Flight: f, Regenerated: regenerated}, 0, nil
 }
@@ -415,7 +423,7 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 // that no expired key could make room under. decided is false when the
 // decision must be taken under the write lock (a claim, an expired
 // entry to delete).
-func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time, t *Tool) (b Begun, hit uint64, decided bool, err error) {
+func (m *Memory) peekLocked(id string, sc Scope, fp string, gone uint64, now time.Time, t *Tool) (b Begun, hit uint64, decided bool, err error) {
 	e := m.keys[id]
 	switch {
 	case e != nil && heldUnknown(e.state, e.tool) && !now.After(e.expires):
@@ -424,9 +432,14 @@ func (m *Memory) peekLocked(id, tenant, fp string, gone uint64, now time.Time, t
 		}
 		return Begun{Decision: Unknown}, 0, true, nil
 	case e == nil:
-		t := m.tenants[tenant]
-		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) {
+		t := m.tenants[sc.account()]
+		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) && (t.n == t.own || !expiredTop(&m.exp, now)) {
 			return Begun{}, 0, true, tenantFull(t.n)
+		}
+		if len(sc.Accounts) > 1 && !expiredTop(&m.exp, now) {
+			if n := m.fullerLocked(sc); n >= 0 {
+				return Begun{}, 0, true, tenantFull(n)
+			}
 		}
 		if len(m.keys) >= m.cfg.MaxKeys && !expiredTop(&m.exp, now) {
 			return Begun{}, 0, true, storeFull(len(m.keys))
@@ -456,7 +469,18 @@ func expiredTop(h *expiries, now time.Time) bool {
 }
 
 func tenantFull(n int) error {
-	return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", n, ErrTenantFull)
+	return fmt.Errorf("this credential holds %d keys, the -max-keys-per-tenant bound: %w", n, ErrTenantFull)
+}
+
+// fullerLocked returns the keys of the first of sc's accounts after its
+// first that holds MaxKeysPerTenant of them, or -1 when none does.
+func (m *Memory) fullerLocked(sc Scope) int {
+	for _, a := range sc.Accounts[1:] {
+		if t := m.tenants[a]; t != nil && t.n >= m.cfg.MaxKeysPerTenant {
+			return t.n
+		}
+	}
+	return -1
 }
 
 func storeFull(n int) error {
@@ -467,14 +491,22 @@ func strangersFull(n int) error {
 	return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", n, ErrStoreFull)
 }
 
-// roomLocked makes room for a new key of tenant, or says which bound
+// roomLocked makes room for a new key of sc, or says which bound
 // refuses it. Expired keys do not count against either bound: at one, it
 // deletes those that expired first, a few at a time, so that a new key
-// costs O(log n) whatever the size of the ledger.
-func (m *Memory) roomLocked(tenant string, now time.Time) error {
+// costs O(log n) whatever the size of the ledger. An account after the
+// first makes room from the ledger's expiries (it keeps none of its
+// own): one that holds its bound with some of them expired may refuse a
+// key until the sweeper has deleted them, within sweepEvery.
+func (m *Memory) roomLocked(sc Scope, now time.Time) error {
+	tenant := sc.account()
 	t := m.tenants[tenant]
 	if t != nil && t.n >= m.cfg.MaxKeysPerTenant {
 		m.expireLocked(&t.exp, now, boundBatch)
+		if t.n >= m.cfg.MaxKeysPerTenant && t.n > t.own {
+			// some of its keys are kept by another account's expiries
+			m.expireLocked(&m.exp, now, boundBatch)
+		}
 		if t.n >= m.cfg.MaxKeysPerTenant {
 			return tenantFull(t.n)
 		}
@@ -483,6 +515,12 @@ func (m *Memory) roomLocked(tenant string, now time.Time) error {
 		m.expireLocked(&m.exp, now, boundBatch)
 		if len(m.keys) >= m.cfg.MaxKeys {
 			return storeFull(len(m.keys))
+		}
+	}
+	if len(sc.Accounts) > 1 && m.fullerLocked(sc) >= 0 {
+		m.expireLocked(&m.exp, now, boundBatch)
+		if n := m.fullerLocked(sc); n >= 0 {
+			return tenantFull(n)
 		}
 	}
 	stranger := func() bool { t := m.tenants[tenant]; return t == nil || !t.known } // expiring may delete the tenant
@@ -575,7 +613,7 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	}
 	if ki.State == StateCommitted {
 		b, ok := m.bodies.Get(id)
-		ki.BodyStored = ok && b.gen == ki.Generation && b.sc == sc
+		ki.BodyStored = ok && b.gen == ki.Generation && b.sc.same(sc)
 	}
 	return ki, true
 }
@@ -645,7 +683,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 		m.setStateLocked(e, StateCommitted)
 		if t := e.tenant; !t.known {
 			t.known = true
-			m.strangers -= t.n
+			m.strangers -= t.own
 		}
 		e.flight = nil
 		e.events = res.Events()
@@ -743,25 +781,36 @@ func (m *Memory) expireLocked(h *expiries, now time.Time, limit int) int {
 }
 
 // putLocked makes e the entry of its key, in place of old (nil for a key
-// the ledger does not hold), and counts it for tenant.
-func (m *Memory) putLocked(tenant string, old, e *entry) {
+// the ledger does not hold), and counts it for each of sc's accounts.
+func (m *Memory) putLocked(sc Scope, old, e *entry) {
 	e.at = [2]int32{-1, -1}
 	if old != nil {
 		m.unscheduleLocked(old)
 		m.unaliasLocked(old)
 		m.countLocked(old, -1)
-		e.tenant = old.tenant
+		e.tenant, e.more = old.tenant, old.more
 	} else {
-		t := m.tenants[tenant]
-		if t == nil {
-			t = &tenantKeys{name: tenant, exp: expiries{which: 1}}
-			m.tenants[tenant] = t
+		account := func(name string) *tenantKeys {
+			t := m.tenants[name]
+			if t == nil {
+				t = &tenantKeys{name: name, exp: expiries{which: 1}}
+				m.tenants[name] = t
+			}
+			t.n++
+			return t
 		}
-		t.n++
+		t := account(sc.account())
+		t.own++
 		if !t.known {
 			m.strangers++
 		}
 		e.tenant = t
+		if len(sc.Accounts) > 1 {
+			e.more = make([]*tenantKeys, len(sc.Accounts)-1)
+			for i, a := range sc.Accounts[1:] {
+				e.more[i] = account(a)
+			}
+		}
 	}
 	m.keys[e.id] = e
 	m.countLocked(e, 1)
@@ -843,10 +892,16 @@ func (m *Memory) deleteLocked(e *entry) {
 	m.unaliasLocked(e)
 	t := e.tenant
 	t.n--
+	t.own--
 	if !t.known {
 		m.strangers--
 	}
 	if t.n == 0 {
 		delete(m.tenants, t.name)
+	}
+	for _, t := range e.more {
+		if t.n--; t.n == 0 {
+			delete(m.tenants, t.name)
+		}
 	}
 }

@@ -134,7 +134,7 @@ func TestBeginDecision(t *testing.T) {
 			if !bytes.Equal(r.Data, s.want) {
 				t.Errorf("result data: got %q; want %q", r.Data, s.want)
 			}
-			if r.Gen != s.f.Gen || r.Scope != sc || r.Events() != 7 {
+			if r.Gen != s.f.Gen || !r.Scope.same(sc) || r.Events() != 7 {
 				t.Errorf("result: got gen %d scope %v events %d; want %d %v 7", r.Gen, r.Scope, r.Events(), s.f.Gen, sc)
 			}
 			if !reflect.DeepEqual(r.Head, streamHead) {
@@ -989,7 +989,7 @@ func starveLedger(t *testing.T) (m *Memory, hitSc, bigSc Scope) {
 		sc := Scope{Tenant: "filler-" + strconv.Itoa(i%9), Key: strconv.Itoa(i)}
 		e := &entry{fp: "fp", gen: nextGen(now, 0), state: StateFailedRetryable, reason: "upstream reset",
 			created: now, updated: now, id: sc.id()}
-		m.putLocked(sc.Tenant, nil, e)
+		m.putLocked(sc, nil, e)
 		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
 	}
 	m.mu.Unlock()

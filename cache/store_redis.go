@@ -447,11 +447,16 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	shared := r.sharedKeys()
 	keys := k.all
 	var admitErr error
+	// moreCounted: the key is counted in the sets of the scope's accounts
+	// after its first (countMore); a claim that a bound then refuses takes
+	// it out of them.
+	moreCounted := len(more(sc)) == 0
+	countedMore := false // by this claim, against the bound
 	if shared {
 		keys = r.finishKeys(sc, k, true) // the same keys
 		// A tenant past its share of the live journals gets no new key;
 		// its hits and joins are answered as usual.
-		if admitErr = r.shares.admit(sc.Tenant); admitErr != nil {
+		if admitErr = r.shares.admit(sc.accounts()); admitErr != nil || !moreCounted {
 			ask = "2"
 		}
 	}
@@ -502,15 +507,27 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			if admitErr != nil {
 				return Begun{}, admitErr
 			}
-			if err := r.shares.admit(sc.Tenant); err != nil {
+			if err := r.shares.admit(sc.accounts()); err != nil {
 				return Begun{}, err
 			}
+			if !moreCounted {
+				if err := r.countMore(sc, k, false); err != nil {
+					return Begun{}, err
+				}
+				moreCounted, countedMore = true, true
+			}
+			if shared {
+				ask = "1" // the claim counts the rest
+				continue
+			}
 			if err := r.countKey(sc, k, false); err != nil {
+				r.uncountMore(more(sc), k)
 				return Begun{}, err
 			}
 			ask = "0"
 			continue
 		case claimFull:
+			r.uncountMore(more(sc), k)
 			return Begun{}, r.fullErr(a.full)
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
@@ -547,6 +564,13 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
 				r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+			}
+		}
+		if len(more(sc)) > 0 && !countedMore {
+			// A key the ledger held starts again: it counts as live in
+			// every account.
+			if err := r.countMore(sc, k, true); err != nil {
+				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 			}
 		}
 		if a.reaped {
@@ -730,7 +754,7 @@ func (r *Redis) catchUp(f *Flight, seq uint64) error {
 // ErrNotFound means Redis no longer holds it (or holds another
 // generation's).
 func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
-	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope == sc {
+	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope.same(sc) {
 		return res, nil
 	}
 	ctx, cancel := r.opCtx()
@@ -767,7 +791,7 @@ func (r *Redis) keep(k rkeys, res *Result) {
 // fresh is the claim's (claimAnswer.fresh), for the finish.
 func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string) *Flight {
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.Tenant)
+	f.share = r.shares.enter(sc.accounts())
 	o := newOwner(r, f, k, tok, claimed)
 	o.fresh = fresh
 	f.be = o
@@ -875,7 +899,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 		}
 	}
 	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.Tenant)
+	f.share = r.shares.enter(sc.accounts())
 	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10), tok: newToken()}
 	f.be = fl
 	r.flights[k.h] = f

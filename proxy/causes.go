@@ -79,6 +79,7 @@ const (
 	causeHeadersTooLarge
 	causeRequestTimeout
 	causeMalformedRequest
+	causeTooManyCredentials
 
 	// Bounds, and the store.
 	causeMaxStreams
@@ -187,6 +188,7 @@ var causes = [numCauses]causeRow{
 	causeHeadersTooLarge:      {name: "headers_too_large", refusal: decisionInvalid, status: s431, typ: tInvalid, msg: "request headers too large"},
 	causeRequestTimeout:       {name: "request_timeout", refusal: decisionInvalid, status: s408, typ: tInvalid, msg: "request not read within its time"},
 	causeMalformedRequest:     {name: "malformed_request", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "malformed request"},
+	causeTooManyCredentials:   {name: "too_many_credentials", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "the request carries more distinct credential values (Authorization, x-api-key, api-key, x-goog-api-key, ?key=) than -max-credentials"},
 
 	causeMaxStreams:        {name: "max_streams", refusal: decisionRefused, state: retryable, status: s503, typ: tCapacity, retry: 1, msg: "the bound on upstream calls in progress (-max-streams) is reached"},
 	causeMaxFollowers:      {name: "max_followers", status: s503, typ: tCapacity, retry: 1, msg: "this stream has its maximum number of followers"},

@@ -158,6 +158,12 @@ type Config struct {
 	// organization header set by an authenticating layer in front. Names
 	// are matched without regard to case.
 	TenantHeaders []string
+	// MaxCredentials bounds the distinct credential values (Authorization,
+	// x-api-key, api-key, x-goog-api-key, ?key=) a keyed request, resume
+	// or key lookup may carry, each an account its key is counted against
+	// (default 5, one for each place a credential goes): past it, 400
+	// invalid_request. It bounds the accounts one key costs.
+	MaxCredentials int
 	// AnonymousKeys says what a keyed request with no credential at all
 	// gets: the shared anonymous tenant (allow, the default) or 401
 	// credential_required (deny).
@@ -227,6 +233,7 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	def(&c.Heartbeat, 15*time.Second)
+	defInt(&c.MaxCredentials, 5)
 	def(&c.MCPDedupeWindow, 10*time.Minute)
 	def(&c.MCPUnknownTTL, 24*time.Hour)
 	def(&c.ResumeTokenTTL, 24*time.Hour)

@@ -386,8 +386,10 @@ func (p *Proxy) pathScope(ctx *fasthttp.RequestCtx) (cache.Scope, bool) {
 	return p.scope(ctx, key)
 }
 
-// scope returns the scope of key for the request's tenant. A request
-// without a credential, under AnonymousKeys deny, gets 401 and ok false.
+// scope returns the scope of key for the request's tenant, with the
+// accounts its bounds count it against (Proxy.accounts). A request
+// without a credential, under AnonymousKeys deny, gets 401 and ok false;
+// one with more than MaxCredentials distinct credential values, 400.
 func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
 	t, ok := p.keyTenant(ctx)
 	if !ok {
@@ -395,7 +397,12 @@ func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok 
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
 		return cache.Scope{}, false
 	}
-	return cache.Scope{Tenant: t, Key: key}, true
+	accounts, n := p.accounts(ctx)
+	if n > p.cfg.MaxCredentials {
+		p.refuse(ctx, causeTooManyCredentials, fmt.Sprintf("more than %d", p.cfg.MaxCredentials))
+		return cache.Scope{}, false
+	}
+	return cache.Scope{Tenant: t, Key: key, Accounts: accounts}, true
 }
 
 // fingerprint hashes what makes two requests the same request: method,

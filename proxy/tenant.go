@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -59,6 +60,69 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 	}
 	sum := p.sumMAC(m)
 	return hex.EncodeToString(sum[:16]), true
+}
+
+// accounts returns the accounts a request's key is counted against by
+// every per-tenant bound (cache.Scope.Accounts): one for each distinct
+// secret value it carries, an HMAC keyed by the deployment secret of the
+// value alone, whatever header or parameter carries it, since providers
+// take one secret in more than one place (Azure's api-key or a Bearer
+// token, Gemini's header or ?key=). Authorization is taken without its
+// Bearer scheme and surrounding spaces. -tenant-header values are no
+// account: they are not secrets, and a client could name another's to
+// fill its account; they only make the tenant. A request with no secret
+// value has none (nil: its tenant is its account). n is how many distinct
+// values it carries, counted up to Config.MaxCredentials+1: past the
+// bound, accounts is nil and the request is to be refused.
+func (p *Proxy) accounts(ctx *fasthttp.RequestCtx) (accounts []string, n int) {
+	var vals [8][]byte
+	seen := vals[:0]
+	limit := p.cfg.MaxCredentials
+	add := func(v []byte) {
+		if len(v) == 0 || len(seen) > limit {
+			return
+		}
+		for _, s := range seen {
+			if bytes.Equal(s, v) {
+				return
+			}
+		}
+		seen = append(seen, v)
+	}
+	h := &ctx.Request.Header
+	for _, name := range credentialHeaders {
+		for _, v := range h.PeekAll(name) {
+			if name == "authorization" {
+				v = bearerValue(v)
+			}
+			add(v)
+		}
+	}
+	for _, v := range ctx.QueryArgs().PeekMulti(credentialParam) {
+		add(v)
+	}
+	if len(seen) == 0 || len(seen) > limit {
+		return nil, len(seen)
+	}
+	accounts = make([]string, len(seen))
+	for i, v := range seen {
+		m := p.newMAC("account")
+		m.addBytes(v)
+		sum := p.sumMAC(m)
+		accounts[i] = hex.EncodeToString(sum[:16])
+	}
+	return accounts, len(seen)
+}
+
+// bearerValue is an Authorization value without the spaces around it and
+// its Bearer scheme (of any case), so that "Bearer k" and "k" are one
+// account.
+func bearerValue(v []byte) []byte {
+	v = bytes.TrimSpace(v)
+	if len(v) > len("bearer ") && bytes.EqualFold(v[:len("bearer ")], []byte("bearer ")) {
+		v = bytes.TrimSpace(v[len("bearer "):])
+	}
+	return v
 }
 
 // A mac is the HMAC-SHA256 of a list of parts keyed by the deployment

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -295,4 +296,84 @@ func heldBytes(v reflect.Value, seen map[uintptr]bool) []byte {
 		return out
 	}
 	return nil
+}
+
+// TestAccounts: a request's accounts are its distinct secret credential
+// values, each alone, whatever carries it: a Bearer token and the same
+// value in x-api-key, api-key, x-goog-api-key or ?key= are one account
+// (the scheme and the spaces around it are no part of it), two values
+// are two, a -tenant-header value is none. Past -max-credentials
+// distinct values a keyed request gets 400 invalid_request and no
+// upstream call; at it, it is served.
+func TestAccounts(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Secret: []byte("0123456789abcdef-accounts"), TenantHeaders: []string{"x-org"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	accounts := func(uri string, kv ...string) []string {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI(uri)
+		for i := 0; i < len(kv); i += 2 {
+			ctx.Request.Header.Add(kv[i], kv[i+1])
+		}
+		a, n := p.accounts(&ctx)
+		if n != len(a) {
+			t.Fatalf("%v: %d accounts, %d values; want as many", kv, len(a), n)
+		}
+		return a
+	}
+	one := accounts("/v1/chat/completions", "Authorization", "Bearer sk-one")
+	if len(one) != 1 {
+		t.Fatalf("Bearer sk-one: accounts %v; want one", one)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.Set("Authorization", "Bearer sk-one")
+	if tn, _ := p.tenant(&ctx); tn == one[0] {
+		t.Fatalf("the account of sk-one is its tenant's hash %s; want a MAC of another purpose", tn)
+	}
+	for _, c := range []struct {
+		uri string
+		kv  []string
+	}{
+		{"/", []string{"Authorization", "bearer   sk-one  "}},
+		{"/", []string{"Authorization", "BEARER sk-one"}},
+		{"/", []string{"Authorization", "sk-one"}},
+		{"/", []string{"x-api-key", "sk-one"}},
+		{"/", []string{"api-key", "sk-one"}},
+		{"/", []string{"x-goog-api-key", "sk-one"}},
+		{"/?key=sk-one", nil},
+		{"/?key=sk-one", []string{"Authorization", "Bearer sk-one", "api-key", "sk-one", "x-org", "user-7"}},
+	} {
+		if got := accounts(c.uri, c.kv...); !slices.Equal(got, one) {
+			t.Errorf("%s %v: accounts %v; want sk-one's alone, %v", c.uri, c.kv, got, one)
+		}
+	}
+	two := accounts("/?key=sk-two", "Authorization", "Bearer sk-one", "x-org", "user-7")
+	if len(two) != 2 || two[0] != one[0] || two[1] == one[0] {
+		t.Errorf("sk-one and sk-two: accounts %v; want sk-one's, %v, then another", two, one)
+	}
+	if got := accounts("/", "x-org", "user-7"); got != nil {
+		t.Errorf("a -tenant-header alone: accounts %v; want none (the tenant is its account)", got)
+	}
+	if got := accounts("/"); got != nil {
+		t.Errorf("no credential: accounts %v; want none", got)
+	}
+
+	e := newEnv(t)
+	creds := map[string]string{"x-api-key": "c-2", "api-key": "c-3", "x-goog-api-key": "c-4"}
+	at := req{key: newKey("creds"), auth: "Bearer c-1", header: creds, path: "/v1/chat/completions?key=c-5"}
+	if r := e.fetch(at); !clean(r) {
+		t.Fatalf("5 credential values, -max-credentials 5: got %d %q; want a clean stream", r.status, r.raw)
+	}
+	calls := e.calls()
+	past := req{key: newKey("creds"), auth: "Bearer c-1", header: creds, path: "/v1/chat/completions?key=c-5&key=c-6"}
+	if r := e.fetch(past); r.status != http.StatusBadRequest || r.errType != "invalid_request" || !strings.Contains(string(r.raw), "-max-credentials") {
+		t.Fatalf("6 credential values, -max-credentials 5: got %d %q; want 400 invalid_request naming -max-credentials", r.status, r.raw)
+	}
+	past.path = "/v1/chat/completions?key=c-5&key=c-1" // a value again: still 5
+	if r := e.fetch(past); !clean(r) {
+		t.Fatalf("5 distinct values of 6: got %d %q; want a clean stream", r.status, r.raw)
+	}
+	wantCount(t, "upstream calls", e.calls()-calls, 1)
 }
