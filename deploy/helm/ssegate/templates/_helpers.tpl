@@ -76,7 +76,8 @@ variable of that name defined before it.
 {{- else if $r.username -}}
 {{- $auth = printf "%s@" $r.username -}}
 {{- end -}}
-{{- $scheme := ternary "rediss" "redis" (eq $r.tls true) -}}
+{{- $scheme := "redis" -}}
+{{- if $r.tls -}}{{- $scheme = "rediss" -}}{{- end -}}
 {{- if eq $mode "url" -}}
 {{- if not (regexMatch "^rediss?://" $r.url) -}}
 {{- fail (printf "redis.url: %q is not a redis:// or rediss:// URL" $r.url) -}}
@@ -84,7 +85,8 @@ variable of that name defined before it.
 {{- if and $auth (contains "@" $r.url) -}}
 {{- fail "redis.url: has a user or password of its own; give them in redis.username and redis.password, or the whole URL in redis.urlSecret" -}}
 {{- end -}}
-{{- regexReplaceAll "^(rediss?://)" $r.url (printf "${1}%s" $auth) -}}
+{{- $prefix := regexFind "^rediss?://" $r.url -}}
+{{- printf "%s%s%s" $prefix $auth (trimPrefix $prefix $r.url) -}}
 {{- else if eq $mode "sentinel" -}}
 {{- if not (and $r.sentinel.masterSet $r.sentinel.addresses) -}}
 {{- fail "redis.sentinel: give both masterSet and addresses" -}}
