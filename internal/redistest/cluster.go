@@ -16,8 +16,8 @@ import (
 	"github.com/ssegate/ssegate/internal/poll"
 )
 
-// Cluster is a Redis Cluster of the test's own: redis-server processes in
-// cluster mode on free loopback ports, without persistence, the primaries
+// Cluster is a Redis Cluster of the test's own: redis-server processes
+// (valkey-server with SSEGATE_REDIS_SERVER=valkey) in cluster mode on free loopback ports, without persistence, the primaries
 // holding the 16384 slots between them, each with as many replicas as
 // StartCluster was asked for. Every process is killed when the test ends.
 type Cluster struct {
@@ -31,17 +31,19 @@ type Cluster struct {
 // --cluster create requires), with replicas[0] replicas each when given
 // (--cluster-replicas; none by default), and returns once every node
 // reports cluster_state:ok and knows the others, and every replica's link
-// to its primary is up. Without redis-server or redis-cli the test skips,
-// unless CI is set: then it fails, since CI must run it.
+// to its primary is up. Without redis-server or redis-cli (valkey-server
+// or valkey-cli) the test skips, unless CI is set: then it fails, since
+// CI must run it.
 func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	tb.Helper()
 	r := 0
 	if len(replicas) > 0 {
 		r = replicas[0]
 	}
-	for _, bin := range []string{"redis-server", "redis-cli"} {
+	k := ServerKind(tb)
+	for _, bin := range []string{k.Server, k.CLI} {
 		if _, err := exec.LookPath(bin); err != nil {
-			msg := fmt.Sprintf("%s is not installed: the Redis Cluster tests start a cluster of their own (apt-get install redis-server redis-tools)", bin)
+			msg := fmt.Sprintf("%s is not installed: the Redis Cluster tests start a cluster of their own (%s and %s)", bin, k.Server, k.CLI)
 			if os.Getenv("CI") != "" {
 				tb.Fatal(msg)
 			}
@@ -53,7 +55,7 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 	for range n * (1 + r) {
 		port := freePort(tb, true)
 		dir := tb.TempDir()
-		all = append(all, startServer(tb, port,
+		all = append(all, startServer(tb, k, port,
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
 			"--cluster-node-timeout", "2000"))
 	}
@@ -62,8 +64,8 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 		args = append(args, s.Addr)
 	}
 	args = append(args, "--cluster-replicas", strconv.Itoa(r), "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	if out, err := exec.Command(k.CLI, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("%s --cluster create: %v\n%s", k.CLI, err, out)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	var info string
@@ -78,7 +80,7 @@ func StartCluster(tb testing.TB, n int, replicas ...int) *Cluster {
 			tb.Fatalf("cluster node %s not ok within 20s: %v\n%s", s.Addr, err, info)
 		}
 	}
-	// Roles as redis-cli assigned them: CLUSTER NODES lines are
+	// Roles as the CLI assigned them: CLUSTER NODES lines are
 	// "id ip:port@bus flags primary-id ...".
 	// A replica shows as one once the configuration has spread.
 	var nodes string
