@@ -133,7 +133,7 @@ func (c *container) running() bool {
 // certificates.
 func TestImage(t *testing.T) {
 	img := image(t)
-	var cfg struct {
+	var inspect []struct {
 		Config struct {
 			User       string
 			Env        []string
@@ -141,9 +141,10 @@ func TestImage(t *testing.T) {
 		}
 		Os, Architecture string
 	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(podman(t, "image", "inspect", "--format", "{{json .}}", img))), &cfg); err != nil {
-		t.Fatal(err)
+	if err := json.Unmarshal([]byte(podman(t, "image", "inspect", img)), &inspect); err != nil || len(inspect) != 1 {
+		t.Fatalf("podman image inspect: %v, %d images", err, len(inspect))
 	}
+	cfg := inspect[0]
 	if cfg.Config.User != "65532:65532" {
 		t.Errorf("user: got %q; want 65532:65532", cfg.Config.User)
 	}
