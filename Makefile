@@ -26,7 +26,7 @@ FORCE:
 
 # The container image (deploy/container/Containerfile) for IMAGE_ARCHS,
 # one manifest list written as an OCI archive, $(IMAGE_ARCHIVE), pushed
-# nowhere: podman load -i $(IMAGE_ARCHIVE). The binaries are
+# nowhere and not kept in podman's storage: podman load -i $(IMAGE_ARCHIVE). The binaries are
 # cross-compiled here, so the Containerfile has no RUN and an arm64 image
 # builds without emulation. PODMAN can name another runtime or engine
 # (crun refuses a hybrid-cgroup host; runc works everywhere).
@@ -41,9 +41,14 @@ image: $(foreach a,$(IMAGE_ARCHS),bin/dist/linux-$(a)/ssegate)
 	for a in $(IMAGE_ARCHS); do mkdir -p bin/image/linux-$$a && cp bin/dist/linux-$$a/ssegate bin/image/linux-$$a/; done
 	$(PODMAN) manifest rm $(IMAGE) >/dev/null 2>&1 || true
 	$(PODMAN) manifest create $(IMAGE)
-	for a in $(IMAGE_ARCHS); do $(PODMAN) build --platform linux/$$a --manifest $(IMAGE) -f deploy/container/Containerfile bin/image || exit 1; done
+	for a in $(IMAGE_ARCHS); do \
+		$(PODMAN) build --layers=false --platform linux/$$a -t $(IMAGE)-$$a -f deploy/container/Containerfile bin/image && \
+		$(PODMAN) manifest add $(IMAGE) containers-storage:$(IMAGE)-$$a || exit 1; \
+	done
 	rm -f $(IMAGE_ARCHIVE)
 	$(PODMAN) manifest push --all $(IMAGE) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE)
+	$(PODMAN) manifest rm $(IMAGE) >/dev/null
+	for a in $(IMAGE_ARCHS); do $(PODMAN) rmi $(IMAGE)-$$a >/dev/null || exit 1; done
 	@echo "$(IMAGE_ARCHIVE): $(IMAGE) for $(IMAGE_ARCHS)"
 
 # The .deb and .rpm (deploy/package: the binary, a hardened systemd unit
