@@ -69,7 +69,7 @@ func image(t *testing.T) string {
 			imageErr = err
 			return
 		}
-		cmd := exec.Command("podman", append(append([]string{}, podmanArgs...), "build", "--platform", "linux/"+runtime.GOARCH,
+		cmd := exec.Command("podman", append(append([]string{}, podmanArgs...), "build", "--layers=false", "--platform", "linux/"+runtime.GOARCH,
 			"-f", filepath.Join(repoRoot, "deploy/container/Containerfile"), "-t", imageName(), ctxDir)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			imageErr = fmt.Errorf("podman build: %v\n%s", err, out)
