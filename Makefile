@@ -10,7 +10,8 @@ ADDR ?= 127.0.0.1:8080
 # clone, but not in a git worktree or with GOFLAGS=-buildvcs=false.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
-LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+MODIFIED ?= $(shell test -z "$$(git status --porcelain 2>/dev/null)" && echo false || echo true)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)
 GOBUILD = CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags '$(LDFLAGS)'
 # Release binaries drop the symbol table and DWARF (a third of the size;
 # panics and pprof still name functions).

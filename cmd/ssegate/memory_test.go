@@ -193,14 +193,14 @@ func TestVersion(t *testing.T) {
 	}
 	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/ssegate/ssegate", Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123abcd"}, {Key: "vcs.modified", Value: "true"}, {Key: "vcs.time", Value: "2026-12-07T00:00:00Z"}}}
-	got := formatVersion(bi, "v9.9.9", "")
+	got := formatVersion(bi, "v9.9.9", "", "")
 	for _, want := range []string{"ssegate v1.2.3\n", "commit   0123abcd\n", "modified true\n", "go       go1.26.8 "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("got %q; want it to contain %q", got, want)
 		}
 	}
-	got = formatVersion(&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "v1.2.3-4-gabcdef", "abcdef")
-	if !strings.HasPrefix(got, "ssegate v1.2.3-4-gabcdef\ncommit   abcdef\n") {
+	got = formatVersion(&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "v1.2.3-4-gabcdef", "abcdef", "false")
+	if !strings.HasPrefix(got, "ssegate v1.2.3-4-gabcdef\ncommit   abcdef\nmodified false\n") {
 		t.Errorf("a build without a module version: got %q; want the -X version and commit", got)
 	}
 }

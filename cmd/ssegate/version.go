@@ -23,15 +23,19 @@ var version string
 // VCS stamp (a git worktree, or GOFLAGS=-buildvcs=false).
 var commit string
 
+// modified is "true" when that commit's tree had uncommitted changes, set
+// with commit.
+var modified string
+
 // versionText describes this build from its build info: the module
 // version, the commit it was built from and whether the tree had changes,
 // the commit's time, and the Go version and platform.
 func versionText() string {
 	bi, _ := debug.ReadBuildInfo()
-	return formatVersion(bi, version, commit)
+	return formatVersion(bi, version, commit, modified)
 }
 
-func formatVersion(bi *debug.BuildInfo, ldVersion, ldCommit string) string {
+func formatVersion(bi *debug.BuildInfo, ldVersion, ldCommit, ldModified string) string {
 	v := ""
 	settings := map[string]string{}
 	goVersion := runtime.Version()
@@ -64,6 +68,9 @@ func formatVersion(bi *debug.BuildInfo, ldVersion, ldCommit string) string {
 		}
 	} else if ldCommit != "" {
 		fmt.Fprintf(&b, "commit   %s\n", ldCommit)
+		if ldModified != "" {
+			fmt.Fprintf(&b, "modified %s\n", ldModified)
+		}
 	} else {
 		fmt.Fprintf(&b, "commit   unknown\n")
 	}

@@ -96,8 +96,12 @@ func binary(t *testing.T) string {
 		if out, err := exec.Command("git", "-C", repoRoot, "rev-parse", "HEAD").Output(); err == nil {
 			commit = strings.TrimSpace(string(out))
 		}
+		modified := "false"
+		if out, err := exec.Command("git", "-C", repoRoot, "status", "--porcelain").Output(); err == nil && len(out) > 0 {
+			modified = "true"
+		}
 		cmd := exec.Command(goBin(), "build", "-buildvcs=auto", "-trimpath",
-			"-ldflags", "-s -w -X main.version="+version+" -X main.commit="+commit,
+			"-ldflags", "-s -w -X main.version="+version+" -X main.commit="+commit+" -X main.modified="+modified,
 			"-o", binPath, "github.com/ssegate/ssegate/cmd/ssegate")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 		if out, err := cmd.CombinedOutput(); err != nil {

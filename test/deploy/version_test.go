@@ -8,8 +8,9 @@ import (
 )
 
 // TestVersion: ssegate -version exits 0 and prints the version, the
-// commit it was built from (the checkout's HEAD, when git can say) and
-// the Go version, and needs no other flag nor environment.
+// commit it was built from (the checkout's HEAD, when git can say),
+// whether its tree was modified, and the Go version, and needs no other
+// flag nor environment.
 func TestVersion(t *testing.T) {
 	out, err := exec.Command(binary(t), "-version").CombinedOutput()
 	if err != nil {
@@ -21,6 +22,9 @@ func TestVersion(t *testing.T) {
 	}
 	if want := "go       " + runtime.Version() + " linux/" + runtime.GOARCH; lines[len(lines)-1] != want {
 		t.Errorf("last line: got %q; want %q", lines[len(lines)-1], want)
+	}
+	if !strings.Contains(string(out), "\nmodified true\n") && !strings.Contains(string(out), "\nmodified false\n") {
+		t.Errorf("got %q; want a line saying whether the tree was modified", out)
 	}
 	if head, err := exec.Command("git", "-C", repoRoot, "rev-parse", "HEAD").Output(); err == nil {
 		if want := "commit   " + strings.TrimSpace(string(head)); !strings.Contains(string(out), want+"\n") {
