@@ -3,10 +3,92 @@ GO ?= go
 BIN := bin/ssegate
 ADDR ?= 127.0.0.1:8080
 
-.PHONY: build run check test test-valkey test-chart observe vet fmt bench soak fuzz clean
+.PHONY: build run check test test-valkey test-chart observe vet fmt bench soak fuzz clean image package release FORCE
+
+# The version a build reports (ssegate -version) when its build info has
+# none of its own: go build stamps the module version and commit in a git
+# clone, but not in a git worktree or with GOFLAGS=-buildvcs=false.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED ?= $(shell test -z "$$(git status --porcelain 2>/dev/null)" && echo false || echo true)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.modified=$(MODIFIED)
+GOBUILD = CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags '$(LDFLAGS)'
+# Release binaries drop the symbol table and DWARF (a third of the size;
+# panics and pprof still name functions).
+DISTBUILD = CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags '-s -w $(LDFLAGS)'
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/ssegate
+	$(GOBUILD) -o $(BIN) ./cmd/ssegate
+
+# bin/dist/OS-ARCH/ssegate[.exe]: a static binary for another platform.
+bin/dist/%/ssegate bin/dist/%/ssegate.exe: FORCE
+	GOOS=$(word 1,$(subst -, ,$*)) GOARCH=$(word 2,$(subst -, ,$*)) $(DISTBUILD) -o $@ ./cmd/ssegate
+FORCE:
+
+# The container image (deploy/container/Containerfile) for IMAGE_ARCHS,
+# one manifest list written as an OCI archive, $(IMAGE_ARCHIVE), pushed
+# nowhere and not kept in podman's storage: podman load -i $(IMAGE_ARCHIVE). The binaries are
+# cross-compiled here, so the Containerfile has no RUN and an arm64 image
+# builds without emulation. PODMAN can name another runtime or engine
+# (crun refuses a hybrid-cgroup host; runc works everywhere).
+PODMAN ?= podman --runtime runc
+IMAGE ?= localhost/ssegate:$(VERSION)
+IMAGE_ARCHS ?= amd64 arm64
+IMAGE_ARCHIVE ?= bin/ssegate-image.oci.tar
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+image: $(foreach a,$(IMAGE_ARCHS),bin/dist/linux-$(a)/ssegate)
+	rm -rf bin/image && mkdir -p bin/image
+	cp $(CA_BUNDLE) bin/image/ca-certificates.crt
+	for a in $(IMAGE_ARCHS); do mkdir -p bin/image/linux-$$a && cp bin/dist/linux-$$a/ssegate bin/image/linux-$$a/; done
+	$(PODMAN) manifest rm $(IMAGE) >/dev/null 2>&1 || true
+	$(PODMAN) manifest create $(IMAGE)
+	for a in $(IMAGE_ARCHS); do \
+		$(PODMAN) build --layers=false --platform linux/$$a -t $(IMAGE)-$$a -f deploy/container/Containerfile bin/image && \
+		$(PODMAN) manifest add $(IMAGE) containers-storage:$(IMAGE)-$$a || exit 1; \
+	done
+	rm -f $(IMAGE_ARCHIVE)
+	$(PODMAN) manifest push --all $(IMAGE) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE)
+	$(PODMAN) manifest rm $(IMAGE) >/dev/null
+	for a in $(IMAGE_ARCHS); do $(PODMAN) rmi $(IMAGE)-$$a >/dev/null || exit 1; done
+	@echo "$(IMAGE_ARCHIVE): $(IMAGE) for $(IMAGE_ARCHS)"
+
+# The .deb and .rpm (deploy/package: the binary, a hardened systemd unit
+# and /etc/ssegate/ssegate.env) for PKG_ARCHS into bin/release/, with nfpm
+# built once into the user cache directory (as .ci/run does). The package
+# version is VERSION without its v, or 0.0.0~gitVERSION before any tag.
+NFPM ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ssegate-test/nfpm
+NFPM_VERSION ?= v2.48.0
+PKG_ARCHS ?= amd64 arm64
+PKG_VERSION ?= $(shell echo '$(VERSION)' | sed -e 's/^v//' -e '/^[0-9][0-9]*\.[0-9]/!s/^/0.0.0~git/' -e 's/-/./g')
+RELEASE_DIR ?= bin/release
+$(NFPM):
+	GOBIN=$(dir $(NFPM)) CGO_ENABLED=0 $(GO) install -trimpath github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
+package: $(NFPM) $(foreach a,$(PKG_ARCHS),bin/dist/linux-$(a)/ssegate)
+	mkdir -p $(RELEASE_DIR)
+	for a in $(PKG_ARCHS); do for f in deb rpm; do \
+		SSEGATE_PKG_ARCH=$$a SSEGATE_PKG_VERSION='$(PKG_VERSION)' SSEGATE_PKG_BINARY=bin/dist/linux-$$a/ssegate \
+			$(NFPM) package -f deploy/package/nfpm.yaml -p $$f -t $(RELEASE_DIR)/ || exit 1; \
+	done; done
+
+# A release in $(RELEASE_DIR): static archives for RELEASE_PLATFORMS
+# (tar.gz, zip for windows), the packages, the image archive, and
+# SHA256SUMS over them all. Nothing is published.
+RELEASE_PLATFORMS ?= linux-amd64 linux-arm64 darwin-arm64 windows-amd64
+release:
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	$(MAKE) --no-print-directory $(foreach p,$(RELEASE_PLATFORMS),bin/dist/$(p)/ssegate$(if $(findstring windows,$(p)),.exe))
+	for p in $(RELEASE_PLATFORMS); do \
+		d=bin/dist/$$p; n=ssegate-$(VERSION)-$$p; cp README.md docs/flags.md docs/deploy.md $$d/ || exit 1; \
+		case $$p in \
+		windows-*) (cd $$d && rm -f ../$$n.zip && zip -q ../$$n.zip ssegate.exe README.md flags.md deploy.md) && mv bin/dist/$$n.zip $(RELEASE_DIR)/ ;; \
+		*) tar -C $$d -czf $(RELEASE_DIR)/$$n.tar.gz --owner=0 --group=0 ssegate README.md flags.md deploy.md ;; \
+		esac || exit 1; \
+	done
+	$(MAKE) --no-print-directory package
+	$(MAKE) --no-print-directory image
+	cp $(IMAGE_ARCHIVE) $(RELEASE_DIR)/ssegate-$(VERSION)-image.oci.tar
+	cd $(RELEASE_DIR) && sha256sum ssegate* > SHA256SUMS
+	@ls -l $(RELEASE_DIR)
 
 # ssegate in front of its embedded mock LLM, on $(ADDR).
 run: build

@@ -7,7 +7,7 @@ import "net"
 // nonBlockingWrites: every client is written by a goroutine of its own.
 const nonBlockingWrites = false
 
-func (c *client) writeFD(uintptr) bool { return true }
+func (c *clientConn) writeFD(uintptr) bool { return true }
 
 // peerClosed cannot look at the socket here: a close while idle is found
 // only by the request's own failure.

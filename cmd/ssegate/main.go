@@ -36,6 +36,10 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
+		if errors.Is(err, errVersion) {
+			fmt.Print(versionText())
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "ssegate:", err)
 		os.Exit(2)
 	}
@@ -100,6 +104,9 @@ type options struct {
 	gcPercent   int
 	setGC       bool
 	memoryLimit int64
+	memoryRatio float64       // -memory-limit-ratio
+	memory      memorySetting // what applyMemory decided
+	version     bool          // -version: print the build and exit
 }
 
 func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
@@ -171,7 +178,9 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.IntVar(&o.metricsModels, "metrics-models", 20, "request models that get a label of their own in the GenAI metrics (gen_ai_request_model), the first seen first; every other model is \"other\" (0: none)")
 	fs.StringVar(&o.traces, "traces", "", "otlp: export spans over OTLP/HTTP, configured by the standard OTEL_EXPORTER_OTLP_* environment; none: no spans. Empty: from OTEL_TRACES_EXPORTER, else on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.IntVar(&o.gcPercent, "gc-percent", 50, "the Go garbage collector's heap growth between collections, as GOGC (-1: off); lower holds less memory per stream for more CPU. Without this flag a GOGC environment variable is used instead")
-	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it (0: none, or GOMEMLIMIT's)")
+	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it; -max-store-bytes and -max-live-bytes, when not given, default to at most a quarter and an eighth of it (0: GOMEMLIMIT's, else -memory-limit-ratio of the container's memory limit read from the cgroup, else none)")
+	fs.Float64Var(&o.memoryRatio, "memory-limit-ratio", 0.9, "without -memory-limit and GOMEMLIMIT, the share of the container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) taken as the soft limit; the rest is for memory the Go runtime does not count, such as the kernel's socket buffers charged to the cgroup (0: ignore the cgroup)")
+	fs.BoolVar(&o.version, "version", false, "print the version, commit and Go version, and exit")
 	o.redis.register(fs)
 	usage := func() {
 		fs.SetOutput(out)
@@ -181,12 +190,17 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Usage = func() {} // printed below for -h only
 	// Environment first, so the command line overrides it.
 	var envErr error
+	set := map[string]bool{} // flags given, in the environment or on the command line
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "version" {
+			return // an action, not a setting
+		}
 		name := "SSEGATE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v := getenv(name); v != "" && envErr == nil {
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("invalid value %q for %s (-%s): %w", v, name, f.Name, err)
 			}
+			set[f.Name] = true
 		}
 	})
 	if envErr != nil {
@@ -198,12 +212,20 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 		}
 		return nil, err
 	}
+	if o.version {
+		return nil, errVersion
+	}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	// -gc-percent applies unless GOGC is set and the flag was not given.
 	o.setGC = getenv("GOGC") == "" || getenv("SSEGATE_GC_PERCENT") != ""
 	fs.Visit(func(f *flag.Flag) { o.setGC = o.setGC || f.Name == "gc-percent" })
 	if o.gcPercent < -1 || o.memoryLimit < 0 {
 		return nil, errors.New("-gc-percent must be -1 (off) or more, -memory-limit 0 (none) or more")
 	}
+	if o.memoryRatio < 0 || o.memoryRatio > 1 {
+		return nil, fmt.Errorf("-memory-limit-ratio: %v; want from 0 (ignore the cgroup) to 1", o.memoryRatio)
+	}
+	o.memory = o.applyMemory(set, getenv, o.memoryRatio)
 	if len(o.upstreams) == 0 {
 		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
 	}
@@ -309,6 +331,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if o.memoryLimit > 0 {
 		debug.SetMemoryLimit(o.memoryLimit)
 	}
+	if o.memory.err != nil {
+		log.Warn("memory: the cgroup's memory limit could not be read; no limit taken from it", "err", o.memory.err.Error())
+	}
+	log.Info("memory", o.memory.logArgs(o)...)
 	upstreams := append([]string(nil), o.upstreams...)
 	for i, u := range upstreams {
 		if u != "mock" {
