@@ -53,8 +53,8 @@ var rpcIDCases = []struct {
 	{`null`, `null`, true},
 	{`null`, `0`, false},
 	{`true`, `1`, false},
-	{`1.`, `1`, false},  // not JSON
-	{`01`, `1`, false},  // not JSON
+	{`1.`, `1`, false},   // not JSON
+	{`01`, `1`, false},   // not JSON
 	{`"a`, `"a"`, false}, // not JSON
 	{``, ``, false},
 }
