@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/valyala/fasthttp"
 )
 
 // bodilessUpstream is a real HTTP upstream whose answers have no body:
@@ -39,6 +40,7 @@ func bodilessUpstream(t *testing.T, calls *atomic.Int64) *httptest.Server {
 		w.Header().Set("Content-Type", "text/event-stream") // a body it says, and has none
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("/204plain", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("/304", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("ETag", `"v1"`)
 		w.WriteHeader(http.StatusNotModified)
@@ -105,12 +107,16 @@ func TestBodilessAnswersKeepTheConnection(t *testing.T) {
 	var calls atomic.Int64
 	up := bodilessUpstream(t, &calls)
 	e := newEnvUpstream(t, up.URL, nil, Config{MCPPaths: []string{"/mcp"}}, cache.Config{})
-	addr := strings.TrimPrefix(e.url, "http://")
-	type want struct {
-		status int
-		check  func(*http.Response) string // "" when the answer is right
-		body   string                      // the body, when not ""
+	// The proxy's own server, and another fasthttp server running its
+	// Handler (whose connections the proxy serves itself after an answer
+	// it wrote on them).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	other := &fasthttp.Server{Handler: e.proxy.Handler}
+	go other.Serve(ln)                     //nolint:errcheck // ends with Shutdown
+	t.Cleanup(func() { other.Shutdown() }) //nolint:errcheck // a test
 	jsonError := func(r *http.Response) string {
 		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
 			return "Content-Type " + ct + "; want application/json"
@@ -131,71 +137,94 @@ func TestBodilessAnswersKeepTheConnection(t *testing.T) {
 		}
 		return ""
 	}
-	streamKey := newKey("bodiless-stream")
-	for _, c := range []struct {
+	type testCase struct {
 		name  string
 		steps []exchange
-		wants []want
+		wants []bodilessWant
 		calls int64 // upstream calls the steps make
-	}{
-		{"head relayed", []exchange{{method: "HEAD", path: "/plain"}}, []want{{status: 200, check: length(11)}}, 1},
-		{"head of an event stream", []exchange{{method: "HEAD", path: "/events"}}, []want{{status: 200}}, 1},
-		{"head with a key", []exchange{{method: "HEAD", path: "/plain", key: newKey("bodiless")}}, []want{{status: 200, check: length(11)}}, 1},
-		{"head on an mcp path", []exchange{{method: "HEAD", path: "/mcp"}}, []want{{status: 200}}, 1},
-		{"head error", []exchange{{method: "HEAD", path: "/cut"}}, []want{{status: 502, check: jsonError}}, 1},
-		{"head refused", []exchange{{method: "HEAD", path: "/streams/nothing-here"}}, []want{{status: 404, check: jsonError}}, 0},
-		{"204", []exchange{{method: "POST", path: "/204"}}, []want{{status: 204}}, 1},
-		{"304", []exchange{{method: "GET", path: "/304"}}, []want{{status: 304}}, 1},
-		{"103 then 200", []exchange{{method: "POST", path: "/103"}}, []want{{200, nil, plainJSON}}, 1},
-		{"204 keyed and replayed", func() []exchange {
-			k := newKey("bodiless")
-			return []exchange{{method: "POST", path: "/204", key: k}, {method: "POST", path: "/204", key: k}}
-		}(), []want{{status: 204}, {status: 204, check: replayed}}, 1},
-		{"304 keyed", []exchange{{method: "POST", path: "/304", key: newKey("bodiless")}}, []want{{status: 304}}, 1},
-		{"103 keyed and replayed", func() []exchange {
-			k := newKey("bodiless")
-			return []exchange{{method: "POST", path: "/103", key: k}, {method: "POST", path: "/103", key: k}}
-		}(), []want{{200, length(int64(len(plainJSON))), plainJSON}, {200, replayed, plainJSON}}, 1},
-		{"head of a stream to resume", []exchange{
-			{method: "POST", path: "/v1/chat/completions", key: streamKey},
-			{method: "HEAD", path: "/streams/" + streamKey},
-		}, []want{{status: 200}, {status: 200}}, 1},
+	}
+	cases := func() []testCase {
+		streamKey := newKey("bodiless-stream")
+		return []testCase{
+			{"head relayed", []exchange{{method: "HEAD", path: "/plain"}}, []bodilessWant{{status: 200, check: length(11)}}, 1},
+			{"head of an event stream", []exchange{{method: "HEAD", path: "/events"}}, []bodilessWant{{status: 200}}, 1},
+			{"head with a key", []exchange{{method: "HEAD", path: "/plain", key: newKey("bodiless")}}, []bodilessWant{{status: 200, check: length(11)}}, 1},
+			{"head on an mcp path", []exchange{{method: "HEAD", path: "/mcp"}}, []bodilessWant{{status: 200}}, 1},
+			{"head error", []exchange{{method: "HEAD", path: "/cut"}}, []bodilessWant{{status: 502, check: jsonError}}, 1},
+			{"head refused", []exchange{{method: "HEAD", path: "/streams/nothing-here"}}, []bodilessWant{{status: 404, check: jsonError}}, 0},
+			{"204", []exchange{{method: "POST", path: "/204"}}, []bodilessWant{{status: 204}}, 1},
+			{"204 plain", []exchange{{method: "POST", path: "/204plain"}}, []bodilessWant{{status: 204}}, 1},
+			{"304", []exchange{{method: "GET", path: "/304"}}, []bodilessWant{{status: 304}}, 1},
+			{"103 then 200", []exchange{{method: "POST", path: "/103"}}, []bodilessWant{{200, nil, plainJSON}}, 1},
+			{"204 keyed and replayed", func() []exchange {
+				k := newKey("bodiless")
+				return []exchange{{method: "POST", path: "/204", key: k}, {method: "POST", path: "/204", key: k}}
+			}(), []bodilessWant{{status: 204}, {status: 204, check: replayed}}, 1},
+			{"304 keyed", []exchange{{method: "POST", path: "/304", key: newKey("bodiless")}}, []bodilessWant{{status: 304}}, 1},
+			{"103 keyed and replayed", func() []exchange {
+				k := newKey("bodiless")
+				return []exchange{{method: "POST", path: "/103", key: k}, {method: "POST", path: "/103", key: k}}
+			}(), []bodilessWant{{200, length(int64(len(plainJSON))), plainJSON}, {200, replayed, plainJSON}}, 1},
+			{"head of a stream to resume", []exchange{
+				{method: "POST", path: "/v1/chat/completions", key: streamKey},
+				{method: "HEAD", path: "/streams/" + streamKey},
+			}, []bodilessWant{{status: 200}, {status: 200}}, 1},
+		}
+	}
+	for _, addr := range []struct{ name, addr string }{
+		{"own", strings.TrimPrefix(e.url, "http://")}, {"another", ln.Addr().String()},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
+		for _, c := range cases() {
+			t.Run(addr.name+"/"+c.name, func(t *testing.T) { bodilessCase(t, addr.addr, &calls, c.steps, c.wants, c.calls) })
+		}
+	}
+}
+
+// bodilessWant is what one answer must be.
+type bodilessWant struct {
+	status int
+	check  func(*http.Response) string // "" when the answer is right
+	body   string                      // the body, when not ""
+}
+
+// bodilessCase sends steps on one connection to addr, checks each answer
+// against wants and the upstream calls they made, then, whatever it
+// found, that the connection's next request gets its own answer, whole.
+func bodilessCase(t *testing.T, addr string, calls *atomic.Int64, steps []exchange, wants []bodilessWant, ncalls int64) {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second)) //nolint:errcheck
+	br := bufio.NewReader(conn)
+	before := calls.Load()
+	for i, x := range steps {
+		resp, body := x.send(t, conn, br)
+		w := wants[i]
+		if resp.StatusCode != w.status {
+			t.Errorf("%s %s: got %d %q; want %d", x.method, x.path, resp.StatusCode, body, w.status)
+		}
+		if w.body != "" && body != w.body {
+			t.Errorf("%s %s: got body %q; want %q", x.method, x.path, body, w.body)
+		}
+		if w.check != nil {
+			if msg := w.check(resp); msg != "" {
+				t.Errorf("%s %s: %s", x.method, x.path, msg)
 			}
-			defer conn.Close()
-			conn.SetDeadline(time.Now().Add(20 * time.Second)) //nolint:errcheck
-			br := bufio.NewReader(conn)
-			before := calls.Load()
-			for i, x := range c.steps {
-				resp, body := x.send(t, conn, br)
-				w := c.wants[i]
-				if resp.StatusCode != w.status {
-					t.Fatalf("%s %s: got %d %q; want %d", x.method, x.path, resp.StatusCode, body, w.status)
-				}
-				if w.body != "" && body != w.body {
-					t.Fatalf("%s %s: got body %q; want %q", x.method, x.path, body, w.body)
-				}
-				if w.check != nil {
-					if msg := w.check(resp); msg != "" {
-						t.Fatalf("%s %s: %s", x.method, x.path, msg)
-					}
-				}
-				if resp.Close {
-					t.Fatalf("%s %s: the answer closes the connection", x.method, x.path)
-				}
-			}
-			wantCount(t, "upstream calls", calls.Load()-before, c.calls)
-			// The next request on the same connection gets its own answer,
-			// whole: no byte of an earlier answer is left before it.
-			next := exchange{method: "GET", path: "/plain"}
-			resp, body := next.send(t, conn, br)
-			if resp.StatusCode != 200 || body != "hello world" {
-				t.Fatalf("the next request on the connection: got %d %q; want 200 \"hello world\"", resp.StatusCode, body)
-			}
-		})
+		}
+		if resp.Close {
+			t.Errorf("%s %s: the answer closes the connection", x.method, x.path)
+		}
+	}
+	if got := calls.Load() - before; got != ncalls {
+		t.Errorf("upstream calls: got %d; want %d", got, ncalls)
+	}
+	// The next request on the same connection gets its own answer,
+	// whole: no byte of an earlier answer is left before it.
+	next := exchange{method: "GET", path: "/plain"}
+	resp, body := next.send(t, conn, br)
+	if resp.StatusCode != 200 || body != "hello world" {
+		t.Fatalf("the next request on the connection: got %d %q; want 200 \"hello world\"", resp.StatusCode, body)
 	}
 }
