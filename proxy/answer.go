@@ -85,7 +85,8 @@ func copyHead(resp *fasthttp.Response) cache.Head {
 		Status:      resp.StatusCode(),
 		ContentType: string(resp.Header.ContentType()),
 	}
-	h.Stream = h.Status >= 200 && h.Status < 300 && isEventStream(h.ContentType)
+	// A 204 or 304 has no body, whatever its Content-Type says.
+	h.Stream = h.Status >= 200 && h.Status < 300 && !noBody(h.Status) && isEventStream(h.ContentType)
 	for k, v := range resp.Header.All() {
 		name := string(k)
 		if skipResponseHeader(name) {

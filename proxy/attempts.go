@@ -274,6 +274,11 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		return g.callFailed(err, done)
 	}
 	head := copyHead(resp)
+	if tmpl.Header.IsHead() {
+		// The answer to a HEAD has no body, whatever its Content-Type
+		// says: fasthttp read none, and it is relayed as it came.
+		head.Stream = false
+	}
 	g.p.m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
 	if !head.Stream {
 		done(health(head.Status, more))

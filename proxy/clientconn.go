@@ -41,6 +41,13 @@ type clientConn struct {
 	// replayed: the answer is another request's generation, and a head
 	// the client writes itself says so (Idempotent-Replayed).
 	replayed bool
+	// head: the request is a HEAD, whose answer has no body.
+	head bool
+	// bodiless: the answer has no body, whatever is written as one: the
+	// answer to a HEAD, or a 1xx, 204 or 304 (noBody). Only its head
+	// goes out, and nothing after it, so that the connection's next
+	// answer is the next thing the client reads.
+	bodiless bool
 
 	buf      []byte               // the answer head until it is written, then chunk headers
 	arr      [2 + maxParts][]byte // backing of vec
@@ -67,6 +74,12 @@ type clientConn struct {
 // into c.vec; last adds the end of the body.
 func (c *clientConn) frame(last bool, parts ...[]byte) {
 	c.vec = c.arr[:0]
+	if c.bodiless {
+		if len(c.buf) > 0 {
+			c.vec = append(c.vec, c.buf) // the head, alone
+		}
+		return
+	}
 	n := 0
 	for _, p := range parts {
 		n += len(p)
@@ -252,8 +265,21 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*clientCo
 	// the hijack handler returns (KeepHijackedConns); another server's
 	// may close it then, so the handler waits for the connection's end.
 	own := p.serves(served)
+	isHead := ctx.IsHead()
+	bodiless := head && (isHead || noBody(ctx.Response.StatusCode()))
 	var buf []byte
-	if head {
+	if bodiless {
+		// Nothing follows the head, and the connection is kept: a HEAD's
+		// says a GET's would be chunked; a status without a body says
+		// nothing of one (fasthttp leaves the field out).
+		if isHead && !identity {
+			ctx.Response.Header.SetContentLength(-1)
+		}
+		if !keepAlive {
+			ctx.SetConnectionClose()
+		}
+		buf = ctx.Response.Header.AppendBytes(make([]byte, 0, 512))
+	} else if head {
 		if identity {
 			ctx.Response.Header.SetContentLength(-2) // until the connection closes
 		} else {
@@ -274,7 +300,8 @@ func (p *Proxy) takeOver(ctx *fasthttp.RequestCtx, head bool, run func(*clientCo
 	ctx.HijackSetNoResponse(true)
 	p.clients.Add(1)
 	ctx.Hijack(func(hijacked net.Conn) {
-		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume, span: rs}
+		c := &clientConn{p: p, conn: hijacked, buf: buf, keepAlive: keepAlive, identity: identity, resumeURL: resume, span: rs,
+			head: isHead, bodiless: bodiless}
 		if !own {
 			c.over = make(chan struct{})
 		}
@@ -331,9 +358,20 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 	}
 }
 
+// noBody reports whether an answer with status has no body (RFC 9110
+// §6.4.1): a 1xx, 204 or 304.
+func noBody(status int) bool {
+	return status >= 100 && status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
+}
+
 // answerHead puts the head of a chunked answer h into c.buf, to go out
-// with the first chunk.
-func (c *clientConn) answerHead(h cache.Head) {
+// with the first chunk (or alone, for an answer without a body).
+func (c *clientConn) answerHead(h cache.Head) { c.answerHeadSized(h, -1) }
+
+// answerHeadSized is answerHead; for the answer to a HEAD, size, when not
+// negative, is the Content-Length a GET's answer would have (the
+// upstream's own answer to the HEAD said so).
+func (c *clientConn) answerHeadSized(h cache.Head, size int) {
 	rh := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(rh)
 	if c.span != nil {
@@ -343,10 +381,22 @@ func (c *clientConn) answerHead(h cache.Head) {
 	if c.resumeURL != "" {
 		rh.Header.Set(resumeURLHeader, c.resumeURL)
 	}
-	if c.identity {
+	c.bodiless = c.head || noBody(h.Status)
+	switch {
+	case c.bodiless:
+		// Nothing follows the head, and the connection is kept, whatever
+		// framing a body would have had. A HEAD's answer says what a
+		// GET's would be (the upstream's length, or chunked); a status
+		// without a body says nothing of one (fasthttp leaves it out).
+		if c.head && size >= 0 {
+			rh.Header.SetContentLength(size)
+		} else if c.head && !c.identity {
+			rh.Header.SetContentLength(-1)
+		}
+	case c.identity:
 		c.keepAlive = false
 		rh.Header.SetContentLength(-2) // until the connection closes
-	} else {
+	default:
 		rh.Header.SetContentLength(-1)
 	}
 	if !c.keepAlive {
@@ -361,11 +411,15 @@ func (c *clientConn) answerWhole(resp *fasthttp.Response) error {
 	if !c.keepAlive {
 		resp.SetConnectionClose()
 	}
-	resp.Header.SetContentLength(len(resp.Body()))
+	resp.Header.SetContentLength(len(resp.Body())) // a HEAD's: the GET's length; none for a status without a body
 	if c.span != nil {
 		c.span.status = resp.StatusCode()
 	}
-	c.vec = append(c.arr[:0], resp.Header.AppendBytes(c.buf[:0]), resp.Body())
+	c.vec = append(c.arr[:0], resp.Header.AppendBytes(c.buf[:0]))
+	c.bodiless = c.head || noBody(resp.StatusCode())
+	if !c.bodiless {
+		c.vec = append(c.vec, resp.Body())
+	}
 	return c.flush()
 }
 

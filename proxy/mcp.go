@@ -140,7 +140,12 @@ func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool
 
 // parseToolCall reads a single JSON-RPC tools/call request; ok is false
 // for anything else (a batch, a notification, a response, another
-// method, a body that is not JSON).
+// method, an id that is neither a string nor a number, a body that is
+// not JSON). Member names are matched as JSON-RPC and MCP spell them,
+// case and all, as servers match them: "ID" is not the id, nor "Method"
+// the method (encoding/json's struct fields would take them). Of a
+// member written twice, the last counts, as encoding/json's maps and
+// JavaScript's JSON.parse have it.
 func parseToolCall(ctx *fasthttp.RequestCtx) (*toolCall, bool) {
 	if !ctx.IsPost() {
 		return nil, false
@@ -155,44 +160,53 @@ func parseToolCall(ctx *fasthttp.RequestCtx) (*toolCall, bool) {
 	if dec.Decode(&msg) != nil || dec.More() {
 		return nil, false
 	}
-	var head struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params struct {
-			Name      string                     `json:"name"`
-			Arguments json.RawMessage            `json:"arguments"`
-			Meta      map[string]json.RawMessage `json:"_meta"`
-		} `json:"params"`
-	}
-	if json.Unmarshal(body, &head) != nil || head.Method != "tools/call" || len(head.ID) == 0 || string(head.ID) == "null" {
+	var head, params, meta map[string]json.RawMessage
+	var method string
+	if json.Unmarshal(body, &head) != nil || json.Unmarshal(head["method"], &method) != nil || method != "tools/call" {
 		return nil, false
 	}
-	c := &toolCall{id: head.ID, name: head.Params.Name}
-	if t, ok := head.Params.Meta["progressToken"]; ok {
+	id := head["id"]
+	if len(id) == 0 || id[0] != '"' && !numberStart(id[0]) {
+		return nil, false // a notification (no id, or null), or an id JSON-RPC does not allow
+	}
+	c := &toolCall{id: id}
+	// params, its name and _meta, when there, must be what MCP says.
+	if !unmarshalMember(head, "params", &params) || !unmarshalMember(params, "name", &c.name) ||
+		!unmarshalMember(params, "_meta", &meta) {
+		return nil, false
+	}
+	if t, ok := meta["progressToken"]; ok {
 		c.token = t
 	}
-	if k, ok := head.Params.Meta[MetaKey]; ok {
+	if k, ok := meta[MetaKey]; ok {
 		json.Unmarshal(k, &c.metaKey) //nolint:errcheck // a key that is no string is no key
 	}
 	// What a re-issue changes is left out of the fingerprint: the id,
 	// the progress token, trace context and the key itself.
 	delete(msg, "id")
-	params, _ := msg["params"].(map[string]any)
-	if meta, ok := params["_meta"].(map[string]any); ok {
+	paramsAny, _ := msg["params"].(map[string]any)
+	if meta, ok := paramsAny["_meta"].(map[string]any); ok {
 		for _, k := range []string{"progressToken", "traceparent", "tracestate", MetaKey} {
 			delete(meta, k)
 		}
 		if len(meta) == 0 {
-			delete(params, "_meta")
+			delete(paramsAny, "_meta")
 		}
 	}
 	canon, err := json.Marshal(msg) // map keys sorted: canonical
 	if err != nil {
 		return nil, false
 	}
-	c.args, _ = json.Marshal(params["arguments"])
+	c.args, _ = json.Marshal(paramsAny["arguments"])
 	c.fp = fingerprintOf(ctx, canon)
 	return c, true
+}
+
+// unmarshalMember decodes the member name of obj into v, when obj has
+// it; it reports false for a member that is not of v's type.
+func unmarshalMember(obj map[string]json.RawMessage, name string, v any) bool {
+	raw, ok := obj[name]
+	return !ok || json.Unmarshal(raw, v) == nil
 }
 
 // derivedKey is the key of a call without one, for a tool of

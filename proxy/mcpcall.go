@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -24,7 +22,6 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		g.finish()
 	}()
 	p := g.p
-	id = compactJSON(string(id)) // compared with each answer's
 	p.budget.request(g.start)
 	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	next := 0 // the upstream to try first: the one after one that failed
@@ -187,17 +184,10 @@ func (g *gen) readCause(err error) cause {
 	return readFailure(err)
 }
 
-// sameID reports whether a message's id r is id (compacted).
+// sameID reports whether a message's id r is the call's id, as JSON
+// values (sameRPCID): a server may write it back in another spelling.
 func sameID(r gjson.Result, id []byte) bool {
-	return r.Exists() && bytes.Equal(compactJSON(r.Raw), id)
-}
-
-func compactJSON(s string) []byte {
-	var b bytes.Buffer
-	if err := json.Compact(&b, []byte(s)); err != nil {
-		return []byte(s)
-	}
-	return b.Bytes()
+	return r.Exists() && sameRPCID(r.Raw, string(id))
 }
 
 // toolCommitted ends the flight with the call's result, after n calls.

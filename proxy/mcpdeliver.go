@@ -30,12 +30,20 @@ type toolCaller struct {
 // message is data, one JSON-RPC message of the server's, as tc is given
 // it; keep is false for one that is not for tc.
 func (tc *toolCaller) message(data []byte) (out []byte, keep bool) {
-	if tc.origin {
-		return data, true
-	}
 	m := gjson.GetBytes(data, "method")
 	if !m.Exists() {
-		return splice(data, gjson.GetBytes(data, "id"), tc.id), true
+		// The response, under the caller's id as it wrote it: a server
+		// may write the origin's own id back in another spelling (1.0
+		// for 1; sameRPCID). A response to another id is the origin's
+		// as it came.
+		id := gjson.GetBytes(data, "id")
+		if tc.origin && (id.Raw == string(tc.id) || !sameID(id, tc.id)) {
+			return data, true
+		}
+		return splice(data, id, tc.id), true
+	}
+	if tc.origin {
+		return data, true
 	}
 	if gjson.GetBytes(data, "id").Exists() {
 		return nil, false // a request of the server's: the origin answers it

@@ -193,8 +193,13 @@ func (o *origin) answerRest() {
 		// relayed the same way: re-framed, a cut in it would pass for
 		// its end. Framed ones are re-framed, and a cut in them ends the
 		// client's answer without its last chunk (copyBody).
-		c.identity = c.identity || resp.Header.ContentLength() == -2 // (an HTTP/1.0 client's is already)
-		c.answerHead(copyHead(resp))
+		// An answer without a body (to a HEAD, a 204, a 304) is its head
+		// alone, however a body would have been framed; a HEAD's says the
+		// upstream's length.
+		if !c.head && !noBody(resp.StatusCode()) {
+			c.identity = c.identity || resp.Header.ContentLength() == -2 // (an HTTP/1.0 client's is already)
+		}
+		c.answerHeadSized(copyHead(resp), resp.Header.ContentLength())
 		var stop func() bool
 		if g.rawAlways {
 			stop = cancelOnDeparture(c, resp)
