@@ -25,14 +25,21 @@ GOFMT_CHECK = @test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find .
 # compiles its standard library and dependencies; after that the build
 # cache answers all but the packages that changed. bench/caddy (its own
 # module, all of Caddy) is left out: it is only a peer the bench builds
-# on the machine it runs on. PLATFORMS=linux/arm64 checks one.
+# on the machine it runs on. PLATFORMS=linux/arm64 checks one. check and
+# test vet the host's platform first, so CROSS_VET skips it: cached, it
+# adds about 1.5 s a platform (measured: 8.6 s for all five, 24.5 s after
+# a change to proxy).
 PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64 windows/amd64 freebsd/amd64
+HOST_PLATFORM := $(shell $(GO) env GOOS)/$(shell $(GO) env GOARCH)
 CROSS_VET = @set -e; for p in $(PLATFORMS); do \
+		[ "$$p" != "$(HOST_PLATFORM)" ] || continue; \
 		GOOS=$${p%/*} GOARCH=$${p\#*/} $(GO) vet ./... || { echo "go vet ./... failed for $$p"; exit 1; }; \
 		GOOS=$${p%/*} GOARCH=$${p\#*/} $(GO) -C bench/firstevent vet . || { echo "go vet bench/firstevent failed for $$p"; exit 1; }; \
 	done
 
 cross:
+	$(GO) vet ./...
+	$(GO) -C bench/firstevent vet .
 	$(CROSS_VET)
 
 # The check before a commit, meant to take under a minute: vet (on every
