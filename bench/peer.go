@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 )
 
@@ -183,9 +182,7 @@ func (e *env) launch(k kind, addr string, cmd *exec.Cmd) (*server, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
-	// A process group of its own, so that a stuck nginx can be killed with
-	// its workers, and the terminal's Ctrl-C reaches only the bench.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		_ = s.log.Close()
 		return nil, fmt.Errorf("start %s: %w", k, err)
@@ -227,7 +224,7 @@ func (e *env) killAll() {
 	defer e.mu.Unlock()
 	for s := range e.running {
 		if s.cmd != nil && s.cmd.Process != nil {
-			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+			killGroup(s.cmd.Process)
 		}
 	}
 }
@@ -260,17 +257,17 @@ func (s *server) stop() {
 	if s.cmd == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	terminate(s.cmd.Process)
 	select {
 	case <-s.exit:
 	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(s.cmd.Process)
 		<-s.exit
 	}
 	if s.kind == kindNginx || s.kind == kindPortkey {
 		// nginx's workers leave with the master, and whatever Node may
 		// have spawned with the gateway; make sure none lingers.
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(s.cmd.Process)
 	}
 	s.cmd = nil
 	if s.env != nil {

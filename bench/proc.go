@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -115,31 +114,4 @@ func memory(pids []int) (rss, hwm int64, err error) {
 		}
 	}
 	return rss, hwm, nil
-}
-
-// raiseNoFile raises RLIMIT_NOFILE, soft and hard, to at least n for this
-// process; children inherit it. It returns the limit in force afterwards.
-func raiseNoFile(n uint64) (uint64, error) {
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		return 0, fmt.Errorf("getrlimit: %w", err)
-	}
-	if lim.Cur >= n && lim.Max >= n {
-		// Set it anyway: an explicit Setrlimit makes os/exec pass this
-		// limit to children instead of restoring the one at start.
-		err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
-		return lim.Cur, err
-	}
-	want := lim
-	if want.Max < n {
-		want.Max = n
-	}
-	want.Cur = n
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
-		// Not allowed to raise the hard limit: take what there is.
-		lim.Cur = lim.Max
-		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
-		return lim.Cur, fmt.Errorf("setrlimit %d: %w", n, err)
-	}
-	return n, nil
 }

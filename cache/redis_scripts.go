@@ -102,7 +102,13 @@ const maxSeq = "18446744073709551615"
 // setRenewEvery; the count renews a set it finds empty whatever this
 // says)
 //
-// Returns {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
+// A claim that finds its token fenced by abandonScript, or naming a
+// generation that has ended, is a copy that reached Redis late (held in
+// a connection's buffers, or sent again by rueidis after its caller gave
+// up): it answers {"stale"} and writes nothing, so that a generation
+// nobody owns is never made after its clean-up ran.
+//
+// Returns {"stale"}, {"conflict"}, {"replay", gen}, {"join", gen}, {"gone"},
 // {"unknown", gen, held} (a tool call whose outcome is unknown; held is
 // the ms it holds its key when this claim reaped its dead owner's
 // generation to it, or the ms left when it did so in a run whose reply
@@ -115,8 +121,14 @@ const maxSeq = "18446744073709551615"
 // or a stranger's key; a claim that ran before and lost its reply answers
 // without it)}.
 var claimScript = newScriptRetryable(nowLua + countLua + loseLua + `
-local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl', 'reaper')
+local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl', 'reaper', 'abandoned')
 local phase, gen, fp = s[1], s[2], s[3]
+if s[11] == ARGV[2] or (s[4] == ARGV[2] and phase ~= 'live') then
+  -- A copy of a claim that arrives late: its caller gave up on it and
+  -- fenced its token (abandonScript), or the generation it made has
+  -- ended since. It takes nothing.
+  return {'stale'}
+end
 local held = s[8] and s[8] ~= ''
 if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
   return {'conflict'}
@@ -232,11 +244,12 @@ const (
 	claimMiss                         // the caller owns a new generation
 	claimUnknown                      // a tool call whose outcome is unknown
 	claimFull                         // no record, and a bound refused the key: nothing was written
+	claimStale                        // a late copy of a claim given up on or ended: nothing was written
 )
 
 // claimWords are claimScript's words for its verdicts.
 var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
-	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown", claimFull: "full"}
+	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown", claimFull: "full", claimStale: "stale"}
 
 // parseClaimAnswer reads claimScript's answer out.
 func parseClaimAnswer(out []string) (claimAnswer, error) {
@@ -249,7 +262,7 @@ func parseClaimAnswer(out []string) (claimAnswer, error) {
 	case claimConflict:
 		a.heldReaped = heldFor(out, 1)
 		return a, nil
-	case claimGone, claimNew:
+	case claimGone, claimNew, claimStale:
 		return a, nil
 	case claimFull:
 		if len(out) < 2 {
@@ -305,14 +318,25 @@ func heldFor(out []string, i int) time.Duration {
 // no journal: the terminal entry makes it. The key ends failed_retryable:
 // a retry is safe.
 //
+// It first fences the token (st's abandoned field): the claim may not
+// have reached Redis yet (its bytes held in a connection's buffers, or a
+// copy rueidis sent again), and a claim that finds its token fenced
+// takes nothing (claimScript), so the clean-up cannot come before the
+// claim it cleans up. A key with no record gets a record of the fence
+// alone (no phase: read as no record), kept for st ttl.
+//
 // KEYS: st, lease, j
 // ARGV: tok, st ttl ms, journal ttl ms, now ms
 //
 // Returns 1 when the generation is ended under that token (by this call,
 // or by one whose reply was lost), 0 when the key holds no generation of
-// that token (the claim never ran, or was reaped since).
+// that token (the claim never ran, and now never will, or was reaped
+// since).
 var abandonScript = newScriptRetryable(`
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
+local existed = redis.call('EXISTS', KEYS[1]) == 1
+redis.call('HSET', KEYS[1], 'abandoned', ARGV[1])
+if not existed then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 if s[3] ~= ARGV[1] then return 0 end
 if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end

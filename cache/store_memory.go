@@ -873,15 +873,21 @@ func (m *Memory) Forget(sc Scope) error {
 		return ErrLive
 	}
 	m.deleteLocked(e)
-	m.mu.Unlock()
+	// The body goes under the lock: once it is released a new generation
+	// of the key may be claimed and commit, and a deletion after that
+	// would take its answer. ristretto applies a Del and a later Set of
+	// the key in their order, so the commit's Set, which comes after
+	// this unlock, is never undone; Wait, which may take a while, is left
+	// out of the lock.
 	b, ok := m.bodies.Get(id)
 	m.bodies.Del(id)
+	m.hot.Del(id)
+	m.mu.Unlock()
 	m.bodies.Wait()
 	if ok {
 		m.storeBytes.Add(-b.cost())
 		m.storeCount.Add(-1)
 	}
-	m.hot.Del(id)
 	return nil
 }
 

@@ -1029,3 +1029,54 @@ func TestMark(t *testing.T) {
 		t.Errorf("Begin while execution_started: got %v; want join", b.Decision)
 	}
 }
+
+// TestMemoryForgetKeepsNextAnswer: a key forgotten while its next
+// generation is claimed and committed keeps that generation's answer:
+// Forget deletes the body under the ledger's lock, before the key is free
+// again. Deleted after the unlock, it could take the new answer, and the
+// next duplicate would pay for the key's third generation (the body gone,
+// MissingBody's default regenerates). The interleaving is a race: each
+// round forgets the key while another goroutine claims it again as soon as
+// it is free.
+func TestMemoryForgetKeepsNextAnswer(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t, Config{TTL: time.Minute})
+	sc := Scope{Tenant: "t", Key: "k"}
+	commit := func(f *Flight, body string) {
+		t.Helper()
+		f.SetHead(Head{Status: 200, ContentType: "application/json"})
+		if !f.Commit([]byte(body)) {
+			t.Fatalf("Commit of %s: got false", body)
+		}
+	}
+	commit(claim(t, m, sc, "fp"), "0")
+	rounds := 2000
+	if testing.Short() {
+		rounds = 200
+	}
+	for i := range rounds {
+		forgot := make(chan error, 1)
+		go func() { forgot <- m.Forget(sc) }()
+		for {
+			b := begin(t, m, sc, "fp")
+			if b.Decision == Miss {
+				commit(b.Flight, strconv.Itoa(i+1))
+				break
+			}
+			if b.Decision != Hit {
+				t.Fatalf("round %d: got %v; want a hit, then a miss once forgotten", i, b.Decision)
+			}
+			runtime.Gosched()
+		}
+		if err := <-forgot; err != nil {
+			t.Fatalf("round %d: Forget: %v", i, err)
+		}
+		b := begin(t, m, sc, "fp")
+		if b.Decision != Hit || b.Regenerated {
+			t.Fatalf("round %d: after the commit that followed Forget: got %v (regenerated %v); want a hit of its answer", i, b.Decision, b.Regenerated)
+		}
+		if got := string(b.Result.Data); got != strconv.Itoa(i+1) {
+			t.Fatalf("round %d: replayed %q; want %q", i, got, strconv.Itoa(i+1))
+		}
+	}
+}

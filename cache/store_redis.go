@@ -529,6 +529,10 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		case claimFull:
 			r.uncountMore(more(sc), k)
 			return Begun{}, r.fullErr(a.full)
+		case claimStale:
+			// Only a copy that arrives after its caller gave up reads
+			// this; a caller that does has had its generation ended.
+			return Begun{}, r.unavailableErr("claim", errors.New("the claim's generation ended before its answer came"))
 		case claimConflict:
 			return Begun{Decision: Conflict}, nil
 		case claimUnknown:
@@ -611,8 +615,10 @@ func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
 // generation had been lost. abandonScript ends it failed_retryable as
 // soon as Redis answers, so that its joiners get a retryable error at
 // once and the caller's retry (told 503 store_unavailable, Retry-After)
-// claims the key. It gives up once the lease has lapsed: by then a
-// follower or the next claim reaps it. At most MaxAbandoning run at once.
+// claims the key. The claim may also not have reached Redis yet: the
+// script fences its token first, so that the claim, should it land
+// later, takes nothing. It keeps trying for as long as a fence is kept
+// (FailedTTL, or the lease if longer), and gives up then. At most MaxAbandoning run at once.
 func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error) {
 	if _, ok := rueidis.IsRedisErr(err); ok {
 		return // Redis answered: the script did not run
@@ -633,7 +639,7 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 	r.wg.Go(func() {
 		defer r.abandoning.Add(-1)
 		backoff := 10 * time.Millisecond
-		for time.Since(sent) < r.cfg.Lease {
+		for time.Since(sent) < max(r.cfg.Lease, r.cfg.FailedTTL) {
 			ctx, cancel := r.opCtx()
 			n, err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{
 				tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
@@ -934,7 +940,8 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 		r.c.B().Pttl().Key(k.st).Build(),
 		r.c.B().Exists().Key(k.res).Build())
 	m, err := rs[0].AsStrMap()
-	if err != nil || len(m) == 0 {
+	if err != nil || m["phase"] == "" {
+		// No record; or only the fence of an abandoned claim (abandonScript).
 		return KeyInfo{}, false
 	}
 	ttl, _ := rs[1].AsInt64()

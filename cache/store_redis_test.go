@@ -427,6 +427,57 @@ func TestRedisKeyInfoModel(t *testing.T) {
 	want("committed")
 }
 
+// TestRedisAbandonBeforeClaim: a claim whose bytes reach Redis only after
+// its caller gave up and the clean-up of its outcome (abandon) ran, on
+// another connection, takes nothing: the clean-up fenced its token. Left
+// unfenced, the late claim made a live generation with a lease that no
+// replica owned: a re-issue joined it, and a tool call was then reaped to
+// commit_unknown and held, though it never ran.
+func TestRedisAbandonBeforeClaim(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	const lease, timeout = 8 * time.Second, time.Second
+	mod := func(c *RedisConfig) { c.Lease, c.Timeout = lease, timeout }
+	a := newRedis(t, relay.Addr, prefix, mod)
+	b := newRedis(t, srv.Addr, prefix, mod)
+	sc := Scope{Tenant: "t", Key: "late"}
+	tool := Tool{Name: "search"}
+	const fp = "fp-of-the-late-claim" // the claim carries it, the clean-up not
+	held := relay.HoldRequest(fp)
+	_, err := a.BeginTool(sc, fp, tool)
+	select {
+	case <-held.Caught:
+	default:
+		t.Fatal("the claim was not held")
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the held claim: got %v; want ErrUnavailable", err)
+	}
+	held.Cut() // the clean-up goes on another connection
+	eventually(t, 5*time.Second, func() error {
+		if n := a.abandoning.Load(); n != 0 {
+			return fmt.Errorf("the clean-up still runs (%d)", n)
+		}
+		return nil
+	})
+	if n := a.Stats().Abandoned; n != 0 {
+		t.Fatalf("abandoned: got %d; want 0: the claim had not run", n)
+	}
+	if err := held.Deliver(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ki, ok := b.Info(sc); ok {
+		t.Fatalf("after the late claim Redis holds generation %d (%s); want no record", ki.Generation, ki.State)
+	}
+	got, err := b.BeginTool(sc, fp, tool)
+	if err != nil || got.Decision != Miss {
+		t.Fatalf("the re-issue: got %v, %v; want a miss: the late claim took nothing", got.Decision, err)
+	}
+	got.Flight.Fail(StateFailedRetryable, "test", nil)
+}
+
 // TestRedisClaimReplyLost: a claim that ran in Redis and whose answer was
 // lost is sent again with its token and takes its own claim: Miss, of the
 // generation Redis holds, with what the first run answered (regenerated)

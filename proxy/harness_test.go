@@ -400,30 +400,6 @@ func within(d time.Duration, cond func() bool) bool {
 	}
 }
 
-// refusedAddr returns a loopback address that refuses connections until
-// release or the test's end. Its port is held by a socket that is bound
-// but does not listen, without SO_REUSEADDR, so that no listener of a
-// test running meanwhile can take it, as one could take a port closed
-// after net.Listen.
-func refusedAddr(t *testing.T) (addr string, release func()) {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() { once.Do(func() { syscall.Close(fd) }) }
-	t.Cleanup(release)
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port), release
-}
-
 // keyedConn sends a keyed streaming request on a connection of its own
 // with a small receive buffer (dialSmallBuffer), with the extra header
 // lines hdr, and reads nothing.
@@ -445,7 +421,7 @@ func dialSmallBuffer(t *testing.T, addr string, size int) *net.TCPConn {
 	t.Helper()
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		return rc.Control(func(fd uintptr) {
-			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, size) //nolint:errcheck // a hint
+			setRcvBuf(fd, size)
 		})
 	}}
 	c, err := d.Dial("tcp", addr)

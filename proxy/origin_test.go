@@ -220,7 +220,7 @@ func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
 	if small {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
 			return rc.Control(func(fd uintptr) {
-				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+				setRcvBuf(fd, 4096)
 			})
 		}
 	}

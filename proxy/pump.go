@@ -87,7 +87,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 					g.sawEvent(ev.Data)
 				}
 				if ev.Type == "response.created" {
-					g.responseCreated(ev, det, h)
+					g.responseCreated(ev, det, h, &pre)
 				}
 				if failedA != nil {
 					// The Responses response.failed after its error event.
@@ -246,6 +246,12 @@ type preamble struct {
 	onHold   func()
 	more     bool        // another model may follow
 	done     func(error) // the circuits' report, made once (report)
+	// alias is the attempt's Responses id, aliasBase its first sequence
+	// number (responseCreated): the key's alias once the attempt is the
+	// answer (release), never for an attempt that failed and was made
+	// again or fell back, whose id would name another attempt's answer.
+	alias     string
+	aliasBase int64
 }
 
 // report tells the circuits, once, what the attempt came to.
@@ -321,6 +327,12 @@ func (p *preamble) release() error {
 	p.released = true
 	p.report(nil)
 	g := p.g
+	if p.alias != "" && !p.failure {
+		// Before the events: a client that reads the id can resume by it.
+		if as, ok := g.p.store.(aliasStore); ok {
+			as.SetAlias(g.f.Scope, g.f.Gen, p.alias, p.aliasBase)
+		}
+	}
 	g.f.SetHead(p.head)
 	if !p.failure {
 		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())

@@ -33,10 +33,13 @@ type aliasStore interface {
 // response.created event ev, once for both of its uses: the healer h
 // (nil unless the stream can be healed) resumes the response by it, and
 // for a keyed flight it becomes an alias of the key (unkeyed flights have
-// nothing to resume by). A stream with neither use is not read at all.
-// The event's sequence number is det's, which has just observed ev.
-func (g *gen) responseCreated(ev sse.Event, det *sse.Detector, h *healer) {
-	as, alias := g.p.store.(aliasStore)
+// nothing to resume by) when pre, the attempt's preamble, is released:
+// an attempt that fails before it (made again, or fallen back from) had
+// an id the upstream ran nothing more under, and that must not name the
+// answer another attempt gives. A stream with neither use is not read at
+// all. The event's sequence number is det's, which has just observed ev.
+func (g *gen) responseCreated(ev sse.Event, det *sse.Detector, h *healer, pre *preamble) {
+	_, alias := g.p.store.(aliasStore)
 	alias = alias && g.f.Gen != 0
 	if h == nil && !alias {
 		return
@@ -50,8 +53,8 @@ func (g *gen) responseCreated(ev sse.Event, det *sse.Detector, h *healer) {
 		h.id = id
 	}
 	if alias {
-		base, _ := det.LastSequence()
-		as.SetAlias(g.f.Scope, g.f.Gen, id, base)
+		pre.alias = id
+		pre.aliasBase, _ = det.LastSequence()
 	}
 }
 

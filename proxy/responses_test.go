@@ -17,7 +17,9 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/tidwall/gjson"
 )
 
@@ -395,4 +397,71 @@ func TestResponsesStartingAfterBounds(t *testing.T) {
 		t.Fatalf("starting_after=%d: got %d events, error %v; want the last one", last-1, n, err)
 	}
 	e.wantCalls(1)
+}
+
+// TestResponsesAliasOfFailedAttempt: a Responses stream whose first
+// attempt failed before any output (response.created, then
+// response.failed with a server_error: made again) and whose second
+// attempt is the answer: the second attempt's id resolves to the key's
+// journal, and the first's, whose response the upstream ended failed,
+// does not: its GET goes to the upstream, never to the other attempt's
+// answer. In memory and with Redis, whose alias used to outlive the
+// attempt.
+func TestResponsesAliasOfFailedAttempt(t *testing.T) {
+	t.Parallel()
+	completed := fixtureBody(t, "openai-responses-completed")
+	second := gjson.Get(completed[strings.Index(completed, "data: ")+6:strings.Index(completed, "\n\n")], "response.id").Str
+	const first = "resp_first_attempt"
+	failed := "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"" + first + "\",\"status\":\"in_progress\"}}\n\n" +
+		"event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":1,\"response\":{\"id\":\"" + first + "\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"The server had an error\"}}}\n\n"
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			var posts, gets atomic.Int64
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodGet {
+					gets.Add(1)
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusNotFound)
+					io.WriteString(w, `{"error":{"type":"invalid_request_error","message":"No response found"}}`) //nolint:errcheck // a test
+					return
+				}
+				io.Copy(io.Discard, r.Body) //nolint:errcheck // a test
+				if posts.Add(1) == 1 {
+					writeSSE(w, failed)
+					return
+				}
+				writeSSE(w, completed)
+			}))
+			t.Cleanup(up.Close)
+			tune := func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
+				pc.Upstreams = []string{up.URL}
+				pc.Retry = RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 5 * time.Second}
+			}
+			var e *env
+			if store == "redis" {
+				var logs gatetest.LogBuffer
+				e, _ = redisEnv(t, redistest.Shared(t), &logs, tune)
+			} else {
+				e = newEnv(t, tune)
+			}
+			key := newKey("alias-failed-attempt")
+			got := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-a",
+				body: `{"model":"gpt-5-nano","input":"hi","stream":true}`})
+			if got.status != 200 || got.aborted || !strings.Contains(string(got.raw), second) || strings.Contains(string(got.raw), first) {
+				t.Fatalf("got %d aborted %v:\n%s\nwant the second attempt's whole stream", got.status, got.aborted, got.raw)
+			}
+			wantCount(t, "upstream calls", posts.Load(), 2)
+			e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+			r := e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + second + "?stream=true", auth: "Bearer sk-a"})
+			if r.status != 200 || gets.Load() != 0 || !strings.Contains(string(r.raw), "response.completed") {
+				t.Fatalf("GET of the answer's id: got %d, %d upstream GETs:\n%s\nwant its stream from the journal", r.status, gets.Load(), r.raw)
+			}
+			r = e.fetch(req{method: http.MethodGet, path: "/v1/responses/" + first + "?stream=true", auth: "Bearer sk-a"})
+			if r.status != http.StatusNotFound || gets.Load() != 1 {
+				t.Fatalf("GET of the failed attempt's id: got %d, %d upstream GETs:\n%s\nwant the upstream's 404: the id names no answer here", r.status, gets.Load(), r.raw)
+			}
+			wantCount(t, "upstream calls", posts.Load(), 2)
+		})
+	}
 }

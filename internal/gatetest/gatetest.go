@@ -212,11 +212,12 @@ func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig)
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Pause stops the process with SIGSTOP: its connections stay open and
-// nothing answers, as with a hung or descheduled replica.
-func (p *Process) Pause() { _ = p.Signal(syscall.SIGSTOP) }
+// nothing answers, as with a hung or descheduled replica. Where there is
+// no SIGSTOP (Windows) it does nothing.
+func (p *Process) Pause() { _ = pause(p.cmd.Process) }
 
 // Resume continues a paused process with SIGCONT.
-func (p *Process) Resume() { _ = p.Signal(syscall.SIGCONT) }
+func (p *Process) Resume() { _ = resume(p.cmd.Process) }
 
 // Kill ends the process at once with SIGKILL and waits for it to exit.
 func (p *Process) Kill() {
