@@ -88,8 +88,10 @@ func (o *options) applyMemory(set map[string]bool, getenv func(string) string, r
 		}
 	}
 	derive("max-store-bytes", storeShare, &o.maxStoreBytes, 0)
-	// The live bound stays at least what the flags that must fit in it ask.
-	derive("max-live-bytes", liveShare, &o.maxLiveBytes, max(o.sealLive, o.maxLiveTenant))
+	// The live bound stays at least what the flags that must fit in it ask:
+	// one whole stream (-max-stream-bytes) among them, or a small
+	// container would cut a long answer that its own bound allows.
+	derive("max-live-bytes", liveShare, &o.maxLiveBytes, max(o.sealLive, o.maxLiveTenant, int64(o.maxStream)))
 	return m
 }
 

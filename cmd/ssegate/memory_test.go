@@ -149,6 +149,7 @@ func TestMemoryFromCgroup(t *testing.T) {
 		{"GOMEMLIMIT wins", v1("268435456"), nil, map[string]string{"GOMEMLIMIT": "1GiB"}, 0, "GOMEMLIMIT", 512 * mib, 256 * mib},
 		{"big container", v1("17179869184"), nil, nil, 15461882265, "cgroup-v1", 512 * mib, 256 * mib},
 		{"unlimited", v1("9223372036854771712"), nil, nil, 0, "none", 512 * mib, 256 * mib},
+		{"live bound holds one whole stream", v1("134217728"), nil, nil, 120795955, "cgroup-v1", 28 * mib, 16 * mib},
 		{"live bound fits -seal-live-bytes", v1("268435456"), []string{"-seal-live-bytes", "50000000"}, nil, 241591910, "cgroup-v1", 57 * mib, 50000000},
 	}
 	for _, c := range cases {
