@@ -388,10 +388,15 @@ func (c *clientConn) answerHeadSized(h cache.Head, size int) {
 		// framing a body would have had. A HEAD's answer says what a
 		// GET's would be (the upstream's length, or chunked); a status
 		// without a body says nothing of one (fasthttp leaves it out).
-		if c.head && size >= 0 {
+		// An HTTP/1.0 client's HEAD of a body of unknown length gets
+		// neither: no Content-Length: 0 that would misstate the GET's.
+		switch {
+		case c.head && size >= 0:
 			rh.Header.SetContentLength(size)
-		} else if c.head && !c.identity {
+		case c.head && !c.identity:
 			rh.Header.SetContentLength(-1)
+		case c.head:
+			rh.Header.SetContentLength(-2)
 		}
 	case c.identity:
 		c.keepAlive = false
