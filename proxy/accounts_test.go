@@ -257,3 +257,62 @@ func TestToolHoldsPerCredential(t *testing.T) {
 		})
 	}
 }
+
+// TestAccountHeader: where one upstream key serves many customers and an
+// authenticating layer in front names each in a header (-account-header),
+// every customer has bounds of its own: one organization that fills
+// -max-keys-per-tenant does not refuse another's new keys under the same
+// API key, and varying a credential the upstream ignores escapes neither.
+// A request without the header is counted against its credential, as
+// without the flag. With the memory store and with Redis.
+func TestAccountHeader(t *testing.T) {
+	t.Parallel()
+	const perTenant = 3
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			up := newFaultServer(t, billed(func(w http.ResponseWriter, _ *http.Request) { okStream(w) }))
+			cc := cache.Config{MaxKeys: 100, Limits: cache.Limits{MaxKeysPerTenant: perTenant}}
+			pc := Config{Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, AttemptTimeout: 5 * time.Second},
+				HeadTimeout: 5 * time.Second, AccountHeader: "X-Org"}
+			accountsStores(t, store, &pc, cc)
+			e := newEnvUpstream(t, up.url, nil, pc, cc)
+			fetch := func(org, minted string) result {
+				r := req{key: newKey("org"), auth: "Bearer sk-attacker", header: map[string]string{}}
+				if org != "" {
+					r.header["x-org"] = org
+				}
+				if minted != "" {
+					r.header["x-goog-api-key"] = minted
+				}
+				return e.fetch(r)
+			}
+			refusedAt := func(org string, vary bool) int {
+				for i := range perTenant + 2 {
+					minted := ""
+					if vary {
+						minted = fmt.Sprintf("minted-%s-%s-%d", store, org, i)
+					}
+					got := fetch(org, minted)
+					switch {
+					case clean(got):
+					case got.status == http.StatusServiceUnavailable && got.errType == "capacity_exceeded":
+						return i
+					default:
+						t.Fatalf("org %q key #%d: got %d %q; want a clean stream or 503 capacity_exceeded", org, i, got.status, got.raw)
+					}
+				}
+				return -1
+			}
+			if n := refusedAt("org-a", true); n != perTenant {
+				t.Errorf("org-a varying x-goog-api-key: first refused at key #%d; want #%d (its own -max-keys-per-tenant)", n, perTenant)
+			}
+			if n := refusedAt("org-b", false); n != perTenant {
+				t.Errorf("org-b under the same API key after org-a filled its bound: first refused at key #%d; want #%d", n, perTenant)
+			}
+			if n := refusedAt("", false); n != perTenant {
+				t.Errorf("no -account-header value: first refused at key #%d; want #%d (the credential's own account)", n, perTenant)
+			}
+		})
+	}
+}

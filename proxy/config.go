@@ -158,6 +158,15 @@ type Config struct {
 	// organization header set by an authenticating layer in front. Names
 	// are matched without regard to case.
 	TenantHeaders []string
+	// AccountHeader names a header that an authenticating layer in front
+	// sets, and clients cannot, naming the customer it authenticated
+	// (e.g. an organization id, where one upstream API key serves many
+	// customers). A request that carries it is counted by every
+	// per-tenant bound against its value alone, instead of against its
+	// credential values; it is part of the tenant too (TenantHeaders).
+	// Only for such a layer: a client that could set it would choose its
+	// account. Empty (the default): accounts are the credential values.
+	AccountHeader string
 	// MaxCredentials bounds the distinct credential values (Authorization,
 	// x-api-key, api-key, x-goog-api-key, ?key=) a keyed request, resume
 	// or key lookup may carry, each an account its key is counted against
@@ -282,6 +291,16 @@ func (c *Config) setDefaults() error {
 	headers, err := tenantHeaders(c.TenantHeaders)
 	if err != nil {
 		return err
+	}
+	if c.AccountHeader != "" {
+		account, err := tenantHeaders([]string{c.AccountHeader})
+		if err != nil || len(account) == 0 {
+			return fmt.Errorf("account-header: %q is not a header name that is not a credential's", c.AccountHeader)
+		}
+		c.AccountHeader = account[0]
+		if !slices.Contains(headers, c.AccountHeader) {
+			headers = append(headers, c.AccountHeader)
+		}
 	}
 	c.TenantHeaders = headers
 	switch {

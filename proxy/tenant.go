@@ -71,7 +71,10 @@ func (p *Proxy) tenant(ctx *fasthttp.RequestCtx) (t string, ok bool) {
 // Bearer scheme and surrounding spaces. -tenant-header values are no
 // account: they are not secrets, and a client could name another's to
 // fill its account; they only make the tenant. A request with no secret
-// value has none (nil: its tenant is its account). n is how many distinct
+// value has none (nil: its tenant is its account). With
+// Config.AccountHeader, a request that carries that header has its value
+// as its one account instead: the customer a trusted layer in front
+// named. n is how many distinct
 // values it carries, counted up to Config.MaxCredentials+1: past the
 // bound, accounts is nil and the request is to be refused.
 func (p *Proxy) accounts(ctx *fasthttp.RequestCtx) (accounts []string, n int) {
@@ -101,8 +104,19 @@ func (p *Proxy) accounts(ctx *fasthttp.RequestCtx) (accounts []string, n int) {
 	for _, v := range ctx.QueryArgs().PeekMulti(credentialParam) {
 		add(v)
 	}
-	if len(seen) == 0 || len(seen) > limit {
+	if len(seen) > limit {
 		return nil, len(seen)
+	}
+	if name := p.cfg.AccountHeader; name != "" {
+		if v := h.Peek(name); len(v) > 0 {
+			m := p.newMAC("account-header")
+			m.addBytes(v)
+			sum := p.sumMAC(m)
+			return []string{hex.EncodeToString(sum[:16])}, len(seen)
+		}
+	}
+	if len(seen) == 0 {
+		return nil, 0
 	}
 	accounts = make([]string, len(seen))
 	for i, v := range seen {

@@ -51,6 +51,7 @@ type options struct {
 	adminListen   string
 	keyHeaders    listFlag
 	tenantHeaders listFlag
+	accountHeader string
 	anonymousKeys string
 	maxCreds      int
 	secret        string
@@ -127,6 +128,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Var(&o.mcpDedupe, "mcp-dedupe", "a tool (or * for all) whose calls without a key get one derived from the tenant, the tool's name and its arguments, standing for -mcp-dedupe-window; repeatable or comma-separated")
 	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", 10*time.Minute, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
 	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", 24*time.Hour, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
+	fs.StringVar(&o.accountHeader, "account-header", "", "a header that an authenticating layer in front sets (and clients cannot) naming the customer, where one upstream API key serves many: a request carrying it is counted by every per-tenant bound against its value instead of its credentials, and it is part of the tenant; default none (bounds count credential values)")
 	fs.IntVar(&o.maxCreds, "max-credentials", 5, "distinct credential values (Authorization, x-api-key, api-key, x-goog-api-key, ?key=) a keyed request, resume or key lookup may carry, each an account its key counts against for every per-tenant bound: past it, 400 invalid_request")
 	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
 	fs.StringVar(&o.secret, "secret", "", "the deployment secret that keys the tenant hash (at least 16 bytes; better given as SSEGATE_SECRET than on the command line). Default: with -redis, one kept in Redis and shared by every replica; without, a random one per process")
@@ -399,7 +401,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
 		MCPPaths:           o.mcpPaths, MCPDedupe: o.mcpDedupe, MCPDedupeWindow: o.mcpWindow, MCPUnknownTTL: o.mcpUnknownTTL,
-		TenantHeaders: o.tenantHeaders, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), MaxCredentials: o.maxCreds, Secret: secret,
+		TenantHeaders: o.tenantHeaders, AccountHeader: o.accountHeader, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), MaxCredentials: o.maxCreds, Secret: secret,
 		MetricsModels: models, Tracer: tracer,
 	})
 	if err != nil {
