@@ -582,11 +582,35 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
 			r.reaped.Add(1)
 		}
+		r.recordAccounts(sc, k)
 		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh)
 		f.tool = t
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// recordAccounts keeps sc's accounts in k's record for the generation it
+// claimed, so that a replica that tails it (Attach) charges the tail's
+// live bytes to them, and a reap it does ends the key's count in their
+// sets, whatever scope the resume came with: a resume URL carries no
+// credential, and a client could otherwise open each tail under a
+// tenant of its own. A scope without Accounts clears the field: its
+// followers' scope (the same tenant) is its own. Best effort: a failure
+// leaves the followers charging their own scope's accounts.
+func (r *Redis) recordAccounts(sc Scope, k rkeys) {
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	var err error
+	if len(sc.Accounts) == 0 {
+		err = r.c.Do(ctx, r.c.B().Hdel().Key(k.st).Field("acc").Build()).Error()
+	} else {
+		err = r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("acc", strings.Join(sc.Accounts, " ")).Build()).Error()
+	}
+	if err != nil {
+		r.unavailable.Add(1)
+		r.cfg.Logger.Warn("a claim's accounts are not recorded for its followers", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+	}
 }
 
 // sharedKeys reports whether the scripts may touch keys of different
@@ -674,7 +698,7 @@ func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
-	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp").Build()).ToArray()
+	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp", "acc").Build()).ToArray()
 	cancel()
 	if err != nil {
 		return nil, nil, r.unavailableErr("attach", err)
@@ -682,6 +706,11 @@ func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Fligh
 	phase, _ := vals[0].ToString()
 	genS, _ := vals[1].ToString()
 	stfp, _ := vals[2].ToString()
+	if acc, _ := vals[3].ToString(); acc != "" {
+		// The tail is charged to the accounts of the claim it follows,
+		// whatever the resume's own (recordAccounts).
+		sc.Accounts = strings.Fields(acc)
+	}
 	if phase == "" {
 		return nil, nil, ErrNotFound
 	}
