@@ -561,3 +561,45 @@ func TestRedisClaimReplyLost(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisAbandonUncountsAccounts: a claim of a key with two accounts
+// counts it in the second's set (countMore) before the claim that takes
+// it; when that claim's bytes never reach Redis and its caller gives up,
+// the clean-up that finds it never ran takes the key out of that set.
+// Left there, the account refused new keys for LiveTTL as if it held one.
+func TestRedisAbandonUncountsAccounts(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	const lease, timeout = 8 * time.Second, time.Second
+	mod := func(c *RedisConfig) { c.Lease, c.Timeout, c.MaxKeysPerTenant = lease, timeout, 1 }
+	a := newRedis(t, relay.Addr, prefix, mod)
+	b := newRedis(t, srv.Addr, prefix, mod)
+	sc := Scope{Tenant: "t", Key: "lost", Accounts: []string{"first", "shared"}}
+	// The second round's claim, which asks Redis to count the key (ask
+	// "1"; the first asked "2"): refuse "0", ask "1", tool "", its ttl "0".
+	held := relay.HoldRequest("$1\r\n0\r\n$1\r\n1\r\n$0\r\n\r\n$1\r\n0\r\n")
+	_, err := a.Begin(sc, "fp")
+	select {
+	case <-held.Caught:
+	default:
+		t.Fatal("the claim was not held")
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the held claim: got %v; want ErrUnavailable", err)
+	}
+	held.Cut()
+	eventually(t, 5*time.Second, func() error {
+		if n := a.abandoning.Load(); n != 0 {
+			return fmt.Errorf("the clean-up still runs (%d)", n)
+		}
+		return nil
+	})
+	other := Scope{Tenant: "u", Key: "next", Accounts: []string{"another", "shared"}}
+	got, err := b.Begin(other, "fp2")
+	if err != nil || got.Decision != Miss {
+		t.Fatalf("a key of the shared account after the lost claim: got %v, %v; want a miss: the account holds no key", got.Decision, err)
+	}
+	got.Flight.Fail(StateFailedRetryable, "test", nil)
+}
