@@ -603,3 +603,33 @@ func TestRedisAbandonUncountsAccounts(t *testing.T) {
 	}
 	got.Flight.Fail(StateFailedRetryable, "test", nil)
 }
+
+// TestRedisFullKeepsOthersCount: a claim that a bound refuses after it
+// counted its key in its second account's set takes out only what it
+// added there: a concurrent claim of the same key that counted it there
+// first, and may take the key, keeps its count. Before, the refused
+// claim removed the member, and the key went uncounted in that account.
+func TestRedisFullKeepsOthersCount(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Shared(t)
+	prefix := redistest.Prefix(t)
+	r := newRedis(t, addr, prefix, func(c *RedisConfig) { c.MaxKeysPerTenant = 1 })
+	busy := rbegin(t, r, Scope{Tenant: "t", Key: "busy", Accounts: []string{"full"}}, "fp").Flight
+	defer busy.Fail(StateFailedRetryable, "test", nil)
+	sc := Scope{Tenant: "t", Key: "raced", Accounts: []string{"full", "shared"}}
+	k := r.keys(sc)
+	// Another claim of the key, by credentials "other" and "shared",
+	// counted it in "shared" first.
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	set := r.accountKey("shared")
+	if err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, "1", ms(r.cfg.LiveTTL), r.setTTL()}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Begin(sc, "fp"); !errors.Is(err, ErrTenantFull) {
+		t.Fatalf("a key of the full account: got %v; want ErrTenantFull", err)
+	}
+	if err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(k.h).Build()).Error(); err != nil {
+		t.Fatalf("the other claim's count in the shared account after the refused claim: %v; want it kept", err)
+	}
+}
