@@ -193,7 +193,7 @@ local gs = string.format('%.0f', g)
 -- entry: a generation nobody follows never has one.
 if phase then
   redis.call('DEL', KEYS[3], KEYS[4])
-  redis.call('HDEL', KEYS[1], 'want', 'model', 'fallbacks') -- the last generation's
+  redis.call('HDEL', KEYS[1], 'want', 'model', 'fallbacks', 'acc') -- the last generation's
   redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
     'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
     'attempts', '0', 'status', '0', 'reason', '', 'events', '0', 'bytes', '0',

@@ -622,18 +622,17 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 // live bytes to them, and a reap it does ends the key's count in their
 // sets, whatever scope the resume came with: a resume URL carries no
 // credential, and a client could otherwise open each tail under a
-// tenant of its own. A scope without Accounts clears the field: its
-// followers' scope (the same tenant) is its own. Best effort: a failure
-// leaves the followers charging their own scope's accounts.
+// tenant of its own. A scope without Accounts records none (the claim
+// cleared the last generation's): its followers' scope, of the same
+// tenant, is its own. Best effort: a failure, or a tail opened before
+// the record, charges the follower's own scope's accounts.
 func (r *Redis) recordAccounts(sc Scope, k rkeys) {
+	if len(sc.Accounts) == 0 {
+		return
+	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	var err error
-	if len(sc.Accounts) == 0 {
-		err = r.c.Do(ctx, r.c.B().Hdel().Key(k.st).Field("acc").Build()).Error()
-	} else {
-		err = r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("acc", strings.Join(sc.Accounts, " ")).Build()).Error()
-	}
+	err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("acc", strings.Join(sc.Accounts, " ")).Build()).Error()
 	if err != nil {
 		r.unavailable.Add(1)
 		r.cfg.Logger.Warn("a claim's accounts are not recorded for its followers", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
