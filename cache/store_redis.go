@@ -1053,7 +1053,7 @@ func (r *Redis) Forget(sc Scope) error {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	out, err := forgetScript.Exec(ctx, r.c, k.all, nil).ToString()
+	out, err := forgetScript.Exec(ctx, r.c, k.all, []string{ms(max(r.cfg.Lease, r.cfg.FailedTTL))}).ToString()
 	if err != nil {
 		return r.unavailableErr("forget", err)
 	}

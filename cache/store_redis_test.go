@@ -633,3 +633,36 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 		t.Fatalf("the other claim's count in the shared account after the refused claim: %v; want it kept", err)
 	}
 }
+
+// TestRedisForgetKeepsFence: a Forget of a key whose record holds a
+// claim's fence (abandonScript) keeps the fence, for the lease or
+// FailedTTL, so that the claim, should it land after both, takes nothing.
+// Before, Forget deleted the record with its fence.
+func TestRedisForgetKeepsFence(t *testing.T) {
+	t.Parallel()
+	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), nil)
+	sc := Scope{Tenant: "t", Key: "fenced"}
+	f := rbegin(t, r, sc, "fp").Flight
+	startStream(t, f)
+	appendN(t, f, 1, 1)
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false; want true")
+	}
+	k := r.keys(sc)
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	const tok = "a-lost-claims-token"
+	if err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now())}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Forget(sc); err != nil {
+		t.Fatalf("Forget: got %v; want none", err)
+	}
+	got, err := r.c.Do(ctx, r.c.B().Hget().Key(k.st).Field("abandoned").Build()).ToString()
+	if err != nil || got != tok {
+		t.Fatalf("the fence after Forget: got %q, %v; want %q", got, err, tok)
+	}
+	if _, ok := r.Info(sc); ok {
+		t.Fatal("Info after Forget: the key has a record; want none")
+	}
+}
