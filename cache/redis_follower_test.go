@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,4 +161,36 @@ func TestRedisFollowerOfFailure(t *testing.T) {
 		t.Fatal("no follower held a cut copy in 20 tries; the owner's failure never overtook its events")
 	}
 	t.Logf("%d of 20 followers held a cut copy", cut)
+}
+
+// TestRedisTailAccounts: a tail opened on another replica by a scope
+// without accounts (a resume URL carries no credential), or with other
+// ones, is charged to the accounts of the claim it follows, so that a
+// client that mints a tenant for each tail is still held to the share of
+// the credential it claimed with. Before, each tail was charged to its
+// own tenant, a new account each time.
+func TestRedisTailAccounts(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	claim := Scope{Tenant: "minted-1", Key: "tail-accounts", Accounts: []string{"billed", "minted-1"}}
+	owner := rbegin(t, rs[0], claim, "fp").Flight
+	startStream(t, owner)
+	appendN(t, owner, 1, 1)
+	for _, sc := range []Scope{{Tenant: claim.Tenant, Key: claim.Key}, {Tenant: claim.Tenant, Key: claim.Key, Accounts: []string{"other"}}} {
+		f, _, err := rs[1].Attach(sc, "", sse.ID{}, false)
+		if err != nil {
+			t.Fatalf("Attach(%v): got error %v; want the live generation", sc, err)
+		}
+		var names []string
+		for _, s := range f.share {
+			names = append(names, s.name)
+		}
+		if strings.Join(names, " ") != "billed minted-1" {
+			t.Errorf("tail of %v charged to %v; want the claim's accounts [billed minted-1]", sc, names)
+		}
+		if got := strings.Join(f.Scope.Accounts, " "); got != "billed minted-1" {
+			t.Errorf("tail of %v has scope accounts %q (its reap ends the count there); want the claim's", sc, got)
+		}
+	}
+	owner.Commit(nil)
 }

@@ -80,10 +80,15 @@ func (r *Redis) accountKey(account string) string {
 // the claim counts it against its first account and the whole (on a
 // Cluster, before countKey), and taken out of them again when a bound
 // refuses it there. Each count checks and adds atomically, so no set
-// passes its bound; a concurrent claim of the same key refused by a
-// bound can take out a member another claim of it counted, and the
-// claim that took the key counts it again, unbounded, as live
-// (countMore). Every end of the key's count ends it in them too
+// passes its bound. A claim a bound refuses, or that ends otherwise than
+// taking the key (or whose outcome is unknown and that never ran), takes
+// out only the members it added, not those another claim of the key
+// counted first; the claim that took the key counts again, unbounded, in
+// the sets where it found the key already counted, since the claim that
+// counted it there may take it out (countMore). That recount and such a
+// removal are not ordered: a key can go uncounted in an account after
+// its first until its next claim, an under-count bounded by the
+// concurrent claims of one key. Every end of the key's count ends it in them too
 // (keyEnd; moreEnded after a finish that ended the rest): a key whose end
 // goes unreported counts, there as in its first account's set, until
 // its live score passes.
@@ -97,34 +102,41 @@ func more(sc Scope) []string {
 }
 
 // countMore counts sc's key as live in the sets of its accounts after
-// its first, against MaxKeysPerTenant unless unbounded. When one refuses
-// it, it is taken out of those that took it, and countMore returns
-// ErrTenantFull (wrapped).
-func (r *Redis) countMore(sc Scope, k rkeys, unbounded bool) error {
+// its first, against MaxKeysPerTenant unless unbounded, and returns
+// those of them it added the key to (it was not counted there before)
+// and those that had it already. When one refuses it, it is taken out
+// of those it was added to, and countMore returns ErrTenantFull
+// (wrapped).
+func (r *Redis) countMore(sc Scope, k rkeys, unbounded bool) (added, had []string, err error) {
 	bound := strconv.Itoa(r.cfg.MaxKeysPerTenant)
 	if unbounded {
 		bound = "-1"
 	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	accounts := more(sc)
-	for i, a := range accounts {
+	for _, a := range more(sc) {
 		set := r.accountKey(a)
 		n, err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{
 			k.h, bound, ms(r.cfg.LiveTTL), r.setTTL(),
 		}).AsInt64()
-		if err == nil && n != 0 {
+		switch {
+		case err == nil && n >= 3:
+			added = append(added, a)
+			continue
+		case err == nil && n != 0:
+			had = append(had, a)
 			continue
 		}
 		if !unbounded {
-			r.uncountMore(accounts[:i], k)
+			r.uncountMore(added, k)
+			added = nil
 		}
 		if err != nil {
-			return r.unavailableErr("account keys", err)
+			return added, had, r.unavailableErr("account keys", err)
 		}
-		return r.fullErr(0)
+		return added, had, r.fullErr(0)
 	}
-	return nil
+	return added, had, nil
 }
 
 // uncountMore takes k's key out of the sets of accounts: a bound refused
@@ -278,7 +290,7 @@ func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
 		return r.fullErr(0)
 	}
 	stranger := "0"
-	if n == 1 {
+	if n == 1 || n == 3 {
 		stranger = "1"
 	}
 	g, err := globalScript.Exec(ctx, r.c, r.globalKeys(), []string{
@@ -510,14 +522,20 @@ end
 //
 // Returns 1 when the key is counted (it was, or the tenant had room) and
 // the tenant is a stranger, 2 when it is counted and the tenant known, 0
-// when the tenant holds its bound of other unexpired keys.
+// when the tenant holds its bound of other unexpired keys; 2 more (3, 4)
+// when the key was not counted there before (no unexpired member): this
+// call added it, and a claim refused later takes out only what it added
+// (countMore).
 var quotaScript = newScript(nowLua + countLua + `
 local t = now()
+local old = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 local ok, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t, pruning(ARGV[1]))
 if not ok then return 0 end
 tenantCount(KEYS[1], ARGV[1], tostring(t + tonumber(ARGV[3])), ARGV[4])
-if stranger then return 1 end
-return 2
+local added = 0
+if not old or old <= t then added = 2 end
+if stranger then return 1 + added end
+return 2 + added
 `)
 
 // globalScript counts a key in the set of all keys and, for a

@@ -193,7 +193,7 @@ local gs = string.format('%.0f', g)
 -- entry: a generation nobody follows never has one.
 if phase then
   redis.call('DEL', KEYS[3], KEYS[4])
-  redis.call('HDEL', KEYS[1], 'want', 'model', 'fallbacks') -- the last generation's
+  redis.call('HDEL', KEYS[1], 'want', 'model', 'fallbacks', 'acc') -- the last generation's
   redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
     'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
     'attempts', '0', 'status', '0', 'reason', '', 'events', '0', 'bytes', '0',
@@ -721,9 +721,13 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 // with its owner's lease standing (Forget). A tool call's live record is
 // never deleted, lease or not: its owner may be paused or cut off from
 // Redis while the call runs on; the next claim reaps it to a held
-// commit_unknown, which a DELETE then clears.
+// commit_unknown, which a DELETE then clears. A fence a claim's clean-up
+// left (abandonScript's abandoned field) outlives the records, kept for
+// fence ttl: a claim that lands after its clean-up and the forget still
+// takes nothing.
 //
 // KEYS: st, lease, j, res
+// ARGV: fence ttl ms
 //
 // Returns "live", "none" or "ok".
 var forgetScript = newScript(`
@@ -731,6 +735,11 @@ local phase = redis.call('HGET', KEYS[1], 'phase')
 if not phase then return 'none' end
 local tool = redis.call('HGET', KEYS[1], 'tool')
 if phase == 'live' and (redis.call('EXISTS', KEYS[2]) == 1 or (tool and tool ~= '')) then return 'live' end
+local fence = redis.call('HGET', KEYS[1], 'abandoned')
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+if fence then
+  redis.call('HSET', KEYS[1], 'abandoned', fence)
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
 return 'ok'
 `)

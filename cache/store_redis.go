@@ -452,6 +452,18 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	// it out of them.
 	moreCounted := len(more(sc)) == 0
 	countedMore := false // by this claim, against the bound
+	// addedMore are the sets this claim's count added the key to, which
+	// it takes out again unless it takes the key; hadMore those that
+	// counted it already, by another claim of it that may take it out.
+	var addedMore, hadMore []string
+	// untaken takes out what this claim added, when it does not take the
+	// key.
+	untaken := func() {
+		if len(addedMore) > 0 {
+			r.uncountMore(addedMore, k)
+			addedMore = nil
+		}
+	}
 	if shared {
 		keys = r.finishKeys(sc, k, true) // the same keys
 		// A tenant past its share of the live journals gets no new key;
@@ -492,12 +504,18 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			// Redis may come back from an older snapshot or a replica
 			// behind: the sets' expiries this replica renewed may be gone.
 			r.setRenewals.forget()
-			r.abandon(sc, k, tok, sent, err)
+			if !r.abandon(sc, k, tok, sent, err, addedMore) {
+				untaken() // the claim did not run
+			}
 			return Begun{}, r.unavailableErr("claim", err)
 		}
 		a, err := parseClaimAnswer(out)
 		if err != nil {
+			untaken()
 			return Begun{}, fmt.Errorf("redis claim: %w", err)
+		}
+		if a.verdict != claimNew && a.verdict != claimReplay && a.verdict != claimMiss {
+			untaken() // the key is not this claim's
 		}
 		if a.heldReaped > 0 {
 			r.heldReaped(sc, k, a.heldReaped)
@@ -511,7 +529,9 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				return Begun{}, err
 			}
 			if !moreCounted {
-				if err := r.countMore(sc, k, false); err != nil {
+				var err error
+				addedMore, hadMore, err = r.countMore(sc, k, false)
+				if err != nil {
 					return Begun{}, err
 				}
 				moreCounted, countedMore = true, true
@@ -521,13 +541,13 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				continue
 			}
 			if err := r.countKey(sc, k, false); err != nil {
-				r.uncountMore(more(sc), k)
+				untaken()
 				return Begun{}, err
 			}
 			ask = "0"
 			continue
 		case claimFull:
-			r.uncountMore(more(sc), k)
+			untaken()
 			return Begun{}, r.fullErr(a.full)
 		case claimStale:
 			// Only a copy that arrives after its caller gave up reads
@@ -544,6 +564,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			if errors.Is(err, ErrNotFound) {
 				continue
 			}
+			untaken()
 			if err != nil {
 				return Begun{}, err
 			}
@@ -573,7 +594,13 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		if len(more(sc)) > 0 && !countedMore {
 			// A key the ledger held starts again: it counts as live in
 			// every account.
-			if err := r.countMore(sc, k, true); err != nil {
+			if _, _, err := r.countMore(sc, k, true); err != nil {
+				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+			}
+		} else if len(hadMore) > 0 {
+			// Another claim of the key counted it there first, and takes
+			// it out if a bound refuses it: count it again.
+			if _, _, err := r.countMore(Scope{Accounts: append([]string{""}, hadMore...)}, k, true); err != nil {
 				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 			}
 		}
@@ -582,11 +609,34 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
 			r.reaped.Add(1)
 		}
+		r.recordAccounts(sc, k)
 		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh)
 		f.tool = t
 		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
 	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+}
+
+// recordAccounts keeps sc's accounts in k's record for the generation it
+// claimed, so that a replica that tails it (Attach) charges the tail's
+// live bytes to them, and a reap it does ends the key's count in their
+// sets, whatever scope the resume came with: a resume URL carries no
+// credential, and a client could otherwise open each tail under a
+// tenant of its own. A scope without Accounts records none (the claim
+// cleared the last generation's): its followers' scope, of the same
+// tenant, is its own. Best effort: a failure, or a tail opened before
+// the record, charges the follower's own scope's accounts.
+func (r *Redis) recordAccounts(sc Scope, k rkeys) {
+	if len(sc.Accounts) == 0 {
+		return
+	}
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("acc", strings.Join(sc.Accounts, " ")).Build()).Error()
+	if err != nil {
+		r.unavailable.Add(1)
+		r.cfg.Logger.Warn("a claim's accounts are not recorded for its followers", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+	}
 }
 
 // sharedKeys reports whether the scripts may touch keys of different
@@ -619,20 +669,29 @@ func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
 // script fences its token first, so that the claim, should it land
 // later, takes nothing. It keeps trying for as long as a fence is kept
 // (FailedTTL, or the lease if longer), and gives up then. At most MaxAbandoning run at once.
-func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error) {
+//
+// added are the sets of the scope's accounts after its first the claim
+// added its key to (countMore): abandon takes the key out of them when it
+// finds the claim never ran. It reports false when it does not take the
+// claim over: the claim did not run (Redis answered it with an error, or
+// it was never sent), or nothing will end it here (closing, or too many
+// abandoning); the caller then takes the key out of added itself, since
+// a key whose claim ran but is abandoned by no one is reaped a lease
+// later, while a count left in those sets would refuse keys for LiveTTL.
+func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error, added []string) bool {
 	if _, ok := rueidis.IsRedisErr(err); ok {
-		return // Redis answered: the script did not run
+		return false // Redis answered: the script did not run
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
-		return // not sent: no connection
+		return false // not sent: no connection
 	}
 	if r.ctx.Err() != nil {
-		return // closing: the lease ends it
+		return false // closing: the lease ends it
 	}
 	if r.abandoning.Add(1) > int64(r.cfg.MaxAbandoning) {
 		r.abandoning.Add(-1)
-		return
+		return false
 	}
 	r.cfg.Logger.Warn("a claim's outcome is unknown; ending the generation it may have made",
 		"key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
@@ -651,6 +710,11 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
 						"key", sc.Key, "tenant", sc.Tenant, "state", StateFailedRetryable)
 					r.keyEnded(sc, k, StateFailedRetryable, r.cfg.FailedTTL)
+				} else if len(added) > 0 {
+					// The claim never ran (its token is fenced) or its
+					// generation was ended by another: what it counted
+					// in the other accounts' sets is not a live key's.
+					r.uncountMore(added, k)
 				}
 				return
 			}
@@ -662,6 +726,7 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 			backoff = min(2*backoff, time.Second)
 		}
 	})
+	return true
 }
 
 func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
@@ -674,7 +739,7 @@ func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
-	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp").Build()).ToArray()
+	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp", "acc").Build()).ToArray()
 	cancel()
 	if err != nil {
 		return nil, nil, r.unavailableErr("attach", err)
@@ -682,6 +747,11 @@ func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Fligh
 	phase, _ := vals[0].ToString()
 	genS, _ := vals[1].ToString()
 	stfp, _ := vals[2].ToString()
+	if acc, _ := vals[3].ToString(); acc != "" {
+		// The tail is charged to the accounts of the claim it follows,
+		// whatever the resume's own (recordAccounts).
+		sc.Accounts = strings.Fields(acc)
+	}
 	if phase == "" {
 		return nil, nil, ErrNotFound
 	}
@@ -983,7 +1053,7 @@ func (r *Redis) Forget(sc Scope) error {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	out, err := forgetScript.Exec(ctx, r.c, k.all, nil).ToString()
+	out, err := forgetScript.Exec(ctx, r.c, k.all, []string{ms(max(r.cfg.Lease, r.cfg.FailedTTL))}).ToString()
 	if err != nil {
 		return r.unavailableErr("forget", err)
 	}

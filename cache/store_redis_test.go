@@ -561,3 +561,108 @@ func TestRedisClaimReplyLost(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisAbandonUncountsAccounts: a claim of a key with two accounts
+// counts it in the second's set (countMore) before the claim that takes
+// it; when that claim's bytes never reach Redis and its caller gives up,
+// the clean-up that finds it never ran takes the key out of that set.
+// Left there, the account refused new keys for LiveTTL as if it held one.
+func TestRedisAbandonUncountsAccounts(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	prefix := redistest.Prefix(t)
+	const lease, timeout = 8 * time.Second, time.Second
+	mod := func(c *RedisConfig) { c.Lease, c.Timeout, c.MaxKeysPerTenant = lease, timeout, 1 }
+	a := newRedis(t, relay.Addr, prefix, mod)
+	b := newRedis(t, srv.Addr, prefix, mod)
+	sc := Scope{Tenant: "t", Key: "lost", Accounts: []string{"first", "shared"}}
+	// The second round's claim, which asks Redis to count the key (ask
+	// "1"; the first asked "2"): refuse "0", ask "1", tool "", its ttl "0".
+	held := relay.HoldRequest("$1\r\n0\r\n$1\r\n1\r\n$0\r\n\r\n$1\r\n0\r\n")
+	_, err := a.Begin(sc, "fp")
+	select {
+	case <-held.Caught:
+	default:
+		t.Fatal("the claim was not held")
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("the held claim: got %v; want ErrUnavailable", err)
+	}
+	held.Cut()
+	eventually(t, 5*time.Second, func() error {
+		if n := a.abandoning.Load(); n != 0 {
+			return fmt.Errorf("the clean-up still runs (%d)", n)
+		}
+		return nil
+	})
+	other := Scope{Tenant: "u", Key: "next", Accounts: []string{"another", "shared"}}
+	got, err := b.Begin(other, "fp2")
+	if err != nil || got.Decision != Miss {
+		t.Fatalf("a key of the shared account after the lost claim: got %v, %v; want a miss: the account holds no key", got.Decision, err)
+	}
+	got.Flight.Fail(StateFailedRetryable, "test", nil)
+}
+
+// TestRedisFullKeepsOthersCount: a claim that a bound refuses after it
+// counted its key in its second account's set takes out only what it
+// added there: a concurrent claim of the same key that counted it there
+// first, and may take the key, keeps its count. Before, the refused
+// claim removed the member, and the key went uncounted in that account.
+func TestRedisFullKeepsOthersCount(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Shared(t)
+	prefix := redistest.Prefix(t)
+	r := newRedis(t, addr, prefix, func(c *RedisConfig) { c.MaxKeysPerTenant = 1 })
+	busy := rbegin(t, r, Scope{Tenant: "t", Key: "busy", Accounts: []string{"full"}}, "fp").Flight
+	defer busy.Fail(StateFailedRetryable, "test", nil)
+	sc := Scope{Tenant: "t", Key: "raced", Accounts: []string{"full", "shared"}}
+	k := r.keys(sc)
+	// Another claim of the key, by credentials "other" and "shared",
+	// counted it in "shared" first.
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	set := r.accountKey("shared")
+	if err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, "1", ms(r.cfg.LiveTTL), r.setTTL()}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Begin(sc, "fp"); !errors.Is(err, ErrTenantFull) {
+		t.Fatalf("a key of the full account: got %v; want ErrTenantFull", err)
+	}
+	if err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(k.h).Build()).Error(); err != nil {
+		t.Fatalf("the other claim's count in the shared account after the refused claim: %v; want it kept", err)
+	}
+}
+
+// TestRedisForgetKeepsFence: a Forget of a key whose record holds a
+// claim's fence (abandonScript) keeps the fence, for the lease or
+// FailedTTL, so that the claim, should it land after both, takes nothing.
+// Before, Forget deleted the record with its fence.
+func TestRedisForgetKeepsFence(t *testing.T) {
+	t.Parallel()
+	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), nil)
+	sc := Scope{Tenant: "t", Key: "fenced"}
+	f := rbegin(t, r, sc, "fp").Flight
+	startStream(t, f)
+	appendN(t, f, 1, 1)
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false; want true")
+	}
+	k := r.keys(sc)
+	ctx, cancel := r.opCtx()
+	defer cancel()
+	const tok = "a-lost-claims-token"
+	if err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now())}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Forget(sc); err != nil {
+		t.Fatalf("Forget: got %v; want none", err)
+	}
+	got, err := r.c.Do(ctx, r.c.B().Hget().Key(k.st).Field("abandoned").Build()).ToString()
+	if err != nil || got != tok {
+		t.Fatalf("the fence after Forget: got %q, %v; want %q", got, err, tok)
+	}
+	if _, ok := r.Info(sc); ok {
+		t.Fatal("Info after Forget: the key has a record; want none")
+	}
+}

@@ -109,7 +109,14 @@ func (p *Proxy) serveResponseGet(ctx *fasthttp.RequestCtx, id string) bool {
 			after = uint64(n-base) + 1 // no overflow: 0 <= n-base
 		}
 	}
-	sc := cache.Scope{Tenant: tenant, Key: a.Key}
+	// The tail this opens is charged to the request's accounts, as any
+	// keyed request's, and a request past MaxCredentials is refused: a
+	// scope of the tenant alone would let a credential the upstream
+	// ignores make a new account for every tail.
+	sc, ok := p.scope(ctx, a.Key)
+	if !ok {
+		return true
+	}
 	f, r, err := p.store.Attach(sc, "", sse.ID{Gen: a.Gen, Seq: after}, true)
 	switch {
 	case errors.Is(err, cache.ErrGone), errors.Is(err, cache.ErrNotFound):

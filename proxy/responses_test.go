@@ -465,3 +465,35 @@ func TestResponsesAliasOfFailedAttempt(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesGetMaxCredentials: GET /v1/responses/{id} takes the
+// request's scope as every keyed request does: a replica whose
+// -max-credentials the request passes refuses it 400
+// too_many_credentials, though another replica sharing the store took
+// the stream with those credentials. Before, the GET built a scope of the
+// tenant alone, checked no bound and was served from the journal (its
+// tail charged to the tenant rather than the credentials).
+func TestResponsesGetMaxCredentials(t *testing.T) {
+	t.Parallel()
+	var logs gatetest.LogBuffer
+	prefix := redistest.Prefix(t)
+	secret := []byte("a secret the replicas share")
+	shared := func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.Secret = secret }
+	a, _ := replicaEnv(t, redistest.Shared(t), prefix, &logs, shared, slowMock(time.Millisecond, 8))
+	strict, _ := replicaEnv(t, redistest.Shared(t), prefix, &logs, shared, func(pc *Config, _ *cache.Config, _ *mockllm.Config) { pc.MaxCredentials = 1 })
+	creds := map[string]string{"x-api-key": "k-one", "Authorization": "Bearer k-two"}
+	r := a.fetch(req{key: newKey("responses-max-cred"), path: "/v1/responses", header: creds,
+		body: `{"model":"gpt-4o-mini","stream":true,"input":"hi"}`})
+	if r.status != 200 || len(r.events) == 0 {
+		t.Fatalf("POST: got %d; want a stream", r.status)
+	}
+	id := gjson.Get(r.events[0].Data, "response.id").String()
+	got := strict.fetch(req{method: http.MethodGet, header: creds, path: "/v1/responses/" + id + "?stream=true"})
+	if got.status != http.StatusBadRequest || got.errType != "invalid_request" || got.replayed {
+		t.Fatalf("GET past the replica's -max-credentials: got %d %q replayed=%v; want 400 invalid_request", got.status, got.errType, got.replayed)
+	}
+	if !strings.Contains(logs.String(), "too_many_credentials") {
+		t.Error("the log has no too_many_credentials refusal")
+	}
+	a.wantCalls(1)
+}
