@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -34,7 +35,7 @@ func podman(t *testing.T, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "podman", append(append([]string{}, podmanArgs...), args...)...)
-	var stderr lockedBuffer
+	var stderr gatetest.LogBuffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/gatetest"
 )
 
 // nfpmVersion is the nfpm the Makefile and .ci/run build.
@@ -146,7 +148,7 @@ func TestPackage(t *testing.T) {
 	cmd.Dir = "/"
 	// DynamicUser allocates a user of its own; nobody is as unprivileged.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	var logs lockedBuffer
+	var logs gatetest.LogBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
