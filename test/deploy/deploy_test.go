@@ -26,6 +26,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 // repoRoot is the repository's root, relative to this package.
@@ -233,23 +235,24 @@ func upstreamCalls(t *testing.T, base string) int {
 func waitHTTP(t *testing.T, base string, limit time.Duration, alive func() (bool, string)) {
 	t.Helper()
 	c := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(limit)
-	for {
-		resp, err := c.Get(base + "/healthz")
-		if err == nil {
+	exited := false
+	answered := poll.Until(limit, func() bool {
+		if resp, err := c.Get(base + "/healthz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				return true
 			}
 		}
-		if ok, out := alive(); !ok {
-			t.Fatalf("ssegate exited before it answered; its output:\n%s", out)
-		}
-		if time.Now().After(deadline) {
-			_, out := alive()
-			t.Fatalf("%s/healthz did not answer within %v; the output:\n%s", base, limit, out)
-		}
-		time.Sleep(100 * time.Millisecond)
+		ok, _ := alive()
+		exited = !ok
+		return exited
+	})
+	_, out := alive()
+	switch {
+	case exited:
+		t.Fatalf("ssegate exited before it answered; its output:\n%s", out)
+	case !answered:
+		t.Fatalf("%s/healthz did not answer within %v; the output:\n%s", base, limit, out)
 	}
 }
 
