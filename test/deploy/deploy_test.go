@@ -15,7 +15,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -254,18 +253,6 @@ func waitHTTP(t *testing.T, base string, limit time.Duration, alive func() (bool
 	case !answered:
 		t.Fatalf("%s/healthz did not answer within %v; the output:\n%s", base, limit, out)
 	}
-}
-
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 // logLine returns the first JSON log line of out whose msg is msg.

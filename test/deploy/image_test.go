@@ -97,7 +97,7 @@ type container struct {
 func start(t *testing.T, more []string, env ...string) *container {
 	t.Helper()
 	img := image(t)
-	addr := freeAddr(t)
+	addr := gatetest.FreePort(t)
 	c := &container{t: t, name: fmt.Sprintf("ssegate-deploy-%s-%d", runID, time.Now().UnixNano()), base: "http://" + addr}
 	args := append([]string{"run", "-d", "--name", c.name}, runArgs...)
 	args = append(args, more...)

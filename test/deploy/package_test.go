@@ -128,7 +128,7 @@ func TestPackage(t *testing.T) {
 	}
 
 	// An administrator sets the upstream and the address.
-	addr := freeAddr(t)
+	addr := gatetest.FreePort(t)
 	edit(t, envPath, map[string]string{"SSEGATE_UPSTREAM": "mock", "SSEGATE_LISTEN": addr})
 	env := readEnvFile(t, envPath)
 	stop, err := time.ParseDuration(unit["TimeoutStopSec"][0])
