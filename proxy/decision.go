@@ -121,7 +121,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		if !p.claimSlot(ctx, f) {
 			return
 		}
-		g := p.newGen(f, body)
+		g := p.newGen(f, body, llmKind)
 		g.traceFrom(ctx)
 		p.traceAnswer(ctx, f, "", "")
 		g.launch(newTemplate(ctx))

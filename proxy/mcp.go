@@ -107,8 +107,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	// A GET is the server's stream of its own messages: no head comes
 	// later than a stream's, and it may go on longer than an answer.
-	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()})
-	g.relayRaw, g.rawAlways, g.streamOnHead = true, true, true
+	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()}, rawKind)
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(newTemplate(ctx))
 	p.serveOrigin(ctx, g)
@@ -278,9 +277,8 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		// the tool is done); an event stream's silences are bounded instead.
 		// The caller's place in the call (g.o.sub) is taken by newGen,
 		// before the call goes out: no re-issue can take it first.
-		g := p.newGen(f, sse.Request{})
-		g.streamOnHead = true
-		go g.runTool(newTemplate(ctx), call.id)
+		g := p.newGen(f, sse.Request{}, toolKind(call.id))
+		g.launch(newTemplate(ctx))
 		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
 		caller.origin = true
 		p.followTool(ctx, f, g.o.sub, caller, false)

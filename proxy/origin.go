@@ -201,7 +201,7 @@ func (o *origin) answerRest() {
 		}
 		c.answerHeadSized(copyHead(resp), resp.Header.ContentLength())
 		var stop func() bool
-		if g.rawAlways {
+		if g.kind.raw {
 			stop = cancelOnDeparture(c, resp)
 		}
 		ok := copyBody(c, bodyOf(resp)) && c.end() == nil

@@ -41,7 +41,8 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	f := g.f
 	m := g.p.m
 	defer g.boundDuration()()
-	det := sse.NewDetector(g.req.Expect())
+	j := g.kind.judge(g.req)
+	det, _ := j.(*sse.Detector) // a model's, for what only a model's stream has (responseCreated, heal)
 	var readErr, appendErr error
 	// Events after the terminal one are no part of the answer: the flight
 	// ends with the terminal event, and what follows is only read (at
@@ -54,8 +55,15 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// response.failed the API sends after it is awaited, within the drain
 	// bounds: an upstream that sends no more ends the stream with its error.
 	failing := false
-	pre := preamble{g: g, det: det, head: head, sent: sent, more: more, done: done}
+	pre := preamble{g: g, det: j, head: head, sent: sent, more: more, done: done}
 	defer pre.report(nil)
+	if !g.kind.model {
+		// No preamble: the head goes to the flight now, so that the
+		// clients see the answer start before its first event.
+		if appendErr = pre.release(); appendErr == nil {
+			begun = true
+		}
+	}
 	var failedA *attempt // the held failure, while its response.failed is awaited
 	var c cause
 	var settled bool
@@ -75,7 +83,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 				continue
 			}
-			det.Observe(ev)
+			j.Observe(ev)
 			if !begun && pre.released {
 				begun = true // at -preamble-hold, in a read (idleConn.holdBy)
 				if appendErr = pre.err; appendErr != nil {
@@ -91,26 +99,26 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 				if failedA != nil {
 					// The Responses response.failed after its error event.
-					if pre.keep(ev); det.Terminal() {
-						return g.withUsage(det, pre.failed(*failedA))
+					if pre.keep(ev); j.Terminal() {
+						return g.withUsage(j, pre.failed(*failedA))
 					}
 					continue
 				}
-				if streamFailed(det) {
+				if streamFailed(j) {
 					if a, again := g.heldFailure(ev, head, more); again {
 						conn.holdBy(time.Time{}, nil)
-						if a.cause == causeUpstreamAborted || det.Terminal() {
+						if a.cause == causeUpstreamAborted || j.Terminal() {
 							if a.cause != causeUpstreamAborted {
 								pre.keep(ev)
 							}
-							return g.withUsage(det, pre.failed(a))
+							return g.withUsage(j, pre.failed(a))
 						}
 						pre.keep(ev)
 						failedA = &a
 						conn.drainBy(time.Now().Add(maxDrainTime))
 						continue
 					}
-				} else if !det.Content() && !det.Terminal() && pre.hold(ev, conn) {
+				} else if !j.Content() && !j.Terminal() && pre.hold(ev, conn) {
 					continue
 				}
 				conn.holdBy(time.Time{}, nil)
@@ -119,7 +127,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 				begun = true
 			}
-			terminal := det.Terminal()
+			terminal := j.Terminal()
 			// The terminal event is relayed as it came when the stream is
 			// clean or ended as the provider stated it (causeRow.relayEnd:
 			// its response.failed, or its [DONE] after a choice the request
@@ -130,7 +138,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 			// instead.
 			relay := true
 			if terminal {
-				ok, why := det.Clean(false)
+				ok, why := j.Clean(false)
 				relay = ok || relayEnd(why)
 			}
 			if relay {
@@ -155,10 +163,10 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 			}
 			if terminal {
-				c, settled = g.conclude(det, head, nil, nil, false)
+				c, settled = g.conclude(j, head, nil, nil, false)
 				concluded = true
 				conn.drainBy(time.Now().Add(maxDrainTime))
-			} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
+			} else if !failing && j.ErrSeen() && j.Dialect() == sse.DialectOpenAIResponses {
 				failing = true
 				conn.drainBy(time.Now().Add(maxDrainTime))
 			}
@@ -168,10 +176,10 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 		}
 		conn.holdBy(time.Time{}, nil)
 		if failedA != nil {
-			return g.withUsage(det, pre.failed(*failedA)) // no response.failed within the drain's bounds
+			return g.withUsage(j, pre.failed(*failedA)) // no response.failed within the drain's bounds
 		}
 		if concluded {
-			return g.withUsage(det, pumped(c, settled))
+			return g.withUsage(j, pumped(c, settled))
 		}
 		if !begun && pre.released {
 			begun, appendErr = true, pre.err
@@ -199,13 +207,13 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 	// io.ErrUnexpectedEOF); a body that ends where the connection closed
 	// (-2) has no framing to vouch for its end.
 	intact := readErr == nil && resp.Header.ContentLength() != -2
-	c, settled = g.conclude(det, head, readErr, appendErr, intact)
-	return g.withUsage(det, pumped(c, settled))
+	c, settled = g.conclude(j, head, readErr, appendErr, intact)
+	return g.withUsage(j, pumped(c, settled))
 }
 
 // withUsage is a with what det saw of the upstream's usage, told to the
 // call's span too.
-func (g *gen) withUsage(det *sse.Detector, a attempt) attempt {
+func (g *gen) withUsage(det judge, a attempt) attempt {
 	if in, out, ok := det.Usage(); ok {
 		a.usage, a.used = cache.Usage{Input: in, Output: out}, true
 		g.callUsage(in, out)
@@ -223,7 +231,7 @@ func pumped(c cause, settled bool) attempt {
 
 // streamFailed reports whether the stream det follows failed: an error event or
 // member, or a Responses response.failed.
-func streamFailed(det *sse.Detector) bool {
+func streamFailed(det judge) bool {
 	_, why := det.Clean(false)
 	return why == sse.ReasonErrorEvent || why == sse.ReasonResponseFailed
 }
@@ -233,7 +241,7 @@ func streamFailed(det *sse.Detector) bool {
 // client saw.
 type preamble struct {
 	g        *gen
-	det      *sse.Detector
+	det      judge
 	head     cache.Head
 	sent     time.Time
 	buf      []byte
@@ -334,7 +342,7 @@ func (p *preamble) release() error {
 		}
 	}
 	g.f.SetHead(p.head)
-	if !p.failure {
+	if !p.failure && g.kind.model {
 		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
 		g.p.m.genAI.firstToken(g.ai, g.start)
 		g.firstOutput()
@@ -445,7 +453,7 @@ const (
 // event was journaled (no head in the flight yet), a failure that is not
 // the generation's own cut is returned unsettled, so that the caller may
 // decide on a retry.
-func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
+func (g *gen) conclude(det judge, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
 	f, m := g.f, g.p.m
 	_, begun := f.Head()
 	cut := g.cutShort()
