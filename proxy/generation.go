@@ -21,11 +21,11 @@ import (
 // blocked read by closing the upstream connection under it, or a backoff
 // by closing stop.
 type gen struct {
-	p   *Proxy
-	f   *cache.Flight
-	o   *origin     // the client whose request started it
-	req sse.Request // what the proxy reads of the request body (stream, n, include_usage, model)
-	kind *kind  // what the call is: a model's generation, a tool call, a raw relay
+	p    *Proxy
+	f    *cache.Flight
+	o    *origin     // the client whose request started it
+	req  sse.Request // what the proxy reads of the request body (stream, n, include_usage, model)
+	kind *kind       // what the call is: a model's generation, a tool call, a raw relay
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
