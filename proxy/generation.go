@@ -232,6 +232,13 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		models = g.models(tmpl.Body())
 	}
 	calls := 0 // upstream calls made, over every model
+	if g.kind.perCall != nil {
+		defer func() {
+			if calls > 0 {
+				g.kind.perCall(p.m).Observe(float64(calls))
+			}
+		}()
+	}
 	var tried []cache.Fallback
 	var given attempt // the last attempt of the model given up on
 	for i, model := range models {

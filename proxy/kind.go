@@ -3,6 +3,7 @@ package proxy
 import (
 	"slices"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
@@ -60,6 +61,10 @@ type kind struct {
 	// failed is the state a failed end for c leaves, when the kind decides
 	// it (ok); otherwise gen.failState's rules do.
 	failed func(c cause) (state cache.State, ok bool)
+	// perCall, when set, is the histogram of the upstream calls one call
+	// of the kind made, observed at its end (a model's are observed per
+	// success: ssegate_upstream_attempts_per_success).
+	perCall func(m *metrics) prometheus.Observer
 }
 
 // A judge reads one answer's events for what they mean to its kind: the
@@ -158,6 +163,7 @@ func toolKind(id []byte) *kind {
 			}
 			return "", false
 		},
+		perCall: func(m *metrics) prometheus.Observer { return m.toolAttempts },
 	}
 }
 
