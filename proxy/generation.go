@@ -102,7 +102,6 @@ func (g *gen) drop() {
 	g.mu.Unlock()
 	if resp != nil {
 		if c := connOf(resp); c != nil {
-			c.beforeRead = nil // set by relayBody: the connection may serve another generation next
 			c.holdBy(time.Time{}, nil)
 			if c.interrupted.Load() {
 				// Closed under a body that may have been read whole:

@@ -160,9 +160,8 @@ type idleConn struct {
 	// holdUntil calls onHold, once, and goes on waiting.
 	holdUntil time.Time
 	onHold    func()
-	// beforeRead, while a generation relays an answer from the connection
-	// (set by gen.relayBody, unset by gen.drop), runs before each read from
-	// the connection (for an https upstream, from its TLS session).
+	// beforeRead, set by beforeEachRead, runs before each read from the
+	// connection (for an https upstream, from its TLS session).
 	beforeRead func()
 }
 
@@ -300,6 +299,18 @@ func (c *idleConn) read(p []byte) (int, error) {
 		c.report(err, c.bound)
 	}
 	return n, err
+}
+
+// beforeEachRead has every later read of the connection's socket call fn
+// first, on the goroutine that reads (inside the answer's body Read); a
+// nil fn unsets it. A generation sets it while it pumps an answer from
+// the connection, to write its client before it may wait for the
+// upstream (pumping.read), and unsets it when the body is done, before
+// the connection can serve another generation.
+func (c *idleConn) beforeEachRead(fn func()) {
+	if c != nil {
+		c.beforeRead = fn
+	}
 }
 
 // drainBy bounds the reading of what is left of the current answer, once
