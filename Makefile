@@ -127,9 +127,10 @@ cross:
 
 # The check before a commit, meant to take under a minute: vet (on every
 # platform of cross), formatting, and the unit tests of sse, cache,
-# proxy and proxy/upstream with the race detector; not the end-to-end packages (test/*),
-# bench or cmd, which make test runs. cache's Redis tests need
-# SSEGATE_REDIS_ADDR or redis-server installed (they skip otherwise).
+# proxy and proxy/upstream with the race detector; not the end-to-end
+# packages (test/*), bench or cmd, which make test runs. cache's Redis
+# tests need SSEGATE_REDIS_ADDR or redis-server installed (they skip
+# otherwise).
 # CHECKPKGS=./cache checks one package.
 CHECKPKGS ?= ./sse ./cache ./proxy/...
 check:
