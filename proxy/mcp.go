@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -103,7 +105,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	// later than a stream's, and it may go on longer than an answer.
 	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()}, rawKind)
 	g.o.onGone = func() { g.cancel(causeClientGone) }
-	g.launch(newTemplate(ctx))
+	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }
 
@@ -120,7 +122,7 @@ func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool
 		defer close(ended)
 		select {
 		case <-gone:
-			interrupt(resp)
+			upstream.Interrupt(resp)
 		case <-over:
 		}
 	}()
@@ -256,7 +258,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 			// is taken by newGen, before the call goes out: no re-issue
 			// can take it first.
 			g := p.newGen(f, sse.Request{}, toolKind(call.id))
-			g.launch(newTemplate(ctx))
+			g.launch(upstream.NewTemplate(ctx))
 			p.logTool(ctx, decisionMiss, sc, call, "generation", f.Gen, "derived_key", derived)
 			caller.origin = true
 			p.followTool(ctx, f, g.o.sub, caller, false)

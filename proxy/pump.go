@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -69,7 +71,7 @@ type pumping struct {
 	// responseCreated do).
 	sc   *sse.Scanner
 	resp *fasthttp.Response // the body being read: the answer's, then each heal's
-	conn *idleConn          // the connection resp is read from
+	conn *upstream.Conn     // the connection resp is read from
 
 	begun  bool // the head went to the flight
 	pushed bool // the origin was written since the first event journaled here
@@ -114,8 +116,10 @@ func (g *gen) newPumping(head cache.Head, sent time.Time, h *healer, more bool, 
 // cannot take them is handed to a goroutine of its own, so the
 // generation never waits for it.
 func (pu *pumping) read(resp *fasthttp.Response) {
-	pu.resp, pu.conn = resp, connOf(resp)
-	pu.conn.beforeEachRead(pu.g.o.push)
+	pu.resp, pu.conn = resp, upstream.ConnOf(resp)
+	if pu.conn != nil {
+		pu.conn.SetBeforeRead(pu.g.o.push)
+	}
 	pu.sc.Reset(bodyOf(resp))
 }
 
@@ -149,7 +153,7 @@ func (pu *pumping) step(ev sse.Event) bool {
 func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 	g, j, pre := pu.g, pu.j, &pu.pre
 	if pre.released {
-		pu.begun = true // at -preamble-hold, in a read (idleConn.holdBy)
+		pu.begun = true // at -preamble-hold, in a read (upstream.Conn.HoldBy)
 		pu.appendErr = pre.err
 		return false, pu.appendErr == nil
 	}
@@ -168,7 +172,7 @@ func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 	}
 	if streamFailed(j) {
 		if a, again := g.heldFailure(ev, pu.head, pu.more); again {
-			pu.conn.holdBy(time.Time{}, nil)
+			pu.conn.HoldBy(time.Time{}, nil)
 			if a.cause == causeUpstreamAborted || j.Terminal() {
 				if a.cause != causeUpstreamAborted {
 					pre.keep(ev)
@@ -177,13 +181,13 @@ func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 			}
 			pre.keep(ev)
 			pu.failedA = &a
-			pu.conn.drainBy(time.Now().Add(maxDrainTime))
+			pu.conn.DrainBy(time.Now().Add(maxDrainTime))
 			return true, false
 		}
 	} else if !j.Content() && !j.Terminal() && pre.hold(ev, pu.conn) {
 		return true, false
 	}
-	pu.conn.holdBy(time.Time{}, nil)
+	pu.conn.HoldBy(time.Time{}, nil)
 	if pu.appendErr = pre.release(); pu.appendErr != nil {
 		return false, false
 	}
@@ -233,10 +237,10 @@ func (pu *pumping) record(ev sse.Event) bool {
 		c, settled := g.conclude(j, pu.head, nil, nil, false)
 		pu.result = pumped(c, settled)
 		pu.concluded = true
-		pu.conn.drainBy(time.Now().Add(maxDrainTime))
+		pu.conn.DrainBy(time.Now().Add(maxDrainTime))
 	case !pu.failing && j.ErrSeen() && j.Dialect() == sse.DialectOpenAIResponses:
 		pu.failing = true
-		pu.conn.drainBy(time.Now().Add(maxDrainTime))
+		pu.conn.DrainBy(time.Now().Add(maxDrainTime))
 	}
 	return true
 }
@@ -246,12 +250,14 @@ func (pu *pumping) record(ev sse.Event) bool {
 // can heal goes on with the body it returns, or the answer's end is
 // left to end.
 func (pu *pumping) bodyEnd() (next *fasthttp.Response) {
-	pu.conn.beforeEachRead(nil)
-	pu.conn.holdBy(time.Time{}, nil)
+	if pu.conn != nil {
+		pu.conn.SetBeforeRead(nil)
+	}
+	pu.conn.HoldBy(time.Time{}, nil)
 	if pu.over {
 		return nil
 	}
-	if err := pu.sc.Err(); err != nil && (!pu.failing || !isTimeout(err)) {
+	if err := pu.sc.Err(); err != nil && (!pu.failing || !upstream.IsTimeout(err)) {
 		pu.readErr = err
 	}
 	switch {
@@ -363,7 +369,7 @@ func (p *preamble) report(err error) {
 // -max-event-bytes, or the store's live bounds have no room for it. The
 // first held event has conn call release at the bound, should the
 // upstream be silent until then.
-func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
+func (p *preamble) hold(ev sse.Event, conn *upstream.Conn) bool {
 	cfg := &p.g.p.cfg
 	if cfg.PreambleHold <= 0 || p.n+len(ev.Type)+len(ev.Data) > cfg.MaxEventBytes {
 		return false
@@ -379,7 +385,7 @@ func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
 	if first {
 		p.since = time.Now()
 		p.onHold = func() { p.err = p.release() }
-		conn.holdBy(p.since.Add(cfg.PreambleHold), p.onHold)
+		conn.HoldBy(p.since.Add(cfg.PreambleHold), p.onHold)
 	}
 	p.keep(ev)
 	return true
@@ -511,7 +517,7 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 		a.exhausted = true
 		return a, true
 	}
-	return a, a.verdict() == safe
+	return a, a.verdict() == upstream.Safe
 }
 
 // maxDrain and maxDrainTime bound what is read of an upstream body after
@@ -603,7 +609,7 @@ func readFailure(err error) cause {
 		return causeMaxStreamBytes
 	case errors.As(err, new(*healRefused)):
 		return causeHealRefused
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		return causeUpstreamIdleTimeout
 	default:
 		return causeUpstreamReadError

@@ -6,6 +6,8 @@ import (
 	"io"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -32,7 +34,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g := p.newGen(f, body, llmKind)
 	g.traceFrom(ctx)
 	g.o.onGone = func() { g.cancel(causeClientGone) }
-	g.launch(newTemplate(ctx))
+	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }
 
