@@ -172,17 +172,7 @@ func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 	}
 	if streamFailed(j) {
 		if a, again := g.heldFailure(ev, pu.head, pu.more); again {
-			pu.conn.HoldBy(time.Time{}, nil)
-			if a.cause == causeUpstreamAborted || j.Terminal() {
-				if a.cause != causeUpstreamAborted {
-					pre.keep(ev)
-				}
-				return pu.finish(pre.failed(a)), false
-			}
-			pre.keep(ev)
-			pu.failedA = &a
-			pu.conn.DrainBy(time.Now().Add(maxDrainTime))
-			return true, false
+			return pu.holdFailure(ev, a), false
 		}
 	} else if !j.Content() && !j.Terminal() && pre.hold(ev, pu.conn) {
 		return true, false
@@ -193,6 +183,24 @@ func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 	}
 	pu.begun = true
 	return false, true
+}
+
+// holdFailure takes the failure a that ev, among the preamble's events,
+// brought, which may be made again or fallen back from: the attempt is
+// over with it, or, after a Responses error event, once the
+// response.failed after it came (failedA) or the drain's bounds passed.
+// It reports whether to read on.
+func (pu *pumping) holdFailure(ev sse.Event, a attempt) bool {
+	pu.conn.HoldBy(time.Time{}, nil)
+	if a.cause != causeUpstreamAborted {
+		pu.pre.keep(ev) // an ssegate's stream_aborted is its own, not the provider's
+	}
+	if a.cause == causeUpstreamAborted || pu.j.Terminal() {
+		return pu.finish(pu.pre.failed(a))
+	}
+	pu.failedA = &a
+	pu.conn.DrainBy(time.Now().Add(maxDrainTime))
+	return true
 }
 
 // record journals ev into the flight, and ends the flight when ev is the
