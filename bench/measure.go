@@ -84,6 +84,13 @@ type measurement struct {
 
 	// Redis holds what scenario redis measures besides (bench/redis.go).
 	Redis *redisNumbers `json:"redis,omitempty"`
+	// Board holds what scenario board measures besides (bench/board.go).
+	Board *boardNumbers `json:"board,omitempty"`
+
+	// latency and ttft are the load's samples, sorted, when its job was
+	// timed (scenario board pools them over rounds); not in the JSON,
+	// whose report carries the pooled figures instead.
+	latency, ttft []time.Duration
 }
 
 // nan is the value of a number not measured.
@@ -218,6 +225,7 @@ func (m *measurement) fillLoad(lr loadResult) {
 		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
 	}
 	m.ErrorSamples = lr.errSamples
+	m.latency, m.ttft = lr.latency, lr.ttft
 }
 
 // summary is the one-line progress report of a measurement.
