@@ -461,8 +461,8 @@ func (rep *report) writeBoard(b *strings.Builder) {
 			calls = ratio(float64(r.UpstreamCalls), float64(r.Streams))
 		}
 		cells := []string{r.Path, fmt.Sprintf("%d (%d)", r.Streams, r.Errors), fmt.Sprint(r.Samples),
-			fmtNum(float64(r.Latency.P50), 0), fmtSigned(float64(r.AddedLatency.P50)), fmtSigned(float64(r.AddedLatency.P99)), fmtSigned(float64(r.AddedLatency.P999)),
-			fmt.Sprint(r.TTFTSamples), fmtNum(float64(r.TTFT.P50), 0), fmtSigned(float64(r.AddedTTFT.P50)), fmtSigned(float64(r.AddedTTFT.P99)), fmtSigned(float64(r.AddedTTFT.P999)),
+			fmtNum(float64(r.Latency.P50), 0), fmtAdded(float64(r.AddedLatency.P50)), fmtAdded(float64(r.AddedLatency.P99)), fmtAdded(float64(r.AddedLatency.P999)),
+			fmt.Sprint(r.TTFTSamples), fmtNum(float64(r.TTFT.P50), 0), fmtAdded(float64(r.AddedTTFT.P50)), fmtAdded(float64(r.AddedTTFT.P99)), fmtAdded(float64(r.AddedTTFT.P999)),
 			fmtNum(float64(r.CPUusPerRequest), 1), fmtNum(calls, 3)}
 		fmt.Fprintf(b, "| %s |\n", strings.Join(cells, " | "))
 	}
@@ -503,4 +503,16 @@ func (rep *report) writeBoardTargets(b *strings.Builder) {
 			fmtNum(float64(t.Value), 1), fmtNum(float64(t.Reference), 1), fmtRatio(float64(t.Ratio)), diff, met)
 	}
 	b.WriteString("\n")
+}
+
+// fmtAdded formats an added figure in µs with its sign, thousands grouped;
+// "—" when it is missing.
+func fmtAdded(x float64) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "—"
+	}
+	if x < 0 {
+		return "-" + fmtNum(-x, 0)
+	}
+	return "+" + fmtNum(x, 0)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -320,6 +321,54 @@ func TestBoardRun(t *testing.T) {
 		"| ssegate hit |", "### Targets of the keyed path (board)", "| fresh key: CPU per request ≤ 1.2× the bare relay's | c=1, non-streaming, 8 tokens |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+// TestBoardWall checks the wall time the documentation gives for the
+// scenario with every peer (seven paths) at the defaults and at
+// -board-paced 100.
+func TestBoardWall(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		min, max time.Duration
+	}{
+		{nil, 70 * time.Minute, 90 * time.Minute},
+		{[]string{"-board-paced", "100"}, 15 * time.Minute, 30 * time.Minute},
+	} {
+		o, err := parseFlags(tc.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := boardWall(o, 7); got < tc.min || got > tc.max {
+			t.Errorf("%q: %v; want %v..%v", tc.args, got, tc.min, tc.max)
+		}
+	}
+}
+
+func TestBoardFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.board; len(b.conc) != 2 || b.conc[0] != 1 || b.conc[1] != 64 || b.paced != 500 || b.deltas != 64 || b.pace != 20*time.Millisecond {
+		t.Errorf("defaults %+v; want conc 1,64, 500 paced streams, 64 deltas, 20ms", b)
+	}
+	if !strings.Contains(strings.Join(o.scenarios, ","), "board") {
+		t.Errorf("default scenarios %v lack board", o.scenarios)
+	}
+	if o, err = parseFlags([]string{"-quick"}, io.Discard); err != nil || o.board.paced != 4 || o.board.pace != 5*time.Millisecond {
+		t.Errorf("-quick: %v, board %+v; want 4 streams paced 5ms", err, o.board)
+	}
+	if got := o.board.pacedPerRound(3, 64); got != 64 {
+		t.Errorf("pacedPerRound(3 rounds, c=64) of 4 = %d; want 64, one a client", got)
+	}
+	if o, _ := parseFlags(nil, io.Discard); o.board.pacedPerRound(3, 1) != 167 {
+		t.Errorf("pacedPerRound(3 rounds, c=1) of 500 = %d; want 167", o.board.pacedPerRound(3, 1))
+	}
+	for _, bad := range [][]string{{"-board-pace", "0"}, {"-board-pace", "11s"}, {"-board-paced", "0"}, {"-board-deltas", "0"}, {"-board-conc", "x"}, {"-board-conc", "0"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) succeeded; want an error", bad)
 		}
 	}
 }
