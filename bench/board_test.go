@@ -314,6 +314,9 @@ func TestBoardRun(t *testing.T) {
 	if len(steps) != 6 {
 		t.Errorf("steps %v; want 3 kinds × 2 concurrencies", steps)
 	}
+	if len(rep.BoardTargets) != 6*4+4*2 {
+		t.Errorf("%d targets in the JSON; want 32 (4 a step, 2 more in each of the 4 streamed steps)", len(rep.BoardTargets))
+	}
 	if len(rep.Board) != 6*5 {
 		t.Errorf("%d board rows; want 30 (6 steps × direct, fasthttp, ssegate, ssegate+key, ssegate hit)", len(rep.Board))
 	}

@@ -36,6 +36,8 @@ type report struct {
 	// Board is scenario board's table: every path's samples pooled over
 	// the rounds (the samples themselves are not kept).
 	Board []*boardRow `json:"board,omitempty"`
+	// BoardTargets are the keyed path's targets read off Board.
+	BoardTargets []boardTarget `json:"board_targets,omitempty"`
 }
 
 // report collects the run's measurements and context.
@@ -60,6 +62,7 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		Measurements: r.ms,
 		Board:        boardRows(r.ms),
 	}
+	rep.BoardTargets = boardTargets(rep.Board)
 	if b := r.env.baselineBin; b != "" {
 		rep.Baseline, rep.BaselineRev, rep.SsegateRev = b, revisionOf(b), revisionOf(r.env.ssegateBin)
 	}
