@@ -78,10 +78,11 @@ func (o *boardOptions) step(k boardKind, conc int) string {
 }
 
 // pacedPerRound returns the paced streams a path makes in one of rounds
-// rounds at concurrency conc: its share of the total, and at least one a
-// client.
+// rounds at concurrency conc: its share of the total, rounded up to as
+// many for every client, so that all conc stay busy to the end.
 func (o *boardOptions) pacedPerRound(rounds, conc int) int {
-	return max((o.paced+rounds-1)/rounds, conc)
+	share := (o.paced + rounds - 1) / rounds
+	return (share + conc - 1) / conc * conc
 }
 
 // boardPaths returns the scenario's paths that run here.
@@ -427,8 +428,8 @@ func boardTargets(rows []*boardRow) []boardTarget {
 const boardCited = "Another rig's figures, cited for orientation and not comparable as equals: on the published GetBusbar LLM-gateway board (the same method: a mock upstream, concurrency 1, 64 deltas 20 ms apart), measured on a 4-core machine, its leaders (LiteLLM's Rust gateway and Busbar) add 107–116 µs of latency at p99. There nginx would add less than here; set beside this run only as ratios to a relay measured in the same run (nginx, the bare relay)."
 
 // boardAbout explains the board's table.
-const boardAbout = "The method of the independent LLM-gateway board (GetBusbar's): the mock upstream; non-streaming requests, dense streams and streams paced by the upstream, one request at a time (c=1) and 64 at once; " +
-	"ssegate+key sends a fresh Idempotency-Key a request (each a generation, recorded), ssegate hit the key of one answer stored before the load (a replay). " +
+const boardAbout = "The method of the independent LLM-gateway board (GetBusbar's): the mock upstream; non-streaming requests, dense streams and streams paced by the upstream, one request at a time (c=1) and many at once (c=64 by default); " +
+	"ssegate+key sends a fresh Idempotency-Key a request (each a generation, recorded), ssegate hit the key of one answer stored before the load (a replay: its negative figures are the generation it did not wait for). " +
 	"Latency = from writing the request to the end of the answer; TTFT = to the end of the first event that carries generated text (the role-only first chunk does not). " +
 	"Each path's samples (one per whole answer) are pooled over the rounds, and added = the path's percentile minus direct's from the same rounds; a percentile needs 100 samples for p99 and 1,000 for p99.9 (nearest rank), else —. " +
 	"CPU per request = the peer's utime+stime over the load per request made, median over rounds; /proc counts it in clock ticks (10 ms), so a round that costs the peer less than about 100 ms (a few paced streams) gives a coarse figure. Upstream calls per request: 0 for a replay."

@@ -366,8 +366,12 @@ func TestBoardFlags(t *testing.T) {
 	if got := o.board.pacedPerRound(3, 64); got != 64 {
 		t.Errorf("pacedPerRound(3 rounds, c=64) of 4 = %d; want 64, one a client", got)
 	}
-	if o, _ := parseFlags(nil, io.Discard); o.board.pacedPerRound(3, 1) != 167 {
-		t.Errorf("pacedPerRound(3 rounds, c=1) of 500 = %d; want 167", o.board.pacedPerRound(3, 1))
+	o, _ = parseFlags(nil, io.Discard)
+	if got := o.board.pacedPerRound(3, 1); got != 167 {
+		t.Errorf("pacedPerRound(3 rounds, c=1) of 500 = %d; want 167", got)
+	}
+	if got := o.board.pacedPerRound(3, 64); got != 192 {
+		t.Errorf("pacedPerRound(3 rounds, c=64) of 500 = %d; want 192, three for every client", got)
 	}
 	for _, bad := range [][]string{{"-board-pace", "0"}, {"-board-pace", "11s"}, {"-board-paced", "0"}, {"-board-deltas", "0"}, {"-board-conc", "x"}, {"-board-conc", "0"}} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {

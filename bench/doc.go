@@ -210,8 +210,8 @@
 //
 // The timed kinds (non-streaming, dense) run -duration a round; the paced
 // streams are counted instead: -board-paced (500, enough for a p99) a path
-// at each concurrency over all rounds, each round its share and at least
-// one a client. At concurrency 1 a paced stream takes (deltas+3) × pace,
+// at each concurrency over all rounds, each round its share rounded up to
+// as many for every client (192 a round at 64). At concurrency 1 a paced stream takes (deltas+3) × pace,
 // 1.34 s, so the default 500 take 11 minutes a path, and the scenario
 // about 80 minutes with every peer (it logs its estimate at the start);
 // -board-paced 100 gives a rough look in under half an hour (its p99 is

@@ -65,7 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	redisJoin := fs.String("redis-join", "16@20ms:200", "joiner step of scenario redis, N[@PACE][:EVENTS]: N streams, each joined on its own replica and on another")
 	sweep := fs.String("sweep", "1,8,64,256", "comma-separated concurrencies of the sweep")
 	boardConc := fs.String("board-conc", "1,64", "comma-separated concurrencies of scenario board")
-	fs.IntVar(&o.board.paced, "board-paced", 500, "paced streams a path makes at each concurrency of scenario board, over all rounds (each round makes its share, at least the concurrency): enough for a p99; at concurrency 1 each takes about (deltas+3) × -board-pace")
+	fs.IntVar(&o.board.paced, "board-paced", 500, "paced streams a path makes at each concurrency of scenario board, over all rounds (each round makes its share, rounded up to as many for every client): enough for a p99; at concurrency 1 each takes about (deltas+3) × -board-pace")
 	fs.IntVar(&o.board.deltas, "board-deltas", 64, "content tokens (deltas) of every answer of scenario board")
 	fs.DurationVar(&o.board.pace, "board-pace", 20*time.Millisecond, "pause before each event of scenario board's paced streams")
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
