@@ -238,6 +238,9 @@ func (m *measurement) summary() string {
 	if !math.IsNaN(float64(m.TTFEP50us)) {
 		fmt.Fprintf(&b, ", ttfe p50 %.0fµs", float64(m.TTFEP50us))
 	}
+	if len(m.latency) > 0 {
+		fmt.Fprintf(&b, ", latency p50 %.0fµs", us(percentile(m.latency, 50)))
+	}
 	if !math.IsNaN(float64(m.CPUusPerEvent)) {
 		fmt.Fprintf(&b, ", cpu %.2fµs/ev", float64(m.CPUusPerEvent))
 	}
