@@ -230,9 +230,8 @@ func (rt *route) failed(a attempt, up *upstream.Upstream, idx int) {
 // again after wait: only when its verdict allows it (an ambiguous failure
 // only for an upstream known to deduplicate on the key, -retry-ambiguous,
 // so only with one, and only for a kind that may be repeated so), within
-// -retry-attempts, Retry-After's bound,
-// -retry-max-elapsed and the retry budget. It counts and logs the
-// decision.
+// -retry-attempts, Retry-After's bound, -retry-max-elapsed and the retry
+// budget, for every kind of call alike. It counts and logs the decision.
 func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration) bool {
 	p, f, rc := g.p, g.f, &g.p.cfg.Retry
 	v := a.verdict()

@@ -95,7 +95,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	// Every answer of the key's stream carries its resume URL (offerResume):
 	// hit, join and miss; a refusal has no stream to resume.
 	p.answerBegun(ctx, b, onBegun{
-		log: func(d decision, attrs ...any) { p.logDecision(ctx, d, sc, fp, attrs...) },
+		sc: sc, fp: fp,
 		hit: func(r *cache.Result) {
 			p.saved(r.Usage)
 			p.offerResume(ctx, sc, r.Gen)
@@ -126,11 +126,14 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 }
 
 // onBegun is what a kind of keyed call answers to the store's decisions
-// (answerBegun), besides the refusals every kind answers alike. log
-// counts and logs a decision with its attributes; unknown, for a kind
-// whose store holds calls of unknown outcome, answers a key held so.
+// (answerBegun), besides the refusals every kind answers alike: the key's
+// scope and the request's fingerprint, for the decision's log; unknown,
+// for a kind whose store holds calls of unknown outcome, answers a key
+// held so.
 type onBegun struct {
-	log     func(d decision, attrs ...any)
+	sc      cache.Scope
+	fp      string
+	call    *toolCall // a tool call's: its decisions are counted among the tools' too (logTool)
 	hit     func(r *cache.Result)
 	join    func(f *cache.Flight)
 	miss    func(f *cache.Flight) // logs its own decision, once the call is on its way
@@ -144,13 +147,13 @@ type onBegun struct {
 func (p *Proxy) answerBegun(ctx *fasthttp.RequestCtx, b cache.Begun, on onBegun) {
 	switch b.Decision {
 	case cache.Conflict:
-		on.log(decisionConflict)
+		p.logBegun(ctx, &on, decisionConflict)
 		p.writeError(ctx, causeConflict.err(""))
 	case cache.Gone:
-		on.log(decisionGone)
+		p.logBegun(ctx, &on, decisionGone)
 		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
 	case cache.Unknown:
-		on.log(decisionUnknown)
+		p.logBegun(ctx, &on, decisionUnknown)
 		if on.unknown == nil {
 			// A key another kind of call holds with its outcome unknown.
 			p.writeError(ctx, failedAnswer(cache.StateCommitUnknown, ""))
@@ -158,19 +161,28 @@ func (p *Proxy) answerBegun(ctx *fasthttp.RequestCtx, b cache.Begun, on onBegun)
 		}
 		on.unknown()
 	case cache.Hit:
-		on.log(decisionHit, "generation", b.Result.Gen, "events", b.Result.Events())
+		p.logBegun(ctx, &on, decisionHit, "generation", b.Result.Gen, "events", b.Result.Events())
 		on.hit(b.Result)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
-			on.log(decisionInFlight, "generation", b.Flight.Gen)
+			p.logBegun(ctx, &on, decisionInFlight, "generation", b.Flight.Gen)
 			p.writeError(ctx, causeInFlight.err(""))
 			return
 		}
-		on.log(decisionJoin, "generation", b.Flight.Gen)
+		p.logBegun(ctx, &on, decisionJoin, "generation", b.Flight.Gen)
 		on.join(b.Flight)
 	case cache.Miss:
 		on.miss(b.Flight)
 	}
+}
+
+// logBegun counts and logs the decision d on a keyed call, with attrs.
+func (p *Proxy) logBegun(ctx *fasthttp.RequestCtx, on *onBegun, d decision, attrs ...any) {
+	if on.call != nil {
+		p.logTool(ctx, d, on.sc, on.call, attrs...)
+		return
+	}
+	p.logDecision(ctx, d, on.sc, on.fp, attrs...)
 }
 
 // requestKey is the idempotency key the request carries: its

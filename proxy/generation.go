@@ -56,11 +56,10 @@ type gen struct {
 }
 
 // newGen makes the generation of flight f, a call of kind k, for the
-// request req, whose
-// client is its origin: that client's place in f (f.SubscribeOrigin, no
-// follower, never refused) is taken here, before the generation can be
-// launched, so that no joiner can come before it, and nothing the
-// generation journals or ends with.
+// request req, whose client is its origin: that client's place in f
+// (f.SubscribeOrigin, no follower, never refused) is taken here, before
+// the generation can be launched, so that no joiner can come before it,
+// and nothing the generation journals or ends with.
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request, k *kind) *gen {
 	g := &gen{p: p, f: f, req: req, kind: k, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f, sub: f.SubscribeOrigin()}

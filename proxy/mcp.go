@@ -244,7 +244,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 	}
 	caller := &toolCaller{id: call.id, token: call.token, session: bytes.Clone(ctx.Request.Header.Peek("Mcp-Session-Id"))}
 	p.answerBegun(ctx, b, onBegun{
-		log:     func(d decision, attrs ...any) { p.logTool(ctx, d, sc, call, attrs...) },
+		sc: sc, fp: call.fp, call: call,
 		unknown: func() { p.unknownAnswer(ctx, caller) },
 		hit:     func(r *cache.Result) { p.replayTool(ctx, r, caller) },
 		join:    func(f *cache.Flight) { p.followTool(ctx, f, nil, caller, true) },

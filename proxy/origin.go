@@ -234,7 +234,7 @@ func (o *origin) answerRaw(resp *fasthttp.Response) {
 
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream's socket
-// (gen.relayBody) and after the flight ended.
+// (pumping.read) and after the flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
 	rest := false
