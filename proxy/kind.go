@@ -26,7 +26,6 @@ import (
 //
 // A kind is never written once made, and may be shared by generations.
 type kind struct {
-	name string
 	// model: a model's generation. Only it falls back to another model,
 	// heals a broken Responses stream, holds the events before its first
 	// output (preamble), and is observed by the GenAI metrics and the
@@ -89,11 +88,16 @@ type judge interface {
 	Dialect() sse.Dialect
 }
 
+// The judges of the kinds.
+var (
+	_ judge = (*sse.Detector)(nil)
+	_ judge = (*toolJudge)(nil)
+)
+
 // llmKind is a model's generation: the statuses of docs/design.md,
 // Upstream retries; its stream judged by sse.Detector; an error object
 // in a whole 2xx body makes it no result.
 var llmKind = &kind{
-	name:             "llm",
 	model:            true,
 	repeatsAmbiguous: true,
 	ambiguous: func(cfg *Config, status int) bool {
@@ -114,11 +118,10 @@ var llmKind = &kind{
 // rawKind relays the messages of an MCP path without recording them:
 // every answer as the server sent it.
 var rawKind = &kind{
-	name:         "raw",
 	raw:          true,
 	streamOnHead: true,
 	ambiguous:    func(*Config, int) bool { return false },
-	judge:        func(sse.Request) judge { return nil }, // never pumped
+	judge:        func(req sse.Request) judge { return sse.NewDetector(req.Expect()) }, // never pumped: its answers are raw
 	whole:        func([]byte) cause { return causeNone },
 	failed:       func(cause) (cache.State, bool) { return "", false },
 }
@@ -134,7 +137,6 @@ var rawKind = &kind{
 // is the server's refusal, relayed and not stored (failed_terminal).
 func toolKind(id []byte) *kind {
 	return &kind{
-		name:         "tool",
 		streamOnHead: true,
 		ranOnAnswer:  true,
 		ambiguous: func(_ *Config, status int) bool {

@@ -32,6 +32,8 @@ type toolCaller struct {
 	rd bytes.Reader
 }
 
+var _ rewrite = (*toolCaller)(nil)
+
 // message is data, one JSON-RPC message of the server's, as tc is given
 // it; keep is false for one that is not for tc.
 func (tc *toolCaller) message(data []byte) (out []byte, keep bool) {
