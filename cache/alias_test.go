@@ -31,7 +31,7 @@ func TestMemoryAlias(t *testing.T) {
 	m.SetAlias(c, fc.Gen, "resp_1", 4) // an upstream that reuses an id
 	clk.Advance(2 * time.Second)       // a's failure expired
 	claim(t, m, Scope{Tenant: "t1", Key: "sweep"}, "fp")
-	if _, ok := m.keys[a.id()]; ok {
+	if _, ok := m.keys[a.ID()]; ok {
 		t.Fatal("key a is still in the ledger; want it deleted to make room")
 	}
 	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got.Key != "c" || got.Base != 4 {

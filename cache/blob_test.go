@@ -11,22 +11,22 @@ import (
 
 func TestBlobRoundTrip(t *testing.T) {
 	t.Parallel()
-	c, err := newBlobCodec(1 << 20)
+	c, err := NewCodec(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.close()
+	defer c.Close()
 	m := newMemory(t, Config{})
 	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	f.SetHead(Head{Status: 200, Stream: true, ContentType: "text/event-stream", Header: []Header{{"A", "b"}}})
 	appendN(t, f, 1, 100)
 	f.Commit(nil)
 	_, res, _ := m.Attach(Scope{Tenant: "t", Key: "k"}, "", sse.ID{}, false)
-	b, err := c.encode(res)
+	b, err := c.Encode(res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := c.decode(b, res.Scope)
+	got, err := c.Decode(b, res.Scope)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	if len(b) >= len(res.Data) {
 		t.Fatalf("blob: %d bytes for %d of events; want compression", len(b), len(res.Data))
 	}
-	if _, err := c.decode(b[:len(b)/2], res.Scope); err == nil {
+	if _, err := c.Decode(b[:len(b)/2], res.Scope); err == nil {
 		t.Fatal("truncated blob: got no error")
 	}
 	// S2 blocks carry no checksum; the blob does: a damaged byte anywhere
@@ -44,7 +44,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	for _, at := range []int{len(b) - 1, len(b) / 2, len(b) - 40} {
 		bad := append([]byte(nil), b...)
 		bad[at] ^= 0x20
-		if _, err := c.decode(bad, res.Scope); err == nil {
+		if _, err := c.Decode(bad, res.Scope); err == nil {
 			t.Fatalf("blob damaged at byte %d of %d: got no error", at, len(b))
 		}
 	}
@@ -64,7 +64,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	v2 := z.EncodeAll(raw, binary.AppendUvarint(append([]byte(nil), blobMagicV2...), uint64(len(raw))))
 	z.Close()
 	for v, blob := range [][]byte{v1, v2} {
-		if got, err := c.decode(blob, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
+		if got, err := c.Decode(blob, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
 			t.Fatalf("version %d blob: %v; want the same result", v+1, err)
 		}
 	}
@@ -72,11 +72,11 @@ func TestBlobRoundTrip(t *testing.T) {
 	// and so is a frame that would decode past the length given.
 	rest := b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):]
 	huge := binary.AppendUvarint(append([]byte(nil), blobMagic...), 1<<40)
-	if _, err := c.decode(append(huge, rest...), res.Scope); err == nil {
+	if _, err := c.Decode(append(huge, rest...), res.Scope); err == nil {
 		t.Fatal("blob claiming 1 TiB: got no error")
 	}
 	short := binary.AppendUvarint(append([]byte(nil), blobMagic...), 10)
-	if _, err := c.decode(append(short, rest...), res.Scope); err == nil {
+	if _, err := c.Decode(append(short, rest...), res.Scope); err == nil {
 		t.Fatal("blob whose frames pass its length: got no error")
 	}
 }

@@ -63,7 +63,7 @@ func TestJournalSealedBlocks(t *testing.T) {
 		t.Fatalf("%d frames of %d bytes for %d raw; want several, packed tighter than the %d bytes of sealed blocks", len(frames), framed, len(want), packedBytes)
 	}
 	res := &Result{packed: frames, size: j.size}
-	if err := res.unpack(); err != nil || !bytes.Equal(res.Data, want) {
+	if err := res.Unpack(); err != nil || !bytes.Equal(res.Data, want) {
 		t.Fatalf("the journal's frames (what a commit stores) differ from what was appended: %v", err)
 	}
 	start := func(i int) int {

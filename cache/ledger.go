@@ -19,14 +19,14 @@ type Scope struct {
 	Accounts []string
 }
 
-func (s Scope) id() string { return s.Tenant + "\x00" + s.Key }
+func (s Scope) ID() string { return s.Tenant + "\x00" + s.Key }
 
 // same reports whether s and o name the same key.
-func (s Scope) same(o Scope) bool { return s.Tenant == o.Tenant && s.Key == o.Key }
+func (s Scope) Same(o Scope) bool { return s.Tenant == o.Tenant && s.Key == o.Key }
 
 // accounts returns the names of the accounts s's key is counted against:
 // Accounts, or the tenant alone.
-func (s Scope) accounts() []string {
+func (s Scope) Charged() []string {
 	if len(s.Accounts) == 0 {
 		return []string{s.Tenant}
 	}
@@ -36,7 +36,7 @@ func (s Scope) accounts() []string {
 // account returns the first of s's accounts, the one whose keys are kept
 // by expiry (Memory) and whose commit makes it known
 // (Limits.MaxStrangerKeys).
-func (s Scope) account() string {
+func (s Scope) Account() string {
 	if len(s.Accounts) == 0 {
 		return s.Tenant
 	}

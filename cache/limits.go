@@ -66,7 +66,7 @@ type Limits struct {
 	SealLiveBytes int64
 }
 
-func (l *Limits) setDefaults() {
+func (l *Limits) SetDefaults() {
 	if l.MaxLiveBytes <= 0 {
 		l.MaxLiveBytes = 256 << 20
 	}

@@ -65,7 +65,7 @@ func TestStoredRatioFixtures(t *testing.T) {
 		if !f.Commit(nil) {
 			t.Fatalf("%s: the body store did not keep the result", name)
 		}
-		b, ok := m.bodies.Get(sc.id())
+		b, ok := m.bodies.Get(sc.ID())
 		if !ok {
 			t.Fatalf("%s: no blob", name)
 		}

@@ -32,7 +32,7 @@ func (r *Result) dataSize() int {
 }
 
 // unpack makes Data of a result committed from a journal.
-func (r *Result) unpack() error {
+func (r *Result) Unpack() error {
 	if r.packed == nil {
 		return nil
 	}
@@ -69,7 +69,7 @@ func (r *Result) After(seq uint64) ([]byte, error) {
 
 // cost is what the result weighs in the body store: its bytes plus a
 // fixed allowance for the structure itself.
-func (r *Result) cost() int64 {
+func (r *Result) Cost() int64 {
 	n := int64(r.dataSize()) + 4*int64(len(r.Ends)) + 256
 	for _, h := range r.Head.Header {
 		n += int64(len(h.Name) + len(h.Value))

@@ -114,7 +114,7 @@ func TestSealUnderPressure(t *testing.T) {
 	// SealLiveBytes.
 	g := claim(t, m, Scope{Tenant: "t", Key: "b"}, "fp")
 	g.SetHead(streamHead)
-	for seq := 1; m.shares.total.Load() < 64<<10; seq++ {
+	for seq := 1; m.journals.Bytes() < 64<<10; seq++ {
 		appendN(t, g, seq, 1)
 	}
 	x.fillBlock()

@@ -134,7 +134,7 @@ func TestBeginDecision(t *testing.T) {
 			if !bytes.Equal(r.Data, s.want) {
 				t.Errorf("result data: got %q; want %q", r.Data, s.want)
 			}
-			if r.Gen != s.f.Gen || !r.Scope.same(sc) || r.Events() != 7 {
+			if r.Gen != s.f.Gen || !r.Scope.Same(sc) || r.Events() != 7 {
 				t.Errorf("result: got gen %d scope %v events %d; want %d %v 7", r.Gen, r.Scope, r.Events(), s.f.Gen, sc)
 			}
 			if !reflect.DeepEqual(r.Head, streamHead) {
@@ -508,8 +508,8 @@ func TestStoreAccounting(t *testing.T) {
 			m.bodies.Wait()
 			var bytes, entries int64
 			for _, sc := range scopes {
-				if r, ok := m.bodies.Get(sc.id()); ok {
-					bytes += r.cost()
+				if r, ok := m.bodies.Get(sc.ID()); ok {
+					bytes += r.Cost()
 					entries++
 				}
 			}
@@ -988,7 +988,7 @@ func starveLedger(t *testing.T) (m *Memory, hitSc, bigSc Scope) {
 	for i := range maxKeys - quota - room {
 		sc := Scope{Tenant: "filler-" + strconv.Itoa(i%9), Key: strconv.Itoa(i)}
 		e := &entry{fp: "fp", gen: nextGen(now, 0), state: StateFailedRetryable, reason: "upstream reset",
-			created: now, updated: now, id: sc.id()}
+			created: now, updated: now, id: sc.ID()}
 		m.putLocked(sc, nil, e)
 		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
 	}

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -101,7 +101,7 @@ func TestRedisFencing(t *testing.T) {
 }
 
 // expireLease deletes a generation's lease, as its expiry would.
-func expireLease(tb testing.TB, r *Redis, sc Scope) {
+func expireLease(tb testing.TB, r *Store, sc Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).lease).Build()).Error(); err != nil {
 		tb.Fatal(err)
@@ -138,7 +138,7 @@ func TestRedisRenewalsTogether(t *testing.T) {
 	t.Parallel()
 	const lease, owners = 600 * time.Millisecond, 32
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "renew", func(c *RedisConfig) { c.Lease = lease })
+	r := newRedis(t, srv.Addr, "renew", func(c *Config) { c.Lease = lease })
 	var fs []*Flight
 	for i := range owners {
 		f := rbegin(t, r, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp").Flight

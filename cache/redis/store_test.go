@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -160,7 +160,7 @@ func TestRedisReplay(t *testing.T) {
 func TestRedisUnavailable(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "ssg", func(c *RedisConfig) { c.Timeout = 300 * time.Millisecond })
+	r := newRedis(t, srv.Addr, "ssg", func(c *Config) { c.Timeout = 300 * time.Millisecond })
 	sc := Scope{Tenant: "t", Key: "down"}
 	for _, how := range []string{"paused", "killed"} {
 		if how == "paused" {
@@ -203,7 +203,7 @@ func TestRedisStartsWithoutRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	srv.Stop()
-	r := newRedis(t, srv.Addr, "ssg", func(c *RedisConfig) { c.Timeout = 200 * time.Millisecond })
+	r := newRedis(t, srv.Addr, "ssg", func(c *Config) { c.Timeout = 200 * time.Millisecond })
 	if err := r.Ping(context.Background()); err == nil {
 		t.Fatal("Ping with Redis down: got nil; want an error")
 	}
@@ -225,7 +225,7 @@ func TestRedisOwnerStates(t *testing.T) {
 	type move struct{ from, to ownerState }
 	tested := map[move]bool{}
 	// claim starts a stream owned by rs[0], with its owner in state from.
-	claim := func(t *testing.T, rs []*Redis, key string, from ownerState) (*Flight, *owner, Scope) {
+	claim := func(t *testing.T, rs []*Store, key string, from ownerState) (*Flight, *owner, Scope) {
 		t.Helper()
 		sc := Scope{Tenant: "t", Key: key}
 		f := rbegin(t, rs[0], sc, "fp").Flight
@@ -249,7 +249,7 @@ func TestRedisOwnerStates(t *testing.T) {
 		}
 	}
 	// recorded reports whether Redis holds the failure fail records.
-	recorded := func(r *Redis, sc Scope) bool {
+	recorded := func(r *Store, sc Scope) bool {
 		ki, ok := r.Info(sc)
 		return ok && ki.State == StateFailedRetryable && ki.Reason == "test_failure"
 	}
@@ -284,8 +284,8 @@ func TestRedisOwnerStates(t *testing.T) {
 		// The stale replica renews rarely: the commit is the first to
 		// learn of the new owner.
 		addr, prefix := redistest.Shared(t), redistest.Prefix(t)
-		rs := []*Redis{
-			newRedis(t, addr, prefix, func(c *RedisConfig) { c.Lease = time.Minute }),
+		rs := []*Store{
+			newRedis(t, addr, prefix, func(c *Config) { c.Lease = time.Minute }),
 			newRedis(t, addr, prefix, nil),
 		}
 		f, o, sc := claim(t, rs, "owner-refused", ownerLive)
@@ -439,7 +439,7 @@ func TestRedisAbandonBeforeClaim(t *testing.T) {
 	relay := redistest.NewRelay(t, srv.Addr)
 	prefix := redistest.Prefix(t)
 	const lease, timeout = 8 * time.Second, time.Second
-	mod := func(c *RedisConfig) { c.Lease, c.Timeout = lease, timeout }
+	mod := func(c *Config) { c.Lease, c.Timeout = lease, timeout }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
 	sc := Scope{Tenant: "t", Key: "late"}
@@ -491,7 +491,7 @@ func TestRedisClaimReplyLost(t *testing.T) {
 	relay := redistest.NewRelay(t, srv.Addr)
 	prefix := redistest.Prefix(t)
 	const lease, timeout = 8 * time.Second, time.Second
-	mod := func(c *RedisConfig) { c.Lease, c.Timeout = lease, timeout }
+	mod := func(c *Config) { c.Lease, c.Timeout = lease, timeout }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
 
@@ -573,7 +573,7 @@ func TestRedisAbandonUncountsAccounts(t *testing.T) {
 	relay := redistest.NewRelay(t, srv.Addr)
 	prefix := redistest.Prefix(t)
 	const lease, timeout = 8 * time.Second, time.Second
-	mod := func(c *RedisConfig) { c.Lease, c.Timeout, c.MaxKeysPerTenant = lease, timeout, 1 }
+	mod := func(c *Config) { c.Lease, c.Timeout, c.MaxKeysPerTenant = lease, timeout, 1 }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
 	sc := Scope{Tenant: "t", Key: "lost", Accounts: []string{"first", "shared"}}
@@ -613,7 +613,7 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Shared(t)
 	prefix := redistest.Prefix(t)
-	r := newRedis(t, addr, prefix, func(c *RedisConfig) { c.MaxKeysPerTenant = 1 })
+	r := newRedis(t, addr, prefix, func(c *Config) { c.MaxKeysPerTenant = 1 })
 	busy := rbegin(t, r, Scope{Tenant: "t", Key: "busy", Accounts: []string{"full"}}, "fp").Flight
 	defer busy.Fail(StateFailedRetryable, "test", nil)
 	sc := Scope{Tenant: "t", Key: "raced", Accounts: []string{"full", "shared"}}

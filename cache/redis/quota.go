@@ -1,7 +1,8 @@
-package cache
+package redis
 
 import (
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
 	"strconv"
 	"sync"
 	"time"
@@ -63,13 +64,13 @@ import (
 
 // tenantKey names the set of the keys of sc's first account
 // (Scope.account: the tenant, for a scope without Accounts).
-func (r *Redis) tenantKey(sc Scope) string { return r.accountKey(sc.account()) }
+func (r *Store) tenantKey(sc cache.Scope) string { return r.accountKey(sc.Account()) }
 
 // accountKey names the set of the keys of an account: the one set of the
 // account whether it is a scope's first or comes after it, each in its
 // own slot. The account, itself a hash, is hashed again so that the
 // set's name does not repeat what the ledger's records are named by.
-func (r *Redis) accountKey(account string) string {
+func (r *Store) accountKey(account string) string {
 	return r.cfg.Prefix + ":tenant:{" + digest("tenant\x00"+account) + "}"
 }
 
@@ -94,7 +95,7 @@ func (r *Redis) accountKey(account string) string {
 // its live score passes.
 
 // more returns sc's accounts after its first.
-func more(sc Scope) []string {
+func more(sc cache.Scope) []string {
 	if len(sc.Accounts) < 2 {
 		return nil
 	}
@@ -107,7 +108,7 @@ func more(sc Scope) []string {
 // and those that had it already. When one refuses it, it is taken out
 // of those it was added to, and countMore returns ErrTenantFull
 // (wrapped).
-func (r *Redis) countMore(sc Scope, k rkeys, unbounded bool) (added, had []string, err error) {
+func (r *Store) countMore(sc cache.Scope, k rkeys, unbounded bool) (added, had []string, err error) {
 	bound := strconv.Itoa(r.cfg.MaxKeysPerTenant)
 	if unbounded {
 		bound = "-1"
@@ -141,7 +142,7 @@ func (r *Redis) countMore(sc Scope, k rkeys, unbounded bool) (added, had []strin
 
 // uncountMore takes k's key out of the sets of accounts: a bound refused
 // it after they had counted it.
-func (r *Redis) uncountMore(accounts []string, k rkeys) {
+func (r *Store) uncountMore(accounts []string, k rkeys) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	for _, a := range accounts {
@@ -154,7 +155,7 @@ func (r *Redis) uncountMore(accounts []string, k rkeys) {
 // moreEnded ends sc's key's count in the sets of its accounts after its
 // first (keyEndScript), its records expiring in ttl (0: at once): what a
 // finish that ended the rest of the count in its own script leaves.
-func (r *Redis) moreEnded(sc Scope, k rkeys, ttl time.Duration) {
+func (r *Store) moreEnded(sc cache.Scope, k rkeys, ttl time.Duration) {
 	accounts := more(sc)
 	if len(accounts) == 0 {
 		return
@@ -175,7 +176,7 @@ func (r *Redis) moreEnded(sc Scope, k rkeys, ttl time.Duration) {
 // any of its members' scores, by enough that the end of a generation
 // shorter than about 9 minutes finds the expiry renewed before its claim
 // past its score (covered in finishScript) and need not renew it.
-func (r *Redis) setTTL() string {
+func (r *Store) setTTL() string {
 	return ms(max(r.cfg.TTL, r.cfg.FailedTTL, r.cfg.LiveTTL) + setSlack)
 }
 
@@ -260,11 +261,11 @@ func (s *setRenewals) forget() {
 
 // knownKey names the marker of a tenant known by a commit; it shares the
 // tenant set's slot.
-func (r *Redis) knownKey(sc Scope) string { return r.tenantKey(sc) + ":known" }
+func (r *Store) knownKey(sc cache.Scope) string { return r.tenantKey(sc) + ":known" }
 
 // globalKeys names the sets of all keys, of strangers' keys and of
 // commit_unknown keys.
-func (r *Redis) globalKeys() []string {
+func (r *Store) globalKeys() []string {
 	return []string{r.cfg.Prefix + ":keys:{all}", r.cfg.Prefix + ":strangers:{all}", r.cfg.Prefix + ":unknown:{all}"}
 }
 
@@ -273,7 +274,7 @@ func (r *Redis) globalKeys() []string {
 // ErrTenantFull or ErrStoreFull (wrapped) when a bound refuses the key.
 // unbounded counts it whatever the bounds (a key the ledger already
 // holds, claimed again).
-func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
+func (r *Store) countKey(sc cache.Scope, k rkeys, unbounded bool) error {
 	bound, all, strangers := strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys), strconv.Itoa(r.cfg.MaxStrangerKeys)
 	if unbounded {
 		bound, all, strangers = "-1", "-1", "-1"
@@ -311,14 +312,14 @@ func (r *Redis) countKey(sc Scope, k rkeys, unbounded bool) error {
 
 // fullErr is the error of a new key a bound has no room for: its
 // tenant's (0), all keys' (-1) or strangers' keys' (-2).
-func (r *Redis) fullErr(bound int) error {
+func (r *Store) fullErr(bound int) error {
 	switch bound {
 	case 0:
-		return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", r.cfg.MaxKeysPerTenant, ErrTenantFull)
+		return fmt.Errorf("this tenant holds %d keys, the -max-keys-per-tenant bound: %w", r.cfg.MaxKeysPerTenant, cache.ErrTenantFull)
 	case -1:
-		return fmt.Errorf("the replicas hold %d keys, the -max-keys bound: %w", r.cfg.MaxKeys, ErrStoreFull)
+		return fmt.Errorf("the replicas hold %d keys, the -max-keys bound: %w", r.cfg.MaxKeys, cache.ErrStoreFull)
 	default:
-		return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", r.cfg.MaxStrangerKeys, ErrStoreFull)
+		return fmt.Errorf("credentials none of whose keys has completed hold %d keys, the -max-stranger-keys bound; a credential with a completed key is not refused by it: %w", r.cfg.MaxStrangerKeys, cache.ErrStoreFull)
 	}
 }
 
@@ -326,16 +327,18 @@ func (r *Redis) fullErr(bound int) error {
 // whole, now that its generation ended in state and its records expire
 // in ttl (0: at once, a denied key). A failure to tell Redis leaves the
 // key counted until its live score passes.
-func (r *Redis) keyEnded(sc Scope, k rkeys, state State, ttl time.Duration) {
-	r.keyEnd(sc, k, ttl, false, state == StateCommitUnknown)
+func (r *Store) keyEnded(sc cache.Scope, k rkeys, state cache.State, ttl time.Duration) {
+	r.keyEnd(sc, k, ttl, false, state == cache.StateCommitUnknown)
 }
 
 // keyCommitted is keyEnded for a committed key whose records are kept
 // for ttl (TTL, or a tool call's dedupe window), and whose commit makes
 // its tenant known for TTL.
-func (r *Redis) keyCommitted(sc Scope, k rkeys, ttl time.Duration) { r.keyEnd(sc, k, ttl, true, false) }
+func (r *Store) keyCommitted(sc cache.Scope, k rkeys, ttl time.Duration) {
+	r.keyEnd(sc, k, ttl, true, false)
+}
 
-func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool) {
+func (r *Store) keyEnd(sc cache.Scope, k rkeys, ttl time.Duration, known, unknown bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	a := r.endArgs(k, ttl, known, unknown, "")
@@ -356,7 +359,7 @@ func (r *Redis) keyEnd(sc Scope, k rkeys, ttl time.Duration, known, unknown bool
 // committed, commit_unknown, fresh (the claim's: claimAnswer.fresh; the
 // end scripts of a Cluster read none). known is a commit's end: it marks
 // the tenant known for TTL.
-func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool, fresh string) []string {
+func (r *Store) endArgs(k rkeys, ttl time.Duration, known, unknown bool, fresh string) []string {
 	mark, committed, unk := "0", "0", "0"
 	if known {
 		mark, committed = ms(r.cfg.TTL), "1"
@@ -369,7 +372,7 @@ func (r *Redis) endArgs(k rkeys, ttl time.Duration, known, unknown bool, fresh s
 
 // finishKeys are finishScript's keys for sc: on a standalone Redis with
 // those of the count, whose end the script then makes (sharedKeys).
-func (r *Redis) finishKeys(sc Scope, k rkeys, shared bool) []string {
+func (r *Store) finishKeys(sc cache.Scope, k rkeys, shared bool) []string {
 	if !shared {
 		return k.all
 	}
@@ -603,13 +606,13 @@ return redis.call('ZCOUNT', KEYS[1], now(), '+inf')
 // the store's scripts ended so, until their records expire or the key is
 // claimed again. Every replica that shares the store counts the same set.
 // A failure is the scrape's to report: it is not a store operation that
-// failed for want of Redis (RedisStats.Unavailable).
-func (r *Redis) UnknownKeys() (int64, error) {
+// failed for want of Redis (Stats.Unavailable).
+func (r *Store) UnknownKeys() (int64, error) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	n, err := unknownScript.Exec(ctx, r.c, r.globalKeys()[2:], nil).AsInt64()
 	if err != nil {
-		return 0, fmt.Errorf("redis commit_unknown keys: %w: %w", ErrUnavailable, err)
+		return 0, fmt.Errorf("redis commit_unknown keys: %w: %w", cache.ErrUnavailable, err)
 	}
 	return n, nil
 }

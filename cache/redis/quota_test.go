@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"context"
@@ -21,17 +21,17 @@ import (
 // 700 ms FailedTTL of the key's end, which other tests' load could delay.
 func TestRedisMaxKeysPerTenant(t *testing.T) {
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
-	maxKeysPerTenant(t, func(mod func(*RedisConfig)) *Redis { return newRedis(t, addr, prefix, mod) })
+	maxKeysPerTenant(t, func(mod func(*Config)) *Store { return newRedis(t, addr, prefix, mod) })
 }
 
 // maxKeysPerTenant is TestRedisMaxKeysPerTenant on the replicas store
 // makes, with a FailedTTL and a bound of its own.
-func maxKeysPerTenant(t *testing.T, store func(mod func(*RedisConfig)) *Redis) {
+func maxKeysPerTenant(t *testing.T, store func(mod func(*Config)) *Store) {
 	const failedTTL = 700 * time.Millisecond
-	mod := func(c *RedisConfig) { c.FailedTTL, c.MaxKeysPerTenant = failedTTL, 3 }
-	rs := []*Redis{store(mod), store(mod)}
+	mod := func(c *Config) { c.FailedTTL, c.MaxKeysPerTenant = failedTTL, 3 }
+	rs := []*Store{store(mod), store(mod)}
 	a := func(k string) Scope { return Scope{Tenant: "a", Key: k} }
-	refused := func(r *Redis, sc Scope) {
+	refused := func(r *Store, sc Scope) {
 		t.Helper()
 		_, err := r.Begin(sc, "fp")
 		if !errors.Is(err, ErrTenantFull) || errors.Is(err, ErrStoreFull) || errors.Is(err, ErrUnavailable) {
@@ -113,7 +113,7 @@ func maxKeysPerTenant(t *testing.T, store func(mod func(*RedisConfig)) *Redis) {
 // uncounted returns a condition for eventually: sc's key no longer counts
 // against its tenant, its member of the tenant's set having a score (the
 // key's expiry) that Redis's clock has passed, as quotaScript reads it.
-func uncounted(r *Redis, sc Scope) func() error {
+func uncounted(r *Store, sc Scope) func() error {
 	return func() error {
 		ctx := context.Background()
 		score, err := r.c.Do(ctx, r.c.B().Zscore().Key(r.tenantKey(sc)).Member(r.keys(sc).h).Build()).AsFloat64()
@@ -146,7 +146,7 @@ const maxCountedCmds = 20
 func TestRedisCountInScripts(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "count", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "count", func(c *Config) { c.Lease = time.Minute })
 	// A first stream renews the sets' expiry (setRenewals).
 	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
 	startStream(t, warm)
@@ -212,11 +212,11 @@ func TestRedisCountInScripts(t *testing.T) {
 
 // setOutlives returns an error unless the set key expires after member's
 // score, by Redis's clock.
-func setOutlives(r *Redis, key, member string) error { return setOutlivesBy(r, key, member, 0) }
+func setOutlives(r *Store, key, member string) error { return setOutlivesBy(r, key, member, 0) }
 
 // setOutlivesBy returns an error unless the set key expires at least
 // margin after member's score.
-func setOutlivesBy(r *Redis, key, member string, margin time.Duration) error {
+func setOutlivesBy(r *Store, key, member string, margin time.Duration) error {
 	ctx := context.Background()
 	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(key).Member(member).Build()).AsFloat64()
 	if err != nil {
@@ -255,7 +255,7 @@ func TestRedisLongGenerationRenewsSets(t *testing.T) {
 
 func longGeneration(t *testing.T, age, renewed time.Duration) {
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "long", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "long", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	sc := Scope{Tenant: "t", Key: "long"}
 	o := rbegin(t, r, sc, "fp").Flight.be.(*owner)
@@ -291,7 +291,7 @@ func longGeneration(t *testing.T, age, renewed time.Duration) {
 func TestRedisStrangersLeaveAtCommit(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "strangers", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "strangers", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	set := r.globalKeys()[1]
 	in := func(sc Scope) bool {
@@ -382,7 +382,7 @@ func TestRedisScrapeReads(t *testing.T) {
 func TestRedisCountPrunes(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "prune", func(c *RedisConfig) { c.MaxKeysPerTenant = -1 })
+	r := newRedis(t, srv.Addr, "prune", func(c *Config) { c.MaxKeysPerTenant = -1 })
 	ctx := context.Background()
 	keep, pruning := keysThatPrune(r, "t", 1, false), keysThatPrune(r, "t", 4, true)
 	sets := []string{r.globalKeys()[0], r.globalKeys()[1], r.tenantKey(keep[0])}
@@ -425,7 +425,7 @@ func TestRedisCountPrunes(t *testing.T) {
 
 // keysThatPrune returns n scopes of tenant whose count prunes (or, with
 // prune false, does not): countLua's pruning() of their hash.
-func keysThatPrune(r *Redis, tenant string, n int, prune bool) []Scope {
+func keysThatPrune(r *Store, tenant string, n int, prune bool) []Scope {
 	var out []Scope
 	for i := 0; len(out) < n; i++ {
 		sc := Scope{Tenant: tenant, Key: fmt.Sprint("key-", prune, "-", i)}
@@ -450,13 +450,13 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 	const bound = 3
 	for _, tt := range []struct {
 		name string
-		mod  func(*RedisConfig)
-		set  func(*Redis, Scope) string
+		mod  func(*Config)
+		set  func(*Store, Scope) string
 		err  error
 	}{
-		{"tenant", func(c *RedisConfig) { c.MaxKeysPerTenant = bound }, (*Redis).tenantKey, ErrTenantFull},
-		{"all", func(c *RedisConfig) { c.MaxKeys, c.MaxStrangerKeys = bound, 100 }, func(r *Redis, _ Scope) string { return r.globalKeys()[0] }, ErrStoreFull},
-		{"strangers", func(c *RedisConfig) { c.MaxStrangerKeys = bound }, func(r *Redis, _ Scope) string { return r.globalKeys()[1] }, ErrStoreFull},
+		{"tenant", func(c *Config) { c.MaxKeysPerTenant = bound }, (*Store).tenantKey, ErrTenantFull},
+		{"all", func(c *Config) { c.MaxKeys, c.MaxStrangerKeys = bound, 100 }, func(r *Store, _ Scope) string { return r.globalKeys()[0] }, ErrStoreFull},
+		{"strangers", func(c *Config) { c.MaxStrangerKeys = bound }, func(r *Store, _ Scope) string { return r.globalKeys()[1] }, ErrStoreFull},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRedis(t, srv.Addr, "bound-"+tt.name, tt.mod)
@@ -513,7 +513,7 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 func TestRedisClaimFresh(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "fresh", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "fresh", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	fresh := func(f *Flight) string { return f.be.(*owner).fresh }
 	stranger := rbegin(t, r, Scope{Tenant: "t", Key: "first"}, "fp").Flight
@@ -567,7 +567,7 @@ func TestRedisClaimFresh(t *testing.T) {
 func TestRedisSetRenewals(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "renewals", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "renewals", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	sets := []string{r.tenantKey(Scope{Tenant: "t"}), r.globalKeys()[0]}
 	pttl := func(set string) time.Duration {

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 const appendLease = 30 * time.Second
 
 // ownerOf returns the owner of f on r.
-func ownerOf(tb testing.TB, r *Redis, f *Flight) *owner {
+func ownerOf(tb testing.TB, r *Store, f *Flight) *owner {
 	tb.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -35,7 +35,7 @@ func ownerOf(tb testing.TB, r *Redis, f *Flight) *owner {
 // mirroredStreams claims n keys on r, starts their streams with one event
 // each and has their owners mirror, as a follower's ask does; it returns
 // once every journal holds its event.
-func mirroredStreams(tb testing.TB, r *Redis, name string, n int) ([]Scope, []*Flight, [][]byte) {
+func mirroredStreams(tb testing.TB, r *Store, name string, n int) ([]Scope, []*Flight, [][]byte) {
 	tb.Helper()
 	scs, fs, wants := make([]Scope, n), make([]*Flight, n), make([][]byte, n)
 	for i := range n {
@@ -60,14 +60,14 @@ func mirroredStreams(tb testing.TB, r *Redis, name string, n int) ([]Scope, []*F
 // heldMod configures the stores of the tests that hold an append in a
 // stopped Redis: a timeout long enough that the held call is not given up
 // and sent again while the others queue on a loaded machine.
-func heldMod(c *RedisConfig) {
+func heldMod(c *Config) {
 	c.Lease = appendLease
 	c.Timeout = 10 * time.Second
 }
 
 // journalLast returns the id sc's journal in Redis ends with ("" for
 // none).
-func journalLast(tb testing.TB, r *Redis, sc Scope) string {
+func journalLast(tb testing.TB, r *Store, sc Scope) string {
 	tb.Helper()
 	es, err := r.c.Do(context.Background(), r.c.B().Xrevrange().Key(r.keys(sc).j).End("+").Start("-").Count(1).Build()).AsXRange()
 	if err != nil {
@@ -81,7 +81,7 @@ func journalLast(tb testing.TB, r *Redis, sc Scope) string {
 
 // journalsWhole waits until the journal of each stream but skip (-1 for
 // none) ends with the last event its flight journaled.
-func journalsWhole(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, skip int) {
+func journalsWhole(tb testing.TB, r *Store, scs []Scope, fs []*Flight, skip int) {
 	tb.Helper()
 	for i := range fs {
 		if i == skip {
@@ -98,7 +98,7 @@ func journalsWhole(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, skip int)
 
 // commitAll commits each stream but skip (-1 for none) and checks that a
 // replay gives its events.
-func commitAll(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, wants [][]byte, skip int) {
+func commitAll(tb testing.TB, r *Store, scs []Scope, fs []*Flight, wants [][]byte, skip int) {
 	tb.Helper()
 	for i, f := range fs {
 		if i == skip {
@@ -115,7 +115,7 @@ func commitAll(tb testing.TB, r *Redis, scs []Scope, fs []*Flight, wants [][]byt
 
 // heldStreams starts a private Redis, a store on it (heldMod) and
 // heldCount mirrored streams of one event each.
-func heldStreams(tb testing.TB) (*redistest.Server, *Redis, []Scope, []*Flight, [][]byte) {
+func heldStreams(tb testing.TB) (*redistest.Server, *Store, []Scope, []*Flight, [][]byte) {
 	tb.Helper()
 	srv := redistest.Start(tb)
 	r := newRedis(tb, srv.Addr, "held", heldMod)
@@ -127,14 +127,14 @@ func heldStreams(tb testing.TB) (*redistest.Server, *Redis, []Scope, []*Flight, 
 const heldCount = 8
 
 // queued returns how many appends wait in r's batcher.
-func queued(r *Redis) int {
+func queued(r *Store) int {
 	_, n := sending(r)
 	return n
 }
 
 // sending returns the calls r's batcher has running and the appends
 // waiting in its queue.
-func sending(r *Redis) (calls, queued int) {
+func sending(r *Store) (calls, queued int) {
 	r.appends.mu.Lock()
 	defer r.appends.mu.Unlock()
 	return r.appends.calls, len(r.appends.queue)
@@ -143,7 +143,7 @@ func sending(r *Redis) (calls, queued int) {
 // appendHeld appends one event to each of fs while srv is stopped: the
 // first's append is sent alone and held in Redis, the others queue behind
 // it; then srv resumes. It returns the events' bytes.
-func appendHeld(tb testing.TB, srv *redistest.Server, r *Redis, fs []*Flight) [][]byte {
+func appendHeld(tb testing.TB, srv *redistest.Server, r *Store, fs []*Flight) [][]byte {
 	tb.Helper()
 	got := make([][]byte, len(fs))
 	srv.Pause()
@@ -176,8 +176,8 @@ func TestRedisAppendsTogether(t *testing.T) {
 	t.Parallel()
 	const streams, rounds = 32, 20
 	srv := redistest.Start(t)
-	mod := func(c *RedisConfig) { c.Lease = appendLease }
-	rs := []*Redis{newRedis(t, srv.Addr, "together", mod), newRedis(t, srv.Addr, "together", mod)}
+	mod := func(c *Config) { c.Lease = appendLease }
+	rs := []*Store{newRedis(t, srv.Addr, "together", mod), newRedis(t, srv.Addr, "together", mod)}
 	fs, subs, wants := make([]*Flight, streams), make([]*Sub, streams), make([][]byte, streams)
 	for i := range streams {
 		var sc Scope
@@ -316,7 +316,7 @@ func TestRedisAppendsCallFails(t *testing.T) {
 	t.Parallel()
 	const streams = 8
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "fails", func(c *RedisConfig) {
+	r := newRedis(t, srv.Addr, "fails", func(c *Config) {
 		c.Lease = appendLease
 		c.Timeout = 300 * time.Millisecond
 	})
@@ -350,8 +350,8 @@ func TestRedisAppendsCallFails(t *testing.T) {
 func BenchmarkRedisFollowed(b *testing.B) {
 	const streams, events, pace = 64, 100, 20 * time.Millisecond
 	srv := redistest.Start(b)
-	mod := func(c *RedisConfig) { c.Lease = appendLease }
-	rs := []*Redis{newRedis(b, srv.Addr, "followed", mod), newRedis(b, srv.Addr, "followed", mod)}
+	mod := func(c *Config) { c.Lease = appendLease }
+	rs := []*Store{newRedis(b, srv.Addr, "followed", mod), newRedis(b, srv.Addr, "followed", mod)}
 	costStream(b, rs[0], "warm") // loads the scripts
 	if _, err := appendsScript.exec(context.Background(), rs[0].c, nil); err != nil {
 		b.Fatal(err)
@@ -442,7 +442,7 @@ func TestRedisAppendQueuedDeadline(t *testing.T) {
 	t.Parallel()
 	const timeout = 2 * time.Second
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "qdeadline", func(c *RedisConfig) {
+	r := newRedis(t, srv.Addr, "qdeadline", func(c *Config) {
 		c.Lease = appendLease
 		c.Timeout = timeout
 	})

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"context"
@@ -56,7 +56,7 @@ type appendAnswer struct {
 // (each scope's keys are in a slot of their own). Either way its answer
 // comes within -redis-timeout: a queued append is not held for the calls
 // ahead of it and then its own.
-func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error) {
+func (r *Store) appendJournal(o *owner, keys, args []string) (writeAnswer, error) {
 	ctx, cancel := context.WithTimeout(o.ctx, r.cfg.Timeout)
 	defer cancel()
 	if !r.sharedKeys() {
@@ -86,7 +86,7 @@ func (r *Redis) appendJournal(o *owner, keys, args []string) (writeAnswer, error
 }
 
 // sendAppends sends queued appends until the queue is empty.
-func (r *Redis) sendAppends() {
+func (r *Store) sendAppends() {
 	b := &r.appends
 	for {
 		b.mu.Lock()

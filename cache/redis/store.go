@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
 	"log/slog"
 	"net"
 	"net/url"
@@ -24,13 +25,13 @@ import (
 	"github.com/ssegate/ssegate/sse"
 )
 
-// RedisConfig configures a Redis store. Its zero value, with URL set, is
+// Config configures a Redis store. Its zero value, with URL set, is
 // usable: every zero field takes the default documented beside it.
-type RedisConfig struct {
+type Config struct {
 	// URL names the server: redis://[user:password@]host:port[/db], or
 	// rediss:// for TLS (rueidis.ParseURL's syntax, which also accepts
 	// ?addr= for more cluster seeds). A Redis Cluster is detected from
-	// the server; it has database 0 only, and NewRedis refuses another.
+	// the server; it has database 0 only, and New refuses another.
 	URL string
 	// Prefix starts every key this store writes (default "ssg"). Replicas
 	// that share keys must share the prefix.
@@ -64,7 +65,7 @@ type RedisConfig struct {
 	// Limits bound this replica's live generations, owned and followed,
 	// and the keys of each tenant and of strangers (counted across
 	// replicas).
-	Limits
+	cache.Limits
 	// MaxKeys bounds the unexpired keys all replicas hold together
 	// (default 1,000,000): past it new keys are refused with
 	// ErrStoreFull. Redis's own bound (maxmemory with noeviction) would
@@ -72,7 +73,7 @@ type RedisConfig struct {
 	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone
 	// from Redis (evicted despite the advice to forbid eviction).
-	MissingBody MissingBody
+	MissingBody cache.MissingBody
 	// Now is the clock of the ledger's timestamps (default time.Now).
 	// Leases always use the monotonic clock.
 	Now func() time.Time
@@ -80,7 +81,7 @@ type RedisConfig struct {
 	Logger *slog.Logger
 }
 
-func (c *RedisConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = "ssg"
 	}
@@ -106,7 +107,7 @@ func (c *RedisConfig) setDefaults() {
 	if c.MaxAbandoning <= 0 {
 		c.MaxAbandoning = 1024
 	}
-	c.Limits.setDefaults()
+	c.Limits.SetDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -115,9 +116,9 @@ func (c *RedisConfig) setDefaults() {
 	}
 }
 
-// RedisStats counts what a Redis store did; all fields are cumulative
+// Stats counts what a Redis store did; all fields are cumulative
 // except LiveBytes and LiveFlights.
-type RedisStats struct {
+type Stats struct {
 	Claims      int64 // claim scripts run
 	Batches     int64 // append batches Redis took (on a standalone Redis, several owners' share a script call)
 	Events      int64 // events appended by this replica as owner
@@ -138,7 +139,7 @@ type RedisStats struct {
 	MaxLiveBytes int64
 }
 
-// Redis is the store of several replicas: the claim, the live journals,
+// Store is the store of several replicas: the claim, the live journals,
 // the committed results and the owner leases are kept in Redis, so that a
 // request can start on one replica and be joined or resumed on another.
 // It returns the same Flight and Result types as Memory, so the proxy
@@ -151,22 +152,21 @@ type RedisStats struct {
 // gets a follower Flight fed by one tail per generation, which asks the
 // owner for the journal and copies its encoded events byte for byte;
 // local clients of both read the same journal code.
-type Redis struct {
-	cfg   RedisConfig
+type Store struct {
+	cfg   Config
 	c     rueidis.Client
-	codec *blobCodec
+	codec *cache.Codec
 	// results caches committed results by scope hash. Results are
 	// immutable per generation, and every use checks the generation, so a
 	// stale entry is never served.
-	results *ristretto.Cache[string, *Result]
+	results *ristretto.Cache[string, *cache.Result]
 	replica string        // names this replica in st.owner, for operators
 	idle    time.Duration // how long a tail's XREAD blocks before it checks the owner
 
-	shares *liveShares // bytes of local journals, all and per tenant
-	seal   *sealPolicy // when local journals seal (Limits)
+	journals *cache.Journals // the local journals: their bytes, all and per tenant, and when they seal
 
 	mu      sync.Mutex // guards flights, owners and unknowns
-	flights map[string]*Flight
+	flights map[string]*cache.Flight
 	owners  map[*owner]struct{} // the owners until their shutdown: renewLoop renews their leases
 	// unknowns: the hashes of tool calls this replica ended
 	// commit_unknown, with when their hold expires (ToolUnknowns).
@@ -194,13 +194,13 @@ type Redis struct {
 	secretKept atomic.Bool // keepSecret runs (redis_secret.go)
 }
 
-// NewRedis connects to Redis and returns the store; Close releases it.
+// New connects to Redis and returns the store; Close releases it.
 // If Redis cannot be reached at start the store is still returned (with a
 // single-node client that keeps reconnecting, replaced once Redis answers
 // by the client the server calls for, a cluster client on a Cluster), so
 // that ssegate can serve unkeyed traffic and report itself not ready
 // until Redis comes.
-func NewRedis(cfg RedisConfig) (*Redis, error) {
+func New(cfg Config) (*Store, error) {
 	cfg.setDefaults()
 	if cfg.URL == "" {
 		return nil, errors.New("redis: no URL")
@@ -247,12 +247,12 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis connect: %w", err)
 	}
-	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	codec, err := cache.NewCodec(cfg.MaxStreamBytes)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	results, err := ristretto.NewCache(&ristretto.Config[string, *Result]{
+	results, err := ristretto.NewCache(&ristretto.Config[string, *cache.Result]{
 		NumCounters:        max(cfg.MaxCacheBytes/4096*10, 10_000),
 		MaxCost:            cfg.MaxCacheBytes,
 		BufferItems:        64,
@@ -260,19 +260,18 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 	})
 	if err != nil {
 		c.Close()
-		codec.close()
+		codec.Close()
 		return nil, fmt.Errorf("result cache: %w", err)
 	}
 	host, _ := os.Hostname()
-	r := &Redis{
+	r := &Store{
 		cfg: cfg, c: c, codec: codec, results: results,
 		replica: fmt.Sprintf("%s/%d/%s", host, os.Getpid(), newToken()[:8]),
 		idle:    min(max(cfg.Lease/2, 50*time.Millisecond), 2*time.Second),
-		flights: make(map[string]*Flight),
+		flights: make(map[string]*cache.Flight),
 		owners:  make(map[*owner]struct{}),
 	}
-	r.shares = newLiveShares(cfg.Limits)
-	r.seal = newSealPolicy(cfg.Limits, cfg.Now, &r.shares.total)
+	r.journals = cache.NewJournals(cfg.Limits, cfg.Now)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if swap != nil {
 		// Once Redis answers, the client rueidis picks from the server
@@ -294,7 +293,7 @@ func NewRedis(cfg RedisConfig) (*Redis, error) {
 // loadScripts loads the store's scripts ahead of their first calls
 // (loadAll); a failure is logged, and each script then loads at its first
 // call.
-func (r *Redis) loadScripts() {
+func (r *Store) loadScripts() {
 	if err := loadAll(r.ctx, r.c, r.cfg.Timeout); err != nil {
 		r.cfg.Logger.Warn("redis: could not load the scripts ahead; each loads at its first call", "err", err.Error())
 	}
@@ -317,12 +316,12 @@ func isSelectError(err error) bool {
 // stops the owners' lease renewals, and closes the connection. Owned
 // generations still live are left to expire and be reaped; the proxy
 // aborts them before closing the store.
-func (r *Redis) Close() {
+func (r *Store) Close() {
 	r.cancel()
 	r.mu.Lock()
 	var owners []*owner
 	for _, f := range r.flights {
-		if o, ok := f.be.(*owner); ok {
+		if o, ok := f.Backend().(*owner); ok {
 			owners = append(owners, o)
 		}
 	}
@@ -342,31 +341,31 @@ func (r *Redis) Close() {
 	r.c.Close()
 	r.wg.Wait()
 	r.results.Close()
-	r.codec.close()
+	r.codec.Close()
 }
 
 // Ping reports whether Redis answers, for readiness checks.
-func (r *Redis) Ping(ctx context.Context) error {
+func (r *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	if err := r.c.Do(ctx, r.c.B().Ping().Build()).Error(); err != nil {
-		return fmt.Errorf("redis ping: %w: %w", ErrUnavailable, err)
+		return fmt.Errorf("redis ping: %w: %w", cache.ErrUnavailable, err)
 	}
 	return nil
 }
 
 // Stats returns the store's counters.
-func (r *Redis) Stats() RedisStats {
+func (r *Store) Stats() Stats {
 	r.mu.Lock()
 	n := int64(len(r.flights))
 	r.mu.Unlock()
-	return RedisStats{
+	return Stats{
 		Claims: r.claims.Load(), Batches: r.batches.Load(), Events: r.events.Load(),
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Renewals: r.renewals.Load(), Asks: r.asks.Load(), Mirrors: r.mirrors.Load(),
 		Abandoned: r.abandoned.Load(),
-		LiveBytes: r.shares.total.Load(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
+		LiveBytes: r.journals.Bytes(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
 	}
 }
 
@@ -380,8 +379,8 @@ type rkeys struct {
 
 // keys derives a scope's keys. The hash keeps tenants and keys out of
 // Redis in clear and puts all of a scope's keys in one Cluster slot.
-func (r *Redis) keys(sc Scope) rkeys {
-	h := digest(sc.id())
+func (r *Store) keys(sc cache.Scope) rkeys {
+	h := digest(sc.ID())
 	p := r.cfg.Prefix + ":{" + h + "}:"
 	k := rkeys{h: h, st: p + "st", lease: p + "lease", j: p + "j", res: p + "res"}
 	k.all = []string{k.st, k.lease, k.j, k.res}
@@ -398,13 +397,13 @@ func digest(s string) string {
 }
 
 // opCtx bounds one Redis operation.
-func (r *Redis) opCtx() (context.Context, context.CancelFunc) {
+func (r *Store) opCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.ctx, r.cfg.Timeout)
 }
 
-func (r *Redis) unavailableErr(op string, err error) error {
+func (r *Store) unavailableErr(op string, err error) error {
 	r.unavailable.Add(1)
-	return fmt.Errorf("redis %s: %w: %w", op, ErrUnavailable, err)
+	return fmt.Errorf("redis %s: %w: %w", op, cache.ErrUnavailable, err)
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -426,19 +425,23 @@ func newToken() string {
 // when its tenant is one) or ErrTenantFull (a new key of a tenant that
 // holds MaxKeysPerTenant keys); keys are counted across replicas (see
 // redis_quota.go).
-func (r *Redis) Begin(sc Scope, fp string) (Begun, error) { return r.beginTool(sc, fp, nil) }
+func (r *Store) Begin(sc cache.Scope, fp string) (cache.Begun, error) {
+	return r.beginTool(sc, fp, nil)
+}
 
 // BeginTool is Begin for an MCP tool call t (Memory.BeginTool): a key
 // whose call ended commit_unknown, or whose owner died, answers Unknown.
-func (r *Redis) BeginTool(sc Scope, fp string, t Tool) (Begun, error) { return r.beginTool(sc, fp, &t) }
+func (r *Store) BeginTool(sc cache.Scope, fp string, t cache.Tool) (cache.Begun, error) {
+	return r.beginTool(sc, fp, &t)
+}
 
-func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
-	if err := r.shares.full(); err != nil {
-		return Begun{}, err
+func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun, error) {
+	if err := r.journals.Full(); err != nil {
+		return cache.Begun{}, err
 	}
 	k := r.keys(sc)
 	refuse := "0"
-	if r.cfg.MissingBody == Refuse || t != nil { // a committed tool call is never run again (Memory.beginTool)
+	if r.cfg.MissingBody == cache.Refuse || t != nil { // a committed tool call is never run again (Memory.beginTool)
 		refuse = "1"
 	}
 	ask := "1" // a key with no record is counted against its tenant first
@@ -468,7 +471,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		keys = r.finishKeys(sc, k, true) // the same keys
 		// A tenant past its share of the live journals gets no new key;
 		// its hits and joins are answered as usual.
-		if admitErr = r.shares.admit(sc.accounts()); admitErr != nil || !moreCounted {
+		if admitErr = r.journals.Admit(sc); admitErr != nil || !moreCounted {
 			ask = "2"
 		}
 	}
@@ -478,7 +481,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	tok := newToken()
 	tool, utl := "", "0"
 	if t != nil {
-		tool, utl = t.Name, ms(t.keepFor(StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL))
+		tool, utl = t.Name, ms(t.KeepFor(cache.StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL))
 		if tool == "" {
 			tool = "?" // a tool call must be known as one
 		}
@@ -507,12 +510,12 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			if !r.abandon(sc, k, tok, sent, err, addedMore) {
 				untaken() // the claim did not run
 			}
-			return Begun{}, r.unavailableErr("claim", err)
+			return cache.Begun{}, r.unavailableErr("claim", err)
 		}
 		a, err := parseClaimAnswer(out)
 		if err != nil {
 			untaken()
-			return Begun{}, fmt.Errorf("redis claim: %w", err)
+			return cache.Begun{}, fmt.Errorf("redis claim: %w", err)
 		}
 		if a.verdict != claimNew && a.verdict != claimReplay && a.verdict != claimMiss {
 			untaken() // the key is not this claim's
@@ -523,16 +526,16 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		switch a.verdict {
 		case claimNew:
 			if admitErr != nil {
-				return Begun{}, admitErr
+				return cache.Begun{}, admitErr
 			}
-			if err := r.shares.admit(sc.accounts()); err != nil {
-				return Begun{}, err
+			if err := r.journals.Admit(sc); err != nil {
+				return cache.Begun{}, err
 			}
 			if !moreCounted {
 				var err error
 				addedMore, hadMore, err = r.countMore(sc, k, false)
 				if err != nil {
-					return Begun{}, err
+					return cache.Begun{}, err
 				}
 				moreCounted, countedMore = true, true
 			}
@@ -542,35 +545,35 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 			}
 			if err := r.countKey(sc, k, false); err != nil {
 				untaken()
-				return Begun{}, err
+				return cache.Begun{}, err
 			}
 			ask = "0"
 			continue
 		case claimFull:
 			untaken()
-			return Begun{}, r.fullErr(a.full)
+			return cache.Begun{}, r.fullErr(a.full)
 		case claimStale:
 			// Only a copy that arrives after its caller gave up reads
 			// this; a caller that does has had its generation ended.
-			return Begun{}, r.unavailableErr("claim", errors.New("the claim's generation ended before its answer came"))
+			return cache.Begun{}, r.unavailableErr("claim", errors.New("the claim's generation ended before its answer came"))
 		case claimConflict:
-			return Begun{Decision: Conflict}, nil
+			return cache.Begun{Decision: cache.Conflict}, nil
 		case claimUnknown:
-			return Begun{Decision: Unknown}, nil
+			return cache.Begun{Decision: cache.Unknown}, nil
 		case claimGone:
-			return Begun{Decision: Gone}, nil
+			return cache.Begun{Decision: cache.Gone}, nil
 		case claimReplay:
 			res, err := r.result(sc, k, a.gen)
-			if errors.Is(err, ErrNotFound) {
+			if errors.Is(err, cache.ErrNotFound) {
 				continue
 			}
 			untaken()
 			if err != nil {
-				return Begun{}, err
+				return cache.Begun{}, err
 			}
-			return Begun{Decision: Hit, Result: res}, nil
+			return cache.Begun{Decision: cache.Hit, Result: res}, nil
 		case claimJoin:
-			return Begun{Decision: Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
+			return cache.Begun{Decision: cache.Join, Flight: r.follow(sc, k, a.gen, fp)}, nil
 		}
 		if a.counted {
 			// The count renewed the sets its flags asked it to; the
@@ -600,21 +603,20 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 		} else if len(hadMore) > 0 {
 			// Another claim of the key counted it there first, and takes
 			// it out if a bound refuses it: count it again.
-			if _, _, err := r.countMore(Scope{Accounts: append([]string{""}, hadMore...)}, k, true); err != nil {
+			if _, _, err := r.countMore(cache.Scope{Accounts: append([]string{""}, hadMore...)}, k, true); err != nil {
 				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 			}
 		}
 		if a.reaped {
 			r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-				"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+				"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateCommitUnknown)
 			r.reaped.Add(1)
 		}
 		r.recordAccounts(sc, k)
-		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh)
-		f.tool = t
-		return Begun{Decision: Miss, Flight: f, Regenerated: a.regenerated}, nil
+		f := r.own(sc, k, a.gen, tok, fp, sent, a.fresh, t)
+		return cache.Begun{Decision: cache.Miss, Flight: f, Regenerated: a.regenerated}, nil
 	}
-	return Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
+	return cache.Begun{}, r.unavailableErr("claim", errors.New("the committed result kept expiring"))
 }
 
 // recordAccounts keeps sc's accounts in k's record for the generation it
@@ -626,7 +628,7 @@ func (r *Redis) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 // cleared the last generation's): its followers' scope, of the same
 // tenant, is its own. Best effort: a failure, or a tail opened before
 // the record, charges the follower's own scope's accounts.
-func (r *Redis) recordAccounts(sc Scope, k rkeys) {
+func (r *Store) recordAccounts(sc cache.Scope, k rkeys) {
 	if len(sc.Accounts) == 0 {
 		return
 	}
@@ -643,16 +645,16 @@ func (r *Redis) recordAccounts(sc Scope, k rkeys) {
 // hash slots: on a standalone Redis (or one behind Sentinel), not on a
 // Cluster. Then a claim counts its key and a finish ends its count in the
 // same script, rather than in scripts of their own.
-func (r *Redis) sharedKeys() bool { return r.c.Mode() != rueidis.ClientModeCluster }
+func (r *Store) sharedKeys() bool { return r.c.Mode() != rueidis.ClientModeCluster }
 
 // heldReaped tells what a claim did that reaped a dead owner's tool call
 // to commit_unknown, held for hold (claimScript), as a follower's reap
 // does: logs and counts it, and ends its count with that hold.
-func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
+func (r *Store) heldReaped(sc cache.Scope, k rkeys, hold time.Duration) {
 	r.cfg.Logger.Warn("reaped a tool call whose owner's lease expired",
-		"key", sc.Key, "tenant", sc.Tenant, "state", StateCommitUnknown)
+		"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateCommitUnknown)
 	r.reaped.Add(1)
-	r.keyEnded(sc, k, StateCommitUnknown, hold)
+	r.keyEnded(sc, k, cache.StateCommitUnknown, hold)
 	r.noteUnknown(k, r.cfg.Now().Add(hold))
 }
 
@@ -678,7 +680,7 @@ func (r *Redis) heldReaped(sc Scope, k rkeys, hold time.Duration) {
 // abandoning); the caller then takes the key out of added itself, since
 // a key whose claim ran but is abandoned by no one is reaped a lease
 // later, while a count left in those sets would refuse keys for LiveTTL.
-func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error, added []string) bool {
+func (r *Store) abandon(sc cache.Scope, k rkeys, tok string, sent time.Time, err error, added []string) bool {
 	if _, ok := rueidis.IsRedisErr(err); ok {
 		return false // Redis answered: the script did not run
 	}
@@ -708,8 +710,8 @@ func (r *Redis) abandon(sc Scope, k rkeys, tok string, sent time.Time, err error
 				if n == 1 {
 					r.abandoned.Add(1)
 					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
-						"key", sc.Key, "tenant", sc.Tenant, "state", StateFailedRetryable)
-					r.keyEnded(sc, k, StateFailedRetryable, r.cfg.FailedTTL)
+						"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateFailedRetryable)
+					r.keyEnded(sc, k, cache.StateFailedRetryable, r.cfg.FailedTTL)
 				} else if len(added) > 0 {
 					// The claim never ran (its token is fenced) or its
 					// generation was ended by another: what it counted
@@ -736,7 +738,7 @@ func nowMS(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 // another replica owns it); a resume past what the tail has copied waits
 // for the tail to catch up, bounded by the lease, since the owner's own
 // client may be a batch ahead of Redis.
-func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
+func (r *Store) Attach(sc cache.Scope, fp string, after sse.ID, hasAfter bool) (*cache.Flight, *cache.Result, error) {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	vals, err := r.c.Do(ctx, r.c.B().Hmget().Key(k.st).Field("phase", "gen", "fp", "acc").Build()).ToArray()
@@ -753,17 +755,17 @@ func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Fligh
 		sc.Accounts = strings.Fields(acc)
 	}
 	if phase == "" {
-		return nil, nil, ErrNotFound
+		return nil, nil, cache.ErrNotFound
 	}
 	if fp != "" && stfp != fp {
-		return nil, nil, ErrConflict
+		return nil, nil, cache.ErrConflict
 	}
 	gen, err := strconv.ParseUint(genS, 10, 64)
 	if err != nil {
 		return nil, nil, fmt.Errorf("redis attach: generation %q: %w", genS, err)
 	}
 	if hasAfter && after.Gen != gen {
-		return nil, nil, ErrGone
+		return nil, nil, cache.ErrGone
 	}
 	switch phase {
 	case "live":
@@ -776,24 +778,24 @@ func (r *Redis) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Fligh
 		return f, nil, nil
 	case "done":
 		res, err := r.result(sc, k, gen)
-		if errors.Is(err, ErrNotFound) {
-			return nil, nil, ErrGone
+		if errors.Is(err, cache.ErrNotFound) {
+			return nil, nil, cache.ErrGone
 		}
 		if err != nil {
 			return nil, nil, err
 		}
 		if hasAfter && res.Head.Stream && after.Seq > uint64(res.Events()) {
-			return nil, nil, ErrPosition
+			return nil, nil, cache.ErrPosition
 		}
 		return nil, res, nil
 	default:
-		return nil, nil, ErrGone
+		return nil, nil, cache.ErrGone
 	}
 }
 
 // catchUp waits until f holds seq events, f ends, or the owner has had a
 // lease's time to get them to Redis.
-func (r *Redis) catchUp(f *Flight, seq uint64) error {
+func (r *Store) catchUp(f *cache.Flight, seq uint64) error {
 	if uint64(f.Events()) >= seq {
 		return nil
 	}
@@ -810,10 +812,10 @@ func (r *Redis) catchUp(f *Flight, seq uint64) error {
 			for {
 				p, ended := sub.Read()
 				if ended && uint64(f.Events()) < seq {
-					if state, _, _ := f.Outcome(); state == StateCommitted {
-						return ErrPosition
+					if state, _, _ := f.Outcome(); state == cache.StateCommitted {
+						return cache.ErrPosition
 					}
-					return ErrGone
+					return cache.ErrGone
 				}
 				if ended || len(p) == 0 {
 					break
@@ -829,25 +831,25 @@ func (r *Redis) catchUp(f *Flight, seq uint64) error {
 // result returns the committed result of gen: the local copy, or Redis's.
 // ErrNotFound means Redis no longer holds it (or holds another
 // generation's).
-func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
-	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope.same(sc) {
+func (r *Store) result(sc cache.Scope, k rkeys, gen uint64) (*cache.Result, error) {
+	if res, ok := r.results.Get(k.h); ok && res.Gen == gen && res.Scope.Same(sc) {
 		return res, nil
 	}
 	ctx, cancel := r.opCtx()
 	b, err := r.c.Do(ctx, r.c.B().Get().Key(k.res).Build()).AsBytes()
 	cancel()
 	if rueidis.IsRedisNil(err) {
-		return nil, ErrNotFound
+		return nil, cache.ErrNotFound
 	}
 	if err != nil {
 		return nil, r.unavailableErr("result", err)
 	}
-	res, err := r.codec.decode(b, sc)
+	res, err := r.codec.Decode(b, sc)
 	if err != nil {
 		return nil, fmt.Errorf("redis result: %w", err)
 	}
 	if res.Gen != gen {
-		return nil, ErrNotFound
+		return nil, cache.ErrNotFound
 	}
 	r.keep(k, res)
 	return res, nil
@@ -855,22 +857,21 @@ func (r *Redis) result(sc Scope, k rkeys, gen uint64) (*Result, error) {
 
 // keep caches a committed result locally. ristretto may drop it; that
 // costs a GET later, nothing else.
-func (r *Redis) keep(k rkeys, res *Result) {
-	if res.unpack() != nil {
+func (r *Store) keep(k rkeys, res *cache.Result) {
+	if res.Unpack() != nil {
 		return
 	}
-	r.results.SetWithTTL(k.h, res, res.cost(), r.cfg.TTL)
+	r.results.SetWithTTL(k.h, res, res.Cost(), r.cfg.TTL)
 }
 
 // own registers the flight this replica just claimed and starts its
 // journal mirror and lease.
 // fresh is the claim's (claimAnswer.fresh), for the finish.
-func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string) *Flight {
-	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.accounts())
-	o := newOwner(r, f, k, tok, claimed)
+func (r *Store) own(sc cache.Scope, k rkeys, gen uint64, tok, fp string, claimed time.Time, fresh string, t *cache.Tool) *cache.Flight {
+	o := newOwner(r, k, tok, gen, claimed)
 	o.fresh = fresh
-	f.be = o
+	f := r.journals.NewFlight(o, sc, gen, fp, t)
+	o.f = f
 	r.mu.Lock()
 	r.flights[k.h] = f
 	r.mu.Unlock()
@@ -884,14 +885,14 @@ func (r *Redis) own(sc Scope, k rkeys, gen uint64, tok, fp string, claimed time.
 
 // inboxKey names the list where followers ask the replica named replica
 // for journals: its own hash tag, since it serves every scope.
-func (r *Redis) inboxKey(replica string) string {
+func (r *Store) inboxKey(replica string) string {
 	return r.cfg.Prefix + ":inbox:{" + digest(replica) + "}"
 }
 
 // inbox takes the asks of followers on other replicas, "<h> <gen>" each,
 // and starts the mirror of the owned generation they name. An ask lost
 // here (an outage, a failover) is found by the owner's next renewal.
-func (r *Redis) inbox() {
+func (r *Store) inbox() {
 	key := r.inboxKey(r.replica)
 	backoff := 5 * time.Millisecond
 	for r.ctx.Err() == nil {
@@ -937,7 +938,7 @@ func (r *Redis) inbox() {
 // on a Redis that stopped answering. Without a deadline the command goes
 // through the connection's queue, where the cancel, or the timer's, ends
 // it at once.
-func (r *Redis) blockCtx(d time.Duration) (context.Context, context.CancelFunc) {
+func (r *Store) blockCtx(d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	t := time.AfterFunc(d, cancel)
 	return ctx, func() {
@@ -948,7 +949,7 @@ func (r *Redis) blockCtx(d time.Duration) (context.Context, context.CancelFunc) 
 
 // asked starts the mirror of the owned generation an ask names, if this
 // replica still owns it.
-func (r *Redis) asked(v string) {
+func (r *Store) asked(v string) {
 	h, gen, _ := strings.Cut(v, " ")
 	r.mu.Lock()
 	f := r.flights[h]
@@ -956,7 +957,7 @@ func (r *Redis) asked(v string) {
 	if f == nil || strconv.FormatUint(f.Gen, 10) != gen {
 		return
 	}
-	if o, ok := f.be.(*owner); ok {
+	if o, ok := f.Backend().(*owner); ok {
 		o.ask()
 	}
 }
@@ -964,7 +965,7 @@ func (r *Redis) asked(v string) {
 // follow returns this replica's flight of a live generation: the one it
 // owns or already tails, or a new follower with its tail. One tail per
 // generation per replica serves all of its local clients.
-func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
+func (r *Store) follow(sc cache.Scope, k rkeys, gen uint64, fp string) *cache.Flight {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if f := r.flights[k.h]; f != nil && f.Gen == gen {
@@ -974,10 +975,9 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 			return f
 		}
 	}
-	f := newFlight(nil, sc, gen, fp, r.cfg.MaxStreamBytes, r.cfg.MaxSubscribers, r.cfg.Now(), r.seal)
-	f.share = r.shares.enter(sc.accounts())
-	fl := &follower{r: r, f: f, k: k, gen: strconv.FormatUint(gen, 10), tok: newToken()}
-	f.be = fl
+	fl := &follower{r: r, k: k, gen: strconv.FormatUint(gen, 10), tok: newToken()}
+	f := r.journals.NewFlight(fl, sc, gen, fp, nil)
+	fl.f = f
 	r.flights[k.h] = f
 	r.tails.Add(1)
 	r.wg.Add(1)
@@ -987,7 +987,7 @@ func (r *Redis) follow(sc Scope, k rkeys, gen uint64, fp string) *Flight {
 
 // forget removes f from the local registry, unless a newer flight of the
 // scope replaced it.
-func (r *Redis) forget(k rkeys, f *Flight) {
+func (r *Store) forget(k rkeys, f *cache.Flight) {
 	r.mu.Lock()
 	if r.flights[k.h] == f {
 		delete(r.flights, k.h)
@@ -995,13 +995,13 @@ func (r *Redis) forget(k rkeys, f *Flight) {
 	r.mu.Unlock()
 }
 
-func (r *Redis) reserve(f *Flight, n int) error { return r.shares.reserve(f.share, n) }
+func (r *Store) reserve(f *cache.Flight, n int) error { return r.journals.Reserve(f, n) }
 
-func (r *Redis) release(f *Flight, n int) { r.shares.leave(f.share, n) }
+func (r *Store) release(f *cache.Flight, n int) { r.journals.Release(f, n) }
 
 // Info returns what Redis knows of a key. It reports false when the key
 // is unknown and also when Redis cannot be asked.
-func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
+func (r *Store) Info(sc cache.Scope) (cache.KeyInfo, bool) {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	defer cancel()
@@ -1012,7 +1012,7 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 	m, err := rs[0].AsStrMap()
 	if err != nil || m["phase"] == "" {
 		// No record; or only the fence of an abandoned claim (abandonScript).
-		return KeyInfo{}, false
+		return cache.KeyInfo{}, false
 	}
 	ttl, _ := rs[1].AsInt64()
 	hasRes, _ := rs[2].AsInt64()
@@ -1025,8 +1025,8 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 		return time.UnixMilli(n)
 	}
 	gen, _ := strconv.ParseUint(m["gen"], 10, 64)
-	ki := KeyInfo{
-		State: State(m["state"]), Generation: gen, Attempts: num("attempts"),
+	ki := cache.KeyInfo{
+		State: cache.State(m["state"]), Generation: gen, Attempts: num("attempts"),
 		LastStatus: num("status"), Events: num("events"), Bytes: num("bytes"),
 		Reason: m["reason"], Model: m["model"], Tool: m["tool"], Created: at("created"), Updated: at("updated"),
 		BodyStored: m["phase"] == "done" && hasRes == 1,
@@ -1049,7 +1049,7 @@ func (r *Redis) Info(sc Scope) (KeyInfo, bool) {
 // Forget deletes a key that is not running, and its stored answer:
 // ErrLive while its generation runs, ErrNotFound when Redis holds
 // nothing for it.
-func (r *Redis) Forget(sc Scope) error {
+func (r *Store) Forget(sc cache.Scope) error {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	defer cancel()
@@ -1059,9 +1059,9 @@ func (r *Redis) Forget(sc Scope) error {
 	}
 	switch out {
 	case "live":
-		return ErrLive
+		return cache.ErrLive
 	case "none":
-		return ErrNotFound
+		return cache.ErrNotFound
 	}
 	r.keyEnded(sc, k, "", 0)
 	r.mu.Lock()
@@ -1073,7 +1073,7 @@ func (r *Redis) Forget(sc Scope) error {
 // ToolUnknowns returns how many tool calls this replica saw end
 // commit_unknown whose hold has not expired: Redis keeps no count of its
 // own, so replicas each report those they know.
-func (r *Redis) ToolUnknowns() int64 {
+func (r *Store) ToolUnknowns() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dropUnknownsLocked()
@@ -1081,7 +1081,7 @@ func (r *Redis) ToolUnknowns() int64 {
 }
 
 // dropUnknownsLocked forgets the held tool calls whose hold expired.
-func (r *Redis) dropUnknownsLocked() {
+func (r *Store) dropUnknownsLocked() {
 	now := r.cfg.Now()
 	for h, t := range r.unknowns {
 		if now.After(t) {
@@ -1092,7 +1092,7 @@ func (r *Redis) dropUnknownsLocked() {
 
 // noteUnknown notes a tool call of this replica that ended commit_unknown,
 // for ToolUnknowns.
-func (r *Redis) noteUnknown(k rkeys, until time.Time) {
+func (r *Store) noteUnknown(k rkeys, until time.Time) {
 	r.mu.Lock()
 	if r.unknowns == nil {
 		r.unknowns = map[string]time.Time{}

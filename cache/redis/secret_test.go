@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func TestRedisSecretKept(t *testing.T) {
 	secretCheck = 20 * time.Millisecond
 	t.Cleanup(func() { secretCheck = old })
 	var logs gatetest.LogBuffer
-	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), func(c *RedisConfig) {
+	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	expireSecret(t, r)
@@ -92,7 +92,7 @@ func TestRedisSecretKept(t *testing.T) {
 
 // expireSecret lets the secret of r's prefix expire soon after the test
 // (it has no TTL of its own), on the Redis other tests share.
-func expireSecret(t *testing.T, r *Redis) {
+func expireSecret(t *testing.T, r *Store) {
 	t.Cleanup(func() {
 		r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.secretKey()).Milliseconds(2000).Build()) //nolint:errcheck
 	})

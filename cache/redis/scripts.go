@@ -1,8 +1,9 @@
-package cache
+package redis
 
 import (
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
 	"slices"
 	"strconv"
 	"strings"
@@ -341,9 +342,9 @@ if s[3] ~= ARGV[1] then return 0 end
 if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
-  'state', 'failed_retryable', 'reason', '` + ReasonStoreUnavailable + `', 'h', '', 'b', '')
+  'state', 'failed_retryable', 'reason', '` + cache.ReasonStoreUnavailable + `', 'h', '', 'b', '')
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
-  'reason', '` + ReasonStoreUnavailable + `', 'updated', ARGV[4])
+  'reason', '` + cache.ReasonStoreUnavailable + `', 'updated', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[2])
@@ -679,7 +680,7 @@ local function lose(st, j, gen, now, reaper, utl, failedTTL)
   if not utl or utl == '0' then utl = '' end
   redis.pcall('XADD', j, gen .. '-' .. '` + maxSeq + `', 't', 'lost', 'by', reaper, 'utl', utl)
   redis.call('PEXPIRE', j, '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
-  redis.call('HSET', st, 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + ReasonGenerationLost + `', 'updated', now, 'reaper', reaper)
+  redis.call('HSET', st, 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + cache.ReasonGenerationLost + `', 'updated', now, 'reaper', reaper)
   redis.call('PEXPIRE', st, utl ~= '' and utl or failedTTL)
   return utl
 end

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"strconv"
@@ -28,7 +28,7 @@ const costEvents = 200
 
 // costStream claims key on r, journals costEvents chat chunks and
 // commits them: an unfollowed stream.
-func costStream(b *testing.B, r *Redis, key string) {
+func costStream(b *testing.B, r *Store, key string) {
 	f := rbegin(b, r, Scope{Tenant: "t", Key: key}, "fp").Flight
 	if f == nil {
 		b.Fatalf("key %s: not a miss", key)
@@ -52,7 +52,7 @@ func costStream(b *testing.B, r *Redis, key string) {
 func BenchmarkRedisStreams(b *testing.B) {
 	const streams, pace = 64, 10 * time.Millisecond
 	srv := redistest.Start(b)
-	r := newRedis(b, srv.Addr, "streams", func(c *RedisConfig) { c.Lease = 900 * time.Millisecond })
+	r := newRedis(b, srv.Addr, "streams", func(c *Config) { c.Lease = 900 * time.Millisecond })
 	costStream(b, r, "warm") // loads the scripts
 	before := readRedisCost(b, srv.Addr)
 	b.ResetTimer()
@@ -88,7 +88,7 @@ func BenchmarkRedisStreams(b *testing.B) {
 // in them, and its process CPU (INFO cpu, user and system), per op.
 func BenchmarkRedisCost(b *testing.B) {
 	srv := redistest.Start(b)
-	r := newRedis(b, srv.Addr, "cost", func(c *RedisConfig) { c.Lease = 10 * time.Second })
+	r := newRedis(b, srv.Addr, "cost", func(c *Config) { c.Lease = 10 * time.Second })
 	ctx := r.ctx
 	seq := 0
 	fresh := func() rkeys { // the keys of a scope nobody used yet

@@ -1,8 +1,9 @@
-package cache
+package redis
 
 import (
 	"context"
 	"encoding/json"
+	"github.com/ssegate/ssegate/cache"
 	"maps"
 	"slices"
 	"strconv"
@@ -31,7 +32,7 @@ const journalTTL = 60 * time.Second
 
 // owner is the backend of a flight this replica claimed. Its flusher
 // goroutine mirrors the journal to Redis and runs the commit, until
-// shutdown; the store's renewal loop keeps its lease (Redis.renewLoop).
+// shutdown; the store's renewal loop keeps its lease (Store.renewLoop).
 //
 // The journal is mirrored only once a follower on another replica asks
 // for it (st.want, signalled through this replica's inbox, or seen by a
@@ -46,8 +47,8 @@ const journalTTL = 60 * time.Second
 // a follower may have reaped it.
 type owner struct {
 	// Set by newOwner, never written again.
-	r   *Redis
-	f   *Flight
+	r   *Store
+	f   *cache.Flight
 	k   rkeys
 	tok string
 	gen string
@@ -137,7 +138,7 @@ func (s ownerState) String() string {
 }
 
 type markFields struct {
-	state            State
+	state            cache.State
 	attempts, status int
 	model, fallbacks string // fallbacks as JSON, "" for none
 }
@@ -150,7 +151,7 @@ type commitReq struct {
 type commitOutcome struct {
 	ok      bool
 	counted bool // the finish ended the key's count too (sharedKeys)
-	state   State
+	state   cache.State
 	reason  string
 }
 
@@ -162,14 +163,16 @@ type journalPos struct {
 	markVer int    // the mark Redis holds
 }
 
-func newOwner(r *Redis, f *Flight, k rkeys, tok string, claimed time.Time) *owner {
+// newOwner returns the owner of generation gen of k, claimed with tok
+// at claimed; its flight is set (o.f) before it starts.
+func newOwner(r *Store, k rkeys, tok string, gen uint64, claimed time.Time) *owner {
 	o := &owner{
-		r: r, f: f, k: k, tok: tok, gen: strconv.FormatUint(f.Gen, 10),
+		r: r, k: k, tok: tok, gen: strconv.FormatUint(gen, 10),
 		t0:      claimed,
 		kick:    make(chan struct{}, 1),
 		commitC: make(chan *commitReq),
 		stop:    make(chan struct{}),
-		mk:      markFields{state: StateIntentReceived},
+		mk:      markFields{state: cache.StateIntentReceived},
 	}
 	o.ctx, o.cancel = context.WithCancel(r.ctx)
 	return o
@@ -202,11 +205,7 @@ func (o *owner) ask() {
 }
 
 // journalBytes is the size of the local journal's encoded events.
-func (o *owner) journalBytes() int64 {
-	o.f.mu.Lock()
-	defer o.f.mu.Unlock()
-	return int64(o.f.j.size)
-}
+func (o *owner) journalBytes() int64 { return int64(o.f.JournalBytes()) }
 
 // storedBytes is the journal's size as Redis records it: what was
 // mirrored, or, unmirrored, the local journal's.
@@ -239,7 +238,7 @@ func (o *owner) leaseLapsed() bool {
 	return time.Since(o.t0) > time.Duration(o.lastRenew.Load())+o.r.cfg.Lease
 }
 
-func (o *owner) reserve(f *Flight, n int) error {
+func (o *owner) Reserve(f *cache.Flight, n int) error {
 	if err := o.r.reserve(f, n); err != nil {
 		return err
 	}
@@ -247,9 +246,9 @@ func (o *owner) reserve(f *Flight, n int) error {
 	return nil
 }
 
-func (o *owner) release(f *Flight, n int) { o.r.release(f, n) }
+func (o *owner) Release(f *cache.Flight, n int) { o.r.release(f, n) }
 
-func (o *owner) mark(f *Flight, state State, attempts, lastStatus int) {
+func (o *owner) Mark(f *cache.Flight, state cache.State, attempts, lastStatus int) {
 	model, fbs := f.Model()
 	fj := ""
 	if len(fbs) > 0 {
@@ -280,15 +279,15 @@ func (o *owner) fence(reason string) {
 	o.mu.Unlock()
 	o.r.fenced.Add(1)
 	o.r.cfg.Logger.Warn("owned generation fenced", "key", o.f.Scope.Key, "tenant", o.f.Scope.Tenant,
-		"generation", o.f.Gen, "reason", reason, "state", StateCommitUnknown)
-	o.f.Fail(StateCommitUnknown, reason, nil)
+		"generation", o.f.Gen, "reason", reason, "state", cache.StateCommitUnknown)
+	o.f.Fail(cache.StateCommitUnknown, reason, nil)
 }
 
 // commit runs the fenced finish script through the flusher, after the
 // journal's tail. When Redis refuses it or cannot be reached, the flight
 // fails here, before Flight.Commit would end it as committed: the owner's
 // clients never see a clean end of an answer that was not kept.
-func (o *owner) commit(f *Flight, res *Result) bool {
+func (o *owner) Commit(f *cache.Flight, res *cache.Result) bool {
 	o.mu.Lock()
 	if o.state != ownerLive {
 		o.mu.Unlock()
@@ -297,8 +296,8 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 	}
 	o.state = ownerCommitting
 	o.mu.Unlock()
-	out := commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
-	if blob, err := o.r.codec.encode(res); err == nil {
+	out := commitOutcome{state: cache.StateCommitUnknown, reason: cache.ReasonStoreUnavailable}
+	if blob, err := o.r.codec.Encode(res); err == nil {
 		req := &commitReq{blob: blob, done: make(chan commitOutcome, 1)}
 		select {
 		case o.commitC <- req:
@@ -311,7 +310,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.r.keep(o.k, res)
 		o.shutdown()
 		o.r.forget(o.k, f)
-		if keep := f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL); !out.counted {
+		if keep := f.KeepFor(cache.StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL); !out.counted {
 			o.r.keyCommitted(f.Scope, o.k, keep)
 		} else {
 			o.r.moreEnded(f.Scope, o.k, keep) // the finish ended the rest
@@ -323,7 +322,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 		o.state = ownerFenced
 	}
 	o.mu.Unlock()
-	if out.reason == ReasonGenerationLost {
+	if out.reason == cache.ReasonGenerationLost {
 		o.r.fenced.Add(1)
 	}
 	o.r.cfg.Logger.Warn("commit refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
@@ -335,7 +334,7 @@ func (o *owner) commit(f *Flight, res *Result) bool {
 // fail records the end of a generation without a result, so that tails
 // end their clients the same way and the key is free. When Redis cannot
 // be told, the lease lapses and a follower or the next claim reaps it.
-func (o *owner) fail(f *Flight, state State, reason string) {
+func (o *owner) Fail(f *cache.Flight, state cache.State, reason string) {
 	o.mu.Lock()
 	if o.state == ownerFailed {
 		o.mu.Unlock()
@@ -354,11 +353,11 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		head = headJSON(h)
 	}
 	_, _, body := f.Outcome()
-	ttl := f.keepFor(state, o.r.cfg.TTL, o.r.cfg.FailedTTL)
-	if f.tool != nil && heldUnknown(state, "?") {
+	ttl := f.KeepFor(state, o.r.cfg.TTL, o.r.cfg.FailedTTL)
+	if f.HoldsUnknown(state) {
 		o.r.noteUnknown(o.k, o.r.cfg.Now().Add(ttl))
 	}
-	if f.wasDenied() {
+	if f.Denied() {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
 	mk, _ := o.markNow()
@@ -366,7 +365,7 @@ func (o *owner) fail(f *Flight, state State, reason string) {
 		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
 		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
 		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-		o.r.endArgs(o.k, ttl, false, state == StateCommitUnknown, o.fresh)...)
+		o.r.endArgs(o.k, ttl, false, state == cache.StateCommitUnknown, o.fresh)...)
 	for range 2 {
 		shared := o.r.sharedKeys()
 		ctx, cancel := o.r.opCtx()
@@ -392,7 +391,7 @@ func mirrored(m bool) string {
 	return "0"
 }
 
-func headJSON(h Head) string {
+func headJSON(h cache.Head) string {
 	b, _ := json.Marshal(h) // a Head always marshals
 	return string(b)
 }
@@ -404,7 +403,7 @@ func headJSON(h Head) string {
 // own, which cost more than the renewal itself. An owner is fenced when
 // Redis says another replica took over, or when no renewal got through
 // for a whole lease.
-func (r *Redis) renewLoop() {
+func (r *Store) renewLoop() {
 	t := time.NewTicker(r.cfg.Lease / 3)
 	defer t.Stop()
 	for {
@@ -424,7 +423,7 @@ func (r *Redis) renewLoop() {
 // ExecMulti: it loads the script on every node first and fails every call
 // when one node is down, which on a Cluster would fence the owners of the
 // healthy nodes' keys too.
-func (r *Redis) renewAll() {
+func (r *Store) renewAll() {
 	r.mu.Lock()
 	owners := slices.Collect(maps.Keys(r.owners))
 	r.mu.Unlock()
@@ -475,7 +474,7 @@ func (r *Redis) renewAll() {
 // renewRun sends a run of renewals in one call of renewScript and returns
 // one answer per item; an error when the call as a whole failed, in which
 // case whether any item ran is unknown.
-func (r *Redis) renewRun(ctx context.Context, run []batchItem) ([]rueidis.RedisMessage, error) {
+func (r *Store) renewRun(ctx context.Context, run []batchItem) ([]rueidis.RedisMessage, error) {
 	var keys []string
 	args := []string{ms(r.cfg.Lease), ms(r.cfg.LiveTTL)}
 	for _, it := range run {
@@ -549,7 +548,7 @@ func (o *owner) renewed(rn renewal, n int64, err error) {
 			o.ask()
 		}
 	case err == nil:
-		o.fenceAside(ReasonGenerationLost)
+		o.fenceAside(cache.ReasonGenerationLost)
 	case o.r.ctx.Err() != nil:
 	default:
 		// Whether it reached Redis is unknown: the next renewal sends
@@ -564,7 +563,7 @@ func (o *owner) renewed(rn renewal, n int64, err error) {
 		}
 		o.r.unavailable.Add(1)
 		if o.leaseLapsed() {
-			o.fenceAside(ReasonStoreUnavailable)
+			o.fenceAside(cache.ReasonStoreUnavailable)
 		}
 	}
 }
@@ -588,7 +587,7 @@ func (o *owner) flusher() {
 			return
 		case req := <-o.commitC:
 			if dead {
-				req.done <- commitOutcome{state: StateCommitUnknown, reason: ReasonGenerationLost}
+				req.done <- commitOutcome{state: cache.StateCommitUnknown, reason: cache.ReasonGenerationLost}
 			} else {
 				req.done <- o.finishCommit(&pos, req.blob)
 			}
@@ -627,7 +626,7 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 		if pos.flushed == 0 {
 			n = maxCatchUp
 		}
-		evs, h, _ := o.f.wireSince(pos.flushed, n+keep)
+		evs, h, _ := o.f.WireSince(pos.flushed, n+keep)
 		if len(evs) <= keep {
 			evs = nil
 		} else if keep > 0 {
@@ -653,10 +652,10 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 			}
 			backoff = 5 * time.Millisecond
 		case batchFenced:
-			return ReasonGenerationLost
+			return cache.ReasonGenerationLost
 		case batchRetry:
 			if o.leaseLapsed() {
-				return ReasonStoreUnavailable
+				return cache.ReasonStoreUnavailable
 			}
 			if !o.sleep(&backoff) {
 				return ""
@@ -719,7 +718,7 @@ func (o *owner) settle(pos *journalPos, a writeAnswer, err error, n int, bytes i
 			o.r.cfg.Logger.Warn("redis journal lost acknowledged events; re-appending",
 				"key", o.f.Scope.Key, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
 		}
-		evs, _, _ := o.f.wireSince(0, seq)
+		evs, _, _ := o.f.WireSince(0, seq)
 		pos.bytes = 0
 		for _, e := range evs {
 			pos.bytes += int64(len(e))
@@ -738,17 +737,17 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 	backoff := 5 * time.Millisecond
 	for {
 		if reason := o.flush(pos, maxBatch); reason != "" {
-			return commitOutcome{state: StateCommitUnknown, reason: reason}
+			return commitOutcome{state: cache.StateCommitUnknown, reason: reason}
 		}
 		if o.ctx.Err() != nil {
-			return commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
+			return commitOutcome{state: cache.StateCommitUnknown, reason: cache.ReasonStoreUnavailable}
 		}
 		// Unmirrored, the commit carries no events: the result holds them.
 		mirror := o.mirror.Load()
 		var evs [][]byte
-		var h Head
+		var h cache.Head
 		if mirror {
-			evs, h, _ = o.f.wireSince(pos.flushed, maxBatch)
+			evs, h, _ = o.f.WireSince(pos.flushed, maxBatch)
 			if pos.flushed+len(evs) < o.f.Events() {
 				// Asked since flush looked: mirror the rest first (the
 				// finish would refuse a journal short of the last event).
@@ -760,9 +759,9 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			head = headJSON(h)
 		}
 		mk, _ := o.markNow()
-		keep := o.f.keepFor(StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)
+		keep := o.f.KeepFor(cache.StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)
 		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(keep), ms(journalTTL),
-			string(StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
+			string(cache.StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
 			strconv.Itoa(o.f.Events()), "", head,
 			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
 			o.r.endArgs(o.k, keep, true, false, o.fresh)...)
@@ -787,10 +786,10 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 			}
 			// writePrev: pos moved to where Redis's journal ends.
 		case batchFenced:
-			return commitOutcome{state: StateCommitUnknown, reason: ReasonGenerationLost}
+			return commitOutcome{state: cache.StateCommitUnknown, reason: cache.ReasonGenerationLost}
 		case batchRetry:
 			if o.leaseLapsed() || !o.sleep(&backoff) {
-				return commitOutcome{state: StateCommitUnknown, reason: ReasonStoreUnavailable}
+				return commitOutcome{state: cache.StateCommitUnknown, reason: cache.ReasonStoreUnavailable}
 			}
 		}
 	}

@@ -1,9 +1,10 @@
-package cache
+package redis
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/ssegate/ssegate/cache"
 	"math"
 	"strconv"
 	"strings"
@@ -18,8 +19,8 @@ import (
 // Nothing a follower does changes the generation in Redis, except reaping
 // it once its owner's lease is gone.
 type follower struct {
-	r   *Redis
-	f   *Flight
+	r   *Store
+	f   *cache.Flight
 	k   rkeys
 	gen string
 	tok string // its reaps' token (loseLua)
@@ -28,17 +29,17 @@ type follower struct {
 	counted bool
 }
 
-func (fl *follower) reserve(f *Flight, n int) error { return fl.r.reserve(f, n) }
-func (fl *follower) release(f *Flight, n int)       { fl.r.release(f, n) }
+func (fl *follower) Reserve(f *cache.Flight, n int) error { return fl.r.reserve(f, n) }
+func (fl *follower) Release(f *cache.Flight, n int)       { fl.r.release(f, n) }
 
-func (fl *follower) commit(f *Flight, res *Result) bool {
+func (fl *follower) Commit(f *cache.Flight, res *cache.Result) bool {
 	fl.r.keep(fl.k, res)
 	fl.r.forget(fl.k, f)
 	return true
 }
 
-func (fl *follower) fail(f *Flight, _ State, _ string) { fl.r.forget(fl.k, f) }
-func (fl *follower) mark(*Flight, State, int, int)     {}
+func (fl *follower) Fail(f *cache.Flight, _ cache.State, _ string) { fl.r.forget(fl.k, f) }
+func (fl *follower) Mark(*cache.Flight, cache.State, int, int)     {}
 
 // tail asks the owner for the generation's journal, then reads it from
 // its start, with explicit ids so that nothing falls between catching up
@@ -60,7 +61,7 @@ func (fl *follower) tail() {
 	}
 	for {
 		if r.ctx.Err() != nil {
-			f.Fail(StateFailedRetryable, ReasonShutdown, nil)
+			f.Fail(cache.StateFailedRetryable, cache.ReasonShutdown, nil)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
@@ -89,7 +90,7 @@ func (fl *follower) tail() {
 			// The owner fences itself after a lease without Redis; past
 			// that the generation cannot commit.
 			if time.Since(downSince) > r.cfg.Lease+r.idle {
-				f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
+				f.Fail(cache.StateCommitUnknown, cache.ReasonStoreUnavailable, nil)
 				return
 			}
 			select {
@@ -135,7 +136,7 @@ func (fl *follower) poll(ended *int) (bool, error) {
 		// Over, yet no terminal entry after ours: read once more (it may
 		// have just been written), then give up.
 		if *ended++; *ended >= 2 {
-			f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
+			f.Fail(cache.StateCommitUnknown, cache.ReasonGenerationLost, nil)
 			return true, nil
 		}
 	}
@@ -154,12 +155,12 @@ func (fl *follower) lost(utl string) {
 	r.reaped.Add(1)
 	r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
 		"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
-		"state", StateCommitUnknown)
+		"state", cache.StateCommitUnknown)
 	hold := r.cfg.FailedTTL
 	if h := heldFor([]string{utl}, 0); h > 0 {
 		hold = h
 	}
-	r.keyEnded(f.Scope, fl.k, StateCommitUnknown, hold)
+	r.keyEnded(f.Scope, fl.k, cache.StateCommitUnknown, hold)
 }
 
 // signal pushes the ask to the owner replica's inbox, so that it mirrors
@@ -192,7 +193,7 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 	if g != fl.gen || err != nil {
 		// The key was claimed again: this generation is over, and its
 		// terminal entry went with the old journal.
-		f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
+		f.Fail(cache.StateCommitUnknown, cache.ReasonGenerationLost, nil)
 		return true
 	}
 	switch {
@@ -203,12 +204,12 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 		return true
 	}
 	if h := e.FieldValues["h"]; h != "" {
-		var hd Head
+		var hd cache.Head
 		if json.Unmarshal([]byte(h), &hd) == nil {
 			f.SetHead(hd)
 		}
 	}
-	if err := f.appendWire(seq, []byte(e.FieldValues["e"])); err != nil {
+	if err := f.AppendWire(seq, []byte(e.FieldValues["e"])); err != nil {
 		fl.failCopy(err)
 		return true
 	}
@@ -218,14 +219,14 @@ func (fl *follower) apply(e rueidis.XRangeEntry, next *uint64) bool {
 
 // failCopy ends the flight when this replica could not keep its copy.
 func (fl *follower) failCopy(err error) {
-	reason := ReasonGenerationLost
+	reason := cache.ReasonGenerationLost
 	switch {
-	case errors.Is(err, ErrStreamTooLarge):
-		reason = ReasonMaxStreamBytes
-	case errors.Is(err, ErrStoreFull):
-		reason = ReasonStoreFull
+	case errors.Is(err, cache.ErrStreamTooLarge):
+		reason = cache.ReasonMaxStreamBytes
+	case errors.Is(err, cache.ErrStoreFull):
+		reason = cache.ReasonStoreFull
 	}
-	fl.f.Fail(StateFailedRetryable, reason, nil)
+	fl.f.Fail(cache.StateFailedRetryable, reason, nil)
 }
 
 // end ends the flight as the owner ended the generation.
@@ -242,7 +243,7 @@ func (fl *follower) end(fields map[string]string) {
 		fl.fromResult()
 	case "failed":
 		if h := fields["h"]; h != "" {
-			var hd Head
+			var hd cache.Head
 			if json.Unmarshal([]byte(h), &hd) == nil {
 				f.SetHead(hd)
 			}
@@ -258,14 +259,14 @@ func (fl *follower) end(fields map[string]string) {
 			// a reason the proxy relays as the provider's own end (an
 			// error event) would pass it off as whole. Its clients are
 			// told the stream was cut.
-			reason = ReasonUncleanEnd
+			reason = cache.ReasonUncleanEnd
 		}
-		f.Fail(State(fields["state"]), reason, body)
+		f.Fail(cache.State(fields["state"]), reason, body)
 	default: // lost: reaped, the owner died or was cut off
 		if fields["by"] == fl.tok {
 			fl.lost(fields["utl"]) // its own reap, whose answer was lost
 		}
-		f.Fail(StateCommitUnknown, ReasonGenerationLost, nil)
+		f.Fail(cache.StateCommitUnknown, cache.ReasonGenerationLost, nil)
 	}
 }
 
@@ -274,21 +275,21 @@ func (fl *follower) end(fields map[string]string) {
 // committed before its journal was mirrored), byte for byte, or its body.
 func (fl *follower) fromResult() {
 	f := fl.f
-	var res *Result
+	var res *cache.Result
 	var err error
 	deadline := time.Now().Add(fl.r.cfg.Lease)
 	for {
 		res, err = fl.r.result(f.Scope, fl.k, f.Gen)
-		if err == nil || !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+		if err == nil || !errors.Is(err, cache.ErrUnavailable) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(fl.r.idle / 4)
 	}
 	if err == nil {
-		err = res.unpack()
+		err = res.Unpack()
 	}
 	if err != nil {
-		f.Fail(StateCommitUnknown, ReasonStoreUnavailable, nil)
+		f.Fail(cache.StateCommitUnknown, cache.ReasonStoreUnavailable, nil)
 		return
 	}
 	f.SetHead(res.Head)
@@ -301,7 +302,7 @@ func (fl *follower) fromResult() {
 		if seq > 1 {
 			from = res.Ends[seq-2]
 		}
-		if err := f.appendWire(uint64(seq), res.Data[from:res.Ends[seq-1]]); err != nil {
+		if err := f.AppendWire(uint64(seq), res.Data[from:res.Ends[seq-1]]); err != nil {
 			fl.failCopy(err)
 			return
 		}

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ const minSecret = 16
 
 // secretKey is the Redis key of the deployment secret: one per prefix,
 // outside every scope, with no TTL.
-func (r *Redis) secretKey() string { return r.cfg.Prefix + ":secret" }
+func (r *Store) secretKey() string { return r.cfg.Prefix + ":secret" }
 
 // Secret returns the deployment secret that every replica on this Redis
 // (and prefix) shares, for the proxy's tenant hash and signatures. The
@@ -34,7 +34,7 @@ func (r *Redis) secretKey() string { return r.cfg.Prefix + ":secret" }
 // place (a replica started in between), the disagreement is logged as an
 // error, since the two replicas' tenants differ. A deployment that cannot
 // afford that window sets its secret itself instead.
-func (r *Redis) Secret(ctx context.Context) ([]byte, error) {
+func (r *Store) Secret(ctx context.Context) ([]byte, error) {
 	var b [32]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand documents it)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
@@ -60,7 +60,7 @@ func (r *Redis) Secret(ctx context.Context) ([]byte, error) {
 
 // keepSecret puts secret back into Redis whenever Redis lost it, and says
 // so when another value replaced it; it ends with Close.
-func (r *Redis) keepSecret(secret []byte) {
+func (r *Store) keepSecret(secret []byte) {
 	defer r.wg.Done()
 	t := time.NewTicker(secretCheck)
 	defer t.Stop()

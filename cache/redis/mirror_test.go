@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 
 // journalLen returns the entries of sc's journal in Redis (0 when it has
 // none).
-func journalLen(tb testing.TB, r *Redis, sc Scope) int64 {
+func journalLen(tb testing.TB, r *Store, sc Scope) int64 {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Xlen().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil {
@@ -27,7 +27,7 @@ func journalLen(tb testing.TB, r *Redis, sc Scope) int64 {
 }
 
 // journalExists reports whether sc's journal key exists in Redis.
-func journalExists(tb testing.TB, r *Redis, sc Scope) bool {
+func journalExists(tb testing.TB, r *Store, sc Scope) bool {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Exists().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil {
@@ -37,7 +37,7 @@ func journalExists(tb testing.TB, r *Redis, sc Scope) bool {
 }
 
 // checkJournalTTL fails the test unless sc's journal expires, within max.
-func checkJournalTTL(tb testing.TB, r *Redis, sc Scope, max time.Duration) {
+func checkJournalTTL(tb testing.TB, r *Store, sc Scope, max time.Duration) {
 	tb.Helper()
 	ms, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > max {
@@ -47,7 +47,7 @@ func checkJournalTTL(tb testing.TB, r *Redis, sc Scope, max time.Duration) {
 
 // askDirectly sets st.want as a follower's ask does, without the signal
 // to the owner's inbox: an ask whose signal was lost.
-func askDirectly(tb testing.TB, r *Redis, sc Scope) {
+func askDirectly(tb testing.TB, r *Store, sc Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Hset().Key(r.keys(sc).st).FieldValue().
 		FieldValue("want", "1").Build()).Error(); err != nil {
@@ -57,7 +57,7 @@ func askDirectly(tb testing.TB, r *Redis, sc Scope) {
 
 // ownedStream claims key on r, starts a stream and journals n events; it
 // returns the scope, the flight and the events' bytes.
-func ownedStream(tb testing.TB, r *Redis, key string, n int) (Scope, *Flight, []byte) {
+func ownedStream(tb testing.TB, r *Store, key string, n int) (Scope, *Flight, []byte) {
 	tb.Helper()
 	sc := Scope{Tenant: "t", Key: key}
 	f := rbegin(tb, r, sc, "fp").Flight
@@ -116,8 +116,8 @@ func TestRedisFollowerAsks(t *testing.T) {
 	// once on a loaded machine can miss a 400 ms lease's renewals.
 	const lease = 2 * time.Second
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
-	mod := func(c *RedisConfig) { c.Lease = lease }
-	rs := []*Redis{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
+	mod := func(c *Config) { c.Lease = lease }
+	rs := []*Store{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
 	const streams, before, after = 32, 40, 20
 	waits := make([]time.Duration, streams)
 	var wg sync.WaitGroup
@@ -235,7 +235,7 @@ func TestRedisAskSignalLost(t *testing.T) {
 func TestRedisUnfollowedRecords(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "records", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "records", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	if _, warm, _ := ownedStream(t, r, "warm", 1); !warm.Commit(nil) { // loads the scripts
 		t.Fatal("Commit: got false")
@@ -295,8 +295,8 @@ func TestRedisUnfollowedRecords(t *testing.T) {
 func TestRedisStaleJournal(t *testing.T) {
 	t.Parallel()
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
-	mod := func(c *RedisConfig) { c.FailedTTL = 20 * time.Millisecond }
-	rs := []*Redis{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
+	mod := func(c *Config) { c.FailedTTL = 20 * time.Millisecond }
+	rs := []*Store{newRedis(t, addr, prefix, mod), newRedis(t, addr, prefix, mod)}
 	sc, old, _ := ownedStream(t, rs[0], "stale", 10)
 	staleJournal(t, rs[0], sc, old)
 	_, f, want := ownedStream(t, rs[0], "stale", 30)
@@ -340,7 +340,7 @@ func TestRedisStaleJournal(t *testing.T) {
 
 // staleJournal fails f's generation and waits for its record to expire
 // (FailedTTL) while its journal, with the terminal entry, stays.
-func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
+func staleJournal(tb testing.TB, r *Store, sc Scope, f *Flight) {
 	tb.Helper()
 	f.Fail(StateFailedRetryable, "upstream_error", nil)
 	eventually(tb, 10*testLease, func() error {
@@ -363,7 +363,7 @@ func staleJournal(tb testing.TB, r *Redis, sc Scope, f *Flight) {
 func TestRedisFinishWholeJournal(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "whole", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "whole", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	scs, fs, _ := mirroredStreams(t, r, "w", 1) // event 1 in the journal
 	sc, f := scs[0], fs[0]

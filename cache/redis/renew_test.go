@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bufio"
@@ -21,12 +21,12 @@ const renewLease = time.Minute
 
 // renewStores starts a private Redis and n stores on it (replicas) with
 // renewLease.
-func renewStores(tb testing.TB, n int) (string, []*Redis) {
+func renewStores(tb testing.TB, n int) (string, []*Store) {
 	tb.Helper()
 	srv := redistest.Start(tb)
-	rs := make([]*Redis, n)
+	rs := make([]*Store, n)
 	for i := range rs {
-		rs[i] = newRedis(tb, srv.Addr, "renew", func(c *RedisConfig) { c.Lease = renewLease })
+		rs[i] = newRedis(tb, srv.Addr, "renew", func(c *Config) { c.Lease = renewLease })
 	}
 	return srv.Addr, rs
 }
@@ -53,7 +53,7 @@ func redisCalls(tb testing.TB, addr string) map[string]int64 {
 }
 
 // leaseLeft returns the time to live of sc's lease (negative: none).
-func leaseLeft(tb testing.TB, r *Redis, sc Scope) time.Duration {
+func leaseLeft(tb testing.TB, r *Store, sc Scope) time.Duration {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).lease).Build()).AsInt64()
 	if err != nil {
@@ -63,7 +63,7 @@ func leaseLeft(tb testing.TB, r *Redis, sc Scope) time.Duration {
 }
 
 // shortenLease leaves sc's lease a second to live, so that a renewal shows.
-func shortenLease(tb testing.TB, r *Redis, sc Scope) {
+func shortenLease(tb testing.TB, r *Store, sc Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.keys(sc).lease).Milliseconds(1000).Build()).Error(); err != nil {
 		tb.Fatal(err)

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"strconv"
@@ -17,7 +17,7 @@ import (
 func TestRedisScriptsLoaded(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	r := newRedis(t, srv.Addr, "load", func(c *RedisConfig) { c.Lease = time.Minute })
+	r := newRedis(t, srv.Addr, "load", func(c *Config) { c.Lease = time.Minute })
 	var wg sync.WaitGroup
 	for i := range 32 {
 		wg.Go(func() {

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"bytes"
@@ -21,9 +21,9 @@ import (
 func TestRedisCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	url := c.URL()
-	rs := []*Redis{
-		newRedis(t, "", "ssg", func(cfg *RedisConfig) { cfg.URL = url }),
-		newRedis(t, "", "ssg", func(cfg *RedisConfig) { cfg.URL = url }),
+	rs := []*Store{
+		newRedis(t, "", "ssg", func(cfg *Config) { cfg.URL = url }),
+		newRedis(t, "", "ssg", func(cfg *Config) { cfg.URL = url }),
 	}
 	for i := range 20 {
 		sc := Scope{Tenant: "t", Key: fmt.Sprintf("cluster-%d", i)}
@@ -50,7 +50,7 @@ func TestRedisCluster(t *testing.T) {
 		}
 	}
 	// Renewals: a call each, the scopes being in different slots.
-	r := newRedis(t, "", "renew", func(cfg *RedisConfig) { cfg.URL, cfg.Lease = url, renewLease })
+	r := newRedis(t, "", "renew", func(cfg *Config) { cfg.URL, cfg.Lease = url, renewLease })
 	var fs []*Flight
 	for i := range 12 {
 		sc := Scope{Tenant: "t", Key: fmt.Sprintf("renew-%d", i)}
@@ -68,9 +68,9 @@ func TestRedisCluster(t *testing.T) {
 		}
 		f.Fail(StateFailedRetryable, "test over", nil)
 	}
-	_, err := NewRedis(RedisConfig{URL: "redis://" + c.Nodes[0].Addr + "/1", Timeout: time.Second})
+	_, err := New(Config{URL: "redis://" + c.Nodes[0].Addr + "/1", Timeout: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "database 0") {
-		t.Fatalf("NewRedis with /1 on a cluster: got %v; want an error saying a cluster has database 0 only", err)
+		t.Fatalf("New with /1 on a cluster: got %v; want an error saying a cluster has database 0 only", err)
 	}
 }
 
@@ -81,7 +81,7 @@ func TestRedisCluster(t *testing.T) {
 func TestRedisClusterSeedDownAtStart(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	c.Nodes[0].Stop()
-	r := newRedis(t, c.Nodes[0].Addr, "ssg", func(cfg *RedisConfig) { cfg.Timeout = 500 * time.Millisecond })
+	r := newRedis(t, c.Nodes[0].Addr, "ssg", func(cfg *Config) { cfg.Timeout = 500 * time.Millisecond })
 	c.Nodes[0].Restart()
 	eventually(t, 15*time.Second, func() error {
 		for i := range 30 {
@@ -101,8 +101,8 @@ func TestRedisClusterSeedDownAtStart(t *testing.T) {
 // leaves them at once.
 func TestRedisClusterBounds(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	store := func(prefix string, mod func(*RedisConfig)) *Redis {
-		return newRedis(t, "", prefix, func(cfg *RedisConfig) {
+	store := func(prefix string, mod func(*Config)) *Store {
+		return newRedis(t, "", prefix, func(cfg *Config) {
 			cfg.URL = c.URL()
 			if mod != nil {
 				mod(cfg)
@@ -110,16 +110,16 @@ func TestRedisClusterBounds(t *testing.T) {
 		})
 	}
 	t.Run("per-tenant", func(t *testing.T) {
-		maxKeysPerTenant(t, func(mod func(*RedisConfig)) *Redis { return store("tenant", mod) })
+		maxKeysPerTenant(t, func(mod func(*Config)) *Store { return store("tenant", mod) })
 	})
 	t.Run("strangers", func(t *testing.T) {
-		strangersLeaveRoom(t, store("strangers", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 8, strangersLimits }))
+		strangersLeaveRoom(t, store("strangers", func(cfg *Config) { cfg.MaxKeys, cfg.Limits = 8, strangersLimits }))
 	})
 	t.Run("denied", func(t *testing.T) {
-		deniedKeyForgotten(t, store("denied", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 2, deniedLimits }))
+		deniedKeyForgotten(t, store("denied", func(cfg *Config) { cfg.MaxKeys, cfg.Limits = 2, deniedLimits }))
 	})
 	t.Run("accounts", func(t *testing.T) {
-		accountBounds(t, store("accounts", func(cfg *RedisConfig) { cfg.MaxKeys, cfg.Limits = 100, accountLimits }))
+		accountBounds(t, store("accounts", func(cfg *Config) { cfg.MaxKeys, cfg.Limits = 100, accountLimits }))
 	})
 	if r := store("mode", nil); r.sharedKeys() {
 		t.Fatal("a cluster client's store: sharedKeys got true; want false")

@@ -1,4 +1,4 @@
-package cache
+package redis
 
 import (
 	"context"
@@ -91,11 +91,11 @@ func countIn(stacks []string, fn string) int {
 func TestRedisCloseAppendsQueued(t *testing.T) {
 	base := len(storeGoroutines())
 	srv := redistest.Start(t)
-	cfg := RedisConfig{URL: "redis://" + srv.Addr, Prefix: "closeq", Logger: slog.New(slog.DiscardHandler)}
+	cfg := Config{URL: "redis://" + srv.Addr, Prefix: "closeq", Logger: slog.New(slog.DiscardHandler)}
 	heldMod(&cfg)
-	r, err := NewRedis(cfg)
+	r, err := New(cfg)
 	if err != nil {
-		t.Fatalf("NewRedis: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	var closing atomic.Bool // Close was called: a Close that hangs is not called again
 	t.Cleanup(func() {
@@ -125,7 +125,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	appendN(t, fs[0], 3, 2) // behind the held append, in the journal only
 	// Every owner's flusher waits for its append's answer.
 	eventually(t, 5*time.Second, func() error {
-		if n := countIn(storeGoroutines(), "cache.(*Redis).appendJournal"); n != heldCount {
+		if n := countIn(storeGoroutines(), "cache.(*Store).appendJournal"); n != heldCount {
 			return fmt.Errorf("%d owners wait for an append; want %d", n, heldCount)
 		}
 		return nil
@@ -154,7 +154,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	case <-closed:
 	case <-time.After(closeBound()):
 		left := storeGoroutines()
-		if n := countIn(left, "cache.(*Redis).appendJournal"); n > 0 {
+		if n := countIn(left, "cache.(*Store).appendJournal"); n > 0 {
 			t.Errorf("%v after Close began: %d owners still wait for their append's answer", closeBound(), n)
 		}
 		t.Errorf("Close: not returned within %v with Redis stopped; the store's goroutines then:\n\t%s",
