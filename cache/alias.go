@@ -16,7 +16,7 @@ type Alias struct {
 }
 
 // aliasID identifies tenant's alias name (in Memory.aliases; hashed, in
-// Redis) the way Scope.id identifies a key: per tenant.
+// Redis) the way Scope.ID identifies a key: per tenant.
 func aliasID(tenant, name string) string { return Scope{Tenant: tenant, Key: name}.ID() }
 
 // SetAlias records that generation gen of sc is known upstream as name.

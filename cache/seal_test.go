@@ -222,7 +222,7 @@ func TestSealDefaults(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ max, want int64 }{{0, 8 << 20}, {8 << 30, 8 << 20}, {4 << 20, 2 << 20}} {
 		l := Limits{MaxLiveBytes: c.max}
-		l.setDefaults()
+		l.SetDefaults()
 		if l.SealLiveBytes != c.want || l.SealStreamBytes != 128<<10 || l.SealAge != time.Minute {
 			t.Errorf("MaxLiveBytes %d: SealLiveBytes %d, SealStreamBytes %d, SealAge %v; want %d, 128 KiB, 1m",
 				c.max, l.SealLiveBytes, l.SealStreamBytes, l.SealAge, c.want)

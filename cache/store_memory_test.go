@@ -509,7 +509,7 @@ func TestStoreAccounting(t *testing.T) {
 			var bytes, entries int64
 			for _, sc := range scopes {
 				if r, ok := m.bodies.Get(sc.ID()); ok {
-					bytes += r.Cost()
+					bytes += r.cost()
 					entries++
 				}
 			}

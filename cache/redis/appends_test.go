@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,7 +21,7 @@ import (
 const appendLease = 30 * time.Second
 
 // ownerOf returns the owner of f on r.
-func ownerOf(tb testing.TB, r *Store, f *Flight) *owner {
+func ownerOf(tb testing.TB, r *Store, f *cache.Flight) *owner {
 	tb.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -35,9 +37,9 @@ func ownerOf(tb testing.TB, r *Store, f *Flight) *owner {
 // mirroredStreams claims n keys on r, starts their streams with one event
 // each and has their owners mirror, as a follower's ask does; it returns
 // once every journal holds its event.
-func mirroredStreams(tb testing.TB, r *Store, name string, n int) ([]Scope, []*Flight, [][]byte) {
+func mirroredStreams(tb testing.TB, r *Store, name string, n int) ([]cache.Scope, []*cache.Flight, [][]byte) {
 	tb.Helper()
-	scs, fs, wants := make([]Scope, n), make([]*Flight, n), make([][]byte, n)
+	scs, fs, wants := make([]cache.Scope, n), make([]*cache.Flight, n), make([][]byte, n)
 	for i := range n {
 		scs[i], fs[i], wants[i] = ownedStream(tb, r, name+"-"+strconv.Itoa(i), 1)
 		ownerOf(tb, r, fs[i]).ask()
@@ -67,7 +69,7 @@ func heldMod(c *Config) {
 
 // journalLast returns the id sc's journal in Redis ends with ("" for
 // none).
-func journalLast(tb testing.TB, r *Store, sc Scope) string {
+func journalLast(tb testing.TB, r *Store, sc cache.Scope) string {
 	tb.Helper()
 	es, err := r.c.Do(context.Background(), r.c.B().Xrevrange().Key(r.keys(sc).j).End("+").Start("-").Count(1).Build()).AsXRange()
 	if err != nil {
@@ -81,7 +83,7 @@ func journalLast(tb testing.TB, r *Store, sc Scope) string {
 
 // journalsWhole waits until the journal of each stream but skip (-1 for
 // none) ends with the last event its flight journaled.
-func journalsWhole(tb testing.TB, r *Store, scs []Scope, fs []*Flight, skip int) {
+func journalsWhole(tb testing.TB, r *Store, scs []cache.Scope, fs []*cache.Flight, skip int) {
 	tb.Helper()
 	for i := range fs {
 		if i == skip {
@@ -98,7 +100,7 @@ func journalsWhole(tb testing.TB, r *Store, scs []Scope, fs []*Flight, skip int)
 
 // commitAll commits each stream but skip (-1 for none) and checks that a
 // replay gives its events.
-func commitAll(tb testing.TB, r *Store, scs []Scope, fs []*Flight, wants [][]byte, skip int) {
+func commitAll(tb testing.TB, r *Store, scs []cache.Scope, fs []*cache.Flight, wants [][]byte, skip int) {
 	tb.Helper()
 	for i, f := range fs {
 		if i == skip {
@@ -107,7 +109,7 @@ func commitAll(tb testing.TB, r *Store, scs []Scope, fs []*Flight, wants [][]byt
 		if !f.Commit(nil) {
 			tb.Fatalf("stream %d: Commit: got false; want true", i)
 		}
-		if b := rbegin(tb, r, scs[i], "fp"); b.Decision != Hit || !bytes.Equal(b.Result.Data, wants[i]) {
+		if b := rbegin(tb, r, scs[i], "fp"); b.Decision != cache.Hit || !bytes.Equal(b.Result.Data, wants[i]) {
 			tb.Fatalf("stream %d: replay got %v; want its events", i, b.Decision)
 		}
 	}
@@ -115,7 +117,7 @@ func commitAll(tb testing.TB, r *Store, scs []Scope, fs []*Flight, wants [][]byt
 
 // heldStreams starts a private Redis, a store on it (heldMod) and
 // heldCount mirrored streams of one event each.
-func heldStreams(tb testing.TB) (*redistest.Server, *Store, []Scope, []*Flight, [][]byte) {
+func heldStreams(tb testing.TB) (*redistest.Server, *Store, []cache.Scope, []*cache.Flight, [][]byte) {
 	tb.Helper()
 	srv := redistest.Start(tb)
 	r := newRedis(tb, srv.Addr, "held", heldMod)
@@ -143,12 +145,12 @@ func sending(r *Store) (calls, queued int) {
 // appendHeld appends one event to each of fs while srv is stopped: the
 // first's append is sent alone and held in Redis, the others queue behind
 // it; then srv resumes. It returns the events' bytes.
-func appendHeld(tb testing.TB, srv *redistest.Server, r *Store, fs []*Flight) [][]byte {
+func appendHeld(tb testing.TB, srv *redistest.Server, r *Store, fs []*cache.Flight) [][]byte {
 	tb.Helper()
 	got := make([][]byte, len(fs))
 	srv.Pause()
 	defer srv.Resume()
-	got[0] = appendN(tb, fs[0], fs[0].Events()+1, 1)
+	got[0] = storetest.AppendN(tb, fs[0], fs[0].Events()+1, 1)
 	eventually(tb, 5*time.Second, func() error { // taken alone, for the stopped server
 		if calls, n := sending(r); calls != 1 || n != 0 {
 			return fmt.Errorf("%d calls, %d appends queued; want the first append in a call", calls, n)
@@ -156,7 +158,7 @@ func appendHeld(tb testing.TB, srv *redistest.Server, r *Store, fs []*Flight) []
 		return nil
 	})
 	for i, f := range fs[1:] {
-		got[i+1] = appendN(tb, f, f.Events()+1, 1)
+		got[i+1] = storetest.AppendN(tb, f, f.Events()+1, 1)
 	}
 	eventually(tb, 5*time.Second, func() error {
 		if n := queued(r); n != len(fs)-1 {
@@ -178,12 +180,12 @@ func TestRedisAppendsTogether(t *testing.T) {
 	srv := redistest.Start(t)
 	mod := func(c *Config) { c.Lease = appendLease }
 	rs := []*Store{newRedis(t, srv.Addr, "together", mod), newRedis(t, srv.Addr, "together", mod)}
-	fs, subs, wants := make([]*Flight, streams), make([]*Sub, streams), make([][]byte, streams)
+	fs, subs, wants := make([]*cache.Flight, streams), make([]*cache.Sub, streams), make([][]byte, streams)
 	for i := range streams {
-		var sc Scope
+		var sc cache.Scope
 		sc, fs[i], wants[i] = ownedStream(t, rs[0], "s"+strconv.Itoa(i), 1)
 		j := rbegin(t, rs[1], sc, "fp")
-		if j.Decision != Join {
+		if j.Decision != cache.Join {
 			t.Fatalf("stream %d: duplicate got %v; want join", i, j.Decision)
 		}
 		subs[i], _ = j.Flight.Subscribe(0)
@@ -204,7 +206,7 @@ func TestRedisAppendsTogether(t *testing.T) {
 	before, batches := readRedisCost(t, srv.Addr), rs[0].Stats().Batches
 	for round := range rounds {
 		for i, f := range fs {
-			wants[i] = append(wants[i], appendN(t, f, round+2, 1)...)
+			wants[i] = append(wants[i], storetest.AppendN(t, f, round+2, 1)...)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -229,7 +231,7 @@ func TestRedisAppendsTogether(t *testing.T) {
 				t.Errorf("stream %d: Commit: got false", i)
 				return
 			}
-			if got, ended := follow(subs[i], 5*time.Second); !ended || !bytes.Equal(got, wants[i]) {
+			if got, ended := storetest.Follow(subs[i], 5*time.Second); !ended || !bytes.Equal(got, wants[i]) {
 				t.Errorf("stream %d: the follower got %d bytes (ended %v); want the owner's %d", i, len(got), ended, len(wants[i]))
 			}
 		})
@@ -253,11 +255,11 @@ func TestRedisAppendsFencedInBatch(t *testing.T) {
 	for i, p := range appendHeld(t, srv, r, fs) {
 		wants[i] = append(wants[i], p...)
 	}
-	if state := waitDone(t, fs[victim], 5*time.Second); state != StateCommitUnknown {
+	if state := waitDone(t, fs[victim], 5*time.Second); state != cache.StateCommitUnknown {
 		t.Fatalf("fenced owner: state %v; want commit_unknown", state)
 	}
-	if _, reason, _ := fs[victim].Outcome(); reason != ReasonGenerationLost {
-		t.Fatalf("fenced owner: reason %q; want %s", reason, ReasonGenerationLost)
+	if _, reason, _ := fs[victim].Outcome(); reason != cache.ReasonGenerationLost {
+		t.Fatalf("fenced owner: reason %q; want %s", reason, cache.ReasonGenerationLost)
 	}
 	journalsWhole(t, r, scs, fs, victim)
 	// The held append, then the others' in one call.
@@ -324,7 +326,7 @@ func TestRedisAppendsCallFails(t *testing.T) {
 	unavailable := r.Stats().Unavailable
 	srv.Pause()
 	for i, f := range fs {
-		wants[i] = append(wants[i], appendN(t, f, 2, 1)...)
+		wants[i] = append(wants[i], storetest.AppendN(t, f, 2, 1)...)
 	}
 	eventually(t, 5*time.Second, func() error {
 		// Each owner's append failed at least once: the held one alone,
@@ -359,16 +361,16 @@ func BenchmarkRedisFollowed(b *testing.B) {
 	before := readRedisCost(b, srv.Addr)
 	b.ResetTimer()
 	for n := range b.N {
-		fs, subs := make([]*Flight, streams), make([]*Sub, streams)
+		fs, subs := make([]*cache.Flight, streams), make([]*cache.Sub, streams)
 		for i := range streams {
-			sc := Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}
+			sc := cache.Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}
 			fs[i] = rbegin(b, rs[0], sc, "fp").Flight
-			startStream(b, fs[i])
-			if _, err := fs[i].Append("", chatChunk); err != nil {
+			storetest.StartStream(b, fs[i])
+			if _, err := fs[i].Append("", storetest.ChatChunk); err != nil {
 				b.Fatal(err)
 			}
 			j := rbegin(b, rs[1], sc, "fp")
-			if j.Decision != Join {
+			if j.Decision != cache.Join {
 				b.Fatalf("stream %d: duplicate got %v; want join", i, j.Decision)
 			}
 			subs[i], _ = j.Flight.Subscribe(0)
@@ -376,7 +378,7 @@ func BenchmarkRedisFollowed(b *testing.B) {
 		for range events - 1 {
 			time.Sleep(pace)
 			for _, f := range fs {
-				if _, err := f.Append("", chatChunk); err != nil {
+				if _, err := f.Append("", storetest.ChatChunk); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -388,7 +390,7 @@ func BenchmarkRedisFollowed(b *testing.B) {
 				if !f.Commit(nil) {
 					b.Error("Commit: got false")
 				}
-				if _, ended := follow(subs[i], 5*time.Second); !ended {
+				if _, ended := storetest.Follow(subs[i], 5*time.Second); !ended {
 					b.Error("a follower did not end")
 				}
 			})
@@ -411,13 +413,13 @@ func TestRedisAppendsCatchUpAlone(t *testing.T) {
 	bigSc, big, bigWant := ownedStream(t, r, "big", held)
 	before := readRedisCost(t, srv.Addr)
 	srv.Pause()
-	wants[0] = append(wants[0], appendN(t, fs[0], 2, 1)...)
+	wants[0] = append(wants[0], storetest.AppendN(t, fs[0], 2, 1)...)
 	for i, f := range fs[1:4] {
-		wants[i+1] = append(wants[i+1], appendN(t, f, 2, 1)...)
+		wants[i+1] = append(wants[i+1], storetest.AppendN(t, f, 2, 1)...)
 	}
 	ownerOf(t, r, big).ask()
 	for i, f := range fs[4:] {
-		wants[i+4] = append(wants[i+4], appendN(t, f, 2, 1)...)
+		wants[i+4] = append(wants[i+4], storetest.AppendN(t, f, 2, 1)...)
 	}
 	time.Sleep(100 * time.Millisecond) // the appends and the catch-up queue, or wait in calls of their own
 	srv.Resume()
@@ -450,7 +452,7 @@ func TestRedisAppendQueuedDeadline(t *testing.T) {
 	unavailable := r.Stats().Unavailable
 	srv.Pause()
 	t.Cleanup(srv.Resume) // when the test ends early
-	wants[0] = append(wants[0], appendN(t, fs[0], 2, 1)...)
+	wants[0] = append(wants[0], storetest.AppendN(t, fs[0], 2, 1)...)
 	eventually(t, 5*time.Second, func() error { // sent alone, held in the stopped server
 		if calls, n := sending(r); calls != 1 || n != 0 {
 			return fmt.Errorf("%d calls, %d appends queued; want the first append in a call", calls, n)
@@ -459,7 +461,7 @@ func TestRedisAppendQueuedDeadline(t *testing.T) {
 	})
 	queuedAt := time.Now()
 	for i, f := range fs[1:] {
-		wants[i+1] = append(wants[i+1], appendN(t, f, 2, 1)...)
+		wants[i+1] = append(wants[i+1], storetest.AppendN(t, f, 2, 1)...)
 	}
 	// The held call fails at its timeout; each queued append at its own
 	// deadline, by then: without one, they would be sent after the held

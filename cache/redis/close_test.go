@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"log/slog"
 	"math"
 	"runtime"
@@ -106,7 +108,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	t.Cleanup(srv.Resume) // before the Close above, when the test ends early
 	scs, fs, _ := mirroredStreams(t, r, "s", heldCount)
 	srv.Pause()
-	appendN(t, fs[0], 2, 1)
+	storetest.AppendN(t, fs[0], 2, 1)
 	eventually(t, 5*time.Second, func() error { // sent alone, held in the stopped server
 		if calls, n := sending(r); calls != 1 || n != 0 {
 			return fmt.Errorf("%d calls, %d appends queued; want the first append in a call", calls, n)
@@ -114,7 +116,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 		return nil
 	})
 	for _, f := range fs[1:] {
-		appendN(t, f, 2, 1)
+		storetest.AppendN(t, f, 2, 1)
 	}
 	eventually(t, 5*time.Second, func() error {
 		if n := queued(r); n != heldCount-1 {
@@ -122,7 +124,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 		}
 		return nil
 	})
-	appendN(t, fs[0], 3, 2) // behind the held append, in the journal only
+	storetest.AppendN(t, fs[0], 3, 2) // behind the held append, in the journal only
 	// Every owner's flusher waits for its append's answer.
 	eventually(t, 5*time.Second, func() error {
 		if n := countIn(storeGoroutines(), "cache.(*Store).appendJournal"); n != heldCount {
@@ -184,8 +186,8 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 		if i > 0 && f.Commit(nil) {
 			t.Errorf("stream %d: Commit after Close: got true; want it refused", i)
 		}
-		if state, reason, _ := f.Outcome(); state == StateCommitted || reason != ReasonStoreUnavailable {
-			t.Errorf("stream %d: ended %v (%s); want a failure with %s", i, state, reason, ReasonStoreUnavailable)
+		if state, reason, _ := f.Outcome(); state == cache.StateCommitted || reason != cache.ReasonStoreUnavailable {
+			t.Errorf("stream %d: ended %v (%s); want a failure with %s", i, state, reason, cache.ReasonStoreUnavailable)
 		}
 	}
 
@@ -203,7 +205,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stream %d: HGETALL st: %v", i, err)
 		}
-		if st["phase"] != "live" || st["state"] == string(StateCommitted) || (st["commits"] != "" && st["commits"] != "0") {
+		if st["phase"] != "live" || st["state"] == string(cache.StateCommitted) || (st["commits"] != "" && st["commits"] != "0") {
 			t.Errorf("stream %d: st phase %q state %q commits %q; want it live, never committed", i, st["phase"], st["state"], st["commits"])
 		}
 		if n, err := c.Do(ctx, c.B().Exists().Key(k.res).Build()).AsInt64(); err != nil || n != 0 {

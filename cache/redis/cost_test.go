@@ -1,6 +1,8 @@
 package redis
 
 import (
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"strconv"
 	"sync"
 	"testing"
@@ -29,13 +31,13 @@ const costEvents = 200
 // costStream claims key on r, journals costEvents chat chunks and
 // commits them: an unfollowed stream.
 func costStream(b *testing.B, r *Store, key string) {
-	f := rbegin(b, r, Scope{Tenant: "t", Key: key}, "fp").Flight
+	f := rbegin(b, r, cache.Scope{Tenant: "t", Key: key}, "fp").Flight
 	if f == nil {
 		b.Fatalf("key %s: not a miss", key)
 	}
-	startStream(b, f)
+	storetest.StartStream(b, f)
 	for range costEvents {
-		if _, err := f.Append("", chatChunk); err != nil {
+		if _, err := f.Append("", storetest.ChatChunk); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -60,10 +62,10 @@ func BenchmarkRedisStreams(b *testing.B) {
 		var wg sync.WaitGroup
 		for i := range streams {
 			wg.Go(func() {
-				f := rbegin(b, r, Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}, "fp").Flight
-				startStream(b, f)
+				f := rbegin(b, r, cache.Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}, "fp").Flight
+				storetest.StartStream(b, f)
 				for range costEvents {
-					if _, err := f.Append("", chatChunk); err != nil {
+					if _, err := f.Append("", storetest.ChatChunk); err != nil {
 						b.Error(err)
 						return
 					}
@@ -93,9 +95,9 @@ func BenchmarkRedisCost(b *testing.B) {
 	seq := 0
 	fresh := func() rkeys { // the keys of a scope nobody used yet
 		seq++
-		return r.keys(Scope{Tenant: "t", Key: "k" + strconv.Itoa(seq)})
+		return r.keys(cache.Scope{Tenant: "t", Key: "k" + strconv.Itoa(seq)})
 	}
-	sc := Scope{Tenant: "t", Key: "x"}
+	sc := cache.Scope{Tenant: "t", Key: "x"}
 	claimArgs := func(tok, ask string) []string {
 		return []string{"fp", tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(time.Now()), "0", ask, "", "0"}
 	}
@@ -109,7 +111,7 @@ func BenchmarkRedisCost(b *testing.B) {
 	exec := func(s script, keys, args []string) { runScript(b, r, s, keys, args) }
 	// A committed stream's blob, as the finish script gets it.
 	costStream(b, r, "blob")
-	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
+	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(cache.Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -184,7 +186,7 @@ func BenchmarkRedisCost(b *testing.B) {
 		gen := k.h
 		k.h = k.st // a member to end
 		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
-			string(StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
+			string(cache.StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
 			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false, "1")...)) // a known tenant's new key
 	})
 	counted := func(n int) []rkeys { // keys counted as a new key's are

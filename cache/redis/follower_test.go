@@ -2,6 +2,8 @@ package redis
 
 import (
 	"errors"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -18,9 +20,9 @@ import (
 func TestRedisTailNoGap(t *testing.T) {
 	t.Parallel()
 	rs := replicas(t, 2)
-	sc := Scope{Tenant: "t", Key: "tail"}
+	sc := cache.Scope{Tenant: "t", Key: "tail"}
 	owner := rbegin(t, rs[0], sc, "fp").Flight
-	startStream(t, owner)
+	storetest.StartStream(t, owner)
 	const n = 2000
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
@@ -35,7 +37,7 @@ func TestRedisTailNoGap(t *testing.T) {
 			}
 			if f == nil { // a late client: the stream was committed already
 				p, _ := res.After(after)
-				checkSeq(t, parseWire(t, p), owner.Gen, after, n)
+				storetest.CheckSeq(t, storetest.ParseWire(t, p), owner.Gen, after, n)
 				return
 			}
 			s, err := f.Subscribe(after)
@@ -43,16 +45,16 @@ func TestRedisTailNoGap(t *testing.T) {
 				errs <- err
 				return
 			}
-			p, ended := follow(s, 5*time.Second)
+			p, ended := storetest.Follow(s, 5*time.Second)
 			if !ended {
 				errs <- errors.New("stream did not end")
 				return
 			}
-			checkSeq(t, parseWire(t, p), owner.Gen, after, n)
+			storetest.CheckSeq(t, storetest.ParseWire(t, p), owner.Gen, after, n)
 		})
 	}
 	for i := 1; i <= n; i++ {
-		appendN(t, owner, i, 1)
+		storetest.AppendN(t, owner, i, 1)
 		if i%10 == 0 {
 			time.Sleep(time.Millisecond)
 		}
@@ -82,40 +84,40 @@ func TestRedisTailNoGap(t *testing.T) {
 // lease with 200 ms of slack, which other tests' load could use up.
 func TestRedisReap(t *testing.T) {
 	rs := replicas(t, 2)
-	sc := Scope{Tenant: "t", Key: "reap"}
+	sc := cache.Scope{Tenant: "t", Key: "reap"}
 	a := rbegin(t, rs[0], sc, "fp").Flight
-	startStream(t, a)
-	appendN(t, a, 1, 10)
+	storetest.StartStream(t, a)
+	storetest.AppendN(t, a, 1, 10)
 	j := rbegin(t, rs[1], sc, "fp")
-	if j.Decision != Join {
+	if j.Decision != cache.Join {
 		t.Fatalf("duplicate: got %v; want join", j.Decision)
 	}
 	sub, _ := j.Flight.Subscribe(0)
-	if p, _ := follow(sub, 300*time.Millisecond); len(parseWire(t, p)) != 10 {
-		t.Fatalf("follower: got %d events before the crash; want 10", len(parseWire(t, p)))
+	if p, _ := storetest.Follow(sub, 300*time.Millisecond); len(storetest.ParseWire(t, p)) != 10 {
+		t.Fatalf("follower: got %d events before the crash; want 10", len(storetest.ParseWire(t, p)))
 	}
 	died := time.Now()
-	a.be.(*owner).shutdown() // the owner's process is gone: no renewals, no writes
+	a.Backend().(*owner).shutdown() // the owner's process is gone: no renewals, no writes
 	state := waitDone(t, j.Flight, 3*testLease)
 	took := time.Since(died)
-	if _, reason, _ := j.Flight.Outcome(); state != StateCommitUnknown || reason != "generation_lost" {
+	if _, reason, _ := j.Flight.Outcome(); state != cache.StateCommitUnknown || reason != "generation_lost" {
 		t.Fatalf("follower: got %v (%s); want commit_unknown (generation_lost)", state, reason)
 	}
 	if bound := testLease + rs[1].idle + 200*time.Millisecond; took > bound {
 		t.Fatalf("follower ended %v after the crash; want within lease + idle + slack = %v", took, bound)
 	}
 	ki, ok := rs[1].Info(sc)
-	if !ok || ki.State != StateCommitUnknown {
+	if !ok || ki.State != cache.StateCommitUnknown {
 		t.Fatalf("Info: got %+v; want commit_unknown", ki)
 	}
-	if _, _, err := rs[1].Attach(sc, "fp", sse.ID{Gen: a.Gen, Seq: 5}, true); !errors.Is(err, ErrGone) {
+	if _, _, err := rs[1].Attach(sc, "fp", sse.ID{Gen: a.Gen, Seq: 5}, true); !errors.Is(err, cache.ErrGone) {
 		t.Fatalf("resume into the reaped generation: got %v; want ErrGone", err)
 	}
 	b := rbegin(t, rs[1], sc, "fp")
-	if b.Decision != Miss || b.Flight.Gen <= a.Gen {
+	if b.Decision != cache.Miss || b.Flight.Gen <= a.Gen {
 		t.Fatalf("retry: got %v; want a miss with a new generation", b.Decision)
 	}
-	b.Flight.Fail(StateFailedRetryable, "test", nil)
+	b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 	if rs[1].Stats().Reaped != 1 {
 		t.Fatalf("reaped: got %d; want 1", rs[1].Stats().Reaped)
 	}
@@ -132,28 +134,28 @@ func TestRedisFollowerOfFailure(t *testing.T) {
 	rs := replicas(t, 2)
 	cut := 0
 	for i := range 20 {
-		sc := Scope{Tenant: "t", Key: "failed-" + strconv.Itoa(i)}
+		sc := cache.Scope{Tenant: "t", Key: "failed-" + strconv.Itoa(i)}
 		a := rbegin(t, rs[0], sc, "fp").Flight
-		startStream(t, a)
-		appendN(t, a, 1, 5)
+		storetest.StartStream(t, a)
+		storetest.AppendN(t, a, 1, 5)
 		j := rbegin(t, rs[1], sc, "fp")
-		if j.Decision != Join {
+		if j.Decision != cache.Join {
 			t.Fatalf("duplicate: got %v; want join", j.Decision)
 		}
 		sub, _ := j.Flight.Subscribe(0)
-		if p, _ := follow(sub, 300*time.Millisecond); len(parseWire(t, p)) != 5 {
-			t.Fatalf("follower: got %d events; want 5", len(parseWire(t, p)))
+		if p, _ := storetest.Follow(sub, 300*time.Millisecond); len(storetest.ParseWire(t, p)) != 5 {
+			t.Fatalf("follower: got %d events; want 5", len(storetest.ParseWire(t, p)))
 		}
-		appendN(t, a, 6, 3)
-		a.Fail(StateFailedRetryable, "error_event", nil)
+		storetest.AppendN(t, a, 6, 3)
+		a.Fail(cache.StateFailedRetryable, "error_event", nil)
 		waitDone(t, j.Flight, 3*testLease)
 		_, reason, _ := j.Flight.Outcome()
 		switch got := j.Flight.Events(); {
 		case got == 8 && reason == "error_event":
-		case got < 8 && reason == ReasonUncleanEnd:
+		case got < 8 && reason == cache.ReasonUncleanEnd:
 			cut++
 		default:
-			t.Fatalf("follower: %d of 8 events, ended %q; want all 8 with error_event, or fewer with %s", got, reason, ReasonUncleanEnd)
+			t.Fatalf("follower: %d of 8 events, ended %q; want all 8 with error_event, or fewer with %s", got, reason, cache.ReasonUncleanEnd)
 		}
 	}
 	if cut == 0 {
@@ -172,19 +174,18 @@ func TestRedisFollowerOfFailure(t *testing.T) {
 func TestRedisTailAccounts(t *testing.T) {
 	t.Parallel()
 	rs := replicas(t, 2)
-	claim := Scope{Tenant: "minted-1", Key: "tail-accounts", Accounts: []string{"billed", "minted-1"}}
+	claim := cache.Scope{Tenant: "minted-1", Key: "tail-accounts", Accounts: []string{"billed", "minted-1"}}
 	owner := rbegin(t, rs[0], claim, "fp").Flight
-	startStream(t, owner)
-	appendN(t, owner, 1, 1)
-	for _, sc := range []Scope{{Tenant: claim.Tenant, Key: claim.Key}, {Tenant: claim.Tenant, Key: claim.Key, Accounts: []string{"other"}}} {
+	storetest.StartStream(t, owner)
+	storetest.AppendN(t, owner, 1, 1)
+	for _, sc := range []cache.Scope{{Tenant: claim.Tenant, Key: claim.Key}, {Tenant: claim.Tenant, Key: claim.Key, Accounts: []string{"other"}}} {
 		f, _, err := rs[1].Attach(sc, "", sse.ID{}, false)
 		if err != nil {
 			t.Fatalf("Attach(%v): got error %v; want the live generation", sc, err)
 		}
-		var names []string
-		for _, s := range f.share {
-			names = append(names, s.name)
-		}
+		// Journals.NewFlight charges a flight's bytes to its scope's
+		// accounts (Scope.Charged).
+		names := f.Scope.Charged()
 		if strings.Join(names, " ") != "billed minted-1" {
 			t.Errorf("tail of %v charged to %v; want the claim's accounts [billed minted-1]", sc, names)
 		}

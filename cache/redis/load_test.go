@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"github.com/ssegate/ssegate/cache"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,12 +22,12 @@ func TestRedisScriptsLoaded(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 32 {
 		wg.Go(func() {
-			b, err := r.Begin(Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp")
+			b, err := r.Begin(cache.Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp")
 			if err != nil || b.Flight == nil {
 				t.Errorf("Begin %d: %+v, %v; want a miss", i, b, err)
 				return
 			}
-			b.Flight.Fail(StateFailedRetryable, "test", nil)
+			b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 		})
 	}
 	wg.Wait()

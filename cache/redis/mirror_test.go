@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"reflect"
 	"slices"
 	"strconv"
@@ -17,7 +19,7 @@ import (
 
 // journalLen returns the entries of sc's journal in Redis (0 when it has
 // none).
-func journalLen(tb testing.TB, r *Store, sc Scope) int64 {
+func journalLen(tb testing.TB, r *Store, sc cache.Scope) int64 {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Xlen().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil {
@@ -27,7 +29,7 @@ func journalLen(tb testing.TB, r *Store, sc Scope) int64 {
 }
 
 // journalExists reports whether sc's journal key exists in Redis.
-func journalExists(tb testing.TB, r *Store, sc Scope) bool {
+func journalExists(tb testing.TB, r *Store, sc cache.Scope) bool {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Exists().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil {
@@ -37,7 +39,7 @@ func journalExists(tb testing.TB, r *Store, sc Scope) bool {
 }
 
 // checkJournalTTL fails the test unless sc's journal expires, within max.
-func checkJournalTTL(tb testing.TB, r *Store, sc Scope, max time.Duration) {
+func checkJournalTTL(tb testing.TB, r *Store, sc cache.Scope, max time.Duration) {
 	tb.Helper()
 	ms, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).j).Build()).AsInt64()
 	if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > max {
@@ -47,7 +49,7 @@ func checkJournalTTL(tb testing.TB, r *Store, sc Scope, max time.Duration) {
 
 // askDirectly sets st.want as a follower's ask does, without the signal
 // to the owner's inbox: an ask whose signal was lost.
-func askDirectly(tb testing.TB, r *Store, sc Scope) {
+func askDirectly(tb testing.TB, r *Store, sc cache.Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Hset().Key(r.keys(sc).st).FieldValue().
 		FieldValue("want", "1").Build()).Error(); err != nil {
@@ -57,12 +59,12 @@ func askDirectly(tb testing.TB, r *Store, sc Scope) {
 
 // ownedStream claims key on r, starts a stream and journals n events; it
 // returns the scope, the flight and the events' bytes.
-func ownedStream(tb testing.TB, r *Store, key string, n int) (Scope, *Flight, []byte) {
+func ownedStream(tb testing.TB, r *Store, key string, n int) (cache.Scope, *cache.Flight, []byte) {
 	tb.Helper()
-	sc := Scope{Tenant: "t", Key: key}
+	sc := cache.Scope{Tenant: "t", Key: key}
 	f := rbegin(tb, r, sc, "fp").Flight
-	startStream(tb, f)
-	return sc, f, appendN(tb, f, 1, n)
+	storetest.StartStream(tb, f)
+	return sc, f, storetest.AppendN(tb, f, 1, n)
 }
 
 // TestRedisMirrorOnlyWhenAsked: a generation nobody follows from another
@@ -75,7 +77,7 @@ func TestRedisMirrorOnlyWhenAsked(t *testing.T) {
 	sc, f, want := ownedStream(t, rs[0], "unfollowed", 300)
 	// The renewals (every lease/3) carry the marks.
 	eventually(t, 10*testLease, func() error {
-		if ki, ok := rs[1].Info(sc); !ok || ki.State != StateExecutionStarted || ki.Events != 300 {
+		if ki, ok := rs[1].Info(sc); !ok || ki.State != cache.StateExecutionStarted || ki.Events != 300 {
 			return fmt.Errorf("the other replica's key info while live: %+v (found %v); want execution_started with 300 events", ki, ok)
 		}
 		return nil
@@ -100,7 +102,7 @@ func TestRedisMirrorOnlyWhenAsked(t *testing.T) {
 	if full, _ := res.After(0); !bytes.Equal(full, want) || len(p) == 0 {
 		t.Fatal("the committed result differs from the events journaled")
 	}
-	checkSeq(t, parseWire(t, p), f.Gen, 100, 300)
+	storetest.CheckSeq(t, storetest.ParseWire(t, p), f.Gen, 100, 300)
 }
 
 // TestRedisFollowerAsks: followers on another replica join generations at
@@ -123,15 +125,15 @@ func TestRedisFollowerAsks(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range streams {
 		wg.Go(func() {
-			sc := Scope{Tenant: "t", Key: "asked-" + strconv.Itoa(i)}
+			sc := cache.Scope{Tenant: "t", Key: "asked-" + strconv.Itoa(i)}
 			f := rbegin(t, rs[0], sc, "fp").Flight
-			startStream(t, f)
+			storetest.StartStream(t, f)
 			held := (i % 2) * before // half join at the first event, half mid-way
-			want := appendN(t, f, 1, max(held, 1))
+			want := storetest.AppendN(t, f, 1, max(held, 1))
 			held = f.Events()
 			t0 := time.Now()
 			j := rbegin(t, rs[1], sc, "fp")
-			if j.Decision != Join {
+			if j.Decision != cache.Join {
 				t.Errorf("stream %d: duplicate got %v; want join", i, j.Decision)
 				return
 			}
@@ -146,7 +148,7 @@ func TestRedisFollowerAsks(t *testing.T) {
 				case <-timeout:
 					break wait
 				}
-				p, ended := readAll(sub)
+				p, ended := storetest.ReadAll(sub)
 				got = append(got, p...)
 				if ended {
 					break
@@ -157,11 +159,11 @@ func TestRedisFollowerAsks(t *testing.T) {
 				t.Errorf("stream %d: the follower's first %d bytes differ from the owner's %d", i, len(got), len(want))
 				return
 			}
-			want = append(want, appendN(t, f, held+1, after)...)
+			want = append(want, storetest.AppendN(t, f, held+1, after)...)
 			f.Commit(nil)
-			p, _ := follow(sub, 3*lease)
+			p, _ := storetest.Follow(sub, 3*lease)
 			got = append(got, p...)
-			if waitDone(t, j.Flight, 3*lease) != StateCommitted || !bytes.Equal(got, want) {
+			if waitDone(t, j.Flight, 3*lease) != cache.StateCommitted || !bytes.Equal(got, want) {
 				t.Errorf("stream %d: the follower did not end committed with every event", i)
 			}
 		})
@@ -194,8 +196,8 @@ func TestRedisFollowAfterUnmirroredCommit(t *testing.T) {
 	fl := rs[1].follow(sc, rs[1].keys(sc), f.Gen, "fp")
 	sub, _ := fl.Subscribe(0)
 	defer sub.Close()
-	got, ended := follow(sub, 3*testLease)
-	if !ended || waitDone(t, fl, time.Second) != StateCommitted || !bytes.Equal(got, want) {
+	got, ended := storetest.Follow(sub, 3*testLease)
+	if !ended || waitDone(t, fl, time.Second) != cache.StateCommitted || !bytes.Equal(got, want) {
 		t.Fatalf("late follower: ended %v with %d bytes of %d; want committed with every event", ended, len(got), len(want))
 	}
 }
@@ -240,7 +242,7 @@ func TestRedisUnfollowedRecords(t *testing.T) {
 	if _, warm, _ := ownedStream(t, r, "warm", 1); !warm.Commit(nil) { // loads the scripts
 		t.Fatal("Commit: got false")
 	}
-	sc := Scope{Tenant: "t", Key: "k"}
+	sc := cache.Scope{Tenant: "t", Key: "k"}
 	before := readRedisCost(t, srv.Addr)
 	f := rbegin(t, r, sc, "fp").Flight
 	if f == nil {
@@ -251,12 +253,12 @@ func TestRedisUnfollowedRecords(t *testing.T) {
 		t.Errorf("st of a new key: %d fields, %v; want 8 (phase, state, gen, tok, fp, owner, created, updated)", n, err)
 	}
 	ki, ok := r.Info(sc)
-	if want := (KeyInfo{State: StateIntentReceived, Generation: f.Gen, Created: ki.Created, Updated: ki.Updated}); !ok ||
+	if want := (cache.KeyInfo{State: cache.StateIntentReceived, Generation: f.Gen, Created: ki.Created, Updated: ki.Updated}); !ok ||
 		!reflect.DeepEqual(ki, want) || ki.Created.IsZero() {
 		t.Errorf("Info of a new key: %+v (found %v); want %+v with its times", ki, ok, want)
 	}
-	startStream(t, f)
-	want := appendN(t, f, 1, 50)
+	storetest.StartStream(t, f)
+	want := storetest.AppendN(t, f, 1, 50)
 	if journalExists(t, r, sc) {
 		t.Error("a journal in Redis while live; want none")
 	}
@@ -272,7 +274,7 @@ func TestRedisUnfollowedRecords(t *testing.T) {
 	if journalExists(t, r, sc) {
 		t.Error("a journal in Redis after the commit; want none")
 	}
-	if ki, ok := r.Info(sc); !ok || ki.State != StateCommitted || ki.Events != 50 || ki.Reason != "" || !ki.BodyStored {
+	if ki, ok := r.Info(sc); !ok || ki.State != cache.StateCommitted || ki.Events != 50 || ki.Reason != "" || !ki.BodyStored {
 		t.Errorf("Info of the committed key: %+v (found %v); want committed with 50 events and its body", ki, ok)
 	}
 	if c := commits(t, r, sc); c != 1 {
@@ -304,12 +306,12 @@ func TestRedisStaleJournal(t *testing.T) {
 		t.Fatalf("the next claim: %v; want a new generation after %d", f, old.Gen)
 	}
 	j := rbegin(t, rs[1], sc, "fp")
-	if j.Decision != Join {
+	if j.Decision != cache.Join {
 		t.Fatalf("duplicate got %v; want join", j.Decision)
 	}
 	sub, _ := j.Flight.Subscribe(0)
 	defer sub.Close()
-	want = append(want, appendN(t, f, 31, 10)...)
+	want = append(want, storetest.AppendN(t, f, 31, 10)...)
 	eventually(t, 10*testLease, func() error {
 		if n := journalLen(t, rs[0], sc); n != 40 {
 			return fmt.Errorf("journal entries once mirrored: %d; want the new generation's 40 alone", n)
@@ -320,8 +322,8 @@ func TestRedisStaleJournal(t *testing.T) {
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false")
 	}
-	got, _ := follow(sub, 3*testLease)
-	if waitDone(t, j.Flight, 3*testLease) != StateCommitted || !bytes.Equal(got, want) {
+	got, _ := storetest.Follow(sub, 3*testLease)
+	if waitDone(t, j.Flight, 3*testLease) != cache.StateCommitted || !bytes.Equal(got, want) {
 		t.Fatalf("the follower: %d bytes of %d; want committed with every event", len(got), len(want))
 	}
 	// Unfollowed, past another failed generation's journal.
@@ -340,9 +342,9 @@ func TestRedisStaleJournal(t *testing.T) {
 
 // staleJournal fails f's generation and waits for its record to expire
 // (FailedTTL) while its journal, with the terminal entry, stays.
-func staleJournal(tb testing.TB, r *Store, sc Scope, f *Flight) {
+func staleJournal(tb testing.TB, r *Store, sc cache.Scope, f *cache.Flight) {
 	tb.Helper()
-	f.Fail(StateFailedRetryable, "upstream_error", nil)
+	f.Fail(cache.StateFailedRetryable, "upstream_error", nil)
 	eventually(tb, 10*testLease, func() error {
 		n, err := r.c.Do(context.Background(), r.c.B().Exists().Key(r.keys(sc).st).Build()).AsInt64()
 		if err != nil || n != 0 {
@@ -372,7 +374,7 @@ func TestRedisFinishWholeJournal(t *testing.T) {
 	k := r.keys(sc)
 	finish := func(prev string, from, to int) writeAnswer {
 		t.Helper()
-		args := append([]string{o.tok, o.gen, "done", prev, ms(r.cfg.TTL), ms(journalTTL), string(StateCommitted), "", nowMS(time.Now()),
+		args := append([]string{o.tok, o.gen, "done", prev, ms(r.cfg.TTL), ms(journalTTL), string(cache.StateCommitted), "", nowMS(time.Now()),
 			"blob", "", "5", "0", "", "1", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, o.fresh)...)
 		for seq := from; seq <= to; seq++ {
 			args = append(args, o.gen+"-"+strconv.Itoa(seq), "event "+strconv.Itoa(seq))
@@ -395,7 +397,7 @@ func TestRedisFinishWholeJournal(t *testing.T) {
 	if got := journalLast(t, r, sc); got != o.gen+"-1" {
 		t.Fatalf("the journal ends at %q; want %s-1: nothing written, no terminal entry", got, o.gen)
 	}
-	if ki, _ := r.Info(sc); ki.State == StateCommitted {
+	if ki, _ := r.Info(sc); ki.State == cache.StateCommitted {
 		t.Fatal("committed short of the last event")
 	}
 	if a := finish(o.gen+"-1", 2, 5); a.verdict != writeOK {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,32 +22,32 @@ func TestRedisFencing(t *testing.T) {
 	t.Parallel()
 	t.Run("commit", func(t *testing.T) {
 		rs := replicas(t, 2)
-		sc := Scope{Tenant: "t", Key: "fence-commit"}
+		sc := cache.Scope{Tenant: "t", Key: "fence-commit"}
 		a := rbegin(t, rs[0], sc, "fp").Flight
-		startStream(t, a)
-		appendN(t, a, 1, 5)
+		storetest.StartStream(t, a)
+		storetest.AppendN(t, a, 1, 5)
 		expireLease(t, rs[0], sc)
 		b := rbegin(t, rs[1], sc, "fp")
-		if b.Decision != Miss || b.Flight.Gen <= a.Gen {
+		if b.Decision != cache.Miss || b.Flight.Gen <= a.Gen {
 			t.Fatalf("claim after the lease expired: got %v gen %d; want a miss with a newer generation than %d", b.Decision, b.Flight.Gen, a.Gen)
 		}
 		// This append may land before the fence is noticed (never in Redis),
 		// or find the flight already failed by it.
-		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, ErrEnded) {
+		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, cache.ErrEnded) {
 			t.Fatalf("stale owner's Append: got %v; want none or ErrEnded", err)
 		}
 		if a.Commit(nil) {
 			t.Fatal("stale owner's Commit: got true; want it refused")
 		}
-		if state, reason, _ := a.Outcome(); state == StateCommitted || reason != "generation_lost" {
+		if state, reason, _ := a.Outcome(); state == cache.StateCommitted || reason != "generation_lost" {
 			t.Fatalf("stale owner: got %v (%s); want a failure with generation_lost", state, reason)
 		}
-		startStream(t, b.Flight)
-		want := appendN(t, b.Flight, 1, 3)
+		storetest.StartStream(t, b.Flight)
+		want := storetest.AppendN(t, b.Flight, 1, 3)
 		if !b.Flight.Commit(nil) {
 			t.Fatal("new owner's Commit: got false; want true")
 		}
-		if r := rbegin(t, rs[0], sc, "fp"); r.Decision != Hit || !bytes.Equal(r.Result.Data, want) {
+		if r := rbegin(t, rs[0], sc, "fp"); r.Decision != cache.Hit || !bytes.Equal(r.Result.Data, want) {
 			t.Fatalf("replay: got %v; want the new owner's result", r.Decision)
 		}
 		if n := commits(t, rs[0], sc); n != 1 {
@@ -54,24 +56,24 @@ func TestRedisFencing(t *testing.T) {
 	})
 	t.Run("append", func(t *testing.T) {
 		rs := replicas(t, 2)
-		sc := Scope{Tenant: "t", Key: "fence-append"}
+		sc := cache.Scope{Tenant: "t", Key: "fence-append"}
 		a := rbegin(t, rs[0], sc, "fp").Flight
-		startStream(t, a)
+		storetest.StartStream(t, a)
 		sub, _ := a.Subscribe(0)
-		appendN(t, a, 1, 5)
+		storetest.AppendN(t, a, 1, 5)
 		expireLease(t, rs[0], sc)
-		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != cache.Miss {
 			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
 		}
 		// The stale owner learns of it from its next batch or renewal,
 		// without committing anything.
-		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, ErrEnded) {
+		if _, err := a.Append("", "6"); err != nil && !errors.Is(err, cache.ErrEnded) {
 			t.Fatalf("stale owner's Append: got %v; want none or ErrEnded", err)
 		}
-		if state := waitDone(t, a, 2*testLease); state != StateCommitUnknown {
+		if state := waitDone(t, a, 2*testLease); state != cache.StateCommitUnknown {
 			t.Fatalf("stale owner: state %v; want commit_unknown", state)
 		}
-		if _, ended := follow(sub, time.Second); !ended {
+		if _, ended := storetest.Follow(sub, time.Second); !ended {
 			t.Fatal("stale owner's client: stream did not end")
 		}
 		if rs[0].Stats().Fenced != 1 {
@@ -80,9 +82,9 @@ func TestRedisFencing(t *testing.T) {
 	})
 	t.Run("pause without reap", func(t *testing.T) {
 		rs := replicas(t, 1)
-		sc := Scope{Tenant: "t", Key: "fence-none"}
+		sc := cache.Scope{Tenant: "t", Key: "fence-none"}
 		a := rbegin(t, rs[0], sc, "fp").Flight
-		startStream(t, a)
+		storetest.StartStream(t, a)
 		expireLease(t, rs[0], sc)
 		// The renewal sets the lease again: nobody took over.
 		lease := rs[0].keys(sc).lease
@@ -93,7 +95,7 @@ func TestRedisFencing(t *testing.T) {
 			}
 			return nil
 		})
-		appendN(t, a, 1, 3)
+		storetest.AppendN(t, a, 1, 3)
 		if !a.Commit(nil) {
 			t.Fatal("Commit: got false; want true (no other replica claimed the key)")
 		}
@@ -101,7 +103,7 @@ func TestRedisFencing(t *testing.T) {
 }
 
 // expireLease deletes a generation's lease, as its expiry would.
-func expireLease(tb testing.TB, r *Store, sc Scope) {
+func expireLease(tb testing.TB, r *Store, sc cache.Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).lease).Build()).Error(); err != nil {
 		tb.Fatal(err)
@@ -139,10 +141,10 @@ func TestRedisRenewalsTogether(t *testing.T) {
 	const lease, owners = 600 * time.Millisecond, 32
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "renew", func(c *Config) { c.Lease = lease })
-	var fs []*Flight
+	var fs []*cache.Flight
 	for i := range owners {
-		f := rbegin(t, r, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp").Flight
-		startStream(t, f)
+		f := rbegin(t, r, cache.Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp").Flight
+		storetest.StartStream(t, f)
 		fs = append(fs, f)
 		time.Sleep(5 * time.Millisecond) // claims apart: renewals timed by each claim would be reads apart
 	}
@@ -161,6 +163,6 @@ func TestRedisRenewalsTogether(t *testing.T) {
 			t.Fatalf("generation %d ended while renewed: %v", i, waitDone(t, f, 0))
 		default:
 		}
-		f.Fail(StateFailedRetryable, "test over", nil)
+		f.Fail(cache.StateFailedRetryable, "test over", nil)
 	}
 }

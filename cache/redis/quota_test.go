@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,11 +32,11 @@ func maxKeysPerTenant(t *testing.T, store func(mod func(*Config)) *Store) {
 	const failedTTL = 700 * time.Millisecond
 	mod := func(c *Config) { c.FailedTTL, c.MaxKeysPerTenant = failedTTL, 3 }
 	rs := []*Store{store(mod), store(mod)}
-	a := func(k string) Scope { return Scope{Tenant: "a", Key: k} }
-	refused := func(r *Store, sc Scope) {
+	a := func(k string) cache.Scope { return cache.Scope{Tenant: "a", Key: k} }
+	refused := func(r *Store, sc cache.Scope) {
 		t.Helper()
 		_, err := r.Begin(sc, "fp")
-		if !errors.Is(err, ErrTenantFull) || errors.Is(err, ErrStoreFull) || errors.Is(err, ErrUnavailable) {
+		if !errors.Is(err, cache.ErrTenantFull) || errors.Is(err, cache.ErrStoreFull) || errors.Is(err, cache.ErrUnavailable) {
 			t.Fatalf("Begin of %v: got %v; want ErrTenantFull", sc, err)
 		}
 	}
@@ -48,14 +50,14 @@ func maxKeysPerTenant(t *testing.T, store func(mod func(*Config)) *Store) {
 	}
 
 	done := rbegin(t, rs[0], a("done"), "fp").Flight
-	startStream(t, done)
-	appendN(t, done, 1, 3)
+	storetest.StartStream(t, done)
+	storetest.AppendN(t, done, 1, 3)
 	if !done.Commit(nil) {
 		t.Fatal("commit: got not stored; want stored")
 	}
 	live := rbegin(t, rs[1], a("live"), "fp").Flight
-	startStream(t, live)
-	rbegin(t, rs[0], a("failed"), "fp").Flight.Fail(StateFailedRetryable, "upstream reset", nil)
+	storetest.StartStream(t, live)
+	rbegin(t, rs[0], a("failed"), "fp").Flight.Fail(cache.StateFailedRetryable, "upstream reset", nil)
 	refused(rs[0], a("new"))
 	refused(rs[1], a("new"))
 	if n := counted(); n != 3 {
@@ -64,56 +66,56 @@ func maxKeysPerTenant(t *testing.T, store func(mod func(*Config)) *Store) {
 
 	for _, tt := range []struct {
 		key, fp string
-		want    Decision
+		want    cache.Decision
 	}{
-		{"done", "fp", Hit}, {"live", "fp", Join}, {"done", "other", Conflict}, {"failed", "fp", Miss},
+		{"done", "fp", cache.Hit}, {"live", "fp", cache.Join}, {"done", "other", cache.Conflict}, {"failed", "fp", cache.Miss},
 	} {
 		for i, r := range rs {
 			b := rbegin(t, r, a(tt.key), tt.fp)
 			if b.Decision != tt.want {
 				t.Errorf("replica %d, Begin of the full tenant's known key %q (%s): got %v; want %v", i, tt.key, tt.fp, b.Decision, tt.want)
 			}
-			if b.Decision == Miss {
-				b.Flight.Fail(StateFailedRetryable, "upstream reset", nil)
+			if b.Decision == cache.Miss {
+				b.Flight.Fail(cache.StateFailedRetryable, "upstream reset", nil)
 			}
 		}
 	}
-	other := rbegin(t, rs[1], Scope{Tenant: "b", Key: "new"}, "fp")
-	if other.Decision != Miss {
+	other := rbegin(t, rs[1], cache.Scope{Tenant: "b", Key: "new"}, "fp")
+	if other.Decision != cache.Miss {
 		t.Errorf("another tenant's new key: got %v; want miss", other.Decision)
 	}
-	other.Flight.Fail(StateFailedRetryable, "test", nil)
+	other.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 
 	// The failed key stops counting once its records expire; the reaped
 	// generation of a dead owner counts for FailedTTL as well.
 	eventually(t, failedTTL+time.Second, uncounted(rs[0], a("failed")))
 	nf := rbegin(t, rs[1], a("new"), "fp")
-	if nf.Decision != Miss {
+	if nf.Decision != cache.Miss {
 		t.Fatalf("a new key after the failed one expired: got %v; want miss", nf.Decision)
 	}
 	refused(rs[0], a("new2"))
 	j := rbegin(t, rs[0], a("live"), "fp") // a follower, on the other replica
-	if j.Decision != Join {
+	if j.Decision != cache.Join {
 		t.Fatalf("Begin of the live key: got %v; want join", j.Decision)
 	}
-	live.be.(*owner).shutdown() // the owner's process is gone: the follower reaps
-	if st := waitDone(t, j.Flight, 3*testLease); st != StateCommitUnknown {
+	live.Backend().(*owner).shutdown() // the owner's process is gone: the follower reaps
+	if st := waitDone(t, j.Flight, 3*testLease); st != cache.StateCommitUnknown {
 		t.Fatalf("follower of the dead owner: got %v; want commit_unknown", st)
 	}
 	refused(rs[0], a("new2"))
 	eventually(t, failedTTL+time.Second, uncounted(rs[0], a("live")))
 	b := rbegin(t, rs[0], a("new2"), "fp")
-	if b.Decision != Miss {
+	if b.Decision != cache.Miss {
 		t.Fatalf("a new key after the reaped one expired: got %v; want miss", b.Decision)
 	}
-	b.Flight.Fail(StateFailedRetryable, "test", nil)
-	nf.Flight.Fail(StateFailedRetryable, "test", nil)
+	b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
+	nf.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 }
 
 // uncounted returns a condition for eventually: sc's key no longer counts
 // against its tenant, its member of the tenant's set having a score (the
 // key's expiry) that Redis's clock has passed, as quotaScript reads it.
-func uncounted(r *Store, sc Scope) func() error {
+func uncounted(r *Store, sc cache.Scope) func() error {
 	return func() error {
 		ctx := context.Background()
 		score, err := r.c.Do(ctx, r.c.B().Zscore().Key(r.tenantKey(sc)).Member(r.keys(sc).h).Build()).AsFloat64()
@@ -148,8 +150,8 @@ func TestRedisCountInScripts(t *testing.T) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "count", func(c *Config) { c.Lease = time.Minute })
 	// A first stream renews the sets' expiry (setRenewals).
-	warm := rbegin(t, r, Scope{Tenant: "t", Key: "warm"}, "fp").Flight
-	startStream(t, warm)
+	warm := rbegin(t, r, cache.Scope{Tenant: "t", Key: "warm"}, "fp").Flight
+	storetest.StartStream(t, warm)
 	warm.Commit(nil)
 	sc := keysThatPrune(r, "t", 1, false)[0] // its count does not prune: a fixed cost
 	polls := storeCmds(t, srv.Addr)
@@ -163,8 +165,8 @@ func TestRedisCountInScripts(t *testing.T) {
 	if got := tenantScore(t, r, sc); got < 59*time.Minute || got > time.Hour {
 		t.Errorf("a live key counts for its tenant %v more; want LiveTTL (1h)", got)
 	}
-	startStream(t, f)
-	appendN(t, f, 1, 20)
+	storetest.StartStream(t, f)
+	storetest.AppendN(t, f, 1, 20)
 	polls = storeCmds(t, srv.Addr)
 	before = readRedisCost(t, srv.Addr)
 	if !f.Commit(nil) {
@@ -257,8 +259,8 @@ func longGeneration(t *testing.T, age, renewed time.Duration) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "long", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
-	sc := Scope{Tenant: "t", Key: "long"}
-	o := rbegin(t, r, sc, "fp").Flight.be.(*owner)
+	sc := cache.Scope{Tenant: "t", Key: "long"}
+	o := rbegin(t, r, sc, "fp").Flight.Backend().(*owner)
 	o.shutdown() // its finish is sent below, as if by it
 	k := r.keys(sc)
 	old := time.Now().Add(-age)
@@ -273,7 +275,7 @@ func longGeneration(t *testing.T, age, renewed time.Duration) {
 		}
 	}
 	a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), append([]string{
-		o.tok, gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL), string(StateCommitted), "", nowMS(time.Now()),
+		o.tok, gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL), string(cache.StateCommitted), "", nowMS(time.Now()),
 		"", "", "0", "0", "", "0", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, "")...)))
 	if err != nil || a.verdict != writeOK {
 		t.Fatalf("finish: %v, %v; want ok", a, err)
@@ -294,7 +296,7 @@ func TestRedisStrangersLeaveAtCommit(t *testing.T) {
 	r := newRedis(t, srv.Addr, "strangers", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
 	set := r.globalKeys()[1]
-	in := func(sc Scope) bool {
+	in := func(sc cache.Scope) bool {
 		t.Helper()
 		err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(r.keys(sc).h).Build()).Error()
 		if err != nil && !rueidis.IsRedisNil(err) {
@@ -302,20 +304,20 @@ func TestRedisStrangersLeaveAtCommit(t *testing.T) {
 		}
 		return err == nil
 	}
-	a, b := Scope{Tenant: "s", Key: "a"}, Scope{Tenant: "s", Key: "b"}
+	a, b := cache.Scope{Tenant: "s", Key: "a"}, cache.Scope{Tenant: "s", Key: "b"}
 	fa, fb := rbegin(t, r, a, "fp").Flight, rbegin(t, r, b, "fp").Flight
-	for _, sc := range []Scope{a, b} {
+	for _, sc := range []cache.Scope{a, b} {
 		if !in(sc) {
 			t.Fatalf("%v, a stranger's key: not in the strangers' set", sc)
 		}
 	}
-	for _, f := range []*Flight{fa, fb} {
-		startStream(t, f)
+	for _, f := range []*cache.Flight{fa, fb} {
+		storetest.StartStream(t, f)
 		if !f.Commit(nil) {
 			t.Fatal("Commit: got false")
 		}
 	}
-	for _, sc := range []Scope{a, b} {
+	for _, sc := range []cache.Scope{a, b} {
 		if in(sc) {
 			t.Errorf("%v: still in the strangers' set after its tenant's commits", sc)
 		}
@@ -366,7 +368,7 @@ func TestRedisScrapeReads(t *testing.T) {
 		t.Fatalf("the set after a scrape: %d members, %v; want both still there", n, err)
 	}
 	srv.Stop()
-	if _, err := r.UnknownKeys(); !errors.Is(err, ErrUnavailable) {
+	if _, err := r.UnknownKeys(); !errors.Is(err, cache.ErrUnavailable) {
 		t.Fatalf("UnknownKeys with Redis gone: got %v; want ErrUnavailable", err)
 	}
 	if n := r.Stats().Unavailable; n != 0 {
@@ -425,10 +427,10 @@ func TestRedisCountPrunes(t *testing.T) {
 
 // keysThatPrune returns n scopes of tenant whose count prunes (or, with
 // prune false, does not): countLua's pruning() of their hash.
-func keysThatPrune(r *Store, tenant string, n int, prune bool) []Scope {
-	var out []Scope
+func keysThatPrune(r *Store, tenant string, n int, prune bool) []cache.Scope {
+	var out []cache.Scope
 	for i := 0; len(out) < n; i++ {
-		sc := Scope{Tenant: tenant, Key: fmt.Sprint("key-", prune, "-", i)}
+		sc := cache.Scope{Tenant: tenant, Key: fmt.Sprint("key-", prune, "-", i)}
 		if h := r.keys(sc).h; (h[len(h)-1]%8 == 0) == prune {
 			out = append(out, sc)
 		}
@@ -451,12 +453,12 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		mod  func(*Config)
-		set  func(*Store, Scope) string
+		set  func(*Store, cache.Scope) string
 		err  error
 	}{
-		{"tenant", func(c *Config) { c.MaxKeysPerTenant = bound }, (*Store).tenantKey, ErrTenantFull},
-		{"all", func(c *Config) { c.MaxKeys, c.MaxStrangerKeys = bound, 100 }, func(r *Store, _ Scope) string { return r.globalKeys()[0] }, ErrStoreFull},
-		{"strangers", func(c *Config) { c.MaxStrangerKeys = bound }, func(r *Store, _ Scope) string { return r.globalKeys()[1] }, ErrStoreFull},
+		{"tenant", func(c *Config) { c.MaxKeysPerTenant = bound }, (*Store).tenantKey, cache.ErrTenantFull},
+		{"all", func(c *Config) { c.MaxKeys, c.MaxStrangerKeys = bound, 100 }, func(r *Store, _ cache.Scope) string { return r.globalKeys()[0] }, cache.ErrStoreFull},
+		{"strangers", func(c *Config) { c.MaxStrangerKeys = bound }, func(r *Store, _ cache.Scope) string { return r.globalKeys()[1] }, cache.ErrStoreFull},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRedis(t, srv.Addr, "bound-"+tt.name, tt.mod)
@@ -479,14 +481,14 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 			for i := range bound {
 				zadd(1, fmt.Sprint("expired-", i))
 			}
-			if b := rbegin(t, r, ks[0], "fp"); b.Decision != Miss {
+			if b := rbegin(t, r, ks[0], "fp"); b.Decision != cache.Miss {
 				t.Fatalf("a new key, the set at its bound of expired keys: got %v; want miss", b.Decision)
 			}
 			if n := card(); n != 1 {
 				t.Fatalf("the set after it: %d members; want 1 (the expired all removed)", n)
 			}
 			// Two more unexpired: one a key counted whose records are gone.
-			ghost := Scope{Tenant: "t", Key: "ghost"}
+			ghost := cache.Scope{Tenant: "t", Key: "ghost"}
 			zadd(1e15, r.keys(ghost).h)
 			zadd(1e15, "live")
 			zadd(1, "expired")
@@ -496,7 +498,7 @@ func TestRedisBoundsWithoutPrune(t *testing.T) {
 			if n := card(); n != bound {
 				t.Fatalf("the set after a refusal: %d members; want %d", n, bound)
 			}
-			if b := rbegin(t, r, ghost, "fp"); b.Decision != Miss {
+			if b := rbegin(t, r, ghost, "fp"); b.Decision != cache.Miss {
 				t.Fatalf("a key the full set counts already: got %v; want miss", b.Decision)
 			}
 			if n := card(); n != bound {
@@ -515,16 +517,16 @@ func TestRedisClaimFresh(t *testing.T) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "fresh", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
-	fresh := func(f *Flight) string { return f.be.(*owner).fresh }
-	stranger := rbegin(t, r, Scope{Tenant: "t", Key: "first"}, "fp").Flight
+	fresh := func(f *cache.Flight) string { return f.Backend().(*owner).fresh }
+	stranger := rbegin(t, r, cache.Scope{Tenant: "t", Key: "first"}, "fp").Flight
 	if got := fresh(stranger); got != "2" {
 		t.Errorf("a stranger's new key: fresh %q; want 2", got)
 	}
-	startStream(t, stranger)
+	storetest.StartStream(t, stranger)
 	stranger.Commit(nil)
 	// An earlier generation of the next key left members in the strangers'
 	// and the commit_unknown keys' sets, their scores past.
-	sc := Scope{Tenant: "t", Key: "next"}
+	sc := cache.Scope{Tenant: "t", Key: "next"}
 	past := float64(time.Now().Add(-time.Second).UnixMilli())
 	for _, set := range r.globalKeys()[1:] {
 		if err := r.c.Do(ctx, r.c.B().Zadd().Key(set).ScoreMember().ScoreMember(past, r.keys(sc).h).Build()).Error(); err != nil {
@@ -535,7 +537,7 @@ func TestRedisClaimFresh(t *testing.T) {
 	if got := fresh(f); got != "1" {
 		t.Errorf("a known tenant's new key: fresh %q; want 1", got)
 	}
-	startStream(t, f)
+	storetest.StartStream(t, f)
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false")
 	}
@@ -545,10 +547,10 @@ func TestRedisClaimFresh(t *testing.T) {
 		}
 	}
 	// A key the ledger holds, claimed again, is not fresh.
-	failed := Scope{Tenant: "t", Key: "failed"}
+	failed := cache.Scope{Tenant: "t", Key: "failed"}
 	g := rbegin(t, r, failed, "fp").Flight
-	startStream(t, g)
-	g.Fail(StateFailedRetryable, "test", nil)
+	storetest.StartStream(t, g)
+	g.Fail(cache.StateFailedRetryable, "test", nil)
 	waitDone(t, g, 5*time.Second)
 	again := rbegin(t, r, failed, "fp").Flight
 	if again == nil {
@@ -557,7 +559,7 @@ func TestRedisClaimFresh(t *testing.T) {
 	if got := fresh(again); got != "0" {
 		t.Errorf("a failed key claimed again: fresh %q; want 0", got)
 	}
-	again.Fail(StateFailedRetryable, "test", nil)
+	again.Fail(cache.StateFailedRetryable, "test", nil)
 }
 
 // TestRedisSetRenewals: a replica's claims renew the expiry of the sets
@@ -569,7 +571,7 @@ func TestRedisSetRenewals(t *testing.T) {
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "renewals", func(c *Config) { c.Lease = time.Minute })
 	ctx := context.Background()
-	sets := []string{r.tenantKey(Scope{Tenant: "t"}), r.globalKeys()[0]}
+	sets := []string{r.tenantKey(cache.Scope{Tenant: "t"}), r.globalKeys()[0]}
 	pttl := func(set string) time.Duration {
 		t.Helper()
 		n, err := r.c.Do(ctx, r.c.B().Pttl().Key(set).Build()).AsInt64()
@@ -598,11 +600,11 @@ func TestRedisSetRenewals(t *testing.T) {
 	}
 	claim := func(key string) {
 		t.Helper()
-		f := rbegin(t, r, Scope{Tenant: "t", Key: key}, "fp").Flight
+		f := rbegin(t, r, cache.Scope{Tenant: "t", Key: key}, "fp").Flight
 		if f == nil {
 			t.Fatalf("%s: not a miss", key)
 		}
-		f.Fail(StateFailedRetryable, "test", nil)
+		f.Fail(cache.StateFailedRetryable, "test", nil)
 		waitDone(t, f, 5*time.Second)
 	}
 	claim("a")
@@ -683,4 +685,51 @@ func TestSetRenewalsBounded(t *testing.T) {
 	if got := s.flags(t0.Add(setRenewEvery+2*time.Second), "new", "set0"); got != "01" {
 		t.Errorf("flags after the sweep: %q; want 01", got)
 	}
+}
+
+// TestRedisAccountEnds: with Redis, a key's end sets its expiry in the
+// set of each account after its first, as in its first's, on a
+// standalone Redis (whose finish script ends the first's count itself)
+// and where each count is a script of its own: a failed key stops
+// counting against every account once FailedTTL passes, so the full
+// account takes a new key then, and a committed key counts for TTL.
+func TestRedisAccountEnds(t *testing.T) {
+	const failedTTL = 700 * time.Millisecond
+	addr := redistest.Shared(t)
+	r := newRedis(t, addr, redistest.Prefix(t), func(c *Config) { c.FailedTTL, c.MaxKeysPerTenant = failedTTL, 2 })
+	score := func(account string, sc cache.Scope) time.Duration {
+		t.Helper()
+		ms, err := r.c.Do(context.Background(), r.c.B().Zscore().Key(r.accountKey(account)).Member(r.keys(sc).h).Build()).AsFloat64()
+		if err != nil {
+			t.Fatalf("score of %v in %s's set: %v", sc, account, err)
+		}
+		return time.Until(time.UnixMilli(int64(ms)))
+	}
+	failed := cache.Scope{Tenant: "t1", Key: "failed", Accounts: []string{"m1", "real"}}
+	done := cache.Scope{Tenant: "t2", Key: "done", Accounts: []string{"m2", "real"}}
+	rbegin(t, r, failed, "fp").Flight.Fail(cache.StateFailedRetryable, "upstream reset", nil)
+	f := rbegin(t, r, done, "fp").Flight
+	storetest.StartStream(t, f)
+	storetest.AppendN(t, f, 1, 3)
+	if !f.Commit(nil) {
+		t.Fatal("commit: got not stored; want stored")
+	}
+	if d := score("real", failed); d > failedTTL {
+		t.Errorf("failed key in its second account's set: expires in %v; want within FailedTTL %v", d, failedTTL)
+	}
+	if d := score("real", done); d < r.cfg.TTL-time.Minute {
+		t.Errorf("committed key in its second account's set: expires in %v; want about TTL %v", d, r.cfg.TTL)
+	}
+	next := cache.Scope{Tenant: "t3", Key: "next", Accounts: []string{"real"}}
+	if _, err := r.Begin(next, "fp"); !errors.Is(err, cache.ErrTenantFull) {
+		t.Fatalf("Begin(%v) while the account holds 2 keys: got %v; want ErrTenantFull", next, err)
+	}
+	eventually(t, failedTTL+2*time.Second, func() error {
+		b, err := r.Begin(next, "fp")
+		if err != nil {
+			return err
+		}
+		b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
+		return nil
+	})
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"net"
 	"slices"
 	"strconv"
@@ -53,7 +55,7 @@ func redisCalls(tb testing.TB, addr string) map[string]int64 {
 }
 
 // leaseLeft returns the time to live of sc's lease (negative: none).
-func leaseLeft(tb testing.TB, r *Store, sc Scope) time.Duration {
+func leaseLeft(tb testing.TB, r *Store, sc cache.Scope) time.Duration {
 	tb.Helper()
 	n, err := r.c.Do(context.Background(), r.c.B().Pttl().Key(r.keys(sc).lease).Build()).AsInt64()
 	if err != nil {
@@ -63,7 +65,7 @@ func leaseLeft(tb testing.TB, r *Store, sc Scope) time.Duration {
 }
 
 // shortenLease leaves sc's lease a second to live, so that a renewal shows.
-func shortenLease(tb testing.TB, r *Store, sc Scope) {
+func shortenLease(tb testing.TB, r *Store, sc cache.Scope) {
 	tb.Helper()
 	if err := r.c.Do(context.Background(), r.c.B().Pexpire().Key(r.keys(sc).lease).Milliseconds(1000).Build()).Error(); err != nil {
 		tb.Fatal(err)
@@ -78,13 +80,13 @@ func TestRedisRenewalsBatched(t *testing.T) {
 	const owners = 2*maxBatchItems + 1
 	addr, rs := renewStores(t, 1)
 	r := rs[0]
-	scs := make([]Scope, owners)
-	fs := make([]*Flight, owners)
+	scs := make([]cache.Scope, owners)
+	fs := make([]*cache.Flight, owners)
 	for i := range scs {
-		scs[i] = Scope{Tenant: "t", Key: strconv.Itoa(i)}
+		scs[i] = cache.Scope{Tenant: "t", Key: strconv.Itoa(i)}
 		fs[i] = rbegin(t, r, scs[i], "fp").Flight
-		startStream(t, fs[i])
-		appendN(t, fs[i], 1, i%5+1)
+		storetest.StartStream(t, fs[i])
+		storetest.AppendN(t, fs[i], 1, i%5+1)
 	}
 	r.renewAll() // sends the marks
 	for _, sc := range scs {
@@ -100,12 +102,12 @@ func TestRedisRenewalsBatched(t *testing.T) {
 		if left := leaseLeft(t, r, sc); left < renewLease/2 {
 			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i, left, renewLease)
 		}
-		if ki, ok := r.Info(sc); !ok || ki.State != StateExecutionStarted || ki.Events != i%5+1 {
+		if ki, ok := r.Info(sc); !ok || ki.State != cache.StateExecutionStarted || ki.Events != i%5+1 {
 			t.Fatalf("owner %d: key info %+v (found %v); want execution_started with %d events", i, ki, ok, i%5+1)
 		}
 	}
 	for _, f := range fs {
-		f.Fail(StateFailedRetryable, "test over", nil)
+		f.Fail(cache.StateFailedRetryable, "test over", nil)
 	}
 }
 
@@ -116,15 +118,15 @@ func TestRedisRenewalBatchAnswers(t *testing.T) {
 	t.Parallel()
 	addr, rs := renewStores(t, 2)
 	a, b := rs[0], rs[1]
-	var scs [4]Scope
-	var fs [4]*Flight
+	var scs [4]cache.Scope
+	var fs [4]*cache.Flight
 	for i := range scs {
 		scs[i], fs[i], _ = ownedStream(t, a, "k"+strconv.Itoa(i), 10)
 	}
 	taken, asked := scs[0], scs[1]
 	a.renewAll() // loads the script; the fence and the ask are found by the next renewal
 	expireLease(t, a, taken)
-	if got := rbegin(t, b, taken, "fp"); got.Decision != Miss {
+	if got := rbegin(t, b, taken, "fp"); got.Decision != cache.Miss {
 		t.Fatalf("claim after the lease expired: got %v; want miss", got.Decision)
 	}
 	askDirectly(t, a, asked)
@@ -146,8 +148,8 @@ func TestRedisRenewalBatchAnswers(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("script calls renewing two owners of one replica: got %d; want 1", calls)
 	}
-	if state, reason, _ := waitOutcome(t, fs[0]); state == StateCommitted || reason != ReasonGenerationLost {
-		t.Fatalf("owner whose key was taken: got %v (%s); want a failure with %s", state, reason, ReasonGenerationLost)
+	if state, reason, _ := waitOutcome(t, fs[0]); state == cache.StateCommitted || reason != cache.ReasonGenerationLost {
+		t.Fatalf("owner whose key was taken: got %v (%s); want a failure with %s", state, reason, cache.ReasonGenerationLost)
 	}
 	eventually(t, 10*time.Second, func() error {
 		if n := journalLen(t, a, asked); n != 10 {
@@ -164,12 +166,12 @@ func TestRedisRenewalBatchAnswers(t *testing.T) {
 		if left := leaseLeft(t, a, scs[i+1]); left < renewLease/2 {
 			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i+1, left, renewLease)
 		}
-		f.Fail(StateFailedRetryable, "test over", nil)
+		f.Fail(cache.StateFailedRetryable, "test over", nil)
 	}
 }
 
 // waitOutcome waits for f to end and returns its outcome.
-func waitOutcome(tb testing.TB, f *Flight) (State, string, []byte) {
+func waitOutcome(tb testing.TB, f *cache.Flight) (cache.State, string, []byte) {
 	tb.Helper()
 	waitDone(tb, f, 10*time.Second)
 	return f.Outcome()
@@ -183,8 +185,8 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 	t.Parallel()
 	addr, rs := renewStores(t, 1)
 	r := rs[0]
-	var scs [3]Scope
-	var fs [3]*Flight
+	var scs [3]cache.Scope
+	var fs [3]*cache.Flight
 	for i := range scs {
 		scs[i], fs[i], _ = ownedStream(t, r, "k"+strconv.Itoa(i), 10)
 	}
@@ -222,7 +224,7 @@ func TestRedisRenewalAfterFailure(t *testing.T) {
 		if left := leaseLeft(t, r, sc); left < renewLease/2 {
 			t.Fatalf("owner %d: lease %v left after the renewal; want about %v", i, left, renewLease)
 		}
-		fs[i].Fail(StateFailedRetryable, "test over", nil)
+		fs[i].Fail(cache.StateFailedRetryable, "test over", nil)
 	}
 }
 
@@ -235,9 +237,9 @@ func TestRedisRenewalSendsWhatMoved(t *testing.T) {
 	addr, rs := renewStores(t, 2)
 	a, b := rs[0], rs[1]
 	sc, f, _ := ownedStream(t, a, "k", 10)
-	f.Mark(StateExecutionStarted, 1, 200) // again: it does not move
+	f.Mark(cache.StateExecutionStarted, 1, 200) // again: it does not move
 	a.renewAll()
-	appendN(t, f, 11, 5)
+	storetest.AppendN(t, f, 11, 5)
 	hsets := func() []string {
 		t.Helper()
 		m := monitor(t, addr)
@@ -255,13 +257,13 @@ func TestRedisRenewalSendsWhatMoved(t *testing.T) {
 		strings.Contains(hs[0], `"state"`) || strings.Contains(hs[0], `"attempts"`) || strings.Contains(hs[0], `"status"`) {
 		t.Fatalf("the renewal after 5 events: HSET %q; want one setting events, bytes and updated only", hs)
 	}
-	if ki, ok := b.Info(sc); !ok || ki.State != StateExecutionStarted || ki.Attempts != 1 || ki.LastStatus != 200 || ki.Events != 15 {
+	if ki, ok := b.Info(sc); !ok || ki.State != cache.StateExecutionStarted || ki.Attempts != 1 || ki.LastStatus != 200 || ki.Events != 15 {
 		t.Fatalf("the other replica's key info: %+v (found %v); want execution_started, attempt 1, status 200, 15 events", ki, ok)
 	}
 	if hs := hsets(); len(hs) != 0 {
 		t.Fatalf("a renewal with nothing moved: HSET %q; want none", hs)
 	}
-	f.Fail(StateFailedRetryable, "test over", nil)
+	f.Fail(cache.StateFailedRetryable, "test over", nil)
 }
 
 // monitored is what a MONITOR connection saw.
@@ -324,24 +326,24 @@ func TestRedisClaimAgainForgetsModel(t *testing.T) {
 	t.Parallel()
 	_, rs := renewStores(t, 2)
 	a, b := rs[0], rs[1]
-	sc := Scope{Tenant: "t", Key: "again"}
+	sc := cache.Scope{Tenant: "t", Key: "again"}
 	// Each generation: its model (if any) set, a few events, a renewal,
 	// then what b reads, and a failure that frees the key.
 	for i, c := range []struct {
 		model     string
-		fallbacks []Fallback
-	}{{"m2", []Fallback{{Model: "m1", Reason: "overloaded"}}}, {"", nil}} {
+		fallbacks []cache.Fallback
+	}{{"m2", []cache.Fallback{{Model: "m1", Reason: "overloaded"}}}, {"", nil}} {
 		f := rbegin(t, a, sc, "fp").Flight
 		if c.model != "" {
 			f.SetModel(c.model, c.fallbacks)
 		}
-		startStream(t, f)
-		appendN(t, f, 1, 3)
+		storetest.StartStream(t, f)
+		storetest.AppendN(t, f, 1, 3)
 		a.renewAll()
 		if ki, _ := b.Info(sc); ki.Model != c.model || len(ki.Fallbacks) != len(c.fallbacks) {
 			t.Errorf("generation %d's key info: model %q, fallbacks %v; want %q and %d", i+1, ki.Model, ki.Fallbacks, c.model, len(c.fallbacks))
 		}
-		f.Fail(StateFailedRetryable, "upstream_reset", nil)
+		f.Fail(cache.StateFailedRetryable, "upstream_reset", nil)
 		waitDone(t, f, 5*time.Second)
 	}
 }
@@ -353,11 +355,11 @@ func TestRedisRenewalLostSendsAgain(t *testing.T) {
 	t.Parallel()
 	_, rs := renewStores(t, 1)
 	_, f, _ := ownedStream(t, rs[0], "lost", 10)
-	o := f.be.(*owner)
+	o := f.Backend().(*owner)
 	fields := renewal.fields
 	first := o.renewal(time.Since(o.t0))
 	o.renewed(first, 1, nil)
-	f.Mark(StateExecutionStarted, 2, 200) // attempts moved; events did not
+	f.Mark(cache.StateExecutionStarted, 2, 200) // attempts moved; events did not
 	lost := o.renewal(time.Since(o.t0))
 	if got := fields(lost); !slices.Equal(got, []string{"attempts"}) {
 		t.Fatalf("a renewal after the attempts moved sets %v; want [attempts]", got)
@@ -366,7 +368,7 @@ func TestRedisRenewalLostSendsAgain(t *testing.T) {
 	if got := fields(o.renewal(time.Since(o.t0))); !slices.Equal(got, []string{"attempts"}) {
 		t.Errorf("the renewal after a lost one sets %v; want [attempts] again, and no field sent before it", got)
 	}
-	f.Fail(StateFailedRetryable, "test over", nil)
+	f.Fail(cache.StateFailedRetryable, "test over", nil)
 }
 
 // TestRedisRenewScriptItems: one call of renewScript reads each item's
@@ -381,7 +383,7 @@ func TestRedisRenewScriptItems(t *testing.T) {
 	var os []*owner
 	for i := range 5 {
 		_, f, _ := ownedStream(t, r, "items"+strconv.Itoa(i), 3)
-		os = append(os, f.be.(*owner))
+		os = append(os, f.Backend().(*owner))
 	}
 	item := func(o *owner, extend bool, tok string, fields ...string) batchItem {
 		fl := "n"
@@ -411,7 +413,7 @@ func TestRedisRenewScriptItems(t *testing.T) {
 		item(os[0], true, os[0].tok, "events", "11", "bytes", "111"),
 		item(os[1], false, os[1].tok),
 		item(os[2], true, "stranger", "events", "99"),
-		item(os[3], false, os[3].tok, "state", string(StateCommitUnknown), "attempts", "3", "bytes", "333"),
+		item(os[3], false, os[3].tok, "state", string(cache.StateCommitUnknown), "attempts", "3", "bytes", "333"),
 		item(os[4], false, os[4].tok, "events", "44"),
 	})
 	if err != nil {
@@ -430,7 +432,7 @@ func TestRedisRenewScriptItems(t *testing.T) {
 		o            *owner
 		field, value string
 	}{{os[0], "events", "11"}, {os[0], "bytes", "111"}, {os[0], "updated", "1700000000000"},
-		{os[3], "state", string(StateCommitUnknown)}, {os[3], "attempts", "3"},
+		{os[3], "state", string(cache.StateCommitUnknown)}, {os[3], "attempts", "3"},
 		{os[3], "bytes", "333"}, {os[4], "events", "44"}} {
 		if got := hget(c.o, c.field); got != c.value {
 			t.Errorf("%s %s: %q; want %q", c.o.k.h[:6], c.field, got, c.value)
@@ -461,7 +463,7 @@ func TestRedisRenewScriptItems(t *testing.T) {
 	if got := hget(os[4], "bytes"); got == "333" {
 		t.Error("an item's HSET took a field of the item before it")
 	}
-	if got := hget(os[4], "state"); got == string(StateCommitUnknown) {
+	if got := hget(os[4], "state"); got == string(cache.StateCommitUnknown) {
 		t.Error("an item's HSET took the state of the item before it")
 	}
 	// Extended: st lives LiveTTL from now (its generation has no journal
@@ -473,7 +475,7 @@ func TestRedisRenewScriptItems(t *testing.T) {
 		t.Errorf("a fenced item's st expires in %v: extended", left)
 	}
 	for _, o := range os {
-		o.f.Fail(StateFailedRetryable, "test over", nil)
+		o.f.Fail(cache.StateFailedRetryable, "test over", nil)
 	}
 }
 

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"github.com/ssegate/ssegate/internal/doctable"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,9 +24,9 @@ import (
 func TestRedisClaimAtomic(t *testing.T) {
 	t.Parallel()
 	rs := replicas(t, 2)
-	sc := Scope{Tenant: "t", Key: "claim"}
+	sc := cache.Scope{Tenant: "t", Key: "claim"}
 	var wg sync.WaitGroup
-	got := make([]Begun, 8)
+	got := make([]cache.Begun, 8)
 	start := make(chan struct{})
 	for i := range got {
 		wg.Go(func() {
@@ -33,16 +36,16 @@ func TestRedisClaimAtomic(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	var owner *Flight
-	var joins []*Flight
+	var owner *cache.Flight
+	var joins []*cache.Flight
 	for i, b := range got {
 		switch b.Decision {
-		case Miss:
+		case cache.Miss:
 			if owner != nil {
 				t.Fatalf("request %d: got a second miss; want exactly one", i)
 			}
 			owner = b.Flight
-		case Join:
+		case cache.Join:
 			joins = append(joins, b.Flight)
 		default:
 			t.Fatalf("request %d: got %v; want miss or join", i, b.Decision)
@@ -51,7 +54,7 @@ func TestRedisClaimAtomic(t *testing.T) {
 	if owner == nil || len(joins) != 7 {
 		t.Fatalf("got owner %v and %d joins; want 1 miss and 7 joins", owner != nil, len(joins))
 	}
-	subs := make([]*Sub, len(joins))
+	subs := make([]*cache.Sub, len(joins))
 	for i, f := range joins {
 		if f.Gen != owner.Gen {
 			t.Fatalf("join %d: generation %d; want %d", i, f.Gen, owner.Gen)
@@ -62,17 +65,17 @@ func TestRedisClaimAtomic(t *testing.T) {
 		}
 		subs[i] = s
 	}
-	startStream(t, owner)
-	want := appendN(t, owner, 1, 300)
+	storetest.StartStream(t, owner)
+	want := storetest.AppendN(t, owner, 1, 300)
 	if !owner.Commit(nil) {
 		t.Fatalf("Commit: got false; want the result kept")
 	}
 	for i, s := range subs {
-		p, ended := follow(s, 5*time.Second)
+		p, ended := storetest.Follow(s, 5*time.Second)
 		if !ended || !bytes.Equal(p, want) {
 			t.Fatalf("join %d: got %d bytes (ended %v); want the owner's %d bytes", i, len(p), ended, len(want))
 		}
-		if state := waitDone(t, joins[i], time.Second); state != StateCommitted {
+		if state := waitDone(t, joins[i], time.Second); state != cache.StateCommitted {
 			t.Fatalf("join %d: state %v; want committed", i, state)
 		}
 		if h, _ := joins[i].Head(); h.Header[0].Value != "req-1" {
@@ -81,10 +84,10 @@ func TestRedisClaimAtomic(t *testing.T) {
 	}
 	for i, r := range rs {
 		b := rbegin(t, r, sc, "fp")
-		if b.Decision != Hit || !bytes.Equal(b.Result.Data, want) || b.Result.Events() != 300 {
+		if b.Decision != cache.Hit || !bytes.Equal(b.Result.Data, want) || b.Result.Events() != 300 {
 			t.Fatalf("replica %d after commit: got %v; want a hit with the same 300 events", i, b.Decision)
 		}
-		if b := rbegin(t, r, sc, "other"); b.Decision != Conflict {
+		if b := rbegin(t, r, sc, "other"); b.Decision != cache.Conflict {
 			t.Fatalf("replica %d, other fingerprint: got %v; want conflict", i, b.Decision)
 		}
 	}
@@ -106,49 +109,49 @@ func TestRedisReplay(t *testing.T) {
 		t.Fatalf("Attach after commit: %v", err)
 	}
 	p, _ := res.After(25)
-	checkSeq(t, parseWire(t, p), a.Gen, 25, 40)
+	storetest.CheckSeq(t, storetest.ParseWire(t, p), a.Gen, 25, 40)
 	if !bytes.Equal(res.Data, want) || res.Head.Header[0].Value != "req-1" {
 		t.Fatal("result on the other replica: not the owner's bytes and head")
 	}
-	if _, _, err := rs[1].Attach(sc, "", sse.ID{Gen: a.Gen, Seq: 41}, true); !errors.Is(err, ErrPosition) {
+	if _, _, err := rs[1].Attach(sc, "", sse.ID{Gen: a.Gen, Seq: 41}, true); !errors.Is(err, cache.ErrPosition) {
 		t.Fatalf("resume past the end: got %v; want ErrPosition", err)
 	}
-	if _, _, err := rs[1].Attach(sc, "", sse.ID{Gen: a.Gen - 1, Seq: 1}, true); !errors.Is(err, ErrGone) {
+	if _, _, err := rs[1].Attach(sc, "", sse.ID{Gen: a.Gen - 1, Seq: 1}, true); !errors.Is(err, cache.ErrGone) {
 		t.Fatalf("resume in another generation: got %v; want ErrGone", err)
 	}
-	if _, _, err := rs[1].Attach(Scope{Tenant: "other", Key: "replay"}, "", sse.ID{}, false); !errors.Is(err, ErrNotFound) {
+	if _, _, err := rs[1].Attach(cache.Scope{Tenant: "other", Key: "replay"}, "", sse.ID{}, false); !errors.Is(err, cache.ErrNotFound) {
 		t.Fatalf("another tenant: got %v; want ErrNotFound", err)
 	}
 
 	t.Run("body", func(t *testing.T) {
-		sc := Scope{Tenant: "t", Key: "replay-body"}
+		sc := cache.Scope{Tenant: "t", Key: "replay-body"}
 		a := rbegin(t, rs[0], sc, "fp").Flight
 		j := rbegin(t, rs[1], sc, "fp").Flight
-		a.SetHead(Head{Status: 200, ContentType: "application/json"})
+		a.SetHead(cache.Head{Status: 200, ContentType: "application/json"})
 		a.Commit([]byte(`{"ok":true}`))
-		if state := waitDone(t, j, 2*time.Second); state != StateCommitted {
+		if state := waitDone(t, j, 2*time.Second); state != cache.StateCommitted {
 			t.Fatalf("follower: %v; want committed", state)
 		}
 		if _, _, body := j.Outcome(); string(body) != `{"ok":true}` {
 			t.Fatalf("follower body: %q", body)
 		}
-		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Hit || string(b.Result.Data) != `{"ok":true}` {
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != cache.Hit || string(b.Result.Data) != `{"ok":true}` {
 			t.Fatalf("replay: got %v", b.Decision)
 		}
 	})
 	t.Run("failure", func(t *testing.T) {
-		sc := Scope{Tenant: "t", Key: "replay-fail"}
+		sc := cache.Scope{Tenant: "t", Key: "replay-fail"}
 		a := rbegin(t, rs[0], sc, "fp").Flight
 		j := rbegin(t, rs[1], sc, "fp").Flight
-		a.SetHead(Head{Status: 400, ContentType: "application/json"})
-		a.Fail(StateFailedTerminal, "upstream_status_400", []byte(`{"error":1}`))
-		if state := waitDone(t, j, 2*time.Second); state != StateFailedTerminal {
+		a.SetHead(cache.Head{Status: 400, ContentType: "application/json"})
+		a.Fail(cache.StateFailedTerminal, "upstream_status_400", []byte(`{"error":1}`))
+		if state := waitDone(t, j, 2*time.Second); state != cache.StateFailedTerminal {
 			t.Fatalf("follower: %v; want failed_terminal", state)
 		}
 		if _, reason, body := j.Outcome(); reason != "upstream_status_400" || string(body) != `{"error":1}` {
 			t.Fatalf("follower: got %q %q; want the owner's reason and body", reason, body)
 		}
-		if b := rbegin(t, rs[1], sc, "other-fp"); b.Decision != Miss {
+		if b := rbegin(t, rs[1], sc, "other-fp"); b.Decision != cache.Miss {
 			t.Fatalf("after a failure: got %v; want miss", b.Decision)
 		}
 	})
@@ -161,7 +164,7 @@ func TestRedisUnavailable(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRedis(t, srv.Addr, "ssg", func(c *Config) { c.Timeout = 300 * time.Millisecond })
-	sc := Scope{Tenant: "t", Key: "down"}
+	sc := cache.Scope{Tenant: "t", Key: "down"}
 	for _, how := range []string{"paused", "killed"} {
 		if how == "paused" {
 			srv.Pause()
@@ -170,7 +173,7 @@ func TestRedisUnavailable(t *testing.T) {
 		}
 		start := time.Now()
 		_, err := r.Begin(sc, "fp")
-		if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrStoreFull) {
+		if !errors.Is(err, cache.ErrUnavailable) || errors.Is(err, cache.ErrStoreFull) {
 			t.Fatalf("%s: Begin got %v; want ErrUnavailable", how, err)
 		}
 		if d := time.Since(start); d > 2*time.Second {
@@ -189,8 +192,8 @@ func TestRedisUnavailable(t *testing.T) {
 			if err != nil {
 				return fmt.Errorf("%s: Begin after Redis came back: %w", how, err)
 			}
-			if b.Flight != nil && b.Decision == Miss {
-				b.Flight.Fail(StateFailedRetryable, "test", nil)
+			if b.Flight != nil && b.Decision == cache.Miss {
+				b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 			}
 			return nil
 		})
@@ -225,13 +228,13 @@ func TestRedisOwnerStates(t *testing.T) {
 	type move struct{ from, to ownerState }
 	tested := map[move]bool{}
 	// claim starts a stream owned by rs[0], with its owner in state from.
-	claim := func(t *testing.T, rs []*Store, key string, from ownerState) (*Flight, *owner, Scope) {
+	claim := func(t *testing.T, rs []*Store, key string, from ownerState) (*cache.Flight, *owner, cache.Scope) {
 		t.Helper()
-		sc := Scope{Tenant: "t", Key: key}
+		sc := cache.Scope{Tenant: "t", Key: key}
 		f := rbegin(t, rs[0], sc, "fp").Flight
-		startStream(t, f)
-		appendN(t, f, 1, 3)
-		o := f.be.(*owner)
+		storetest.StartStream(t, f)
+		storetest.AppendN(t, f, 1, 3)
+		o := f.Backend().(*owner)
 		o.mu.Lock()
 		o.state = from
 		o.mu.Unlock()
@@ -249,9 +252,9 @@ func TestRedisOwnerStates(t *testing.T) {
 		}
 	}
 	// recorded reports whether Redis holds the failure fail records.
-	recorded := func(r *Store, sc Scope) bool {
+	recorded := func(r *Store, sc cache.Scope) bool {
 		ki, ok := r.Info(sc)
-		return ok && ki.State == StateFailedRetryable && ki.Reason == "test_failure"
+		return ok && ki.State == cache.StateFailedRetryable && ki.Reason == "test_failure"
 	}
 
 	t.Run("commit taken", func(t *testing.T) {
@@ -267,10 +270,10 @@ func TestRedisOwnerStates(t *testing.T) {
 		rs := replicas(t, 2)
 		f, o, sc := claim(t, rs, "owner-fence", ownerLive)
 		expireLease(t, rs[0], sc)
-		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != cache.Miss {
 			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
 		}
-		if s := waitDone(t, f, 2*testLease); s != StateCommitUnknown {
+		if s := waitDone(t, f, 2*testLease); s != cache.StateCommitUnknown {
 			t.Fatalf("stale owner: state %v; want commit_unknown", s)
 		}
 		want(t, o, ownerFailed)
@@ -299,13 +302,13 @@ func TestRedisOwnerStates(t *testing.T) {
 			}
 		}
 		expireLease(t, rs[0], sc)
-		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != Miss {
+		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != cache.Miss {
 			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)
 		}
 		if f.Commit(nil) {
 			t.Fatal("stale owner's Commit: got true; want it refused")
 		}
-		if _, reason, _ := f.Outcome(); reason != ReasonGenerationLost {
+		if _, reason, _ := f.Outcome(); reason != cache.ReasonGenerationLost {
 			t.Fatalf("stale owner: reason %q; want generation_lost (the commit refused)", reason)
 		}
 		want(t, o, ownerFailed)
@@ -317,12 +320,12 @@ func TestRedisOwnerStates(t *testing.T) {
 		t.Run("failed from "+from.String(), func(t *testing.T) {
 			rs := replicas(t, 1)
 			f, o, sc := claim(t, rs, "owner-fail-"+from.String(), from)
-			f.Fail(StateFailedRetryable, "test_failure", nil)
+			f.Fail(cache.StateFailedRetryable, "test_failure", nil)
 			want(t, o, ownerFailed)
 			if got, w := recorded(rs[0], sc), from != ownerFenced; got != w {
 				t.Fatalf("the failure recorded in Redis: %v; want %v", got, w)
 			}
-			o.fail(f, StateFailedTerminal, "second") // failed is final
+			o.Fail(f, cache.StateFailedTerminal, "second") // failed is final
 			want(t, o, ownerFailed)
 			tested[move{from, ownerFailed}] = true
 		})
@@ -331,15 +334,15 @@ func TestRedisOwnerStates(t *testing.T) {
 		t.Run("fence and commit from "+from.String(), func(t *testing.T) {
 			rs := replicas(t, 1)
 			f, o, _ := claim(t, rs, "owner-stay-"+from.String(), from)
-			o.fence(ReasonGenerationLost)
+			o.fence(cache.ReasonGenerationLost)
 			want(t, o, from)
 			select {
 			case <-f.Done():
 				t.Fatal("a fence after the owner left live ended the flight")
 			default:
 			}
-			go f.Fail(StateFailedRetryable, "test_failure", nil)
-			if o.commit(f, &Result{}) {
+			go f.Fail(cache.StateFailedRetryable, "test_failure", nil)
+			if o.Commit(f, &cache.Result{}) {
 				t.Fatal("commit after the owner left live: got true; want false")
 			}
 		})
@@ -403,11 +406,11 @@ func TestRedisOwnerStateString(t *testing.T) {
 func TestRedisKeyInfoModel(t *testing.T) {
 	t.Parallel()
 	rs := replicas(t, 2)
-	sc := Scope{Tenant: "t", Key: "model"}
+	sc := cache.Scope{Tenant: "t", Key: "model"}
 	f := rbegin(t, rs[0], sc, "fp").Flight
-	fbs := []Fallback{{Model: "gpt-4o", Reason: "upstream_status_429"}}
+	fbs := []cache.Fallback{{Model: "gpt-4o", Reason: "upstream_status_429"}}
 	f.SetModel("gpt-4o-mini", fbs)
-	f.Mark(StateExecutionStarted, 2, 429)
+	f.Mark(cache.StateExecutionStarted, 2, 429)
 	want := func(what string) {
 		t.Helper()
 		eventually(t, 5*time.Second, func() error {
@@ -419,7 +422,7 @@ func TestRedisKeyInfoModel(t *testing.T) {
 		})
 	}
 	want("live")
-	f.SetHead(Head{Status: 200, ContentType: "text/event-stream", Stream: true})
+	f.SetHead(cache.Head{Status: 200, ContentType: "text/event-stream", Stream: true})
 	if _, err := f.Append("", `{"x":1}`); err != nil {
 		t.Fatal(err)
 	}
@@ -442,8 +445,8 @@ func TestRedisAbandonBeforeClaim(t *testing.T) {
 	mod := func(c *Config) { c.Lease, c.Timeout = lease, timeout }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
-	sc := Scope{Tenant: "t", Key: "late"}
-	tool := Tool{Name: "search"}
+	sc := cache.Scope{Tenant: "t", Key: "late"}
+	tool := cache.Tool{Name: "search"}
 	const fp = "fp-of-the-late-claim" // the claim carries it, the clean-up not
 	held := relay.HoldRequest(fp)
 	_, err := a.BeginTool(sc, fp, tool)
@@ -452,7 +455,7 @@ func TestRedisAbandonBeforeClaim(t *testing.T) {
 	default:
 		t.Fatal("the claim was not held")
 	}
-	if !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, cache.ErrUnavailable) {
 		t.Fatalf("the held claim: got %v; want ErrUnavailable", err)
 	}
 	held.Cut() // the clean-up goes on another connection
@@ -472,10 +475,10 @@ func TestRedisAbandonBeforeClaim(t *testing.T) {
 		t.Fatalf("after the late claim Redis holds generation %d (%s); want no record", ki.Generation, ki.State)
 	}
 	got, err := b.BeginTool(sc, fp, tool)
-	if err != nil || got.Decision != Miss {
+	if err != nil || got.Decision != cache.Miss {
 		t.Fatalf("the re-issue: got %v, %v; want a miss: the late claim took nothing", got.Decision, err)
 	}
-	got.Flight.Fail(StateFailedRetryable, "test", nil)
+	got.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 }
 
 // TestRedisClaimReplyLost: a claim that ran in Redis and whose answer was
@@ -496,10 +499,10 @@ func TestRedisClaimReplyLost(t *testing.T) {
 	b := newRedis(t, srv.Addr, prefix, mod)
 
 	t.Run("cut", func(t *testing.T) {
-		sc := Scope{Tenant: "t", Key: "cut"}
+		sc := cache.Scope{Tenant: "t", Key: "cut"}
 		// A committed key whose body is gone: its claim regenerates.
 		f := rbegin(t, b, sc, "fp").Flight
-		f.SetHead(Head{Status: 200, ContentType: "application/json"})
+		f.SetHead(cache.Head{Status: 200, ContentType: "application/json"})
 		f.Commit([]byte(`{}`))
 		if _, err := redistest.Command(srv.Addr, time.Second, "DEL", b.keys(sc).res); err != nil {
 			t.Fatal(err)
@@ -511,19 +514,19 @@ func TestRedisClaimReplyLost(t *testing.T) {
 		default:
 			t.Fatal("no claim's reply was lost")
 		}
-		if got.Decision != Miss || !got.Regenerated {
+		if got.Decision != cache.Miss || !got.Regenerated {
 			t.Fatalf("got %v regenerated %v; want the claim's own miss, regenerated", got.Decision, got.Regenerated)
 		}
-		if ki, _ := b.Info(sc); ki.Generation != got.Flight.Gen || ki.State != StateIntentReceived {
+		if ki, _ := b.Info(sc); ki.Generation != got.Flight.Gen || ki.State != cache.StateIntentReceived {
 			t.Fatalf("Redis holds generation %d (%s); want the miss's %d", ki.Generation, ki.State, got.Flight.Gen)
 		}
-		if j := rbegin(t, b, sc, "fp"); j.Decision != Join || j.Flight.Gen != got.Flight.Gen {
+		if j := rbegin(t, b, sc, "fp"); j.Decision != cache.Join || j.Flight.Gen != got.Flight.Gen {
 			t.Fatalf("duplicate: got %v; want a join of the claim's generation", j.Decision)
 		}
-		got.Flight.Fail(StateFailedRetryable, "test", nil)
+		got.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 	})
 	t.Run("timeout", func(t *testing.T) {
-		sc := Scope{Tenant: "t", Key: "timeout"}
+		sc := cache.Scope{Tenant: "t", Key: "timeout"}
 		lost := relay.LoseReply("$4\r\nmiss\r\n", timeout+200*time.Millisecond)
 		done := make(chan error, 1)
 		go func() {
@@ -536,16 +539,16 @@ func TestRedisClaimReplyLost(t *testing.T) {
 			t.Fatalf("Begin ended (%v) before its claim's reply was lost", err)
 		}
 		j := rbegin(t, b, sc, "fp")
-		if j.Decision != Join {
+		if j.Decision != cache.Join {
 			t.Fatalf("duplicate meanwhile: got %v; want a join", j.Decision)
 		}
-		if err := <-done; !errors.Is(err, ErrUnavailable) {
+		if err := <-done; !errors.Is(err, cache.ErrUnavailable) {
 			t.Fatalf("the lost claim: got %v; want ErrUnavailable", err)
 		}
-		if state := waitDone(t, j.Flight, lease/2); state != StateFailedRetryable {
+		if state := waitDone(t, j.Flight, lease/2); state != cache.StateFailedRetryable {
 			t.Fatalf("the joiner: got %v; want failed_retryable", state)
 		}
-		if _, reason, _ := j.Flight.Outcome(); reason != ReasonStoreUnavailable {
+		if _, reason, _ := j.Flight.Outcome(); reason != cache.ReasonStoreUnavailable {
 			t.Fatalf("the joiner: reason %q; want store_unavailable", reason)
 		}
 		eventually(t, time.Second, func() error {
@@ -554,10 +557,10 @@ func TestRedisClaimReplyLost(t *testing.T) {
 			}
 			return nil
 		})
-		if got := rbegin(t, a, sc, "fp"); got.Decision != Miss {
+		if got := rbegin(t, a, sc, "fp"); got.Decision != cache.Miss {
 			t.Fatalf("the retry: got %v; want miss", got.Decision)
 		} else {
-			got.Flight.Fail(StateFailedRetryable, "test", nil)
+			got.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 		}
 	})
 }
@@ -576,7 +579,7 @@ func TestRedisAbandonUncountsAccounts(t *testing.T) {
 	mod := func(c *Config) { c.Lease, c.Timeout, c.MaxKeysPerTenant = lease, timeout, 1 }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, srv.Addr, prefix, mod)
-	sc := Scope{Tenant: "t", Key: "lost", Accounts: []string{"first", "shared"}}
+	sc := cache.Scope{Tenant: "t", Key: "lost", Accounts: []string{"first", "shared"}}
 	// The second round's claim, which asks Redis to count the key (ask
 	// "1"; the first asked "2"): refuse "0", ask "1", tool "", its ttl "0".
 	held := relay.HoldRequest("$1\r\n0\r\n$1\r\n1\r\n$0\r\n\r\n$1\r\n0\r\n")
@@ -586,7 +589,7 @@ func TestRedisAbandonUncountsAccounts(t *testing.T) {
 	default:
 		t.Fatal("the claim was not held")
 	}
-	if !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, cache.ErrUnavailable) {
 		t.Fatalf("the held claim: got %v; want ErrUnavailable", err)
 	}
 	held.Cut()
@@ -596,12 +599,12 @@ func TestRedisAbandonUncountsAccounts(t *testing.T) {
 		}
 		return nil
 	})
-	other := Scope{Tenant: "u", Key: "next", Accounts: []string{"another", "shared"}}
+	other := cache.Scope{Tenant: "u", Key: "next", Accounts: []string{"another", "shared"}}
 	got, err := b.Begin(other, "fp2")
-	if err != nil || got.Decision != Miss {
+	if err != nil || got.Decision != cache.Miss {
 		t.Fatalf("a key of the shared account after the lost claim: got %v, %v; want a miss: the account holds no key", got.Decision, err)
 	}
-	got.Flight.Fail(StateFailedRetryable, "test", nil)
+	got.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 }
 
 // TestRedisFullKeepsOthersCount: a claim that a bound refuses after it
@@ -614,9 +617,9 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 	addr := redistest.Shared(t)
 	prefix := redistest.Prefix(t)
 	r := newRedis(t, addr, prefix, func(c *Config) { c.MaxKeysPerTenant = 1 })
-	busy := rbegin(t, r, Scope{Tenant: "t", Key: "busy", Accounts: []string{"full"}}, "fp").Flight
-	defer busy.Fail(StateFailedRetryable, "test", nil)
-	sc := Scope{Tenant: "t", Key: "raced", Accounts: []string{"full", "shared"}}
+	busy := rbegin(t, r, cache.Scope{Tenant: "t", Key: "busy", Accounts: []string{"full"}}, "fp").Flight
+	defer busy.Fail(cache.StateFailedRetryable, "test", nil)
+	sc := cache.Scope{Tenant: "t", Key: "raced", Accounts: []string{"full", "shared"}}
 	k := r.keys(sc)
 	// Another claim of the key, by credentials "other" and "shared",
 	// counted it in "shared" first.
@@ -626,7 +629,7 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 	if err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, "1", ms(r.cfg.LiveTTL), r.setTTL()}).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Begin(sc, "fp"); !errors.Is(err, ErrTenantFull) {
+	if _, err := r.Begin(sc, "fp"); !errors.Is(err, cache.ErrTenantFull) {
 		t.Fatalf("a key of the full account: got %v; want ErrTenantFull", err)
 	}
 	if err := r.c.Do(ctx, r.c.B().Zscore().Key(set).Member(k.h).Build()).Error(); err != nil {
@@ -641,10 +644,10 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 func TestRedisForgetKeepsFence(t *testing.T) {
 	t.Parallel()
 	r := newRedis(t, redistest.Shared(t), redistest.Prefix(t), nil)
-	sc := Scope{Tenant: "t", Key: "fenced"}
+	sc := cache.Scope{Tenant: "t", Key: "fenced"}
 	f := rbegin(t, r, sc, "fp").Flight
-	startStream(t, f)
-	appendN(t, f, 1, 1)
+	storetest.StartStream(t, f)
+	storetest.AppendN(t, f, 1, 1)
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false; want true")
 	}
@@ -665,4 +668,241 @@ func TestRedisForgetKeepsFence(t *testing.T) {
 	if _, ok := r.Info(sc); ok {
 		t.Fatal("Info after Forget: the key has a record; want none")
 	}
+}
+
+// TestToolBodyGoneNotRun: a committed tool call whose stored answer is
+// gone (ristretto dropped or evicted it; Redis evicted the result) is Gone
+// to its re-issue, never a Miss that would run the tool again, whatever
+// MissingBody says for LLM keys.
+func TestToolBodyGoneNotRun(t *testing.T) {
+	tool := cache.Tool{Name: "write", UnknownTTL: time.Hour}
+	sc := cache.Scope{Tenant: "t", Key: "gone"}
+	commit := func(b cache.Begun, err error) {
+		t.Helper()
+		if err != nil || b.Decision != cache.Miss {
+			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+		}
+		b.Flight.SetHead(cache.Head{Status: 200, ContentType: "application/json"})
+		if !b.Flight.Commit([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`)) {
+			t.Fatal("Commit: got false")
+		}
+	}
+	r := replicas(t, 1)[0]
+	commit(r.BeginTool(sc, "fp", tool))
+	if err := r.c.Do(context.Background(), r.c.B().Del().Key(r.keys(sc).res).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := r.BeginTool(sc, "fp", tool); err != nil || b.Decision != cache.Gone {
+		t.Fatalf("re-issue after the result went: %v %v; want gone", b.Decision, err)
+	}
+}
+
+// TestToolForgetLapsedLease: a tool call's live record is not forgotten
+// when its owner's lease lapsed (the owner may only be paused while the
+// call runs on): DELETE is refused as for a running key.
+func TestToolForgetLapsedLease(t *testing.T) {
+	r := replicas(t, 1)[0]
+	sc := cache.Scope{Tenant: "t", Key: "lapsed"}
+	b, err := r.BeginTool(sc, "fp", cache.Tool{Name: "write", UnknownTTL: time.Hour})
+	if err != nil || b.Decision != cache.Miss {
+		t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+	}
+	expireLease(t, r, sc)
+	if err := r.Forget(sc); !errors.Is(err, cache.ErrLive) {
+		t.Fatalf("Forget with the lease lapsed: %v; want ErrLive", err)
+	}
+	b.Flight.Fail(cache.StateFailedRetryable, "test over", nil)
+}
+
+// tenantScore returns how long from Redis's clock sc's key still counts
+// against its tenant (its member's score in the tenant's set).
+func tenantScore(tb testing.TB, r *Store, sc cache.Scope) time.Duration {
+	tb.Helper()
+	ctx := context.Background()
+	score, err := r.c.Do(ctx, r.c.B().Zscore().Key(r.tenantKey(sc)).Member(r.keys(sc).h).Build()).AsFloat64()
+	if err != nil {
+		tb.Fatalf("ZSCORE: %v", err)
+	}
+	now, err := r.c.Do(ctx, r.c.B().Time().Build()).AsStrSlice()
+	if err != nil || len(now) != 2 {
+		tb.Fatalf("TIME: %v %v", now, err)
+	}
+	s, _ := strconv.ParseInt(now[0], 10, 64)
+	us, _ := strconv.ParseInt(now[1], 10, 64)
+	return time.Duration(score-float64(s*1000+us/1000)) * time.Millisecond
+}
+
+// TestToolReapedHeld: a tool call whose owner died is reaped to
+// commit_unknown, by a follower's idle check or by a claim of its
+// re-issue; either way the reap is counted, the key is among the
+// commit_unknown keys, and it counts against its tenant for as long as
+// it is held (the tool's UnknownTTL), not for FailedTTL.
+func TestToolReapedHeld(t *testing.T) {
+	tool := cache.Tool{Name: "write", UnknownTTL: 5 * time.Hour}
+	within := func(got time.Duration) bool { return got > 4*time.Hour && got <= 5*time.Hour }
+	first := func(t *testing.T, key string) ([]*Store, cache.Scope, *cache.Flight) {
+		t.Helper()
+		rs := replicas(t, 2)
+		sc := cache.Scope{Tenant: "t", Key: key}
+		b, err := rs[0].BeginTool(sc, "fp", tool)
+		if err != nil || b.Decision != cache.Miss {
+			t.Fatalf("first call: %v %v; want miss", b.Decision, err)
+		}
+		return rs, sc, b.Flight
+	}
+	// relayed returns a store on a Redis of its own and one on the same
+	// Redis through a relay that can lose a reply, and a tool call begun
+	// on the first.
+	relayed := func(t *testing.T, key string) (a, b *Store, relay *redistest.Relay, sc cache.Scope, f *cache.Flight) {
+		t.Helper()
+		srv := redistest.Start(t)
+		relay = redistest.NewRelay(t, srv.Addr)
+		prefix := redistest.Prefix(t)
+		a, b = newRedis(t, srv.Addr, prefix, nil), newRedis(t, relay.Addr, prefix, nil)
+		sc = cache.Scope{Tenant: "t", Key: key}
+		begun, err := a.BeginTool(sc, "fp", tool)
+		if err != nil || begun.Decision != cache.Miss {
+			t.Fatalf("first call: %v %v; want miss", begun.Decision, err)
+		}
+		return a, b, relay, sc, begun.Flight
+	}
+	// counted checks that r counted the reap of sc and holds its count
+	// for the tool's UnknownTTL.
+	counted := func(t *testing.T, r *Store, sc cache.Scope) {
+		t.Helper()
+		if n := r.Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if n, err := r.UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+		if got := tenantScore(t, r, sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+	}
+	t.Run("follower", func(t *testing.T) {
+		rs, sc, f := first(t, "followed")
+		j, err := rs[1].BeginTool(sc, "fp", tool)
+		if err != nil || j.Decision != cache.Join {
+			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
+		}
+		f.Backend().(*owner).shutdown() // the owner's process is gone
+		if st := waitDone(t, j.Flight, 3*testLease+time.Second); st != cache.StateCommitUnknown {
+			t.Fatalf("follower: got %v; want commit_unknown", st)
+		}
+		if got := tenantScore(t, rs[1], sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+		if n, err := rs[1].UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+	})
+	t.Run("claim", func(t *testing.T) {
+		rs, sc, f := first(t, "claimed")
+		f.Backend().(*owner).shutdown() // the owner's process is gone
+		expireLease(t, rs[0], sc)
+		u, err := rs[1].BeginTool(sc, "fp", tool)
+		if err != nil || u.Decision != cache.Unknown {
+			t.Fatalf("re-issue after the owner died: %v %v; want unknown", u.Decision, err)
+		}
+		if n := rs[1].Stats().Reaped; n != 1 {
+			t.Errorf("reaped: got %d; want 1", n)
+		}
+		if n := rs[1].ToolUnknowns(); n != 1 {
+			t.Errorf("ToolUnknowns: got %d; want 1", n)
+		}
+		if n, err := rs[1].UnknownKeys(); err != nil || n != 1 {
+			t.Errorf("UnknownKeys: got %d, %v; want 1", n, err)
+		}
+		if got := tenantScore(t, rs[1], sc); !within(got) {
+			t.Errorf("the reaped tool call counts for its tenant %v more; want the tool's UnknownTTL (5h)", got)
+		}
+		// The reap's terminal entry made the journal (the call was never
+		// mirrored): it must expire, as every key but the secret does.
+		ttl, err := rs[1].c.Do(context.Background(), rs[1].c.B().Pttl().Key(rs[1].keys(sc).j).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > journalTTL.Milliseconds() {
+			t.Errorf("PTTL of the reaped call's journal: got %d, %v; want 1..%d ms", ttl, err, journalTTL.Milliseconds())
+		}
+	})
+	// A follower's reap whose answer is lost: the terminal entry it reads
+	// next names its token and the hold, so that its replica still counts
+	// the reap and ends the count with the hold.
+	t.Run("follower-reply-lost", func(t *testing.T) {
+		_, b, relay, sc, f := relayed(t, "followed-lost")
+		j, err := b.BeginTool(sc, "fp", tool)
+		if err != nil || j.Decision != cache.Join {
+			t.Fatalf("re-issue on the other replica: %v %v; want join", j.Decision, err)
+		}
+		lost := relay.LoseReply("$6\r\nreaped\r\n", 0)
+		f.Backend().(*owner).shutdown() // the owner's process is gone
+		if st := waitDone(t, j.Flight, 3*testLease+2*time.Second); st != cache.StateCommitUnknown {
+			t.Fatalf("follower: got %v; want commit_unknown", st)
+		}
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no reap's answer was lost")
+		}
+		counted(t, b, sc)
+	})
+	// A claim that reaps the call and loses its reply is sent again
+	// (rueidis retries the claim): the run that answers finds the call
+	// already reaped, by this claim's own token, and answers the reap
+	// again, so that its count ends with the hold too.
+	t.Run("claim-reply-lost", func(t *testing.T) {
+		a, b, relay, sc, f := relayed(t, "claimed-lost")
+		f.Backend().(*owner).shutdown() // the owner's process is gone
+		expireLease(t, a, sc)
+		lost := relay.LoseReply("$7\r\nunknown\r\n", 0)
+		u, err := b.BeginTool(sc, "fp", tool)
+		select {
+		case <-lost:
+		default:
+			t.Fatal("no claim's reply was lost")
+		}
+		if err != nil || u.Decision != cache.Unknown {
+			t.Fatalf("re-issue after the owner died: %v %v; want unknown", u.Decision, err)
+		}
+		counted(t, b, sc)
+	})
+}
+
+// TestToolCommitCountsItsKeep: a committed tool call whose key stands for
+// its own window (Tool.Keep) counts against its tenant for that window,
+// as long as its records stand, not for the store's TTL.
+func TestToolCommitCountsItsKeep(t *testing.T) {
+	t.Parallel()
+	r := replicas(t, 1)[0]
+	sc := cache.Scope{Tenant: "t", Key: "call"}
+	b, err := r.BeginTool(sc, "fp", cache.Tool{Name: "search", Keep: 10 * time.Minute})
+	if err != nil || b.Flight == nil {
+		t.Fatalf("BeginTool: %+v, %v; want a miss", b, err)
+	}
+	storetest.StartStream(t, b.Flight)
+	if !b.Flight.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	if got := tenantScore(t, r, sc); got < 9*time.Minute || got > 10*time.Minute {
+		t.Errorf("the committed call counts for its tenant %v more; want its keep (10m), not TTL (%v)", got, r.cfg.TTL)
+	}
+}
+
+// TestRedisContracts runs the contracts every store keeps
+// (storetest.Contracts) against a Redis store.
+func TestRedisContracts(t *testing.T) {
+	addr := redistest.Shared(t)
+	for _, c := range storetest.Contracts {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			c.Run(t, newRedis(t, addr, redistest.Prefix(t), func(cfg *Config) { cfg.MaxKeys, cfg.Limits = c.MaxKeys, c.Limits }))
+		})
+	}
+}
+
+// TestRedisAliasTenants holds aliases to their tenants across two
+// replicas: set on one, resolved on the other (storetest.AliasTenants).
+func TestRedisAliasTenants(t *testing.T) {
+	t.Parallel()
+	rs := replicas(t, 2)
+	storetest.AliasTenants(t, rs[0], rs[1])
 }
