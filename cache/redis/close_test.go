@@ -44,7 +44,7 @@ func storeGoroutines() []string {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	const pkg = "github.com/ssegate/ssegate/cache."
+	const pkg = "github.com/ssegate/ssegate/cache/redis."
 	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		var fns []string
@@ -127,7 +127,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	storetest.AppendN(t, fs[0], 3, 2) // behind the held append, in the journal only
 	// Every owner's flusher waits for its append's answer.
 	eventually(t, 5*time.Second, func() error {
-		if n := countIn(storeGoroutines(), "cache.(*Store).appendJournal"); n != heldCount {
+		if n := countIn(storeGoroutines(), "redis.(*Store).appendJournal"); n != heldCount {
 			return fmt.Errorf("%d owners wait for an append; want %d", n, heldCount)
 		}
 		return nil
@@ -156,7 +156,7 @@ func TestRedisCloseAppendsQueued(t *testing.T) {
 	case <-closed:
 	case <-time.After(closeBound()):
 		left := storeGoroutines()
-		if n := countIn(left, "cache.(*Store).appendJournal"); n > 0 {
+		if n := countIn(left, "redis.(*Store).appendJournal"); n > 0 {
 			t.Errorf("%v after Close began: %d owners still wait for their append's answer", closeBound(), n)
 		}
 		t.Errorf("Close: not returned within %v with Redis stopped; the store's goroutines then:\n\t%s",

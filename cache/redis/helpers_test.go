@@ -13,7 +13,7 @@ import (
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
-// The Redis store's tests (store_redis, redis_*) run against a real
+// The Redis store's tests run against a real
 // redis-server: the one CI starts (SSEGATE_REDIS_ADDR) or one of their
 // own. Two stores on one Redis are two replicas in one process.
 

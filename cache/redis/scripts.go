@@ -43,7 +43,7 @@ import (
 //	res    STRING  the committed result, compressed (see blob.go)
 //
 // Each tenant also has a sorted set of its keys, in its own slot, for
-// the bound on keys per tenant (redis_quota.go holds it and its scripts),
+// the bound on keys per tenant (quota.go holds it and its scripts),
 // and each replica an inbox (a LIST, prefix:inbox:{digest of its name})
 // where followers push "<h> <gen>" to ask it to mirror a journal.
 //

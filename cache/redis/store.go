@@ -69,7 +69,7 @@ type Config struct {
 	// MaxKeys bounds the unexpired keys all replicas hold together
 	// (default 1,000,000): past it new keys are refused with
 	// ErrStoreFull. Redis's own bound (maxmemory with noeviction) would
-	// refuse every write instead. See redis_quota.go.
+	// refuse every write instead. See quota.go.
 	MaxKeys int
 	// MissingBody is the policy for a committed key whose body is gone
 	// from Redis (evicted despite the advice to forbid eviction).
@@ -191,7 +191,7 @@ type Store struct {
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
 	abandoning atomic.Int64 // abandon's goroutines running
 
-	secretKept atomic.Bool // keepSecret runs (redis_secret.go)
+	secretKept atomic.Bool // keepSecret runs (secret.go)
 }
 
 // New connects to Redis and returns the store; Close releases it.
@@ -424,7 +424,7 @@ func newToken() string {
 // them, or a new key finds MaxKeys keys, or MaxStrangerKeys of strangers
 // when its tenant is one) or ErrTenantFull (a new key of a tenant that
 // holds MaxKeysPerTenant keys); keys are counted across replicas (see
-// redis_quota.go).
+// quota.go).
 func (r *Store) Begin(sc cache.Scope, fp string) (cache.Begun, error) {
 	return r.beginTool(sc, fp, nil)
 }

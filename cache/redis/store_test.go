@@ -362,7 +362,7 @@ func TestRedisOwnerStates(t *testing.T) {
 }
 
 // ownerTable reads the rows (from, to) of ownerState's table from its
-// comment in redis_owner.go.
+// comment in owner.go.
 func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
 	t.Helper()
 	states := map[string]ownerState{}
@@ -370,7 +370,7 @@ func ownerTable(t *testing.T) map[struct{ from, to ownerState }]bool {
 		states[s.String()] = s
 	}
 	rows := map[struct{ from, to ownerState }]bool{}
-	for _, line := range doctable.Rows(t, "redis_owner.go", "ownerState") {
+	for _, line := range doctable.Rows(t, "owner.go", "ownerState") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
