@@ -51,18 +51,19 @@ type appendAnswer struct {
 	err error
 }
 
-// appendJournal runs o's append (appendScript's keys and arguments): on a
+// appendJournal runs o's append (appendScript's args): on a
 // standalone Redis through the replica's batcher, on a Cluster alone
 // (each scope's keys are in a slot of their own). Either way its answer
 // comes within -redis-timeout: a queued append is not held for the calls
 // ahead of it and then its own.
-func (r *Store) appendJournal(o *owner, keys, args []string) (writeAnswer, error) {
+func (r *Store) appendJournal(o *owner, args appendArgs) (writeAnswer, error) {
 	ctx, cancel := context.WithTimeout(o.ctx, r.cfg.Timeout)
 	defer cancel()
 	if !r.sharedKeys() {
-		return parseWriteAnswer(appendScript.Exec(ctx, r.c, keys, args))
+		return parseWriteAnswer(run(ctx, r.c, appendScript, args))
 	}
-	it := batchItem{keys: keys, args: args}
+	var it batchItem
+	it.keys, it.args = args.keysArgs()
 	req := &appendReq{ctx: ctx, item: it, bytes: it.size(), done: make(chan appendAnswer, 1)}
 	b := &r.appends
 	b.mu.Lock()

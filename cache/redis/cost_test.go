@@ -98,17 +98,21 @@ func BenchmarkRedisCost(b *testing.B) {
 		return r.keys(cache.Scope{Tenant: "t", Key: "k" + strconv.Itoa(seq)})
 	}
 	sc := cache.Scope{Tenant: "t", Key: "x"}
-	claimArgs := func(tok, ask string) []string {
-		return []string{"fp", tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(time.Now()), "0", ask, "", "0"}
+	claimOf := func(k rkeys, tok string, ask claimAsk) claimArgs {
+		return claimArgs{keys: k.all, fp: "fp", tok: tok, owner: r.replica, lease: r.cfg.Lease, liveTTL: r.cfg.LiveTTL,
+			now: time.Now(), ask: ask}
 	}
 	claim := func(k rkeys, tok string) string {
-		out, err := scriptStrings(claimScript.Exec(ctx, r.c, k.all, claimArgs(tok, "0")))
+		out, err := scriptStrings(run(ctx, r.c, claimScript, claimOf(k, tok, askClaim)))
 		if err != nil || out[0] != "miss" {
 			b.Fatalf("claim: %v %v", out, err)
 		}
 		return out[1]
 	}
-	exec := func(s script, keys, args []string) { runScript(b, r, s, keys, args) }
+	exec := func(s script, a scriptArgs) {
+		keys, args := a.keysArgs()
+		runScript(b, r, s, keys, args)
+	}
 	// A committed stream's blob, as the finish script gets it.
 	costStream(b, r, "blob")
 	blob, err := r.c.Do(ctx, r.c.B().Get().Key(r.keys(cache.Scope{Tenant: "t", Key: "blob"}).res).Build()).ToString()
@@ -117,7 +121,7 @@ func BenchmarkRedisCost(b *testing.B) {
 	}
 	b.Logf("blob of %d events: %d bytes", costEvents, len(blob))
 
-	run := func(name string, prep func(n int) []rkeys, op func(i int, k rkeys)) {
+	bench := func(name string, prep func(n int) []rkeys, op func(i int, k rkeys)) {
 		b.Run(name, func(b *testing.B) {
 			var ks []rkeys
 			if prep != nil {
@@ -144,15 +148,18 @@ func BenchmarkRedisCost(b *testing.B) {
 		}
 		return ks
 	}
-	run("stream", nil, func(i int, _ rkeys) { seq++; costStream(b, r, "s"+strconv.Itoa(seq)) })
-	run("claim-new", nil, func(int, rkeys) { exec(claimScript, fresh().all, claimArgs("tok", "1")) })
-	run("quota", nil, func(int, rkeys) {
-		exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{fresh().h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
-	})
-	run("global", nil, func(int, rkeys) {
-		exec(globalScript, r.globalKeys(), []string{fresh().h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
-	})
-	run("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
+	quota := func(k rkeys) quotaArgs {
+		return quotaArgs{set: r.tenantKey(sc), member: k.h, bound: -1, liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL()}
+	}
+	global := func(k rkeys) globalArgs {
+		return globalArgs{keys: r.globalKeys(), member: k.h, all: -1, strangers: -1, stranger: true,
+			liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL()}
+	}
+	bench("stream", nil, func(i int, _ rkeys) { seq++; costStream(b, r, "s"+strconv.Itoa(seq)) })
+	bench("claim-new", nil, func(int, rkeys) { exec(claimScript, claimOf(fresh(), "tok", askCount)) })
+	bench("quota", nil, func(int, rkeys) { exec(quotaScript, quota(fresh())) })
+	bench("global", nil, func(int, rkeys) { exec(globalScript, global(fresh())) })
+	bench("claim-miss", nil, func(int, rkeys) { claim(fresh(), "tok") })
 	// A renewal as renewAll sends it mid-stream: the lease, and the
 	// generation's progress (what moved since the last renewal).
 	renewItem := func(k rkeys) batchItem {
@@ -171,45 +178,46 @@ func BenchmarkRedisCost(b *testing.B) {
 		}
 	}
 	// One renewal a call, as on a Cluster.
-	run("renew", claimed, func(_ int, k rkeys) { renew(renewItem(k)) })
+	bench("renew", claimed, func(_ int, k rkeys) { renew(renewItem(k)) })
 	// 64 renewals in one call, as renewAll sends them on a standalone
 	// Redis: an op is the 64.
 	together := claimed(64)
-	run("renew-64", nil, func(int, rkeys) {
+	bench("renew-64", nil, func(int, rkeys) {
 		items := make([]batchItem, len(together))
 		for i, k := range together {
 			items[i] = renewItem(k)
 		}
 		renew(items...)
 	})
-	run("finish", claimed, func(_ int, k rkeys) {
+	bench("finish", claimed, func(_ int, k rkeys) {
 		gen := k.h
 		k.h = k.st // a member to end
-		exec(finishScript, r.finishKeys(sc, k, r.sharedKeys()), append([]string{"tok", gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL),
-			string(cache.StateCommitted), "", nowMS(time.Now()), blob, "", strconv.Itoa(costEvents), "45000", "",
-			"0", "1", "200", "gpt-4o-mini", ""}, r.endArgs(k, r.cfg.TTL, true, false, "1")...)) // a known tenant's new key
+		exec(finishScript, finishArgs{keys: r.finishKeys(sc, k, r.sharedKeys()), tok: "tok", gen: gen, done: true,
+			prev: gen + "-0", keep: r.cfg.TTL, state: cache.StateCommitted, now: time.Now(), result: []byte(blob),
+			events: costEvents, bytes: 45000, mark: markFields{attempts: 1, status: 200, model: "gpt-4o-mini"},
+			end: r.countEnd(k, r.cfg.TTL, true, false, "1")}) // a known tenant's new key
 	})
 	counted := func(n int) []rkeys { // keys counted as a new key's are
 		ks := make([]rkeys, n)
 		for i := range ks {
 			ks[i] = fresh()
-			exec(quotaScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{ks[i].h, "-1", ms(r.cfg.LiveTTL), r.setTTL()})
-			exec(globalScript, r.globalKeys(), []string{ks[i].h, "-1", "-1", "1", ms(r.cfg.LiveTTL), r.setTTL()})
+			exec(quotaScript, quota(ks[i]))
+			exec(globalScript, global(ks[i]))
 		}
 		return ks
 	}
-	run("key-end", counted, func(_ int, k rkeys) {
-		exec(keyEndScript, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, ms(r.cfg.TTL), r.setTTL(), ms(r.cfg.TTL)})
+	bench("key-end", counted, func(_ int, k rkeys) {
+		exec(keyEndScript, keyEndArgs{set: r.tenantKey(sc), end: r.countEnd(k, r.cfg.TTL, true, false, "")})
 	})
-	run("global-end", counted, func(_ int, k rkeys) {
-		exec(globalEndScript, r.globalKeys(), []string{k.h, ms(r.cfg.TTL), r.setTTL(), "1", "0"})
+	bench("global-end", counted, func(_ int, k rkeys) {
+		exec(globalEndScript, globalEndArgs{keys: r.globalKeys(), end: r.countEnd(k, r.cfg.TTL, true, false, "")})
 	})
-	run("unknown-count", nil, func(int, rkeys) {
+	bench("unknown-count", nil, func(int, rkeys) {
 		if _, err := r.UnknownKeys(); err != nil {
 			b.Fatal(err)
 		}
 	})
-	run("ping", nil, func(int, rkeys) {
+	bench("ping", nil, func(int, rkeys) {
 		if err := r.c.Do(ctx, r.c.B().Ping().Build()).Error(); err != nil {
 			b.Fatal(err)
 		}

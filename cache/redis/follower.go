@@ -317,7 +317,7 @@ func (fl *follower) check() (reapAnswer, string, error) {
 	r := fl.r
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	return parseReapAnswer(reapScript.Exec(ctx, r.c, fl.k.withoutResult, []string{
-		fl.gen, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()), fl.tok,
+	return parseReapAnswer(run(ctx, r.c, reapScript, reapArgs{
+		keys: fl.k.withoutResult, gen: fl.gen, stTTL: r.cfg.FailedTTL, now: r.cfg.Now(), reaper: fl.tok,
 	}))
 }

@@ -374,12 +374,14 @@ func TestRedisFinishWholeJournal(t *testing.T) {
 	k := r.keys(sc)
 	finish := func(prev string, from, to int) writeAnswer {
 		t.Helper()
-		args := append([]string{o.tok, o.gen, "done", prev, ms(r.cfg.TTL), ms(journalTTL), string(cache.StateCommitted), "", nowMS(time.Now()),
-			"blob", "", "5", "0", "", "1", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, o.fresh)...)
+		args := finishArgs{keys: r.finishKeys(sc, k, true), tok: o.tok, gen: o.gen, done: true, prev: prev,
+			keep: r.cfg.TTL, state: cache.StateCommitted, now: time.Now(), result: []byte("blob"), events: 5,
+			mirrored: true, mark: markFields{attempts: 1, status: 200}, end: r.countEnd(k, r.cfg.TTL, true, false, o.fresh),
+			from: from - 1}
 		for seq := from; seq <= to; seq++ {
-			args = append(args, o.gen+"-"+strconv.Itoa(seq), "event "+strconv.Itoa(seq))
+			args.evs = append(args.evs, []byte("event "+strconv.Itoa(seq)))
 		}
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), args))
+		a, err := parseWriteAnswer(run(ctx, r.c, finishScript, args))
 		if err != nil {
 			t.Fatalf("finish: %v", err)
 		}

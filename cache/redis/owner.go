@@ -361,15 +361,14 @@ func (o *owner) Fail(f *cache.Flight, state cache.State, reason string) {
 		ttl = 0 // Flight.Deny: the key's record goes at once (tails read the journal)
 	}
 	mk, _ := o.markNow()
-	args := append([]string{o.tok, o.gen, "failed", "", ms(ttl), ms(journalTTL),
-		string(state), reason, nowMS(o.r.cfg.Now()), head, string(body),
-		strconv.Itoa(f.Events()), strconv.FormatInt(o.storedBytes(), 10), "",
-		mirrored(o.mirror.Load()), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-		o.r.endArgs(o.k, ttl, false, state == cache.StateCommitUnknown, o.fresh)...)
+	args := finishArgs{tok: o.tok, gen: o.gen, keep: ttl, state: state, reason: reason,
+		now: o.r.cfg.Now(), head: head, body: body, events: f.Events(), bytes: o.storedBytes(),
+		mirrored: o.mirror.Load(), mark: mk, end: o.r.countEnd(o.k, ttl, false, state == cache.StateCommitUnknown, o.fresh)}
 	for range 2 {
 		shared := o.r.sharedKeys()
+		args.keys = o.r.finishKeys(f.Scope, o.k, shared)
 		ctx, cancel := o.r.opCtx()
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(f.Scope, o.k, shared), args))
+		a, err := parseWriteAnswer(run(ctx, o.r.c, finishScript, args))
 		cancel()
 		if err == nil {
 			if a.written() && !shared { // shared: the script ended the count
@@ -381,14 +380,6 @@ func (o *owner) Fail(f *cache.Flight, state cache.State, reason string) {
 		}
 		o.r.unavailable.Add(1)
 	}
-}
-
-// mirrored is finishScript's word for whether the journal is mirrored.
-func mirrored(m bool) string {
-	if m {
-		return "1"
-	}
-	return "0"
 }
 
 func headJSON(h cache.Head) string {
@@ -475,12 +466,7 @@ func (r *Store) renewAll() {
 // one answer per item; an error when the call as a whole failed, in which
 // case whether any item ran is unknown.
 func (r *Store) renewRun(ctx context.Context, run []batchItem) ([]rueidis.RedisMessage, error) {
-	var keys []string
-	args := []string{ms(r.cfg.Lease), ms(r.cfg.LiveTTL)}
-	for _, it := range run {
-		keys = append(keys, it.keys...)
-		args = append(args, it.args...)
-	}
+	keys, args := renewArgs{lease: r.cfg.Lease, liveTTL: r.cfg.LiveTTL, items: run}.keysArgs()
 	return execItems(ctx, r.c, renewScript, keys, args, len(run))
 }
 
@@ -637,14 +623,13 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 		if len(evs) == 0 && ver == pos.markVer {
 			return ""
 		}
-		args := []string{o.tok, o.gen, pos.prev, string(mk.state), strconv.Itoa(mk.attempts),
-			strconv.Itoa(mk.status), nowMS(o.r.cfg.Now()), "", "", mk.model, mk.fallbacks}
+		args := appendArgs{keys: o.k.journal, tok: o.tok, gen: o.gen, prev: pos.prev, mark: mk,
+			now: o.r.cfg.Now(), bytes: pos.bytes + eventBytes(evs), from: pos.flushed, evs: evs}
 		if pos.flushed == 0 && len(evs) > 0 {
-			args[7] = headJSON(h)
+			args.head = headJSON(h)
 		}
-		args, bytes := o.appendEvents(args, pos, evs)
-		args[8] = strconv.FormatInt(bytes, 10)
-		a, err := o.r.appendJournal(o, o.k.journal, args)
+		bytes := args.bytes
+		a, err := o.r.appendJournal(o, args)
 		switch o.settle(pos, a, err, len(evs), bytes) {
 		case batchOK:
 			if a.verdict == writeOK { // writePrev wrote nothing, the mark included
@@ -664,15 +649,13 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 	}
 }
 
-// appendEvents adds the id, event pairs of evs after pos to args and
-// returns the journal's size once they are in.
-func (o *owner) appendEvents(args []string, pos *journalPos, evs [][]byte) ([]string, int64) {
-	bytes := pos.bytes
-	for i, e := range evs {
-		args = append(args, o.gen+"-"+strconv.Itoa(pos.flushed+i+1), string(e))
-		bytes += int64(len(e))
+// eventBytes returns the encoded bytes of evs.
+func eventBytes(evs [][]byte) int64 {
+	var n int64
+	for _, e := range evs {
+		n += int64(len(e))
 	}
-	return args, bytes
+	return n
 }
 
 // settle applies a script's answer to pos.
@@ -760,19 +743,17 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		}
 		mk, _ := o.markNow()
 		keep := o.f.KeepFor(cache.StateCommitted, o.r.cfg.TTL, o.r.cfg.FailedTTL)
-		args := append([]string{o.tok, o.gen, "done", pos.prev, ms(keep), ms(journalTTL),
-			string(cache.StateCommitted), "", nowMS(o.r.cfg.Now()), string(blob), "",
-			strconv.Itoa(o.f.Events()), "", head,
-			mirrored(mirror), strconv.Itoa(mk.attempts), strconv.Itoa(mk.status), mk.model, mk.fallbacks},
-			o.r.endArgs(o.k, keep, true, false, o.fresh)...)
-		args, bytes := o.appendEvents(args, pos, evs)
-		if !mirror {
-			bytes = o.journalBytes()
-		}
-		args[12] = strconv.FormatInt(bytes, 10)
 		shared := o.r.sharedKeys()
+		args := finishArgs{keys: o.r.finishKeys(o.f.Scope, o.k, shared), tok: o.tok, gen: o.gen, done: true,
+			prev: pos.prev, keep: keep, state: cache.StateCommitted, now: o.r.cfg.Now(), result: blob,
+			events: o.f.Events(), bytes: pos.bytes + eventBytes(evs), firstHead: head, mirrored: mirror, mark: mk,
+			end: o.r.countEnd(o.k, keep, true, false, o.fresh), from: pos.flushed, evs: evs}
+		if !mirror {
+			args.bytes = o.journalBytes()
+		}
+		bytes := args.bytes
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		a, err := parseWriteAnswer(finishScript.Exec(ctx, o.r.c, o.r.finishKeys(o.f.Scope, o.k, shared), args))
+		a, err := parseWriteAnswer(run(ctx, o.r.c, finishScript, args))
 		cancel()
 		if err == nil && a.verdict == writeWant {
 			// A follower asked before the commit: mirror, then commit.

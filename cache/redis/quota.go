@@ -109,16 +109,15 @@ func more(sc cache.Scope) []string {
 // of those it was added to, and countMore returns ErrTenantFull
 // (wrapped).
 func (r *Store) countMore(sc cache.Scope, k rkeys, unbounded bool) (added, had []string, err error) {
-	bound := strconv.Itoa(r.cfg.MaxKeysPerTenant)
+	bound := r.cfg.MaxKeysPerTenant
 	if unbounded {
-		bound = "-1"
+		bound = -1
 	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	for _, a := range more(sc) {
-		set := r.accountKey(a)
-		n, err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{
-			k.h, bound, ms(r.cfg.LiveTTL), r.setTTL(),
+		n, err := run(ctx, r.c, quotaScript, quotaArgs{
+			set: r.accountKey(a), member: k.h, bound: bound, liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL(),
 		}).AsInt64()
 		switch {
 		case err == nil && n >= 3:
@@ -162,9 +161,9 @@ func (r *Store) moreEnded(sc cache.Scope, k rkeys, ttl time.Duration) {
 	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
+	end := r.countEnd(k, ttl, false, false, "")
 	for _, a := range accounts {
-		set := r.accountKey(a)
-		err := keyEndScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, ms(ttl), r.setTTL(), "0"}).Error()
+		err := run(ctx, r.c, keyEndScript, keyEndArgs{set: r.accountKey(a), end: end}).Error()
 		if err != nil && !rueidis.IsRedisNil(err) {
 			r.unavailable.Add(1)
 		}
@@ -275,14 +274,14 @@ func (r *Store) globalKeys() []string {
 // unbounded counts it whatever the bounds (a key the ledger already
 // holds, claimed again).
 func (r *Store) countKey(sc cache.Scope, k rkeys, unbounded bool) error {
-	bound, all, strangers := strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys), strconv.Itoa(r.cfg.MaxStrangerKeys)
+	bound, all, strangers := r.cfg.MaxKeysPerTenant, r.cfg.MaxKeys, r.cfg.MaxStrangerKeys
 	if unbounded {
-		bound, all, strangers = "-1", "-1", "-1"
+		bound, all, strangers = -1, -1, -1
 	}
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	n, err := quotaScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{
-		k.h, bound, ms(r.cfg.LiveTTL), r.setTTL(),
+	n, err := run(ctx, r.c, quotaScript, quotaArgs{
+		set: r.tenantKey(sc), member: k.h, bound: bound, liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL(),
 	}).AsInt64()
 	if err != nil {
 		return r.unavailableErr("tenant keys", err)
@@ -290,12 +289,9 @@ func (r *Store) countKey(sc cache.Scope, k rkeys, unbounded bool) error {
 	if n == 0 {
 		return r.fullErr(0)
 	}
-	stranger := "0"
-	if n == 1 || n == 3 {
-		stranger = "1"
-	}
-	g, err := globalScript.Exec(ctx, r.c, r.globalKeys(), []string{
-		k.h, all, strangers, stranger, ms(r.cfg.LiveTTL), r.setTTL(),
+	g, err := run(ctx, r.c, globalScript, globalArgs{
+		keys: r.globalKeys(), member: k.h, all: all, strangers: strangers,
+		stranger: n == 1 || n == 3, liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL(),
 	}).AsInt64()
 	if err == nil && g == 1 {
 		return nil
@@ -341,10 +337,10 @@ func (r *Store) keyCommitted(sc cache.Scope, k rkeys, ttl time.Duration) {
 func (r *Store) keyEnd(sc cache.Scope, k rkeys, ttl time.Duration, known, unknown bool) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	a := r.endArgs(k, ttl, known, unknown, "")
+	end := r.countEnd(k, ttl, known, unknown, "")
 	for _, err := range []error{
-		keyEndScript.Exec(ctx, r.c, []string{r.tenantKey(sc), r.knownKey(sc)}, []string{k.h, a[1], a[2], a[3]}).Error(),
-		globalEndScript.Exec(ctx, r.c, r.globalKeys(), []string{k.h, a[1], a[2], a[4], a[5]}).Error(),
+		run(ctx, r.c, keyEndScript, keyEndArgs{set: r.tenantKey(sc), end: end}).Error(),
+		run(ctx, r.c, globalEndScript, globalEndArgs{keys: r.globalKeys(), end: end}).Error(),
 	} {
 		if err != nil && !rueidis.IsRedisNil(err) {
 			r.unavailable.Add(1)
@@ -354,20 +350,30 @@ func (r *Store) keyEnd(sc cache.Scope, k rkeys, ttl time.Duration, known, unknow
 	r.moreEnded(sc, k, ttl)
 }
 
-// endArgs are the arguments of the count's end (keyEnd, globalEnd) as
-// finishScript takes them: member, ttl ms, set ttl ms, known mark ms,
-// committed, commit_unknown, fresh (the claim's: claimAnswer.fresh; the
-// end scripts of a Cluster read none). known is a commit's end: it marks
-// the tenant known for TTL.
-func (r *Store) endArgs(k rkeys, ttl time.Duration, known, unknown bool, fresh string) []string {
-	mark, committed, unk := "0", "0", "0"
+// countEnd is the end of a key's count (keyEnd and globalEnd in endLua),
+// which finishScript makes on a standalone Redis and keyEndScript and
+// globalEndScript on a Cluster.
+type countEnd struct {
+	member string        // the scope's hash
+	ttl    time.Duration // the key's records expire this long from now; 0: no longer counted
+	setTTL string        // the sets' expiry, ms (Store.setTTL)
+	// knownFor: a commit marks the tenant known this long (TTL); 0: not.
+	knownFor  time.Duration
+	committed bool
+	unknown   bool // the generation ended commit_unknown
+	// fresh is the claim's (claimAnswer.fresh): "1" or "2" for a key it
+	// counted with no record; the end scripts of a Cluster read none.
+	fresh string
+}
+
+// countEnd is the end of k's count, its records expiring in ttl; known is
+// a commit's end: it marks the tenant known for TTL.
+func (r *Store) countEnd(k rkeys, ttl time.Duration, known, unknown bool, fresh string) countEnd {
+	e := countEnd{member: k.h, ttl: ttl, setTTL: r.setTTL(), committed: known, unknown: unknown, fresh: fresh}
 	if known {
-		mark, committed = ms(r.cfg.TTL), "1"
+		e.knownFor = r.cfg.TTL
 	}
-	if unknown {
-		unk = "1"
-	}
-	return []string{k.h, ms(ttl), r.setTTL(), mark, committed, unk, fresh}
+	return e
 }
 
 // finishKeys are finishScript's keys for sc: on a standalone Redis with
@@ -530,16 +536,31 @@ end
 // call added it, and a claim refused later takes out only what it added
 // (countMore).
 var quotaScript = newScript(nowLua + countLua + `
+local set, known = KEYS[1], KEYS[2]
+local member, bound, live_ttl, set_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local t = now()
-local old = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-local ok, stranger = tenantRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), t, pruning(ARGV[1]))
+local old = tonumber(redis.call('ZSCORE', set, member))
+local ok, stranger = tenantRoom(set, known, member, bound, t, pruning(member))
 if not ok then return 0 end
-tenantCount(KEYS[1], ARGV[1], tostring(t + tonumber(ARGV[3])), ARGV[4])
+tenantCount(set, member, tostring(t + live_ttl), set_ttl)
 local added = 0
 if not old or old <= t then added = 2 end
 if stranger then return 1 + added end
 return 2 + added
 `)
+
+// quotaArgs are quotaScript's keys and arguments.
+type quotaArgs struct {
+	set     string        // the account's set (accountKey); its known marker is set + ":known"
+	member  string        // the scope's hash
+	bound   int           // the set's bound on unexpired members; -1: none
+	liveTTL time.Duration // the member counts this long, as a live key
+	setTTL  string        // the set's expiry, ms (Store.setTTL)
+}
+
+func (a quotaArgs) keysArgs() ([]string, []string) {
+	return []string{a.set, a.set + ":known"}, []string{a.member, strconv.Itoa(a.bound), ms(a.liveTTL), a.setTTL}
+}
 
 // globalScript counts a key in the set of all keys and, for a
 // stranger's, in the set of strangers' keys; a key claimed again is
@@ -553,13 +574,29 @@ return 2 + added
 // Returns 1 when the key is counted (it was, or there was room), 0 when
 // all keys hold their bound, -1 when strangers' keys hold theirs.
 var globalScript = newScript(nowLua + countLua + `
+local all, strangers, unknown = KEYS[1], KEYS[2], KEYS[3]
+local member, all_bound, stranger_bound = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local stranger, live_ttl, set_ttl = ARGV[4] == '1', tonumber(ARGV[5]), ARGV[6]
 local t = now()
-local stranger = ARGV[4] == '1'
-local ok = globalRoom(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), stranger, t, pruning(ARGV[1]))
+local ok = globalRoom(all, strangers, member, all_bound, stranger_bound, stranger, t, pruning(member))
 if ok ~= 1 then return ok end
-globalCount(KEYS[1], KEYS[2], KEYS[3], ARGV[1], stranger, tostring(t + tonumber(ARGV[5])), ARGV[6], true)
+globalCount(all, strangers, unknown, member, stranger, tostring(t + live_ttl), set_ttl, true)
 return 1
 `)
+
+// globalArgs are globalScript's keys and arguments.
+type globalArgs struct {
+	keys           []string // Store.globalKeys
+	member         string   // the scope's hash
+	all, strangers int      // the bounds on all keys and on strangers' keys; -1: none
+	stranger       bool     // the key is a stranger's (quotaScript's answer)
+	liveTTL        time.Duration
+	setTTL         string // the sets' expiry, ms (Store.setTTL)
+}
+
+func (a globalArgs) keysArgs() ([]string, []string) {
+	return a.keys, []string{a.member, strconv.Itoa(a.all), strconv.Itoa(a.strangers), flag(a.stranger), ms(a.liveTTL), a.setTTL}
+}
 
 // keyEndScript sets a counted key's expiry in its tenant's set once its
 // generation ended, and marks the tenant known after a commit (keyEnd).
@@ -570,10 +607,21 @@ return 1
 //
 // Returns 1.
 var keyEndScript = newScript(nowLua + endLua + `
-local ttl = tonumber(ARGV[2])
-keyEnd(KEYS[1], KEYS[2], ARGV[1], ttl, tostring(now() + ttl), ARGV[3], ARGV[4], false)
+local set, known = KEYS[1], KEYS[2]
+local member, ttl, set_ttl, known_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+keyEnd(set, known, member, ttl, tostring(now() + ttl), set_ttl, known_ms, false)
 return 1
 `)
+
+// keyEndArgs are keyEndScript's keys and arguments: end's in set.
+type keyEndArgs struct {
+	set string // the account's set (accountKey); its known marker is set + ":known"
+	end countEnd
+}
+
+func (a keyEndArgs) keysArgs() ([]string, []string) {
+	return []string{a.set, a.set + ":known"}, []string{a.end.member, ms(a.end.ttl), a.end.setTTL, ms(a.end.knownFor)}
+}
 
 // globalEndScript is keyEndScript for the sets of all keys, of strangers'
 // keys and of commit_unknown keys (globalEnd).
@@ -585,10 +633,24 @@ return 1
 //
 // Returns 1.
 var globalEndScript = newScript(nowLua + endLua + `
-local t, ttl = now(), tonumber(ARGV[2])
-globalEnd(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ttl, tostring(t + ttl), ARGV[3], ARGV[4] == '1', ARGV[5] == '1', t, false)
+local all, strangers, unknown = KEYS[1], KEYS[2], KEYS[3]
+local member, ttl, set_ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local committed, ended_unknown = ARGV[4] == '1', ARGV[5] == '1'
+local t = now()
+globalEnd(all, strangers, unknown, member, ttl, tostring(t + ttl), set_ttl, committed, ended_unknown, t, false)
 return 1
 `)
+
+// globalEndArgs are globalEndScript's keys and arguments: end's in the
+// sets of all keys, of strangers' and of commit_unknown keys.
+type globalEndArgs struct {
+	keys []string // Store.globalKeys
+	end  countEnd
+}
+
+func (a globalEndArgs) keysArgs() ([]string, []string) {
+	return a.keys, []string{a.end.member, ms(a.end.ttl), a.end.setTTL, flag(a.end.committed), flag(a.end.unknown)}
+}
 
 // unknownScript counts the keys in commit_unknown whose records have not
 // expired. It only reads: a scrape writes nothing, and the expired are

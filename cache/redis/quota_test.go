@@ -274,9 +274,9 @@ func longGeneration(t *testing.T, age, renewed time.Duration) {
 			t.Fatal(err)
 		}
 	}
-	a, err := parseWriteAnswer(finishScript.Exec(ctx, r.c, r.finishKeys(sc, k, true), append([]string{
-		o.tok, gen, "done", gen + "-0", ms(r.cfg.TTL), ms(journalTTL), string(cache.StateCommitted), "", nowMS(time.Now()),
-		"", "", "0", "0", "", "0", "1", "200", "", ""}, r.endArgs(k, r.cfg.TTL, true, false, "")...)))
+	a, err := parseWriteAnswer(run(ctx, r.c, finishScript, finishArgs{keys: r.finishKeys(sc, k, true),
+		tok: o.tok, gen: gen, done: true, prev: gen + "-0", keep: r.cfg.TTL, state: cache.StateCommitted,
+		now: time.Now(), mark: markFields{attempts: 1, status: 200}, end: r.countEnd(k, r.cfg.TTL, true, false, "")}))
 	if err != nil || a.verdict != writeOK {
 		t.Fatalf("finish: %v, %v; want ok", a, err)
 	}

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"github.com/ssegate/ssegate/cache"
@@ -66,6 +67,27 @@ func scriptStrings(res rueidis.RedisResult) ([]string, error) {
 	return arr, nil
 }
 
+// scriptArgs are the keys and arguments of one call of a script: a
+// struct per script, whose keysArgs yields KEYS and ARGV in the order
+// the script names them in locals at its top.
+type scriptArgs interface {
+	keysArgs() (keys, argv []string)
+}
+
+// run runs s with a's keys and arguments.
+func run(ctx context.Context, c rueidis.Client, s *rueidis.Lua, a scriptArgs) rueidis.RedisResult {
+	keys, argv := a.keysArgs()
+	return s.Exec(ctx, c, keys, argv)
+}
+
+// flag is the scripts' word for a boolean argument: "1" or "0".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
 // maxSeq is the seq of a generation's terminal entry: nothing of the
 // generation can be appended after it, even by a raw XADD.
 const maxSeq = "18446744073709551615"
@@ -122,43 +144,59 @@ const maxSeq = "18446744073709551615"
 // or a stranger's key; a claim that ran before and lost its reply answers
 // without it)}.
 var claimScript = newScriptRetryable(nowLua + countLua + loseLua + `
+local fp, tok, owner = ARGV[1], ARGV[2], ARGV[3]
+local lease_ms, live_ttl, now_ms = ARGV[4], ARGV[5], ARGV[6]
+-- refuse_gone: a committed key whose body is gone answers "gone" rather
+-- than regenerate. count_first: a key with no record is counted before it
+-- is claimed (here, on a standalone Redis; else the claim answers "new").
+-- refuse_new: this replica takes no new key of the tenant (the claim
+-- answers "new" for one, and writes nothing).
+local refuse_gone = ARGV[7] == '1'
+local count_first, refuse_new = ARGV[8] == '1', ARGV[8] == '2'
+local tool, unknown_ttl = ARGV[9], ARGV[10]
+-- The count's, on a standalone Redis (nil on a Cluster): the bounds
+-- (-1: none), the sets' expiry, the member (the scope's hash), and which
+-- of the tenant's set, that of all keys and that of strangers' keys to
+-- renew the expiry of ('0' for not).
+local tenant_bound, all_bound, stranger_bound = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local set_ttl, member, renew_sets = ARGV[14], ARGV[15], ARGV[16] or '111'
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'fp', 'tok', 'regen', 'reaped', 'state', 'tool', 'utl', 'reaper', 'abandoned')
-local phase, gen, fp = s[1], s[2], s[3]
-if s[11] == ARGV[2] or (s[4] == ARGV[2] and phase ~= 'live') then
+local phase, gen, held_fp = s[1], s[2], s[3]
+if s[11] == tok or (s[4] == tok and phase ~= 'live') then
   -- A copy of a claim that arrives late: its caller gave up on it and
   -- fenced its token (abandonScript), or the generation it made has
   -- ended since. It takes nothing.
   return {'stale'}
 end
 local held = s[8] and s[8] ~= ''
-if (phase == 'live' or phase == 'done') and fp ~= ARGV[1] then
+if (phase == 'live' or phase == 'done') and held_fp ~= fp then
   return {'conflict'}
 end
 local heldReaped = ''
-if held and phase == 'live' and s[4] ~= ARGV[2] and redis.call('EXISTS', KEYS[2]) == 0 then
+if held and phase == 'live' and s[4] ~= tok and redis.call('EXISTS', KEYS[2]) == 0 then
   -- A tool call whose owner died: it may have run, so it is not run again.
-  heldReaped = lose(KEYS[1], KEYS[3], gen, ARGV[6], ARGV[2], s[9], nil)
+  heldReaped = lose(KEYS[1], KEYS[3], gen, now_ms, tok, s[9], nil)
   phase, s[7] = 'lost', 'commit_unknown'
-elseif held and s[10] == ARGV[2] then
+elseif held and s[10] == tok then
   -- This claim reaped the call before and lost its reply (a retry).
   heldReaped = reapedAgain(KEYS[1])
 end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
-  if fp ~= ARGV[1] or ARGV[9] == '' then return {'conflict', heldReaped} end
+  if held_fp ~= fp or tool == '' then return {'conflict', heldReaped} end
   return {'unknown', gen, heldReaped}
 end
-local counting = #KEYS >= 9 and ARGV[8] ~= '0'
-if phase == 'live' and s[4] == ARGV[2] then
+local counting = #KEYS >= 9 and (count_first or refuse_new)
+if phase == 'live' and s[4] == tok then
   -- This claim ran before: it counted the key then, if it counts here.
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+  redis.call('SET', KEYS[2], tok, 'PX', lease_ms)
   return {'miss', gen, s[5] or '0', s[6] or '0', counting and '1' or '0'}
 end
-if not phase and ARGV[8] == '2' then return {'new'} end
-if not phase and ARGV[8] == '1' and not counting then return {'new'} end
+if not phase and refuse_new then return {'new'} end
+if not phase and count_first and not counting then return {'new'} end
 local regenerated, reaped = '0', '0'
 if phase == 'done' then
   if redis.call('EXISTS', KEYS[4]) == 1 then return {'replay', gen} end
-  if ARGV[7] == '1' then return {'gone'} end
+  if refuse_gone then return {'gone'} end
   regenerated = '1'
 elseif phase == 'live' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return {'join', gen} end
@@ -173,18 +211,17 @@ local fresh = '0'
 if counting then
   -- A key with no record is counted against the bounds; one the ledger
   -- held starts again and counts as live whatever they are.
-  local tb, ab, sb = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+  local tb, ab, sb = tenant_bound, all_bound, stranger_bound
   if phase then tb, ab, sb = -1, -1, -1 end
-  local prune = pruning(ARGV[15])
-  local ok, stranger = tenantRoom(KEYS[5], KEYS[6], ARGV[15], tb, t, prune)
+  local prune = pruning(member)
+  local ok, stranger = tenantRoom(KEYS[5], KEYS[6], member, tb, t, prune)
   if not ok then return {'full', '0'} end
-  local g = globalRoom(KEYS[7], KEYS[8], ARGV[15], ab, sb, stranger, t, prune)
+  local g = globalRoom(KEYS[7], KEYS[8], member, ab, sb, stranger, t, prune)
   if g ~= 1 then return {'full', g == 0 and '-1' or '-2'} end
-  local exp = tostring(t + tonumber(ARGV[5]))
-  local rn = ARGV[16] or '111'
-  local function renew(i) return string.sub(rn, i, i) ~= '0' end
-  tenantCount(KEYS[5], ARGV[15], exp, ARGV[14], renew(1))
-  globalCount(KEYS[7], KEYS[8], KEYS[9], ARGV[15], stranger, exp, ARGV[14], phase, renew(2), renew(3))
+  local exp = tostring(t + tonumber(live_ttl))
+  local function renew(i) return string.sub(renew_sets, i, i) ~= '0' end
+  tenantCount(KEYS[5], member, exp, set_ttl, renew(1))
+  globalCount(KEYS[7], KEYS[8], KEYS[9], member, stranger, exp, set_ttl, phase, renew(2), renew(3))
   if not phase then fresh = stranger and '2' or '1' end
 end
 local g = t
@@ -196,23 +233,65 @@ if phase then
   redis.call('DEL', KEYS[3], KEYS[4])
   redis.call('HDEL', KEYS[1], 'want', 'model', 'fallbacks', 'acc') -- the last generation's
   redis.call('HSET', KEYS[1], 'phase', 'live', 'state', 'intent_received', 'gen', gs,
-    'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6],
+    'tok', tok, 'fp', fp, 'owner', owner, 'created', now_ms, 'updated', now_ms,
     'attempts', '0', 'status', '0', 'reason', '', 'events', '0', 'bytes', '0',
-    'regen', regenerated, 'reaped', reaped, 'tool', ARGV[9], 'utl', ARGV[10])
+    'regen', regenerated, 'reaped', reaped, 'tool', tool, 'utl', unknown_ttl)
 else
   -- st is new: a field left out reads as its default ('' or 0).
   local f = {'phase', 'live', 'state', 'intent_received', 'gen', gs,
-    'tok', ARGV[2], 'fp', ARGV[1], 'owner', ARGV[3], 'created', ARGV[6], 'updated', ARGV[6]}
-  if ARGV[9] ~= '' then
-    table.insert(f, 'tool'); table.insert(f, ARGV[9])
-    table.insert(f, 'utl'); table.insert(f, ARGV[10])
+    'tok', tok, 'fp', fp, 'owner', owner, 'created', now_ms, 'updated', now_ms}
+  if tool ~= '' then
+    table.insert(f, 'tool'); table.insert(f, tool)
+    table.insert(f, 'utl'); table.insert(f, unknown_ttl)
   end
   redis.call('HSET', KEYS[1], unpack(f))
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], live_ttl)
+redis.call('SET', KEYS[2], tok, 'PX', lease_ms)
 return {'miss', gs, regenerated, reaped, counting and '1' or '0', fresh}
 `)
+
+// claimArgs are claimScript's keys and arguments.
+type claimArgs struct {
+	keys       []string // rkeys.all; on a standalone Redis, Store.finishKeys
+	fp, tok    string   // the request's fingerprint; the claim's token
+	owner      string   // this replica's name (Store.replica)
+	lease      time.Duration
+	liveTTL    time.Duration
+	now        time.Time
+	refuseGone bool     // a committed key whose body is gone answers gone rather than regenerate
+	ask        claimAsk // what the claim does with a key it has no record of
+	tool       string   // a tool call's name (BeginTool); "" for none
+	unknownTTL time.Duration
+	count      *claimCount // on a standalone Redis: the claim counts the key itself
+}
+
+// claimAsk is what a claim does with a key it has no record of.
+type claimAsk uint8
+
+const (
+	askClaim  claimAsk = iota // claim it: it was counted (a Cluster's countKey)
+	askCount                  // count it first: here on a standalone Redis, else the claim answers "new"
+	askRefuse                 // refuse it: the claim answers "new" and writes nothing
+)
+
+// claimCount is what a claim on a standalone Redis counts a key with:
+// the bounds (-1: none), the sets' expiry, the scope's hash, and which
+// of the tenant's set, that of all keys and that of strangers' keys to
+// renew the expiry of (setRenewals.flags).
+type claimCount struct {
+	perTenant, all, strangers int
+	setTTL, member, renew     string
+}
+
+func (a claimArgs) keysArgs() ([]string, []string) {
+	argv := []string{a.fp, a.tok, a.owner, ms(a.lease), ms(a.liveTTL), nowMS(a.now), flag(a.refuseGone),
+		strconv.Itoa(int(a.ask)), a.tool, ms(a.unknownTTL)}
+	if c := a.count; c != nil {
+		argv = append(argv, strconv.Itoa(c.perTenant), strconv.Itoa(c.all), strconv.Itoa(c.strangers), c.setTTL, c.member, c.renew)
+	}
+	return a.keys, argv
+}
 
 // claimAnswer is claimScript's answer.
 type claimAnswer struct {
@@ -334,22 +413,35 @@ func heldFor(out []string, i int) time.Duration {
 // that token (the claim never ran, and now never will, or was reaped
 // since).
 var abandonScript = newScriptRetryable(`
+local tok, st_ttl, journal_ttl, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 local existed = redis.call('EXISTS', KEYS[1]) == 1
-redis.call('HSET', KEYS[1], 'abandoned', ARGV[1])
-if not existed then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if s[3] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'abandoned', tok)
+if not existed then redis.call('PEXPIRE', KEYS[1], st_ttl) end
+if s[3] ~= tok then return 0 end
 if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
   'state', 'failed_retryable', 'reason', '` + cache.ReasonStoreUnavailable + `', 'h', '', 'b', '')
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
-  'reason', '` + cache.ReasonStoreUnavailable + `', 'updated', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  'reason', '` + cache.ReasonStoreUnavailable + `', 'updated', now_ms)
+redis.call('PEXPIRE', KEYS[1], st_ttl)
+redis.call('PEXPIRE', KEYS[3], journal_ttl)
 redis.call('DEL', KEYS[2])
 return 1
 `)
+
+// abandonArgs are abandonScript's keys and arguments.
+type abandonArgs struct {
+	keys  []string // st, lease, j (rkeys.withoutResult)
+	tok   string   // the abandoned claim's token
+	stTTL time.Duration
+	now   time.Time
+}
+
+func (a abandonArgs) keysArgs() ([]string, []string) {
+	return a.keys, []string{a.tok, ms(a.stTTL), ms(journalTTL), nowMS(a.now)}
+}
 
 // journalEndLua defines journalEnd(j, gen): the id the journal ends with
 // for generation gen, <gen>-0 when it holds none of gen's entries (none
@@ -413,21 +505,48 @@ var appendScript = newScript(appendLua)
 var appendsScript = newBatchScript(appendLua)
 
 const appendLua = journalEndLua + `
+local tok, gen, prev, state = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local attempts, status, now_ms, head = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local bytes, model, fallbacks = ARGV[9], ARGV[10], ARGV[11]
+local first = 12 -- then id, event pairs
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
-if s[1] ~= 'live' or s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
-local ends, lastId = journalAppend(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[8], ARGV, 12)
+if s[1] ~= 'live' or s[2] ~= gen or s[3] ~= tok then return {'fenced'} end
+local ends, lastId = journalAppend(KEYS[1], KEYS[2], gen, prev, head, ARGV, first)
 if ends then return {'prev', ends} end
-local f = {'state', ARGV[4], 'attempts', ARGV[5], 'updated', ARGV[7], 'bytes', ARGV[9]}
-if ARGV[6] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[6]) end
-if ARGV[10] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[10]) end
-if ARGV[11] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[11]) end
-if #ARGV >= 12 then
+local f = {'state', state, 'attempts', attempts, 'updated', now_ms, 'bytes', bytes}
+if status ~= '0' then table.insert(f, 'status'); table.insert(f, status) end
+if model ~= '' then table.insert(f, 'model'); table.insert(f, model) end
+if fallbacks ~= '' then table.insert(f, 'fallbacks'); table.insert(f, fallbacks) end
+if #ARGV >= first then
   local seq = string.match(lastId, '-(%d+)$')
   table.insert(f, 'events'); table.insert(f, seq)
 end
 redis.call('HSET', KEYS[1], unpack(f))
 return {'ok'}
 `
+
+// appendArgs are appendScript's keys and arguments (and one item of
+// appendsScript's).
+type appendArgs struct {
+	keys     []string // st, j (rkeys.journal)
+	tok, gen string   // the owner's
+	prev     string   // the id the journal must end with
+	mark     markFields
+	now      time.Time
+	head     string // the head JSON, for the entry of seq 1; "" when the batch does not start the journal
+	bytes    int64  // the journal's encoded bytes once the batch is in
+	// evs are the encoded events to append, the first of them of seq
+	// from+1.
+	from int
+	evs  [][]byte
+}
+
+func (a appendArgs) keysArgs() ([]string, []string) {
+	argv := make([]string, 0, 11+2*len(a.evs))
+	argv = append(argv, a.tok, a.gen, a.prev, string(a.mark.state), strconv.Itoa(a.mark.attempts),
+		strconv.Itoa(a.mark.status), nowMS(a.now), a.head, strconv.FormatInt(a.bytes, 10), a.mark.model, a.mark.fallbacks)
+	return a.keys, appendPairs(argv, a.gen, a.from, a.evs)
+}
 
 // writeAnswer is the answer of appendScript and of finishScript.
 type writeAnswer struct {
@@ -504,7 +623,7 @@ func parseWriteStrings(out []string, err error) (writeAnswer, error) {
 // does not, or the error that ended the item.
 var renewScript = newScript(`
 local F = {` + renewedFieldsLua() + `}
-local lease, live, byte = ARGV[1], ARGV[2], string.byte
+local lease, live, byte = ARGV[1], ARGV[2], string.byte -- lease ms, live ttl ms
 local T = {}
 local function item(st, l, j, tok, gen, a, fl)
   local s = redis.call('HMGET', st, 'phase', 'gen', 'tok', 'want')
@@ -542,6 +661,23 @@ while a <= nargs do
 end
 return out`)
 
+// renewArgs are renewScript's keys and arguments: a run of renewals,
+// each item's keys and arguments as owner.renewal made them.
+type renewArgs struct {
+	lease, liveTTL time.Duration
+	items          []batchItem
+}
+
+func (a renewArgs) keysArgs() ([]string, []string) {
+	var keys []string
+	argv := []string{ms(a.lease), ms(a.liveTTL)}
+	for _, it := range a.items {
+		keys = append(keys, it.keys...)
+		argv = append(argv, it.args...)
+	}
+	return keys, argv
+}
+
 // renewedFieldsLua is renewedFields as a Lua list.
 func renewedFieldsLua() string {
 	q := make([]string, len(renewedFields))
@@ -577,67 +713,124 @@ func renewedFieldsLua() string {
 // (also when a mirrored commit's journal, with the pairs appended, would
 // not end with its events'th: the owner sends the rest, then finishes).
 var finishScript = newScript(nowLua + endLua + journalEndLua + `
+local tok, gen, kind, prev = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local st_ttl, journal_ttl, state, reason = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+-- payload: the result's blob (done) or the head JSON (failed)
+local now_ms, payload, body, events = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local bytes, head, mirrored = ARGV[13], ARGV[14], ARGV[15] == '1'
+local attempts, status, model, fallbacks = ARGV[16], ARGV[17], ARGV[18], ARGV[19]
+local member, ttl, set_ttl, known_ms = ARGV[20], tonumber(ARGV[21]), ARGV[22], ARGV[23]
+local committed, ended_unknown, fresh = ARGV[24] == '1', ARGV[25] == '1', ARGV[26]
+local first = 27 -- then id, event pairs
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
-if s[2] ~= ARGV[2] or s[3] ~= ARGV[1] then return {'fenced'} end
-if s[1] == ARGV[3] then return {'already'} end
+if s[2] ~= gen or s[3] ~= tok then return {'fenced'} end
+if s[1] == kind then return {'already'} end
 if s[1] ~= 'live' then return {'fenced'} end
-local mirrored = ARGV[15] == '1'
-if not mirrored and s[4] and ARGV[3] == 'done' then return {'want'} end
-local first = 27
-if mirrored and ARGV[3] == 'done' then
+if not mirrored and s[4] and kind == 'done' then return {'want'} end
+if mirrored and kind == 'done' then
   -- A mirrored journal ends with the stream's last event before its end
   -- is written: a follower takes what precedes the terminal entry for the
   -- whole answer. With the events carried (none: where the journal ends,
   -- which a failover may have cut), it must end so; short of it the owner
   -- is told where it ends and sends the rest first.
-  local want = ARGV[2] .. '-' .. ARGV[12]
+  local want = gen .. '-' .. events
   local ends = ARGV[#ARGV - 1]
-  if #ARGV < first then ends = journalEnd(KEYS[3], ARGV[2]) end
-  if ends ~= want then return {'prev', (journalEnd(KEYS[3], ARGV[2]))} end
+  if #ARGV < first then ends = journalEnd(KEYS[3], gen) end
+  if ends ~= want then return {'prev', (journalEnd(KEYS[3], gen))} end
 end
 if #ARGV >= first then
-  local ends = journalAppend(KEYS[1], KEYS[3], ARGV[2], ARGV[4], ARGV[14], ARGV, first)
+  local ends = journalAppend(KEYS[1], KEYS[3], gen, prev, head, ARGV, first)
   if ends then return {'prev', ends} end
 end
-local term = ARGV[2] .. '-' .. '` + maxSeq + `'
-local f = {'phase', ARGV[3], 'state', ARGV[7], 'updated', ARGV[9],
-  'events', ARGV[12], 'bytes', ARGV[13]}
+local term = gen .. '-' .. '` + maxSeq + `'
+local f = {'phase', kind, 'state', state, 'updated', now_ms,
+  'events', events, 'bytes', bytes}
 -- The claim left reason '' (or out): an empty one need not be written.
-if ARGV[8] ~= '' then table.insert(f, 'reason'); table.insert(f, ARGV[8]) end
+if reason ~= '' then table.insert(f, 'reason'); table.insert(f, reason) end
 local kept = true -- the journal is kept, for the tails
-if ARGV[3] == 'done' then
+if kind == 'done' then
   -- Unmirrored, the generation wrote no journal, and keeps none.
   if mirrored then
     redis.call('XADD', KEYS[3], term, 't', 'done')
   else
     kept = false
   end
-  redis.call('SET', KEYS[4], ARGV[10], 'PX', ARGV[5])
+  redis.call('SET', KEYS[4], payload, 'PX', st_ttl)
   table.insert(f, 'commits'); table.insert(f, s[5] and tostring(tonumber(s[5]) + 1) or '1')
 else
-  redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', ARGV[7], 'reason', ARGV[8], 'h', ARGV[10], 'b', ARGV[11], 'n', ARGV[12])
+  redis.call('XADD', KEYS[3], term, 't', 'failed', 'state', state, 'reason', reason, 'h', payload, 'b', body, 'n', events)
 end
-if ARGV[16] ~= '' then table.insert(f, 'attempts'); table.insert(f, ARGV[16]) end
-if ARGV[17] ~= '' and ARGV[17] ~= '0' then table.insert(f, 'status'); table.insert(f, ARGV[17]) end
-if ARGV[18] ~= '' then table.insert(f, 'model'); table.insert(f, ARGV[18]) end
-if ARGV[19] ~= '' then table.insert(f, 'fallbacks'); table.insert(f, ARGV[19]) end
+if attempts ~= '' then table.insert(f, 'attempts'); table.insert(f, attempts) end
+if status ~= '' and status ~= '0' then table.insert(f, 'status'); table.insert(f, status) end
+if model ~= '' then table.insert(f, 'model'); table.insert(f, model) end
+if fallbacks ~= '' then table.insert(f, 'fallbacks'); table.insert(f, fallbacks) end
 redis.call('HSET', KEYS[1], unpack(f))
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-if kept then redis.call('PEXPIRE', KEYS[3], ARGV[6]) end
+redis.call('PEXPIRE', KEYS[1], st_ttl)
+if kept then redis.call('PEXPIRE', KEYS[3], journal_ttl) end
 -- The lease is left to expire: nothing reads it once phase is not live.
 if #KEYS >= 9 then
-  local t, ttl = now(), tonumber(ARGV[21])
+  local t = now()
   local exp = tostring(t + ttl)
   -- The sets' expiry was renewed at gen (the claim's clock, or ms after),
   -- or by the claim's replica at most setRenewEvery before: it is past
   -- exp while the generation is short (setSlack), by a minute to spare
   -- for a clock that stepped back.
-  local covered = t + ttl + 60000 + ` + strconv.FormatInt(setRenewEvery.Milliseconds(), 10) + ` <= tonumber(ARGV[2]) + tonumber(ARGV[22])
-  keyEnd(KEYS[5], KEYS[6], ARGV[20], ttl, exp, ARGV[22], ARGV[23], covered)
-  globalEnd(KEYS[7], KEYS[8], KEYS[9], ARGV[20], ttl, exp, ARGV[22], ARGV[24] == '1', ARGV[25] == '1', t, covered, ARGV[26])
+  local covered = t + ttl + 60000 + ` + strconv.FormatInt(setRenewEvery.Milliseconds(), 10) + ` <= tonumber(gen) + tonumber(set_ttl)
+  keyEnd(KEYS[5], KEYS[6], member, ttl, exp, set_ttl, known_ms, covered)
+  globalEnd(KEYS[7], KEYS[8], KEYS[9], member, ttl, exp, set_ttl, committed, ended_unknown, t, covered, fresh)
 end
 return {'ok'}
 `)
+
+// finishArgs are finishScript's keys and arguments.
+type finishArgs struct {
+	keys     []string // Store.finishKeys
+	tok, gen string   // the owner's
+	done     bool     // committed; else failed
+	prev     string   // the id Redis's journal ends with, as the owner knows it
+	keep     time.Duration
+	state    cache.State
+	reason   string
+	now      time.Time
+	result   []byte // done: the result's blob
+	head     string // failed: the head JSON, "" for none
+	body     []byte // failed: the upstream's answer
+	events   int    // the generation's events
+	bytes    int64  // their encoded bytes
+	// firstHead is the head JSON for the journal's entry of seq 1, when
+	// the finish appends it.
+	firstHead string
+	mirrored  bool // the owner mirrors its journal
+	mark      markFields
+	end       countEnd
+	// evs are the encoded events still to append, the first of them of
+	// seq from+1.
+	from int
+	evs  [][]byte
+}
+
+func (a finishArgs) keysArgs() ([]string, []string) {
+	kind, payload := "failed", a.head
+	if a.done {
+		kind, payload = "done", string(a.result)
+	}
+	argv := make([]string, 0, 26+2*len(a.evs))
+	argv = append(argv, a.tok, a.gen, kind, a.prev, ms(a.keep), ms(journalTTL),
+		string(a.state), a.reason, nowMS(a.now), payload, string(a.body), strconv.Itoa(a.events),
+		strconv.FormatInt(a.bytes, 10), a.firstHead, flag(a.mirrored),
+		strconv.Itoa(a.mark.attempts), strconv.Itoa(a.mark.status), a.mark.model, a.mark.fallbacks,
+		a.end.member, ms(a.end.ttl), a.end.setTTL, ms(a.end.knownFor), flag(a.end.committed), flag(a.end.unknown), a.end.fresh)
+	return a.keys, appendPairs(argv, a.gen, a.from, a.evs)
+}
+
+// appendPairs appends to argv the id, event pairs of evs, the first of
+// seq from+1 of generation gen.
+func appendPairs(argv []string, gen string, from int, evs [][]byte) []string {
+	for i, e := range evs {
+		argv = append(argv, gen+"-"+strconv.Itoa(from+i+1), string(e))
+	}
+	return argv
+}
 
 // reapScript is run by a follower as its tail starts and whenever it goes
 // idle: it asks the owner for the journal (sets st.want), reports the
@@ -654,16 +847,30 @@ return {'ok'}
 // (committed: the result holds its events) or {"ended"} (failed or lost,
 // or another generation holds the key).
 var reapScript = newScript(loseLua + `
+local gen, st_ttl, journal_ttl, now_ms, reaper = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'owner', 'utl')
-if s[2] ~= ARGV[1] then return {'ended'} end
+if s[2] ~= gen then return {'ended'} end
 if s[1] == 'done' then return {'done'} end
 if s[1] ~= 'live' then return {'ended'} end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   if redis.call('HSETNX', KEYS[1], 'want', '1') == 1 then return {'asked', s[3] or ''} end
   return {'alive'}
 end
-return {'reaped', lose(KEYS[1], KEYS[3], ARGV[1], ARGV[4], ARGV[5], s[4], ARGV[2])}
+return {'reaped', lose(KEYS[1], KEYS[3], gen, now_ms, reaper, s[4], st_ttl)}
 `)
+
+// reapArgs are reapScript's keys and arguments.
+type reapArgs struct {
+	keys   []string // st, lease, j (rkeys.withoutResult)
+	gen    string   // the generation followed
+	stTTL  time.Duration
+	now    time.Time
+	reaper string // the follower's token
+}
+
+func (a reapArgs) keysArgs() ([]string, []string) {
+	return a.keys, []string{a.gen, ms(a.stTTL), ms(journalTTL), nowMS(a.now), a.reaper}
+}
 
 // loseLua holds lose(st, j, gen, now, reaper, utl, failedTTL), the end of a
 // generation whose owner's lease expired, for reapScript and claimScript:
@@ -732,6 +939,7 @@ func parseReapAnswer(res rueidis.RedisResult) (reapAnswer, string, error) {
 //
 // Returns "live", "none" or "ok".
 var forgetScript = newScript(`
+local fence_ttl = ARGV[1]
 local phase = redis.call('HGET', KEYS[1], 'phase')
 if not phase then return 'none' end
 local tool = redis.call('HGET', KEYS[1], 'tool')
@@ -740,7 +948,15 @@ local fence = redis.call('HGET', KEYS[1], 'abandoned')
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 if fence then
   redis.call('HSET', KEYS[1], 'abandoned', fence)
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], fence_ttl)
 end
 return 'ok'
 `)
+
+// forgetArgs are forgetScript's keys and arguments.
+type forgetArgs struct {
+	keys     []string // rkeys.all
+	fenceTTL time.Duration
+}
+
+func (a forgetArgs) keysArgs() ([]string, []string) { return a.keys, []string{ms(a.fenceTTL)} }

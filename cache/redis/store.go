@@ -440,11 +440,9 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 		return cache.Begun{}, err
 	}
 	k := r.keys(sc)
-	refuse := "0"
-	if r.cfg.MissingBody == cache.Refuse || t != nil { // a committed tool call is never run again (Memory.beginTool)
-		refuse = "1"
-	}
-	ask := "1" // a key with no record is counted against its tenant first
+	// A committed tool call is never run again (Memory.beginTool).
+	refuse := r.cfg.MissingBody == cache.Refuse || t != nil
+	ask := askCount // a key with no record is counted against its tenant first
 	// On a standalone Redis the claim counts the key itself: one round
 	// trip where a Cluster takes three (claimScript).
 	shared := r.sharedKeys()
@@ -472,16 +470,17 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 		// A tenant past its share of the live journals gets no new key;
 		// its hits and joins are answered as usual.
 		if admitErr = r.journals.Admit(sc); admitErr != nil || !moreCounted {
-			ask = "2"
+			ask = askRefuse
 		}
 	}
 	// The token is chosen before the claim is sent, so that a claim sent
 	// again after its reply was lost finds the key live under it and takes
 	// it (claimScript). A claim whose outcome stays unknown is abandoned.
 	tok := newToken()
-	tool, utl := "", "0"
+	var tool string
+	var utl time.Duration
 	if t != nil {
-		tool, utl = t.Name, ms(t.KeepFor(cache.StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL))
+		tool, utl = t.Name, t.KeepFor(cache.StateCommitUnknown, r.cfg.TTL, r.cfg.FailedTTL)
 		if tool == "" {
 			tool = "?" // a tool call must be known as one
 		}
@@ -492,16 +491,17 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 		sent := time.Now() // the lease runs from no earlier than this
 		ctx, cancel := r.opCtx()
 		r.claims.Add(1)
-		args := []string{fp, tok, r.replica, ms(r.cfg.Lease), ms(r.cfg.LiveTTL), nowMS(r.cfg.Now()), refuse, ask, tool, utl}
+		args := claimArgs{keys: keys, fp: fp, tok: tok, owner: r.replica, lease: r.cfg.Lease, liveTTL: r.cfg.LiveTTL,
+			now: r.cfg.Now(), refuseGone: refuse, ask: ask, tool: tool, unknownTTL: utl}
 		var sets []string // the count's sets, in the order of renew's flags
 		renew := ""
 		if shared {
 			sets = []string{keys[4], keys[6], keys[7]} // the tenant's set, all keys', strangers' (finishKeys)
 			renew = r.setRenewals.flags(sent, sets...)
-			args = append(args, strconv.Itoa(r.cfg.MaxKeysPerTenant), strconv.Itoa(r.cfg.MaxKeys),
-				strconv.Itoa(r.cfg.MaxStrangerKeys), r.setTTL(), k.h, renew)
+			args.count = &claimCount{perTenant: r.cfg.MaxKeysPerTenant, all: r.cfg.MaxKeys,
+				strangers: r.cfg.MaxStrangerKeys, setTTL: r.setTTL(), member: k.h, renew: renew}
 		}
-		out, err := scriptStrings(claimScript.Exec(ctx, r.c, keys, args))
+		out, err := scriptStrings(run(ctx, r.c, claimScript, args))
 		cancel()
 		if err != nil {
 			// Redis may come back from an older snapshot or a replica
@@ -540,14 +540,14 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 				moreCounted, countedMore = true, true
 			}
 			if shared {
-				ask = "1" // the claim counts the rest
+				ask = askCount // the claim counts the rest
 				continue
 			}
 			if err := r.countKey(sc, k, false); err != nil {
 				untaken()
 				return cache.Begun{}, err
 			}
-			ask = "0"
+			ask = askClaim
 			continue
 		case claimFull:
 			untaken()
@@ -587,7 +587,7 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 			}
 			r.setRenewals.renewed(sent, done...)
 		}
-		if ask == "1" && !a.counted {
+		if ask == askCount && !a.counted {
 			// A key the ledger held (failed, lost, or without its body)
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
@@ -702,8 +702,8 @@ func (r *Store) abandon(sc cache.Scope, k rkeys, tok string, sent time.Time, err
 		backoff := 10 * time.Millisecond
 		for time.Since(sent) < max(r.cfg.Lease, r.cfg.FailedTTL) {
 			ctx, cancel := r.opCtx()
-			n, err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{
-				tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now()),
+			n, err := run(ctx, r.c, abandonScript, abandonArgs{
+				keys: k.withoutResult, tok: tok, stTTL: r.cfg.FailedTTL, now: r.cfg.Now(),
 			}).AsInt64()
 			cancel()
 			if err == nil {
@@ -1053,7 +1053,7 @@ func (r *Store) Forget(sc cache.Scope) error {
 	k := r.keys(sc)
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	out, err := forgetScript.Exec(ctx, r.c, k.all, []string{ms(max(r.cfg.Lease, r.cfg.FailedTTL))}).ToString()
+	out, err := run(ctx, r.c, forgetScript, forgetArgs{keys: k.all, fenceTTL: max(r.cfg.Lease, r.cfg.FailedTTL)}).ToString()
 	if err != nil {
 		return r.unavailableErr("forget", err)
 	}

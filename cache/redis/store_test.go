@@ -626,7 +626,7 @@ func TestRedisFullKeepsOthersCount(t *testing.T) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	set := r.accountKey("shared")
-	if err := quotaScript.Exec(ctx, r.c, []string{set, set + ":known"}, []string{k.h, "1", ms(r.cfg.LiveTTL), r.setTTL()}).Error(); err != nil {
+	if err := run(ctx, r.c, quotaScript, quotaArgs{set: set, member: k.h, bound: 1, liveTTL: r.cfg.LiveTTL, setTTL: r.setTTL()}).Error(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Begin(sc, "fp"); !errors.Is(err, cache.ErrTenantFull) {
@@ -655,7 +655,7 @@ func TestRedisForgetKeepsFence(t *testing.T) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
 	const tok = "a-lost-claims-token"
-	if err := abandonScript.Exec(ctx, r.c, k.withoutResult, []string{tok, ms(r.cfg.FailedTTL), ms(journalTTL), nowMS(r.cfg.Now())}).Error(); err != nil {
+	if err := run(ctx, r.c, abandonScript, abandonArgs{keys: k.withoutResult, tok: tok, stTTL: r.cfg.FailedTTL, now: r.cfg.Now()}).Error(); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Forget(sc); err != nil {
