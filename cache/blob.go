@@ -37,13 +37,16 @@ var (
 
 var errBlob = errors.New("malformed result blob")
 
-// Codec encodes and decodes blobs; one codec serves the store from
-// any goroutine.
+// Codec encodes a committed Result as a blob, and decodes one; one codec
+// serves a store from any goroutine. It is part of what a store backend
+// uses of this package (Backend): Memory keeps its bodies so too.
 type Codec struct {
 	legacy     *zstd.Decoder // for versions 1 and 2
 	maxDecoded uint64
 }
 
+// NewCodec returns a codec for the results of streams of at most
+// maxBytes (Limits.MaxStreamBytes); Close releases it.
 func NewCodec(maxBytes int) (*Codec, error) {
 	// A blob never holds more than one stream's bound, plus its ends and
 	// head; the limit stops a corrupt or hostile blob from ballooning.
@@ -55,6 +58,7 @@ func NewCodec(maxBytes int) (*Codec, error) {
 	return &Codec{legacy: dec, maxDecoded: maxDecoded}, nil
 }
 
+// Close releases the codec's decoder.
 func (c *Codec) Close() { c.legacy.Close() }
 
 // meta encodes what a blob holds before the events.
@@ -78,6 +82,8 @@ func (c *Codec) meta(r *Result) ([]byte, error) {
 	return p, nil
 }
 
+// Encode returns r as a blob. A result just committed from a journal is
+// taken packed, as it is.
 func (c *Codec) Encode(r *Result) ([]byte, error) {
 	p, err := c.meta(r)
 	if err != nil {
@@ -152,6 +158,8 @@ func appendDecoded(dst, f []byte) ([]byte, error) {
 	return dst[:len(dst)+dl], nil
 }
 
+// Decode returns the result a blob holds, of the key sc, unpacked; an
+// error for a blob that is damaged or past the codec's bound.
 func (c *Codec) Decode(b []byte, sc Scope) (*Result, error) {
 	var p []byte
 	var err error

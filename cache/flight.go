@@ -397,7 +397,7 @@ func (f *Flight) end(state State, reason string) {
 
 // freeLocked gives the journal's blocks back to the pools once nothing can
 // read them any more. The rule: a slice that Read or ReadSpans returned
-// is the Sub's until it reads again or closes (Sub.held), and the wireSince
+// is the Sub's until it reads again or closes (Sub.held), and the WireSince
 // of a store that mirrors the journal keeps its slices for good, so only
 // a Memory flight's journal is pooled. A sealed block goes back once every
 // open Sub has read again past it (journal.unretire); the rest only when

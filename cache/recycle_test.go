@@ -127,7 +127,7 @@ func TestJournalFreedAfterLastReader(t *testing.T) {
 		s.Close()
 	}
 	if got, _, _ := f.WireSince(0, 400); len(got) != 400 || !bytes.Equal(bytes.Join(got, nil), want) {
-		t.Fatal("wireSince of a freed journal: want every event as journaled")
+		t.Fatal("WireSince of a freed journal: want every event as journaled")
 	}
 }
 

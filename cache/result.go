@@ -31,7 +31,9 @@ func (r *Result) dataSize() int {
 	return len(r.Data)
 }
 
-// unpack makes Data of a result committed from a journal.
+// Unpack makes Data of a result committed from a journal, whose events
+// are packed until then: a store calls it before it keeps a result to
+// serve.
 func (r *Result) Unpack() error {
 	if r.packed == nil {
 		return nil
@@ -67,7 +69,7 @@ func (r *Result) After(seq uint64) ([]byte, error) {
 	return r.Data[r.Ends[seq-1]:], nil
 }
 
-// cost is what the result weighs in the body store: its bytes plus a
+// Cost is what the result weighs in a body store: its bytes plus a
 // fixed allowance for the structure itself.
 func (r *Result) Cost() int64 {
 	n := int64(r.dataSize()) + 4*int64(len(r.Ends)) + 256

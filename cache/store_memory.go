@@ -118,7 +118,7 @@ type entry struct {
 
 	id     string      // its key in Memory.keys
 	alias  string      // its key in Memory.aliases, or "" (alias.go)
-	tenant *tenantKeys // its first account's part of the ledger (Scope.account)
+	tenant *tenantKeys // its first account's part of the ledger (Scope.Account)
 	// more are its other accounts' parts (Scope.Accounts), which count it
 	// but do not keep it by expiry: at a bound they make room from the
 	// ledger's expiries.
@@ -279,7 +279,7 @@ func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 	}
 	r, err := m.codec.Decode(b.z, sc)
 	if err != nil {
-		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+		m.cfg.Logger.Error("stored body of a committed key is unreadable", "scope", sc, "err", err.Error())
 		return nil, false
 	}
 	r.Trace = b.trace

@@ -154,7 +154,7 @@ func (fl *follower) lost(utl string) {
 	r, f := fl.r, fl.f
 	r.reaped.Add(1)
 	r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-		"key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen,
+		"scope", f.Scope, "generation", f.Gen,
 		"state", cache.StateCommitUnknown)
 	hold := r.cfg.FailedTTL
 	if h := heldFor([]string{utl}, 0); h > 0 {

@@ -278,7 +278,7 @@ func (o *owner) fence(reason string) {
 	o.state = ownerFenced
 	o.mu.Unlock()
 	o.r.fenced.Add(1)
-	o.r.cfg.Logger.Warn("owned generation fenced", "key", o.f.Scope.Key, "tenant", o.f.Scope.Tenant,
+	o.r.cfg.Logger.Warn("owned generation fenced", "scope", o.f.Scope,
 		"generation", o.f.Gen, "reason", reason, "state", cache.StateCommitUnknown)
 	o.f.Fail(cache.StateCommitUnknown, reason, nil)
 }
@@ -325,7 +325,7 @@ func (o *owner) Commit(f *cache.Flight, res *cache.Result) bool {
 	if out.reason == cache.ReasonGenerationLost {
 		o.r.fenced.Add(1)
 	}
-	o.r.cfg.Logger.Warn("commit refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
+	o.r.cfg.Logger.Warn("commit refused", "scope", f.Scope,
 		"generation", f.Gen, "reason", out.reason, "state", out.state)
 	f.Fail(out.state, out.reason, nil)
 	return false
@@ -699,7 +699,7 @@ func (o *owner) settle(pos *journalPos, a writeAnswer, err error, n int, bytes i
 		}
 		if seq < pos.flushed {
 			o.r.cfg.Logger.Warn("redis journal lost acknowledged events; re-appending",
-				"key", o.f.Scope.Key, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
+				"scope", o.f.Scope, "generation", o.f.Gen, "redis_has", seq, "sent", pos.flushed)
 		}
 		evs, _, _ := o.f.WireSince(0, seq)
 		pos.bytes = 0

@@ -63,7 +63,7 @@ import (
 // the unexpired (UnknownKeys).
 
 // tenantKey names the set of the keys of sc's first account
-// (Scope.account: the tenant, for a scope without Accounts).
+// (Scope.Account: the tenant, for a scope without Accounts).
 func (r *Store) tenantKey(sc cache.Scope) string { return r.accountKey(sc.Account()) }
 
 // accountKey names the set of the keys of an account: the one set of the

@@ -591,25 +591,25 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 			// A key the ledger held (failed, lost, or without its body)
 			// starts again: it counts as live.
 			if err := r.countKey(sc, k, true); err != nil {
-				r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+				r.cfg.Logger.Warn("a key claimed again is not counted for its tenant", "scope", sc, "err", err.Error())
 			}
 		}
 		if len(more(sc)) > 0 && !countedMore {
 			// A key the ledger held starts again: it counts as live in
 			// every account.
 			if _, _, err := r.countMore(sc, k, true); err != nil {
-				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "scope", sc, "err", err.Error())
 			}
 		} else if len(hadMore) > 0 {
 			// Another claim of the key counted it there first, and takes
 			// it out if a bound refuses it: count it again.
 			if _, _, err := r.countMore(cache.Scope{Accounts: append([]string{""}, hadMore...)}, k, true); err != nil {
-				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+				r.cfg.Logger.Warn("a key claimed is not counted for its credentials", "scope", sc, "err", err.Error())
 			}
 		}
 		if a.reaped {
 			r.cfg.Logger.Warn("reaped a generation whose owner's lease expired",
-				"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateCommitUnknown)
+				"scope", sc, "state", cache.StateCommitUnknown)
 			r.reaped.Add(1)
 		}
 		r.recordAccounts(sc, k)
@@ -637,7 +637,7 @@ func (r *Store) recordAccounts(sc cache.Scope, k rkeys) {
 	err := r.c.Do(ctx, r.c.B().Hset().Key(k.st).FieldValue().FieldValue("acc", strings.Join(sc.Accounts, " ")).Build()).Error()
 	if err != nil {
 		r.unavailable.Add(1)
-		r.cfg.Logger.Warn("a claim's accounts are not recorded for its followers", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+		r.cfg.Logger.Warn("a claim's accounts are not recorded for its followers", "scope", sc, "err", err.Error())
 	}
 }
 
@@ -652,7 +652,7 @@ func (r *Store) sharedKeys() bool { return r.c.Mode() != rueidis.ClientModeClust
 // does: logs and counts it, and ends its count with that hold.
 func (r *Store) heldReaped(sc cache.Scope, k rkeys, hold time.Duration) {
 	r.cfg.Logger.Warn("reaped a tool call whose owner's lease expired",
-		"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateCommitUnknown)
+		"scope", sc, "state", cache.StateCommitUnknown)
 	r.reaped.Add(1)
 	r.keyEnded(sc, k, cache.StateCommitUnknown, hold)
 	r.noteUnknown(k, r.cfg.Now().Add(hold))
@@ -696,7 +696,7 @@ func (r *Store) abandon(sc cache.Scope, k rkeys, tok string, sent time.Time, err
 		return false
 	}
 	r.cfg.Logger.Warn("a claim's outcome is unknown; ending the generation it may have made",
-		"key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+		"scope", sc, "err", err.Error())
 	r.wg.Go(func() {
 		defer r.abandoning.Add(-1)
 		backoff := 10 * time.Millisecond
@@ -710,7 +710,7 @@ func (r *Store) abandon(sc cache.Scope, k rkeys, tok string, sent time.Time, err
 				if n == 1 {
 					r.abandoned.Add(1)
 					r.cfg.Logger.Warn("ended the generation of a claim whose reply was lost",
-						"key", sc.Key, "tenant", sc.Tenant, "state", cache.StateFailedRetryable)
+						"scope", sc, "state", cache.StateFailedRetryable)
 					r.keyEnded(sc, k, cache.StateFailedRetryable, r.cfg.FailedTTL)
 				} else if len(added) > 0 {
 					// The claim never ran (its token is fenced) or its
