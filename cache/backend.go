@@ -111,3 +111,8 @@ func (f *Flight) JournalBytes() int {
 func (f *Flight) HoldsUnknown(state State) bool {
 	return f.tool != nil && heldUnknown(state, "?")
 }
+
+var (
+	_ Backend = (*memoryBackend)(nil)
+	_ Backend = detached{}
+)

@@ -35,3 +35,9 @@ func TestMemoryAliasTenants(t *testing.T) {
 	defer m.Close()
 	storetest.AliasTenants(t, m, m)
 }
+
+// Memory is a store of the contracts' (storetest.Store, AliasStore).
+var (
+	_ storetest.Store      = (*cache.Memory)(nil)
+	_ storetest.AliasStore = (*cache.Memory)(nil)
+)

@@ -29,6 +29,12 @@ type follower struct {
 	counted bool
 }
 
+// The backends of this store's flights: an owned one's and a followed one's.
+var (
+	_ cache.Backend = (*owner)(nil)
+	_ cache.Backend = (*follower)(nil)
+)
+
 func (fl *follower) Reserve(f *cache.Flight, n int) error { return fl.r.reserve(f, n) }
 func (fl *follower) Release(f *cache.Flight, n int)       { fl.r.release(f, n) }
 

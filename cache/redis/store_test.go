@@ -906,3 +906,9 @@ func TestRedisAliasTenants(t *testing.T) {
 	rs := replicas(t, 2)
 	storetest.AliasTenants(t, rs[0], rs[1])
 }
+
+// A Redis store is a store of the contracts' (storetest.Store, AliasStore).
+var (
+	_ storetest.Store      = (*Store)(nil)
+	_ storetest.AliasStore = (*Store)(nil)
+)
