@@ -200,3 +200,8 @@ func waitDone(tb testing.TB, f *Flight, within time.Duration) State {
 	state, _, _ := f.Outcome()
 	return state
 }
+
+// chatChunk is a typical ~200-byte OpenAI chat/completions stream chunk.
+const chatChunk = `{"id":"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT","object":"chat.completion.chunk",` +
+	`"created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1",` +
+	`"choices":[{"index":0,"delta":{"content":" hello"},"finish_reason":null}]}`
