@@ -46,7 +46,7 @@ const journalTTL = 60 * time.Second
 // also fails it when it cannot reach Redis for a whole lease, since by then
 // a follower may have reaped it.
 type owner struct {
-	// Set by newOwner, never written again.
+	// Set by newOwner (f by Store.own, before start), never written again.
 	r   *Store
 	f   *cache.Flight
 	k   rkeys
@@ -98,14 +98,14 @@ type owner struct {
 // move is made under owner.mu:
 //
 //	from        to          on                                       by
-//	live        committing  Flight.Commit                            the generation (commit)
+//	live        committing  Flight.Commit                            the generation (Commit)
 //	live        fenced      Redis refused a batch or the lease, or   the flusher or the renewal loop (fence)
 //	                        could not be reached for a lease
-//	committing  fenced      the commit was not taken: refused,       the generation (commit)
+//	committing  fenced      the commit was not taken: refused,       the generation (Commit)
 //	                        Redis unreachable, the store closed
-//	live        failed      Flight.Fail; the failure is recorded     the one failing the flight (fail)
-//	committing  failed      Flight.Fail; the failure is recorded     the one failing the flight (fail)
-//	fenced      failed      Flight.Fail; nothing is recorded         the one failing the flight (fail): the
+//	live        failed      Flight.Fail; the failure is recorded     the one failing the flight (Fail)
+//	committing  failed      Flight.Fail; the failure is recorded     the one failing the flight (Fail)
+//	fenced      failed      Flight.Fail; nothing is recorded         the one failing the flight (Fail): the
 //	                                                                 fencer, or the generation meanwhile
 //
 // Only the first of commit and fence moves out of live: once the owner is
