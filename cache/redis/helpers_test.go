@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/rueidis"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -73,22 +74,15 @@ func waitDone(tb testing.TB, f *cache.Flight, within time.Duration) cache.State 
 	return state
 }
 
-// eventually calls cond every 10 ms until it returns nil, and fails the
+// eventually calls cond until it returns nil (poll.Until), and fails the
 // test with its last error if it has not within d. It is for what a test
 // against a real Redis waits for (a server back, a lease renewed, an
 // expiry in Redis), which no synctest bubble can stand in for.
 func eventually(tb testing.TB, d time.Duration, cond func() error) {
 	tb.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var err error
+	if !poll.Until(d, func() bool { err = cond(); return err == nil }) {
+		tb.Fatal(err)
 	}
 }
 
