@@ -71,6 +71,39 @@ type Flight struct {
 	followed bool
 
 	tool *Tool // set by BeginTool before the flight is handed out
+
+	stopper Stopper // what Stop calls: the generation's (SetStopper); guarded by mu
+}
+
+// Stopper is what ends a flight's generation before its end when its
+// tenant stops it: the goroutine that reads the upstream for it. Stop
+// must not block, and must end the flight soon after (Fail with
+// StateCancelled).
+type Stopper interface {
+	Stop()
+}
+
+// SetStopper names what Stop calls: set by whoever owns the generation
+// this process runs, before any client can ask for the stop.
+func (f *Flight) SetStopper(s Stopper) {
+	f.mu.Lock()
+	f.stopper = s
+	f.mu.Unlock()
+}
+
+// Stop asks the generation of a live flight that this process runs to
+// end, cancelled. It reports false when the flight has no Stopper here (a
+// copy of another replica's generation: its store tells the owner) or
+// has ended.
+func (f *Flight) Stop() bool {
+	f.mu.Lock()
+	s, ended := f.stopper, f.ended
+	f.mu.Unlock()
+	if s == nil || ended {
+		return false
+	}
+	s.Stop()
+	return true
 }
 
 // SetModel records the model of the attempts to come, and the models

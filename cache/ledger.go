@@ -67,6 +67,11 @@ const (
 	StateFailedRetryable  State = "failed_retryable"
 	StateFailedTerminal   State = "failed_terminal"
 	StateCommitUnknown    State = "commit_unknown"
+	// StateCancelled: the tenant stopped the generation while it ran
+	// (Flight.Stop). Nothing is stored, and the key is held: a repeat is
+	// Cancelled, not a new generation, until the key is forgotten or its
+	// record expires.
+	StateCancelled State = "cancelled"
 )
 
 // Live reports whether a generation may still produce events in this state.
@@ -114,9 +119,12 @@ const (
 	// Unknown: the key is a tool call whose outcome is unknown
 	// (BeginTool): it must not run again.
 	Unknown
+	// Cancelled: the key's generation was stopped by its tenant
+	// (StateCancelled): a repeat does not start another.
+	Cancelled
 )
 
-var decisionNames = [...]string{"miss", "join", "hit", "conflict", "gone", "unknown"}
+var decisionNames = [...]string{"miss", "join", "hit", "conflict", "gone", "unknown", "cancelled"}
 
 func (d Decision) String() string { return decisionNames[d] }
 

@@ -371,6 +371,8 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 				return Begun{Decision: Conflict}, 0, nil
 			}
 			return Begun{Decision: Unknown}, 0, nil
+		case e.state == StateCancelled:
+			return heldCancelled(e.fp, fp), 0, nil
 		case e.state.Live():
 			if e.fp != fp {
 				return Begun{Decision: Conflict}, 0, nil
@@ -428,6 +430,8 @@ func (m *Memory) peekLocked(id string, sc Scope, fp string, gone uint64, now tim
 			return Begun{Decision: Conflict}, 0, true, nil
 		}
 		return Begun{Decision: Unknown}, 0, true, nil
+	case e != nil && e.state == StateCancelled && !now.After(e.expires):
+		return heldCancelled(e.fp, fp), 0, true, nil
 	case e == nil:
 		t := m.tenants[sc.Account()]
 		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) && (t.n == t.own || !expiredTop(&m.exp, now)) {

@@ -50,3 +50,13 @@ func (t *Tool) KeepFor(state State, ttl, failedTTL time.Duration) time.Duration 
 func heldUnknown(state State, tool string) bool {
 	return state == StateCommitUnknown && tool != ""
 }
+
+// heldCancelled is Begin's decision on a key held cancelled (with the
+// fingerprint held) for a request with fp: Cancelled for the same
+// request, Conflict for another.
+func heldCancelled(held, fp string) Begun {
+	if held != fp {
+		return Begun{Decision: Conflict}
+	}
+	return Begun{Decision: Cancelled}
+}

@@ -73,6 +73,7 @@ const (
 	causeMethodNotAllowed
 	causeStreamNotFound
 	causeKeyNotFound
+	causeStreamEnded
 	causeAdminNotFound
 	causeInFlight
 	causeGone
@@ -98,6 +99,7 @@ const (
 	causeClientGone
 	causeGenerationLost
 	causeFenced
+	causeCancelled // the tenant stopped the generation (stop.go)
 
 	// The upstream, before its answer's head.
 	causeUpstreamUnavailable
@@ -179,9 +181,10 @@ var causes = [numCauses]causeRow{
 	causeInvalidStartingAfter: {name: "invalid_starting_after", refusal: decisionInvalid, status: s400, typ: tInvalid, msg: "starting_after cannot be resumed"},
 	causeCredentialRequired:   {name: "credential_required", refusal: decisionDenied, status: s401, typ: "credential_required", msg: "keyed requests, resumes and key lookups must carry a credential (Authorization, x-api-key, api-key, x-goog-api-key or the key query parameter): -anonymous-keys is deny"},
 	causeInvalidResumeToken:   {name: "invalid_resume_token", refusal: decisionInvalid, status: s403, typ: "invalid_resume_token", msg: "the resume token is not valid for this stream, or has expired"},
-	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: decisionInvalid, status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET and HEAD only, and never goes upstream"},
+	causeMethodNotAllowed:     {name: "method_not_allowed", refusal: decisionInvalid, status: fasthttp.StatusMethodNotAllowed, typ: tInvalid, msg: "/streams/{key} answers GET, HEAD and DELETE only, and never goes upstream"},
 	causeStreamNotFound:       {name: "stream_not_found", status: s404, typ: "stream_not_found", msg: "no stream is known under this key for this credential"},
 	causeKeyNotFound:          {name: "key_not_found", status: s404, typ: "key_not_found", msg: "no key is known under this name for this credential"},
+	causeStreamEnded:          {name: "stream_ended", status: s409, typ: "stream_ended", msg: "the key's generation is not running: there is nothing to stop"},
 	causeAdminNotFound:        {name: "not_found", status: s404, typ: "not_found", msg: "the admin listener serves /metrics, /healthz and /readyz"},
 	causeInFlight:             {name: "idempotency_in_flight", status: s409, typ: "idempotency_in_flight", retry: 1, msg: "a request with this Idempotency-Key is still in flight; retry later"},
 	causeGone:                 {name: "stream_gone", status: s410, typ: "stream_gone", msg: "the stream asked for is no longer held; start over without Last-Event-ID"},
@@ -204,6 +207,7 @@ var causes = [numCauses]causeRow{
 	causeShutdown:       {name: cache.ReasonShutdown, state: retryable, status: s503, typ: "shutting_down", retry: 1, msg: "the proxy is shutting down", abort: "the proxy is shutting down"},
 	causeClientGone:     {name: "client_gone", state: retryable, status: s502, typ: tUpstream, msg: "the client went away", abort: "the client went away"},
 	causeGenerationLost: {name: cache.ReasonGenerationLost, state: unknown, status: s502, typ: tUpstream, msg: "the replica that ran this generation stopped; retry the request", abort: "the replica that ran this generation stopped; retry the request"},
+	causeCancelled:      {name: "cancelled", state: cache.StateCancelled, status: s409, typ: "stream_cancelled", msg: "the key's generation was stopped by its tenant, and the key is held so that a repeat does not pay for another; DELETE /keys/{key} frees it", abort: "the generation was stopped by its tenant"},
 	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
 
 	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures", fallback: true},

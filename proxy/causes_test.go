@@ -25,9 +25,9 @@ func TestCauseTable(t *testing.T) {
 		"idempotency_in_flight": true, "stream_gone": true, "idempotency_conflict": true,
 		"request_too_large": true, "invalid_request": true, "capacity_exceeded": true,
 		"store_unavailable": true, "shutting_down": true, "upstream_unavailable": true,
-		"upstream_error": true, "upstream_timeout": true,
+		"upstream_error": true, "upstream_timeout": true, "stream_cancelled": true, "stream_ended": true,
 	}
-	states := map[cache.State]bool{"": true, cache.StateFailedRetryable: true, cache.StateFailedTerminal: true, cache.StateCommitUnknown: true}
+	states := map[cache.State]bool{"": true, cache.StateFailedRetryable: true, cache.StateFailedTerminal: true, cache.StateCommitUnknown: true, cache.StateCancelled: true}
 	seen := map[string]cause{}
 	for c := causeNone + 1; c < numCauses; c++ {
 		r := causes[c]

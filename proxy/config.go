@@ -106,6 +106,9 @@ type Config struct {
 	// (writePiece, 64 KiB) of its answer for this long (default 30s); the
 	// client can resume. A big answer read steadily is never "slow".
 	SlowClientTimeout time.Duration
+	// StopTimeout bounds how long a stop (stop.go) waits for the
+	// generation to end before it answers 202 (default 5s).
+	StopTimeout time.Duration
 	// MaxStreams bounds concurrent upstream calls (default 10000); more get 503.
 	MaxStreams int
 	// ReadTimeout bounds reading one request (default 60s).
@@ -259,6 +262,7 @@ func (c *Config) setDefaults() error {
 	def(&c.UpstreamIdleTimeout, 2*time.Minute)
 	def(&c.UpstreamConnectTimeout, 10*time.Second)
 	def(&c.SlowClientTimeout, 30*time.Second)
+	def(&c.StopTimeout, 5*time.Second)
 	def(&c.ReadTimeout, 60*time.Second)
 	def(&c.IdleTimeout, 90*time.Second)
 	defInt(&c.MaxBodyBytes, 32<<20)

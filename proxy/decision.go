@@ -34,6 +34,7 @@ const (
 	decisionRelay
 	decisionUnprotected
 	decisionUnknown
+	decisionCancelled
 
 	numDecisions
 )
@@ -62,6 +63,7 @@ var decisions = [numDecisions]decisionRow{
 	decisionRelay:       {label: "relay", note: "no key"},
 	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
 	decisionUnknown:     {label: "unknown", note: "a tool call whose outcome is unknown, not run again", suppressed: true},
+	decisionCancelled:   {label: "cancelled", note: "a key its tenant stopped, not run again", suppressed: true},
 }
 
 func (d decision) String() string { return decisions[d].label }
@@ -143,7 +145,7 @@ type onBegun struct {
 // answerBegun answers a keyed call as the store's decision b says, for
 // every kind of call: 422 for another request under the key, 410 for a
 // result no longer held, 409 for a call in flight under -inflight
-// conflict; on's answers otherwise.
+// conflict or a key its tenant stopped; on's answers otherwise.
 func (p *Proxy) answerBegun(ctx *fasthttp.RequestCtx, b cache.Begun, on onBegun) {
 	switch b.Decision {
 	case cache.Conflict:
@@ -160,6 +162,9 @@ func (p *Proxy) answerBegun(ctx *fasthttp.RequestCtx, b cache.Begun, on onBegun)
 			return
 		}
 		on.unknown()
+	case cache.Cancelled:
+		p.logBegun(ctx, &on, decisionCancelled)
+		p.writeError(ctx, causeCancelled.err(""))
 	case cache.Hit:
 		p.logBegun(ctx, &on, decisionHit, "generation", b.Result.Gen, "events", b.Result.Events())
 		on.hit(b.Result)

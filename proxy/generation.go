@@ -63,6 +63,7 @@ type gen struct {
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request, k *kind) *gen {
 	g := &gen{p: p, f: f, req: req, kind: k, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f, sub: f.SubscribeOrigin()}
+	f.SetStopper(g)
 	p.gens.Add(1)
 	p.liveMu.Lock()
 	p.live[g] = struct{}{}
@@ -88,6 +89,10 @@ func (g *gen) cancel(c cause) {
 		upstream.Interrupt(g.resp)
 	}
 }
+
+// Stop is cancel for a stop of its tenant (cache.Stopper): the flight
+// ends cancelled.
+func (g *gen) Stop() { g.cancel(causeCancelled) }
 
 func (g *gen) cutShort() cause {
 	g.mu.Lock()
@@ -371,8 +376,12 @@ func (g *gen) fail(c cause, status int, body []byte) {
 // Abort), unless it is the upstream's own error answer. Once an attempt
 // may have left the request running upstream (mayRun: an ambiguous one,
 // repeated under -retry-ambiguous) it is commit_unknown, whatever came
-// after: that attempt's outcome is still unknown.
+// after: that attempt's outcome is still unknown. A stop by the tenant
+// leaves cancelled, whatever came before.
 func (g *gen) failState(c cause) cache.State {
+	if c == causeCancelled {
+		return cache.StateCancelled // whatever came before: the tenant's word
+	}
 	if s, ok := g.kind.failed(c); ok {
 		return s
 	}

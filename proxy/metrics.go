@@ -40,6 +40,7 @@ type metrics struct {
 	originHandoffs prometheus.Counter
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
+	stops          *prometheus.CounterVec
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
 	tokensLost     [numLosses][2]prometheus.Counter // by loss, then input and output
@@ -120,6 +121,10 @@ func newMetrics(p *Proxy) *metrics {
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): each is waited out and the accept tried again.")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
+	m.stops = cv("stops_total", "Stops of live generations by their tenant (DELETE /streams/{key}, POST /v1/responses/{id}/cancel), by result: stopped (it ended cancelled), unconfirmed (not seen to end within -stop-timeout), ended (it had ended otherwise), not_found.", "result")
+	for _, r := range stopResults {
+		m.stops.WithLabelValues(r)
+	}
 	lost := cv("tokens_lost_total", "Upstream-reported tokens of generations no client got whole, by kind (input, output) and loss: aborted (the stream reached clients and did not end whole), retried (an attempt failed before any output and was made again), fallback (the model's last attempt, given up for the next model), failed (the last attempt failed before any output).", "kind", "loss")
 	for l := range numLosses {
 		m.tokensLost[l] = [2]prometheus.Counter{lost.WithLabelValues("input", l.String()), lost.WithLabelValues("output", l.String())}
@@ -253,7 +258,7 @@ var (
 	descBytesMax = prometheus.NewDesc("ssegate_store_bytes_limit", "The bound on ssegate_store_bytes (-max-store-bytes).", nil, nil)
 	descKeysMax  = prometheus.NewDesc("ssegate_keys_limit", "The bound on the ledger's keys, all states together (-max-keys).", nil, nil)
 	descUnknown  = prometheus.NewDesc("ssegate_commit_unknown_keys", "Keys in state commit_unknown now: in memory, exactly; in Redis, the keys its scripts left so until their records expire (the same on every replica).", nil, nil)
-	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown}
+	allStates    = []cache.State{cache.StateIntentReceived, cache.StateExecutionStarted, cache.StateCommitted, cache.StateFailedRetryable, cache.StateFailedTerminal, cache.StateCommitUnknown, cache.StateCancelled}
 	storeDescset = []*prometheus.Desc{descEntries, descBytes, descLive, descEvicted, descRefused, descCommits, descKeys, descRegen, descLiveMax, descBytesMax, descKeysMax, descUnknown}
 )
 

@@ -330,6 +330,12 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 		p.serveStreams(ctx)
 		return
 	}
+	if ctx.IsPost() {
+		if id := responseCancelID(path); id != "" {
+			p.serveResponseCancel(ctx, id)
+			return
+		}
+	}
 	if ctx.IsGet() {
 		if underPath(ctx, "/keys") {
 			p.serveKeyInfo(ctx)

@@ -39,16 +39,19 @@ func (p *Proxy) serveAttached(ctx *fasthttp.RequestCtx, f *cache.Flight, r *cach
 }
 
 // streamsAllow is what /streams/{key} answers: nothing under it is relayed.
-const streamsAllow = "GET, HEAD"
+const streamsAllow = "GET, HEAD, DELETE"
 
 // serveStreams serves every request under /streams/, in any spelling
-// (underPath): GET and HEAD of a key's stream, 405 for anything else.
+// (underPath): GET and HEAD of a key's stream, DELETE to stop it
+// (stop.go), 405 for anything else.
 // None of them goes upstream, whatever its method: its URL may carry a
 // resume token.
 func (p *Proxy) serveStreams(ctx *fasthttp.RequestCtx) {
 	switch {
 	case ctx.IsGet(), ctx.IsHead():
 		p.serveStreamGet(ctx)
+	case ctx.IsDelete():
+		p.serveStreamStop(ctx)
 	default:
 		p.refuse(ctx, causeMethodNotAllowed, "")
 		ctx.Response.Header.Set("Allow", streamsAllow)

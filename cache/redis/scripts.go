@@ -136,7 +136,8 @@ const maxSeq = "18446744073709551615"
 // the ms it holds its key when this claim reaped its dead owner's
 // generation to it, or the ms left when it did so in a run whose reply
 // was lost ('reaper' is its token), "" otherwise), {"conflict", held}
-// likewise,
+// likewise, {"cancelled", gen} (a generation stopped by its tenant: the
+// key is held cancelled),
 // {"new"} (with ask: nothing was written), {"full", 0|-1|-2} (counted
 // here: the tenant, all keys, or strangers' keys hold their bound;
 // nothing was written), or {"miss", gen, regenerated (0|1), reaped (0|1),
@@ -184,6 +185,12 @@ end
 if held and (phase == 'failed' or phase == 'lost') and s[7] == 'commit_unknown' then
   if held_fp ~= fp or tool == '' then return {'conflict', heldReaped} end
   return {'unknown', gen, heldReaped}
+end
+if phase == 'failed' and s[7] == 'cancelled' then
+  -- Stopped by its tenant: held, not run again, until st expires or is
+  -- forgotten.
+  if held_fp ~= fp then return {'conflict'} end
+  return {'cancelled', gen}
 end
 local counting = #KEYS >= 9 and (count_first or refuse_new)
 if phase == 'live' and s[4] == tok then
@@ -325,11 +332,13 @@ const (
 	claimUnknown                      // a tool call whose outcome is unknown
 	claimFull                         // no record, and a bound refused the key: nothing was written
 	claimStale                        // a late copy of a claim given up on or ended: nothing was written
+	claimStopped                      // a generation its tenant stopped (cancelled): the key is held
 )
 
 // claimWords are claimScript's words for its verdicts.
 var claimWords = [...]string{claimConflict: "conflict", claimReplay: "replay", claimJoin: "join",
-	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown", claimFull: "full", claimStale: "stale"}
+	claimGone: "gone", claimNew: "new", claimMiss: "miss", claimUnknown: "unknown", claimFull: "full", claimStale: "stale",
+	claimStopped: "cancelled"}
 
 // parseClaimAnswer reads claimScript's answer out.
 func parseClaimAnswer(out []string) (claimAnswer, error) {

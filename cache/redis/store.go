@@ -560,6 +560,8 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 			return cache.Begun{Decision: cache.Conflict}, nil
 		case claimUnknown:
 			return cache.Begun{Decision: cache.Unknown}, nil
+		case claimStopped:
+			return cache.Begun{Decision: cache.Cancelled}, nil
 		case claimGone:
 			return cache.Begun{Decision: cache.Gone}, nil
 		case claimReplay:
@@ -951,10 +953,15 @@ func (r *Store) blockCtx(d time.Duration) (context.Context, context.CancelFunc) 
 // replica still owns it.
 func (r *Store) asked(v string) {
 	h, gen, _ := strings.Cut(v, " ")
+	gen, word, _ := strings.Cut(gen, " ")
 	r.mu.Lock()
 	f := r.flights[h]
 	r.mu.Unlock()
 	if f == nil || strconv.FormatUint(f.Gen, 10) != gen {
+		return
+	}
+	if word == stopWord {
+		r.stopped(f)
 		return
 	}
 	if o, ok := f.Backend().(*owner); ok {

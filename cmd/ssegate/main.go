@@ -93,6 +93,7 @@ type options struct {
 	headTimeout   time.Duration
 	preambleHold  time.Duration
 	slowClient    time.Duration
+	stopTimeout   time.Duration
 	shutdown      time.Duration
 	missingBody   string
 	mockTokens    int
@@ -160,6 +161,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.DurationVar(&o.headTimeout, "head-timeout", 30*time.Second, "longest wait for the response head of a request that asks for a stream (\"stream\": true), from sending it; 504 upstream_timeout after")
 	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 2*time.Minute, "longest upstream silence once its answer began, not the wait for the head (504 before the first event, the stream aborted after it). Anthropic's pings and the Responses API's progress events keep long generations busy; 2m outlasts a reasoning model's pause between a chat completion's role chunk and its content, at twice the 60 s after which common load balancers cut a silent connection")
 	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client that takes no 64 KiB piece of its answer for this long is dropped (it can resume); a big answer read steadily is never slow")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", 5*time.Second, "how long a stop (DELETE /streams/{key}, POST /v1/responses/{id}/cancel) waits for the generation to end before it answers 202")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long open streams may run before they are aborted")
 	r := &o.retry
 	fs.IntVar(&r.Attempts, "retry-attempts", 3, "upstream calls per request at most, the first included (1 disables retries)")
@@ -395,7 +397,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		Upstreams: upstreams, Retry: o.retry, ResumeTokenTTL: o.ttl, Store: store, Inflight: proxy.Inflight(o.inflight),
 		Heartbeat: o.heartbeat, MaxBodyBytes: o.maxBody, MaxEventBytes: o.maxEvent,
 		MaxStreamBytes: o.maxStream, MaxStreamDuration: o.maxDuration,
-		PreambleHold: o.preambleHold, HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient,
+		PreambleHold: o.preambleHold, HeadTimeout: o.headTimeout, UpstreamIdleTimeout: o.idleTimeout, SlowClientTimeout: o.slowClient, StopTimeout: o.stopTimeout,
 		MaxStreams: o.maxStreams, UpstreamMaxConns: o.maxConns, Logger: log,
 		KeyHeaders: o.keyHeaders, AdminSeparate: o.adminListen != "", RetryAmbiguous: o.retryAmbig,
 		AmbiguousStatus: o.ambigStatuses,

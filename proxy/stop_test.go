@@ -1,0 +1,304 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/redistest"
+	"github.com/tidwall/gjson"
+)
+
+// A long Responses stream: long enough that only a stop ends it while a
+// test looks.
+const stopBody = `{"model":"gpt-4o-mini","stream":true,"input":"Tell me a long story"}`
+
+// liveClient is a client of a keyed stream, read in the background: done
+// is closed with res, the whole answer, once the stream ended.
+type liveClient struct {
+	res  result
+	done chan struct{}
+}
+
+// startClient sends r and reads its answer in the background, once its
+// first event came (so that the generation is known to run, and, for a
+// Responses stream, its id to name it).
+func startClient(t *testing.T, e *env, r req) (*liveClient, string) {
+	t.Helper()
+	resp := e.do(r)
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		t.Fatalf("%s %s: got %d; want 200", r.method, r.path, resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	var head strings.Builder
+	for seen := false; !seen; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			resp.Body.Close()
+			t.Fatalf("before the first delta: %v (%q)", err, head.String())
+		}
+		head.WriteString(line)
+		if strings.Contains(line, `"response.output_text.delta"`) || strings.Contains(line, `"delta"`) {
+			seen = true
+		}
+	}
+	id := gjson.Get(dataOf(head.String(), "response.created"), "response.id").Str
+	c := &liveClient{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		defer resp.Body.Close()
+		rest, err := io.ReadAll(br)
+		c.res = parseResult(resp, append([]byte(head.String()), rest...), err)
+	}()
+	return c, id
+}
+
+// dataOf is the data of the event of type typ in raw, or "".
+func dataOf(raw, typ string) string {
+	for _, block := range strings.Split(raw, "\n\n") {
+		if strings.Contains(block, "event: "+typ+"\n") {
+			for _, line := range strings.Split(block, "\n") {
+				if d, ok := strings.CutPrefix(line, "data: "); ok {
+					return d
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// wantCancelled checks that c's stream ended with stream_aborted, code
+// cancelled, within 5 s.
+func wantCancelled(t *testing.T, who string, c *liveClient) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: the stream did not end within 5s of the stop", who)
+	}
+	n := len(c.res.events)
+	if !c.res.aborted || gjson.Get(c.res.events[n-1].Data, "error.code").Str != "cancelled" {
+		last := ""
+		if n > 0 {
+			last = c.res.events[n-1].Data
+		}
+		t.Fatalf("%s: got %d events ending %q (aborted %v); want stream_aborted with code cancelled", who, n, last, c.res.aborted)
+	}
+	for _, ev := range c.res.events {
+		if ev.Type == "response.completed" {
+			t.Fatalf("%s: got response.completed; want the stream cut", who)
+		}
+	}
+}
+
+// wantUpstreamStops checks that the upstream stops writing the stream
+// within a second of the stop.
+func wantUpstreamStops(t *testing.T, e *env, stopped time.Time) {
+	t.Helper()
+	if !within(time.Second-time.Since(stopped), func() bool { return e.mock.Active() == 0 }) {
+		t.Fatalf("the upstream still writes %d streams a second after the stop", e.mock.Active())
+	}
+	t.Logf("upstream stream ended %v after the stop was sent", time.Since(stopped).Round(time.Millisecond))
+}
+
+// cancelAs is openai-go's client.Responses.Cancel(ctx, id) through e
+// with credential key.
+func cancelAs(e *env, key string, ctx context.Context, id string) (*responses.Response, error) {
+	c := responsesClient(e, key)
+	return c.Responses.Cancel(ctx, id)
+}
+
+// keyState reads GET /keys/{key} on e.
+func keyState(t *testing.T, e *env, key, auth string) string {
+	t.Helper()
+	r := e.fetch(req{method: http.MethodGet, path: "/keys/" + key, auth: auth})
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /keys/%s: got %d %s", key, r.status, r.raw)
+	}
+	return gjson.GetBytes(r.raw, "state").Str
+}
+
+// TestStopResponsesCancel: openai-go's Responses.Cancel of a keyed
+// Responses stream's id, in memory. Another tenant's cancel of the id is
+// 404 and leaves the stream running; the tenant's own ends the upstream
+// call within a second, the client that made the stream and one that
+// joined it get stream_aborted with code cancelled, nothing is stored,
+// and GET /keys/{key} says cancelled. A repeat of the key is refused
+// (409 stream_cancelled) with no second upstream call; a second cancel
+// answers cancelled again; an id no keyed stream has is 404.
+func TestStopResponsesCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
+	key := newKey("stop-responses")
+	origin, id := startClient(t, e, req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody})
+	if !strings.HasPrefix(id, "resp_") {
+		t.Fatalf("response id: got %q", id)
+	}
+	joiner, _ := startClient(t, e, req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	_, err := cancelAs(e, "sk-two", ctx, id)
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Fatalf("another tenant's cancel: got %v; want 404", err)
+	}
+	if st := keyState(t, e, key, "Bearer sk-one"); st != string(cache.StateExecutionStarted) || e.mock.Active() != 1 {
+		t.Fatalf("after another tenant's cancel: state %s, %d upstream streams; want execution_started, 1", st, e.mock.Active())
+	}
+
+	stopped := time.Now()
+	r, err := cancelAs(e, "sk-one", ctx, id)
+	if err != nil || r.ID != id || r.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("cancel: got %v, %+v; want the response, cancelled", err, r)
+	}
+	wantUpstreamStops(t, e, stopped)
+	wantCancelled(t, "the stream's own client", origin)
+	wantCancelled(t, "a client that joined", joiner)
+	if st := keyState(t, e, key, "Bearer sk-one"); st != string(cache.StateCancelled) {
+		t.Fatalf("GET /keys/{key}: state %s; want cancelled", st)
+	}
+
+	again := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody})
+	if again.status != http.StatusConflict || again.errType != "stream_cancelled" {
+		t.Fatalf("repeat of the key: got %d %q; want 409 stream_cancelled", again.status, again.errType)
+	}
+	if r, err := cancelAs(e, "sk-one", ctx, id); err != nil || r.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("second cancel: got %v, %+v; want cancelled again", err, r)
+	}
+	_, err = cancelAs(e, "sk-one", ctx, "resp_unknown")
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type != "stream_not_found" {
+		t.Fatalf("cancel of an unknown id: got %v; want 404 stream_not_found", err)
+	}
+	e.wantCalls(1)
+	if r := e.fetch(req{method: http.MethodGet, path: "/streams/" + key, auth: "Bearer sk-one"}); r.status == http.StatusOK && !r.aborted {
+		t.Fatalf("GET /streams/{key} after the stop: got a stream %d; want no stored answer", r.status)
+	}
+	scrape := e.fetch(req{method: http.MethodGet, path: "/metrics"})
+	if v := metricValue(t, string(scrape.raw), `ssegate_stops_total{result="stopped"}`); v != 2 {
+		t.Errorf("ssegate_stops_total{result=stopped}: got %v; want 2", v)
+	}
+	if v := metricValue(t, string(scrape.raw), `ssegate_stops_total{result="not_found"}`); v != 2 {
+		t.Errorf("ssegate_stops_total{result=not_found}: got %v; want 2", v)
+	}
+}
+
+// TestStopStreamDelete: DELETE /streams/{key}, as curl sends it, of a
+// keyed chat stream, in memory: another tenant's is 404 stream_not_found
+// and the stream runs on; the tenant's answers 200 with the key's info,
+// cancelled, the upstream call ends within a second and the client gets
+// stream_aborted code cancelled. An unknown key is 404; a key whose
+// stream ended committed is 409 stream_ended, its answer kept.
+func TestStopStreamDelete(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
+	key := newKey("stop-delete")
+	client, _ := startClient(t, e, req{key: key, auth: "Bearer sk-one"})
+
+	other := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-two"})
+	if other.status != http.StatusNotFound || other.errType != "stream_not_found" {
+		t.Fatalf("another tenant's DELETE: got %d %q; want 404 stream_not_found", other.status, other.errType)
+	}
+	if e.mock.Active() != 1 {
+		t.Fatalf("after another tenant's DELETE: %d upstream streams; want 1", e.mock.Active())
+	}
+	stopped := time.Now()
+	r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-one"})
+	if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" || gjson.GetBytes(r.raw, "key").Str != key {
+		t.Fatalf("DELETE: got %d %s; want 200 with the key's info, cancelled", r.status, r.raw)
+	}
+	wantUpstreamStops(t, e, stopped)
+	wantCancelled(t, "the client", client)
+	e.waitState(key, "Bearer sk-one", cache.StateCancelled)
+
+	if r := e.fetch(req{method: http.MethodDelete, path: "/streams/no-such-key", auth: "Bearer sk-one"}); r.status != http.StatusNotFound || r.errType != "stream_not_found" {
+		t.Fatalf("DELETE of an unknown key: got %d %q; want 404 stream_not_found", r.status, r.errType)
+	}
+	short := newKey("stop-ended")
+	if r := e.fetch(req{key: short, auth: "Bearer sk-one", header: map[string]string{"X-Mock-Tokens": "2"}}); !clean(r) {
+		t.Fatalf("short stream: got %d; want it whole", r.status)
+	}
+	e.waitState(short, "Bearer sk-one", cache.StateCommitted)
+	if r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + short, auth: "Bearer sk-one"}); r.status != http.StatusConflict || r.errType != "stream_ended" {
+		t.Fatalf("DELETE of an ended stream: got %d %q %s; want 409 stream_ended", r.status, r.errType, r.raw)
+	}
+	e.waitState(short, "Bearer sk-one", cache.StateCommitted)
+	e.wantCalls(2)
+	// DELETE /keys/{key} frees a cancelled key: a repeat then runs.
+	if r := e.fetch(req{method: http.MethodDelete, path: "/keys/" + key, auth: "Bearer sk-one"}); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE /keys/{key} of the cancelled key: got %d; want 204", r.status)
+	}
+	if r := e.fetch(req{key: key, auth: "Bearer sk-one", header: map[string]string{"X-Mock-Tokens": "2"}}); r.status != http.StatusOK {
+		t.Fatalf("repeat after DELETE /keys/{key}: got %d; want a new generation", r.status)
+	}
+	e.wantCalls(3)
+}
+
+// TestStopRedisReplicas: two replicas on Redis. A keyed Responses stream
+// runs on one (its owner), a client follows it on the other; the stop
+// comes to the replica that does not own the flight, from openai-go's
+// Responses.Cancel: the owner is told through Redis, its upstream call
+// ends within a second, the owner's client and the other replica's
+// follower both get stream_aborted code cancelled, the key is cancelled
+// in Redis, and a repeat of the key on either replica is refused with no
+// second upstream call. Another tenant's DELETE /streams/{key} on the
+// other replica is 404 and leaves the stream running; a second stream is
+// stopped by DELETE /streams/{key} there.
+func TestStopRedisReplicas(t *testing.T) {
+	t.Parallel()
+	var logs gatetest.LogBuffer
+	prefix := redistest.Prefix(t)
+	addr := redistest.Shared(t)
+	// The replicas of one deployment share the secret that names tenants.
+	shared := withConfig(func(pc *Config) { pc.Secret = []byte("a secret the replicas share") })
+	a, _ := replicaEnv(t, addr, prefix, &logs, shared, slowMock(20*time.Millisecond, 2000))
+	b, _ := replicaEnv(t, addr, prefix, &logs, shared, slowMock(20*time.Millisecond, 2000))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	key := newKey("stop-redis")
+	origin, id := startClient(t, a, req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody})
+	follower, _ := startClient(t, b, req{method: http.MethodGet, path: "/streams/" + key, auth: "Bearer sk-one"})
+	if r := b.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-two"}); r.status != http.StatusNotFound {
+		t.Fatalf("another tenant's DELETE on the other replica: got %d; want 404", r.status)
+	}
+	if st := keyState(t, b, key, "Bearer sk-one"); st != string(cache.StateExecutionStarted) || a.mock.Active() != 1 {
+		t.Fatalf("after another tenant's stop: state %s, %d upstream streams; want execution_started, 1", st, a.mock.Active())
+	}
+	stopped := time.Now()
+	r, err := cancelAs(b, "sk-one", ctx, id)
+	if err != nil || r.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("cancel on the other replica: got %v, %+v; want cancelled", err, r)
+	}
+	wantUpstreamStops(t, a, stopped)
+	wantCancelled(t, "the owner replica's client", origin)
+	wantCancelled(t, "the other replica's follower", follower)
+	a.waitState(key, "Bearer sk-one", cache.StateCancelled)
+	for name, e := range map[string]*env{"owner": a, "other": b} {
+		if r := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody}); r.status != http.StatusConflict || r.errType != "stream_cancelled" {
+			t.Fatalf("repeat on the %s replica: got %d %q; want 409 stream_cancelled", name, r.status, r.errType)
+		}
+	}
+	wantCount(t, "upstream calls", a.calls()+b.calls(), 1)
+
+	second := newKey("stop-redis-delete")
+	client, _ := startClient(t, a, req{key: second, auth: "Bearer sk-one"})
+	stopped = time.Now()
+	d := b.fetch(req{method: http.MethodDelete, path: "/streams/" + second, auth: "Bearer sk-one"})
+	if d.status != http.StatusOK || gjson.GetBytes(d.raw, "state").Str != "cancelled" {
+		t.Fatalf("DELETE on the other replica: got %d %s; want 200, cancelled", d.status, d.raw)
+	}
+	wantUpstreamStops(t, a, stopped)
+	wantCancelled(t, "the second stream's client", client)
+	wantCount(t, "upstream calls", a.calls()+b.calls(), 2)
+}
