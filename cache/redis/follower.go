@@ -258,16 +258,17 @@ func (fl *follower) end(fields map[string]string) {
 		if b := fields["b"]; b != "" {
 			body = []byte(b)
 		}
-		reason := fields["reason"]
-		if n, err := strconv.Atoi(fields["n"]); err == nil && f.Events() < n {
+		reason, state := fields["reason"], cache.State(fields["state"])
+		if n, err := strconv.Atoi(fields["n"]); err == nil && f.Events() < n && state != cache.StateCancelled {
 			// The owner ended before its last events reached Redis (its
 			// flusher stops at the failure): this copy is cut short, and
 			// a reason the proxy relays as the provider's own end (an
 			// error event) would pass it off as whole. Its clients are
-			// told the stream was cut.
+			// told the stream was cut. (A stop by the tenant says so
+			// itself.)
 			reason = cache.ReasonUncleanEnd
 		}
-		f.Fail(cache.State(fields["state"]), reason, body)
+		f.Fail(state, reason, body)
 	default: // lost: reaped, the owner died or was cut off
 		if fields["by"] == fl.tok {
 			fl.lost(fields["utl"]) // its own reap, whose answer was lost
