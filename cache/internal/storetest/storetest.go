@@ -40,6 +40,34 @@ var Contracts = []Contract{
 	{"DeniedKeyForgotten", 2, cache.Limits{MaxStrangerKeys: 2, MaxKeysPerTenant: 2}, DeniedKeyForgotten},
 	{"StrangersLeaveRoom", 8, cache.Limits{MaxStrangerKeys: 4, MaxKeysPerTenant: 8}, StrangersLeaveRoom},
 	{"LiveShares", 100, cache.Limits{MaxLiveBytes: 64 << 10, MaxLiveBytesPerTenant: 16 << 10}, LiveShares},
+	{"CancelledHeld", 100, cache.Limits{}, CancelledHeld},
+}
+
+// CancelledHeld: a generation its tenant stopped (a Fail with
+// StateCancelled) holds its key: the same request is Cancelled, another
+// is a Conflict, neither a new generation; Info says cancelled; another
+// tenant's same key is its own; once forgotten the key is a Miss again.
+func CancelledHeld(t *testing.T, s Store) {
+	sc := cache.Scope{Tenant: "t", Key: "stopped"}
+	f := Miss(t, s, sc)
+	StartStream(t, f)
+	f.Fail(cache.StateCancelled, "cancelled", nil)
+	for _, c := range []struct {
+		fp   string
+		want cache.Decision
+	}{{"fp", cache.Cancelled}, {"other", cache.Conflict}, {"fp", cache.Cancelled}} {
+		if b, err := s.Begin(sc, c.fp); err != nil || b.Decision != c.want {
+			t.Fatalf("Begin(%q) of a cancelled key: got %v, %v; want %v", c.fp, b.Decision, err, c.want)
+		}
+	}
+	if ki, ok := s.Info(sc); !ok || ki.State != cache.StateCancelled || ki.Reason != "cancelled" {
+		t.Fatalf("Info: got %+v, %v; want state cancelled, reason cancelled", ki, ok)
+	}
+	Miss(t, s, cache.Scope{Tenant: "u", Key: "stopped"}).Fail(cache.StateFailedRetryable, "x", nil)
+	if err := s.Forget(sc); err != nil {
+		t.Fatalf("Forget: %v", err)
+	}
+	Miss(t, s, sc).Fail(cache.StateFailedRetryable, "x", nil)
 }
 
 // AccountBounds: a key counts against every account of its scope,
