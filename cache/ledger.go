@@ -70,7 +70,7 @@ const (
 	// StateCancelled: the tenant stopped the generation while it ran
 	// (Flight.Stop). Nothing is stored, and the key is held: a repeat is
 	// Cancelled, not a new generation, until the key is forgotten or its
-	// record expires.
+	// record expires (the TTL of a committed answer: KeepFor).
 	StateCancelled State = "cancelled"
 )
 

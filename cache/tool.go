@@ -30,7 +30,8 @@ func (f *Flight) KeepFor(state State, ttl, failedTTL time.Duration) time.Duratio
 }
 
 // KeepFor is how long a key of the tool call t (nil: of no tool call) is
-// kept after its end in state.
+// kept after its end in state: a committed or cancelled one for ttl, a
+// failed one for failedTTL, unless the tool call says otherwise.
 func (t *Tool) KeepFor(state State, ttl, failedTTL time.Duration) time.Duration {
 	switch {
 	case t == nil:
@@ -39,8 +40,8 @@ func (t *Tool) KeepFor(state State, ttl, failedTTL time.Duration) time.Duration 
 	case state == StateCommitUnknown && t.UnknownTTL > 0:
 		return t.UnknownTTL
 	}
-	if state == StateCommitted {
-		return ttl
+	if state == StateCommitted || state == StateCancelled {
+		return ttl // a cancelled key is held as long as an answer would be
 	}
 	return failedTTL
 }

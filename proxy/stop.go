@@ -19,9 +19,9 @@ import (
 // stream_aborted with code cancelled, nothing is stored, and the key is
 // left cancelled: held, so that a repeat of it is refused (409
 // stream_cancelled) rather than paid for again, until DELETE /keys/{key}
-// or its record's -failed-ttl. On any replica: with Redis, a replica that
-// does not run the generation asks its owner through the owner's inbox
-// (cache/redis, Store.Stop).
+// or -ttl (as long as an answer is kept). On any replica: with Redis, a
+// replica that does not run the generation asks its owner through the
+// owner's inbox (cache/redis, Store.Stop).
 //
 // The answer is the key's state once the generation ended, waited for
 // within -stop-timeout: 200 when it is cancelled (by this stop or an
