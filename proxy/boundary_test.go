@@ -49,6 +49,7 @@ func leaked(uri string) bool {
 // TestResumeURLStaysHome: whatever the method and however the path is
 // spelled, a request under /streams/ (and so every resume URL) is answered
 // by ssegate and never relayed: GET serves the stream, HEAD its head,
+// DELETE (a stop) needs the key's credential, not the URL's token,
 // anything else 405 with Allow. Every usable key, however odd, is resumed
 // by the URL ssegate gave for it. The upstream counts one call per key.
 func TestResumeURLStaysHome(t *testing.T) {
@@ -83,9 +84,15 @@ func TestResumeURLStaysHome(t *testing.T) {
 					t.Errorf("HEAD %s (key %q): got %d, %q, %d bytes; want 200, the stream's head and resume URL, no body",
 						u, key, got.status, got.header.Get("Content-Type"), len(got.raw))
 				}
+			case http.MethodDelete:
+				// A stop needs the key's credential: a resume URL's token
+				// grants reading the stream, not stopping it.
+				if got.status != http.StatusNotFound || got.errType != "stream_not_found" {
+					t.Errorf("DELETE %s (key %q) without the credential: got %d %q; want 404 stream_not_found", u, key, got.status, got.errType)
+				}
 			default:
-				if got.status != http.StatusMethodNotAllowed || got.errType != "invalid_request" || got.header.Get("Allow") != "GET, HEAD" {
-					t.Errorf("%s %s (key %q): got %d %q, Allow %q; want 405 invalid_request, Allow GET, HEAD",
+				if got.status != http.StatusMethodNotAllowed || got.errType != "invalid_request" || got.header.Get("Allow") != "GET, HEAD, DELETE" {
+					t.Errorf("%s %s (key %q): got %d %q, Allow %q; want 405 invalid_request, Allow GET, HEAD, DELETE",
 						m, u, key, got.status, got.errType, got.header.Get("Allow"))
 				}
 			}

@@ -176,6 +176,12 @@ func TestStopResponsesCancel(t *testing.T) {
 	if st := keyState(t, e, key, "Bearer sk-one"); st != string(cache.StateCancelled) {
 		t.Fatalf("GET /keys/{key}: state %s; want cancelled", st)
 	}
+	// Held as long as an answer would be (-ttl), not a failed key's minutes.
+	info := e.fetch(req{method: http.MethodGet, path: "/keys/" + key, auth: "Bearer sk-one"})
+	expires, _ := time.Parse(time.RFC3339Nano, gjson.GetBytes(info.raw, "expires").Str)
+	if until := time.Until(expires); until < time.Hour {
+		t.Fatalf("the cancelled key expires in %v; want it held for -ttl", until)
+	}
 
 	again := e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody})
 	if again.status != http.StatusConflict || again.errType != "stream_cancelled" {
