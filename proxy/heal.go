@@ -81,6 +81,44 @@ func (h *healer) request(seq int64) *fasthttp.Request {
 	return h.up.Prepare(req)
 }
 
+// cancelUpstream asks the upstream to cancel the background response
+// of h, once its tenant stopped the stream (stop.go): the provider runs a
+// background response to its end whether or not a connection reads it,
+// so closing the connection does not stop it. POST
+// {upstream}{path}/{id}/cancel with the original request's headers and
+// query, as the resume's; its answer is logged, not acted on: the flight
+// has ended cancelled either way.
+func (g *gen) cancelUpstream(h *healer) {
+	if h.id == "" {
+		return
+	}
+	req := fasthttp.AcquireRequest()
+	h.tmpl.Header.CopyTo(&req.Header)
+	for _, name := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
+		req.Header.Del(name)
+	}
+	req.Header.SetMethod(fasthttp.MethodPost)
+	path := strings.TrimSuffix(string(h.tmpl.URI().PathOriginal()), "/")
+	req.SetRequestURI(path + "/" + url.PathEscape(h.id) + "/cancel")
+	h.tmpl.URI().QueryArgs().CopyTo(req.URI().QueryArgs())
+	out := h.up.Prepare(req)
+	fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	err := h.up.Do(out, resp, false)
+	fasthttp.ReleaseRequest(out)
+	status := resp.StatusCode()
+	resp.CloseBodyStream() //nolint:errcheck // only the status is read
+	fasthttp.ReleaseResponse(resp)
+	f := g.f
+	if err != nil {
+		g.p.log.Warn("upstream cancel of a background response failed", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
+			"generation", f.Gen, "upstream", h.up.Name(), "error", err.Error())
+		return
+	}
+	g.p.log.Info("upstream cancel of a background response", "key", f.Scope.Key, "tenant", f.Scope.Tenant,
+		"generation", f.Gen, "upstream", h.up.Name(), "upstream_status", status)
+}
+
 // healRefused is the failure of a heal the upstream answered with
 // anything but an event stream: its status, or 200 for a 2xx of another
 // kind.

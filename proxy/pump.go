@@ -310,6 +310,9 @@ func (pu *pumping) end() attempt {
 	// (-2) has no framing to vouch for its end.
 	intact := pu.readErr == nil && pu.resp.Header.ContentLength() != -2
 	c, settled := pu.g.conclude(pu.j, pu.head, pu.readErr, pu.appendErr, intact)
+	if c == causeCancelled && pu.h != nil {
+		pu.g.cancelUpstream(pu.h) // a background response runs on at the provider
+	}
 	return pu.g.withUsage(pu.j, pumped(c, settled))
 }
 

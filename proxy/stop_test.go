@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -315,4 +316,59 @@ func TestStopRedisReplicas(t *testing.T) {
 	wantUpstreamStops(t, a, stopped)
 	wantCancelled(t, "the second stream's client", client)
 	wantCount(t, "upstream calls", a.calls()+b.calls(), 2)
+}
+
+// TestStopBackgroundResponse: a background Responses stream runs on at
+// the provider when its connection closes, so a stop of it also sends
+// the provider POST /v1/responses/{id}/cancel, with the stream's
+// credential: the upstream gets it within a second of the stop, and the
+// stream's client gets stream_aborted code cancelled.
+func TestStopBackgroundResponse(t *testing.T) {
+	t.Parallel()
+	cancelled := make(chan string, 1)
+	up := newFaultServer(t, func(_ int64, w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/responses/resp_bg/cancel" {
+			cancelled <- r.Header.Get("Authorization")
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"resp_bg","object":"response","status":"cancelled"}`) //nolint:errcheck
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_bg\",\"status\":\"queued\",\"background\":true},\"sequence_number\":0}\n\n") //nolint:errcheck
+		for seq := 1; ; seq++ {
+			if _, err := io.WriteString(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\",\"sequence_number\":"+strconv.Itoa(seq)+"}\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	e := retryEnv(t, []string{up.url}, nil)
+	key := newKey("stop-background")
+	client, id := startClient(t, e, req{path: "/v1/responses", key: key, auth: "Bearer sk-bg",
+		body: `{"model":"gpt-4o","input":"hi","stream":true,"background":true}`})
+	if id != "resp_bg" {
+		t.Fatalf("response id: got %q; want resp_bg", id)
+	}
+	stopped := time.Now()
+	r, err := cancelAs(e, "sk-bg", context.Background(), id)
+	if err != nil || r.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("cancel: got %v, %s; want cancelled", err, statusOf(r))
+	}
+	select {
+	case auth := <-cancelled:
+		if auth != "Bearer sk-bg" {
+			t.Fatalf("the upstream's cancel carried Authorization %q; want the stream's", auth)
+		}
+		t.Logf("upstream cancel %v after the stop", time.Since(stopped).Round(time.Millisecond))
+	case <-time.After(time.Second - time.Since(stopped)):
+		t.Fatal("the upstream got no cancel of the background response within a second of the stop")
+	}
+	wantCancelled(t, "the client", client)
+	e.waitState(key, "Bearer sk-bg", cache.StateCancelled)
 }
