@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 	gosse "github.com/tmaxmax/go-sse"
@@ -254,22 +255,15 @@ func waitDone(tb testing.TB, f *Flight, within time.Duration) State {
 	return state
 }
 
-// eventually calls cond every 10 ms until it returns nil, and fails the
-// test with its last error if it has not within d. It is for what a test
-// against a real Redis waits for (a server back, a lease renewed, an
-// expiry in Redis), which no synctest bubble can stand in for.
+// eventually calls cond until it returns nil (internal/poll's pace), and
+// fails the test with its last error if it has not within d. It is for
+// what a test against a real Redis waits for (a server back, a lease
+// renewed, an expiry in Redis), which no synctest bubble can stand in for.
 func eventually(tb testing.TB, d time.Duration, cond func() error) {
 	tb.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var err error
+	if !poll.Until(d, func() bool { err = cond(); return err == nil }) {
+		tb.Fatal(err)
 	}
 }
 
