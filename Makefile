@@ -102,12 +102,12 @@ GOFMT_CHECK = @test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find .
 # test files included (go vet type-checks them, so it fails where a build
 # or a test build would), and bench/firstevent, a module of its own.
 # Platform-specific code lives in files named for what they hold, with a
-# fallback for the others (proxy/sockwrite_*.go, proxy/peerclosed_*.go,
-# bench/proc_*.go, internal/*/pause_*.go). The first run for a platform
-# compiles its standard library and dependencies; after that the build
-# cache answers all but the packages that changed. bench/caddy (its own
-# module, all of Caddy) is left out: it is only a peer the bench builds
-# on the machine it runs on. PLATFORMS=linux/arm64 checks one. check and
+# fallback for the others (proxy/sockwrite_*.go,
+# proxy/upstream/peerclosed_*.go, bench/proc_*.go, internal/*/pause_*.go).
+# The first run for a platform compiles its standard library and
+# dependencies; after that the build cache answers all but the packages
+# that changed. bench/caddy (its own module, all of Caddy) is left out:
+# it is only a peer the bench builds on the machine it runs on. PLATFORMS=linux/arm64 checks one. check and
 # test vet the host's platform first, so CROSS_VET skips it. The
 # platforms are vetted at once, each in a process of its own, and the
 # output of those that fail is shown: cached, one go vet ./... costs
@@ -136,15 +136,15 @@ cross:
 
 # The check before a commit, meant to take under a minute and a half:
 # vet (on every platform of cross), formatting, and the unit tests of
-# sse, cache and proxy with the race detector; not the end-to-end
-# packages (test/*), bench or cmd, which make test runs. cache's Redis
-# tests need SSEGATE_REDIS_ADDR or redis-server installed (they skip
-# otherwise). CHECKPKGS=./cache checks one package. The tests' results
-# are cached (go test's cache: a package whose code, test files, files
-# read and environment read are the same as at its last pass is not run
-# again), so a change to proxy runs proxy's tests, not sse's and
-# cache's; CHECKFLAGS=-count=1 runs them all.
-CHECKPKGS ?= ./sse ./cache ./proxy
+# sse, cache, proxy and proxy/upstream with the race detector; not the
+# end-to-end packages (test/*), bench or cmd, which make test runs.
+# cache's Redis tests need SSEGATE_REDIS_ADDR or redis-server installed
+# (they skip otherwise). CHECKPKGS=./cache checks one package. The
+# tests' results are cached (go test's cache: a package whose code, test
+# files, files read and environment read are the same as at its last
+# pass is not run again), so a change to proxy runs proxy's tests, not
+# sse's and cache's; CHECKFLAGS=-count=1 runs them all.
+CHECKPKGS ?= ./sse ./cache ./proxy/...
 CHECKFLAGS ?=
 check:
 	$(GO) vet ./...

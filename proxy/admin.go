@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 )
 
 // Drain marks the proxy as draining: /readyz answers 503 so load
@@ -85,10 +87,10 @@ func (p *Proxy) upstreamReachable() bool {
 	}
 	ok := false
 	for _, up := range p.ups {
-		if up.breaker.hostState() == circuitOpen {
+		if up.Breaker().HostState() == upstream.CircuitOpen {
 			continue
 		}
-		c, err := net.DialTimeout("tcp", up.addr, time.Second)
+		c, err := net.DialTimeout("tcp", up.Addr(), time.Second)
 		if err == nil {
 			c.Close()
 			ok = true

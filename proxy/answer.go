@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
@@ -98,7 +100,7 @@ func copyHead(resp *fasthttp.Response) cache.Head {
 }
 
 func skipResponseHeader(name string) bool {
-	for _, h := range hopHeaders {
+	for _, h := range upstream.HopHeaders {
 		if strings.EqualFold(name, h) {
 			return true
 		}

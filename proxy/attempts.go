@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -64,18 +66,18 @@ func (a attempt) reason() string {
 	return a.cause.reason(a.head.Status)
 }
 
-// verdict says whether the attempt may be made again (retry.go): by the
+// verdict says whether the attempt may be made again (upstream.Verdict): by the
 // upstream's status for its own answers, by the cause's row otherwise.
-func (a attempt) verdict() verdict {
+func (a attempt) verdict() upstream.Verdict {
 	switch {
 	case a.cause != causeNone && !causes[a.cause].byStatus:
 		return causes[a.cause].verdict
 	case a.marked, a.exhausted:
-		return final
+		return upstream.Final
 	case a.ambiguousStatus:
-		return ambiguous
+		return upstream.Ambiguous
 	}
-	return statusVerdict(a.head.Status)
+	return upstream.StatusVerdict(a.head.Status)
 }
 
 // tries is what one model's attempts came to.
@@ -102,8 +104,8 @@ const (
 // -fallback-on-code is not recorded as the answer.
 func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls int) tries {
 	p := g.p
-	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
-	rt := route{model: modelKey(model)}
+	jitter := upstream.NewFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	rt := route{model: upstream.ModelKey(model)}
 	t := tries{calls: calls}
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
@@ -150,7 +152,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			return t
 		}
 		g.drop()
-		if more && rt.pinned == nil && a.verdict() == safe && !rt.admits(p.ups) {
+		if more && rt.pinned == nil && a.verdict() == upstream.Safe && !rt.admits(p.ups) {
 			// The failure opened the model's circuits, or was their
 			// failed probe: the next model answers now, rather than a
 			// retry that would wait to find them shut (or probe again
@@ -158,7 +160,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			t.last, t.end = a, failedAll
 			return t
 		}
-		wait := max(jitter.next(), a.retryAfter)
+		wait := max(jitter.Next(), a.retryAfter)
 		if !g.retry(n, a, up, wait) {
 			t.last, t.end = a, rt.failedEnd()
 			return t
@@ -175,18 +177,18 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 // through the circuits of its model.
 type route struct {
 	model  string
-	next   int       // the upstream to try first
-	pinned *upstream // after an ambiguous failure: the one upstream that may see the request again
+	next   int                // the upstream to try first
+	pinned *upstream.Upstream // after an ambiguous failure: the one upstream that may see the request again
 }
 
 // pick returns the upstream of the next attempt; ok is false when every
 // one has its circuit open, or the pinned one has.
-func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error), ok bool) {
-	up, idx, done, ok = pick(ups, rt.next, rt.model)
+func (rt *route) pick(ups []*upstream.Upstream) (up *upstream.Upstream, idx int, done func(error), ok bool) {
+	up, idx, done, ok = upstream.Pick(ups, rt.next, rt.model)
 	if ok && rt.pinned != nil && up != rt.pinned {
 		// The pinned upstream's circuit is open. Another upstream cannot
 		// deduplicate against the call that may be running.
-		done(errNotCalled)
+		done(upstream.ErrNotCalled)
 		return nil, 0, nil, false
 	}
 	return up, idx, done, ok
@@ -194,8 +196,8 @@ func (rt *route) pick(ups []*upstream) (up *upstream, idx int, done func(error),
 
 // admits reports whether some upstream's circuits would let a call for
 // the route's model through now.
-func (rt *route) admits(ups []*upstream) bool {
-	return slices.ContainsFunc(ups, func(up *upstream) bool { return up.breaker.admits(rt.model) })
+func (rt *route) admits(ups []*upstream.Upstream) bool {
+	return slices.ContainsFunc(ups, func(up *upstream.Upstream) bool { return up.Breaker().Admits(rt.model) })
 }
 
 // failedEnd is how a model's attempts ended when they all failed: after
@@ -212,8 +214,8 @@ func (rt *route) failedEnd() attemptsEnd {
 // is to be made again: to the next upstream, unless the upstream may be
 // running the request (-retry-ambiguous), now or since an earlier attempt:
 // only it can tell the repeat apart, so it gets every repeat.
-func (rt *route) failed(a attempt, up *upstream, idx int) {
-	if a.verdict() == ambiguous {
+func (rt *route) failed(a attempt, up *upstream.Upstream, idx int) {
+	if a.verdict() == upstream.Ambiguous {
 		rt.pinned = up
 	}
 	rt.next = idx + 1
@@ -228,10 +230,10 @@ func (rt *route) failed(a attempt, up *upstream, idx int) {
 // so only with one), within -retry-attempts, Retry-After's bound,
 // -retry-max-elapsed and the retry budget. It counts and logs the
 // decision.
-func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
+func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration) bool {
 	p, f, rc := g.p, g.f, &g.p.cfg.Retry
 	v := a.verdict()
-	if v != safe && !(v == ambiguous && f.Gen != 0 && up.retryAmbiguous) {
+	if v != upstream.Safe && !(v == upstream.Ambiguous && f.Gen != 0 && up.RetryAmbiguous()) {
 		return false
 	}
 	why := ""
@@ -242,7 +244,7 @@ func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
 		why = "retry_after_too_long"
 	case time.Since(g.start)+wait > rc.MaxElapsed:
 		why = "max_elapsed"
-	case !p.budget.retry(time.Now()):
+	case !p.budget.Retry(time.Now()):
 		why = "budget"
 		p.m.budgetRefused.Inc()
 	}
@@ -250,19 +252,19 @@ func (g *gen) retry(n int, a attempt, up *upstream, wait time.Duration) bool {
 	if why != "" {
 		p.m.noRetry.WithLabelValues(why).Inc()
 		p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-			"reason", reason, "why", why, "upstream", up.name)
+			"reason", reason, "why", why, "upstream", up.Name())
 		return false
 	}
 	p.m.retries.WithLabelValues(reason).Inc()
 	p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", reason,
-		"upstream", up.name, "backoff", wait.String())
+		"upstream", up.Name(), "backoff", wait.String())
 	return true
 }
 
 // try makes one attempt on up: the call, then what its answer's head says
 // to do with the answer.
-func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more bool, n int) attempt {
-	req := up.prepare(tmpl)
+func (g *gen) try(up *upstream.Upstream, tmpl *fasthttp.Request, done func(error), more bool, n int) attempt {
+	req := up.Prepare(tmpl)
 	g.startCall(up, req, n)
 	sent := time.Now()
 	if g.firstSent.IsZero() {
@@ -300,10 +302,10 @@ func (g *gen) try(up *upstream, tmpl *fasthttp.Request, done func(error), more b
 		}
 		g.settle(resp, head, body, err)
 		return attempt{settled: true}
-	case a.verdict() == safe || a.marked || a.ambiguousStatus:
+	case a.verdict() == upstream.Safe || a.marked || a.ambiguousStatus:
 		// An answer that may be repeated, or one whose outcome is
 		// unknown: the attempts decide, and the last is relayed (giveUp).
-		a.retryAfter = retryAfter(resp.Header.Peek("Retry-After"), time.Now())
+		a.retryAfter = upstream.RetryAfter(resp.Header.Peek("Retry-After"), time.Now())
 		a.body, _ = readBody(resp, 64<<10)
 		return a
 	case head.Stream:
@@ -339,11 +341,11 @@ func (g *gen) callFailed(err error, done func(error)) attempt {
 	done(err)
 	a := attempt{cause: causeUpstreamReset}
 	switch {
-	case isDial(err):
+	case upstream.IsDial(err):
 		a.cause = causeConnectError
-	case isStale(err):
+	case upstream.IsStale(err):
 		a.cause = causeStaleConnection
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		a.cause = causeUpstreamTimeout
 	}
 	g.p.m.attempts.WithLabelValues(a.cause.String()).Inc()

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -20,7 +22,7 @@ import (
 //     any decision was taken (decisionNone where it ends a request already
 //     counted by its decision);
 //   - verdict: whether an attempt that failed so, before the first event,
-//     may be repeated (retry.go); final for causes that are no attempt's;
+//     may be repeated (upstream.Verdict); final for causes that are no attempt's;
 //   - state: the key state a generation ends in when the cause ends it
 //     before its first event (an abort after the first event always
 //     leaves failed_retryable, except where the store ends the generation
@@ -139,7 +141,7 @@ const (
 type causeRow struct {
 	name     string
 	refusal  decision
-	verdict  verdict
+	verdict  upstream.Verdict
 	state    cache.State
 	status   int
 	typ      string
@@ -205,34 +207,34 @@ var causes = [numCauses]causeRow{
 	causeFenced:         {name: "fenced", state: unknown, status: s502, typ: tUpstream, msg: "another replica took this generation over; retry the request", abort: "another replica took this generation over"},
 
 	causeUpstreamUnavailable: {name: "upstream_unavailable", state: retryable, status: s503, typ: "upstream_unavailable", retry: 1, msg: "every upstream has a circuit open for this model or its host after repeated failures", fallback: true},
-	causeConnectError:        {name: "connect_error", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (connect_error)", fallback: true},
-	causeStaleConnection:     {name: "stale_connection", verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (stale_connection)", fallback: true},
-	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
-	causeUpstreamReset:       {name: "upstream_reset", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
+	causeConnectError:        {name: "connect_error", verdict: upstream.Safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (connect_error)", fallback: true},
+	causeStaleConnection:     {name: "stale_connection", verdict: upstream.Safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (stale_connection)", fallback: true},
+	causeUpstreamTimeout:     {name: "upstream_timeout", verdict: upstream.Ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream took the request and did not answer within -head-timeout (a streaming request) or -attempt-timeout (any other)" + notSentAgain},
+	causeUpstreamReset:       {name: "upstream_reset", verdict: upstream.Ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_reset)" + notSentAgain + ": a repeat could be a second paid generation"},
 
 	causeUpstreamRefused:     {name: "upstream_refused", state: terminal, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", byStatus: true},
 	causeUpstreamFailed:      {name: "upstream_failed", state: retryable, status: s502, typ: tUpstream, msg: "the upstream's error answer could not be read whole", fallback: true, byStatus: true},
-	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
+	causeNotAnEventStream:    {name: "not_an_event_stream", verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream},
 	causeErrorBody:           {name: "error_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answered 2xx with an error object"},
 	causeUnframedBody:        {name: "unframed_body", state: retryable, status: s502, typ: tUpstream, msg: "the upstream answer ended where its connection closed and is not the whole JSON its Content-Type says" + notSentAgain},
-	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
-	causeHealRefused:         {name: "heal_refused", verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: "the upstream connection failed mid-stream and the upstream refused to resume the stream", abort: "the upstream connection failed mid-stream, and the upstream refused to resume it"},
+	causeUpstreamIdleTimeout: {name: "upstream_idle_timeout", verdict: upstream.Ambiguous, state: unknown, status: s504, typ: tTimeout, msg: "the upstream answered a head and then nothing within -upstream-idle-timeout (or its answer stopped before its end, silent past it or -attempt-timeout)" + notSentAgain, abort: "the upstream went silent"},
+	causeHealRefused:         {name: "heal_refused", verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: "the upstream connection failed mid-stream and the upstream refused to resume the stream", abort: "the upstream connection failed mid-stream, and the upstream refused to resume it"},
 	causeUpstreamAborted:     {name: "upstream_aborted", state: unknown, status: s502, typ: tUpstream, msg: "the upstream (an ssegate) ended its stream with stream_aborted before any other event" + notSentAgain, abort: "the upstream ended its stream with stream_aborted"},
-	causeUpstreamReadError:   {name: "upstream_read_error", verdict: ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
+	causeUpstreamReadError:   {name: "upstream_read_error", verdict: upstream.Ambiguous, state: unknown, status: s502, typ: tUpstream, msg: "the upstream connection failed after the request was sent (upstream_read_error)" + notSentAgain + ": a repeat could be a second paid generation", abort: "the upstream connection failed mid-stream"},
 
-	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},
-	causeMalformedEvent:      {name: sse.ReasonMalformedEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "an upstream event was not the whole JSON object its dialect sends"},
-	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows", relayEnd: true},
-	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},
-	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for", relayEnd: true},
-	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice"},
-	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for"},
-	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished"},
-	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for", relayEnd: true},
-	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
-	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
-	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
-	causeUncleanEnd:          {name: cache.ReasonUncleanEnd, verdict: ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
+	causeErrorEvent:          {name: sse.ReasonErrorEvent, verdict: upstream.Safe, state: retryable, status: s502, typ: tUpstream, msg: "the upstream failed before answering (error_event)", abort: "the upstream sent an error event", relayEnd: true, fallback: true},
+	causeMalformedEvent:      {name: sse.ReasonMalformedEvent, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "an upstream event was not the whole JSON object its dialect sends"},
+	causeUnknownDialect:      {name: sse.ReasonUnknownDialect, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream is of no dialect the proxy knows", relayEnd: true},
+	causeNoTerminalEvent:     {name: sse.ReasonNoTerminalEvent, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended before its last event"},
+	causeUnexpectedChoice:    {name: sse.ReasonUnexpectedChoice, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream has a choice the request did not ask for", relayEnd: true},
+	causeNoChoices:           {name: sse.ReasonNoChoices, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without a choice"},
+	causeMissingChoice:       {name: sse.ReasonMissingChoice, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without every choice the request asked for"},
+	causeMissingFinishReason: {name: sse.ReasonMissingFinishReason, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended with a choice unfinished"},
+	causeMissingUsage:        {name: sse.ReasonMissingUsage, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream ended without the usage the request asked for", relayEnd: true},
+	causeResponseFailed:      {name: sse.ReasonResponseFailed, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream response failed", relayEnd: true},
+	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
+	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
+	causeUncleanEnd:          {name: cache.ReasonUncleanEnd, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
 }
 
 // byName finds a cause by its name: the ledger and the flights hold names,
@@ -340,7 +342,7 @@ func (c cause) sentUnknown() bool {
 	case causeUnframedBody, causeMaxStreamBytes, causeMaxEventBytes, causeMaxStreamDuration, causeUpstreamAborted:
 		return true
 	}
-	return causes[c].verdict == ambiguous
+	return causes[c].verdict == upstream.Ambiguous
 }
 
 // unknownErr is the answer of c once the request was sent upstream and

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 )
 
@@ -32,10 +34,10 @@ func TestCauseTable(t *testing.T) {
 		if r.name == "" || r.status < 400 || r.msg == "" || !types[r.typ] || !states[r.state] {
 			t.Errorf("cause %d (%q): incomplete row %+v", c, r.name, r)
 		}
-		if r.verdict != final && r.state == "" {
+		if r.verdict != upstream.Final && r.state == "" {
 			t.Errorf("%v: an attempt's cause without the key state it leaves", c)
 		}
-		if r.fallback && (r.verdict == ambiguous || r.state != cache.StateFailedRetryable) {
+		if r.fallback && (r.verdict == upstream.Ambiguous || r.state != cache.StateFailedRetryable) {
 			t.Errorf("%v: falls back, yet the model may have run the request (verdict %v, state %q)", c, r.verdict, r.state)
 		}
 		if prev, dup := seen[r.name]; dup {

@@ -11,12 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/proxy/upstream"
 )
 
 // modelServer is a real HTTP upstream on loopback that answers each call
@@ -262,7 +263,7 @@ func TestCircuit4xxNeverOpens(t *testing.T) {
 	}
 	e.wantCalls(121)
 	s := e.scrape()
-	up := e.proxy.ups[0].name
+	up := e.proxy.ups[0].Name()
 	for series, want := range map[string]float64{
 		`ssegate_upstream_circuits_opened_total{scope="host",upstream="` + up + `"}`:  0,
 		`ssegate_upstream_circuits_opened_total{scope="model",upstream="` + up + `"}`: 0,
@@ -319,21 +320,13 @@ func TestCircuitModelBound(t *testing.T) {
 	wg.Wait()
 	wantCount(t, "upstream calls for the hostile names", ms.total()-ms.callsFor("healthy"), names)
 	s := e.scrape()
-	up := e.proxy.ups[0].name
+	up := e.proxy.ups[0].Name()
 	kept := metricValue(t, s, `ssegate_upstream_model_circuits{upstream="`+up+`"}`)
 	open := metricValue(t, s, `ssegate_upstream_model_circuits_open{upstream="`+up+`"}`)
 	reclaimed := metricValue(t, s, `ssegate_upstream_model_circuits_reclaimed_total{upstream="`+up+`"}`)
 	if kept != bound || open != bound || reclaimed != names-bound {
 		t.Errorf("model circuits: got %v kept, %v open, %v reclaimed; want %d, %d, %d", kept, open, reclaimed, bound, bound, names-bound)
 	}
-	b := e.proxy.ups[0].breaker
-	b.mu.Lock()
-	for k := range b.models {
-		if len(k) > maxModelKey {
-			t.Errorf("a circuit key of %d bytes; want at most %d", len(k), maxModelKey)
-		}
-	}
-	b.mu.Unlock()
 }
 
 // TestCircuitHungProbe: a probe whose answer is slow (its head comes only
@@ -363,14 +356,14 @@ func TestCircuitHungProbe(t *testing.T) {
 	var once sync.Once
 	answerProbe := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(answerProbe) // first, should the test end before it
-	b := e.proxy.ups[0].breaker
+	b := e.proxy.ups[0].Breaker()
 	for range 2 {
 		if got := e.fetch(req{key: newKey("open")}); got.status != 503 {
 			t.Fatalf("got %d; want the upstream's 503", got.status)
 		}
 	}
-	if b.modelState("gpt-4o-mini") != circuitOpen {
-		t.Fatalf("circuit: got %v; want open after 2 failures", b.modelState("gpt-4o-mini"))
+	if b.ModelState("gpt-4o-mini") != upstream.CircuitOpen {
+		t.Fatalf("circuit: got %v; want open after 2 failures", b.ModelState("gpt-4o-mini"))
 	}
 	waitFor(t, func() bool { return admitsNow(b, "gpt-4o-mini") }) // the first wait (250ms) is over
 	probe := make(chan result, 1)
@@ -386,7 +379,7 @@ func TestCircuitHungProbe(t *testing.T) {
 		t.Fatalf("the slow probe ended (%d %s) before its upstream answered", got.status, got.errType)
 	default:
 	}
-	if got := b.modelState("gpt-4o-mini"); got != circuitClosed {
+	if got := b.ModelState("gpt-4o-mini"); got != upstream.CircuitClosed {
 		t.Fatalf("circuit with the slow probe out: got %v; want closed", got)
 	}
 	answerProbe()
@@ -398,15 +391,8 @@ func TestCircuitHungProbe(t *testing.T) {
 
 // admitsNow reports whether b lets a call for model through now: its
 // circuits are closed, or open with their wait over.
-func admitsNow(b *breaker, model string) bool {
-	now := time.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.host.admits(now, b.cfg.BreakerProbes) {
-		return false
-	}
-	el := b.models[modelKey(model)]
-	return el == nil || el.Value.(*modelCircuit).admits(now, b.cfg.BreakerProbes)
+func admitsNow(b *upstream.Breaker, model string) bool {
+	return b.Admits(upstream.ModelKey(model))
 }
 
 // TestCircuitHostConnectErrors: connect failures are the host's, whatever
@@ -496,67 +482,13 @@ func TestBreakerFailover(t *testing.T) {
 	// Half-open after the open time: the primary recovered; one probe
 	// closes the circuit and traffic returns to it.
 	primary.set(func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
-	waitFor(t, func() bool { return admitsNow(e.proxy.ups[0].breaker, "gpt-4o-mini") })
+	waitFor(t, func() bool { return admitsNow(e.proxy.ups[0].Breaker(), "gpt-4o-mini") })
 	for range 4 {
 		get()
 	}
 	wantCount(t, "primary calls after recovery", primary.calls.Load(), 7)
 	wantCount(t, "secondary calls after recovery", secondary.calls.Load(), 8)
-	if got := e.proxy.ups[0].breaker.modelState("gpt-4o-mini"); got != circuitClosed {
+	if got := e.proxy.ups[0].Breaker().ModelState("gpt-4o-mini"); got != upstream.CircuitClosed {
 		t.Fatalf("primary circuit: got %v; want closed", got)
 	}
-}
-
-// TestCircuitBackoffSchedule follows one model circuit in fake time: it
-// opens at the BreakerFailures-th failure, lets one probe through after
-// 250ms, then after 500ms and 1s counted from each failed probe's send,
-// never more often than that, and closes at the first success; other
-// models and the host are never turned away.
-func TestCircuitBackoffSchedule(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		cfg := RetryConfig{BreakerFailures: 3}
-		cfg.setDefaults()
-		b := newBreaker("up", &cfg, nil)
-		call := func(model string, err error) bool {
-			done, ok := b.allow(model)
-			if ok {
-				done(err)
-			}
-			return ok
-		}
-		for i := range 3 {
-			if !call("m", errUpstreamStatus) {
-				t.Fatalf("failure %d: turned away; want the call through while closed", i+1)
-			}
-		}
-		start := time.Now()
-		var probes []time.Duration
-		for time.Since(start) < 3*time.Second {
-			if call("m", errUpstreamStatus) {
-				probes = append(probes, time.Since(start))
-			}
-			if !call("other", nil) {
-				t.Fatalf("another model turned away at %v", time.Since(start))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		want := []time.Duration{250 * time.Millisecond, 750 * time.Millisecond, 1750 * time.Millisecond, 2750 * time.Millisecond}
-		if fmt.Sprint(probes) != fmt.Sprint(want) {
-			t.Fatalf("probes at %v; want %v", probes, want)
-		}
-		if got := b.modelState("m"); got != circuitOpen {
-			t.Fatalf("state: got %v; want open", got)
-		}
-		time.Sleep(time.Second)
-		if !call("m", nil) || b.modelState("m") != circuitClosed {
-			t.Fatalf("after a successful probe: got %v; want closed", b.modelState("m"))
-		}
-		if kept, _, _ := b.counts(); kept != 0 {
-			t.Fatalf("circuits kept once closed: got %d; want 0", kept)
-		}
-		if b.hostState() != circuitClosed {
-			t.Fatalf("host circuit: got %v; want closed (5xx is not a connect failure)", b.hostState())
-		}
-	})
 }

@@ -148,7 +148,7 @@ func (c *clientConn) flush() error {
 	}
 	slow := c.p.cfg.SlowClientTimeout
 	for len(c.vec) > 0 {
-		// As for reads (idleConn): move the deadline only when it is stale.
+		// As for reads (upstream.Conn): move the deadline only when it is stale.
 		if d := time.Now().Add(slow); d.Sub(c.set) > slow/16 {
 			if err := c.conn.SetWriteDeadline(d); err != nil {
 				c.reset()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -36,6 +37,10 @@ const (
 
 // MinSecretBytes is the shortest Config.Secret New accepts.
 const MinSecretBytes = 16
+
+// RetryConfig says when and how often a failed upstream call is tried
+// again; its zero value takes the defaults beside each field.
+type RetryConfig = upstream.RetryConfig
 
 // Config configures a Proxy. Its zero value, with Upstream and Store set,
 // is usable: every zero field takes the default documented beside it.
@@ -332,7 +337,7 @@ func (c *Config) setDefaults() error {
 	case c.MetricsModels < 0:
 		c.MetricsModels = 0
 	}
-	c.Retry.setDefaults()
+	c.Retry.SetDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -124,7 +126,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		g := p.newGen(f, body)
 		g.traceFrom(ctx)
 		p.traceAnswer(ctx, f, "", "")
-		g.launch(newTemplate(ctx))
+		g.launch(upstream.NewTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
 		p.offerResume(ctx, sc, f.Gen)

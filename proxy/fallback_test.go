@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -675,7 +677,7 @@ func TestOutageAnsweredByFallback(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if opened.IsZero() && e.proxy.ups[0].breaker.modelState("primary") != circuitClosed {
+		if opened.IsZero() && e.proxy.ups[0].Breaker().ModelState("primary") != upstream.CircuitClosed {
 			opened, callsAtOpen = time.Now(), e.mock.CallsFor("primary")
 		}
 	}
@@ -733,8 +735,8 @@ func TestFallbackPastSpentBudget(t *testing.T) {
 	e := outageEnv(t)
 	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
 	// Spent with a margin: the request itself adds a tenth of a retry.
-	e.proxy.budget.request(time.Now())
-	for e.proxy.budget.retry(time.Now()) {
+	e.proxy.budget.Request(time.Now())
+	for e.proxy.budget.Retry(time.Now()) {
 	}
 	r, err := e.post(newKey("spent"), modelBody("primary"))
 	if err != nil {

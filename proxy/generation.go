@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -100,7 +102,7 @@ func (g *gen) cancel(c cause) {
 	g.cause = c
 	close(g.stop)
 	if g.resp != nil {
-		interrupt(g.resp)
+		upstream.Interrupt(g.resp)
 	}
 }
 
@@ -117,10 +119,10 @@ func (g *gen) drop() {
 	g.resp = nil
 	g.mu.Unlock()
 	if resp != nil {
-		if c := connOf(resp); c != nil {
-			c.beforeRead = nil // set by relayBody: the connection may serve another generation next
-			c.holdBy(time.Time{}, nil)
-			if c.interrupted.Load() {
+		if c := upstream.ConnOf(resp); c != nil {
+			c.SetBeforeRead(nil) // set by relayBody: the connection may serve another generation next
+			c.HoldBy(time.Time{}, nil)
+			if c.Interrupted() {
 				// Closed under a body that may have been read whole:
 				// fasthttp would pool it again.
 				resp.SetConnectionClose()
@@ -148,9 +150,9 @@ func (g *gen) finish() {
 
 // call sends req to up and returns the response with its body still to be
 // read. It releases req.
-func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
+func (g *gen) call(up *upstream.Upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := up.do(req, resp, g.req.Stream)
+	err := up.Do(req, resp, g.req.Stream)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
@@ -161,7 +163,7 @@ func (g *gen) call(up *upstream, req *fasthttp.Request) (*fasthttp.Response, err
 	cut := g.cause
 	g.mu.Unlock()
 	if g.streamOnHead && !g.req.Stream && isEventStream(string(resp.Header.ContentType())) {
-		connOf(resp).asStream()
+		upstream.ConnOf(resp).AsStream()
 	}
 	if cut != causeNone {
 		// Cancelled while waiting: nothing of the answer is read. Unless
@@ -221,7 +223,7 @@ func (g *gen) launch(tmpl *fasthttp.Request) {
 }
 
 // run is the generation's goroutine: call the upstream, retrying where
-// retry.go says it is safe and only before any event was journaled, then
+// upstream.Verdict says it is safe and only before any event was journaled, then
 // record the answer into the flight until it ends. When every attempt for
 // the request's model failed in a way that says the model could not
 // answer (causeRow.fallback), the next model of its -fallback rule is
@@ -237,7 +239,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	}()
 	p, f := g.p, g.f
 	defer g.endCall(0, "")
-	p.budget.request(g.start)
+	p.budget.Request(g.start)
 	g.ai = p.m.genAI.op(tmpl.URI().Path(), g.req.Model)
 	models := g.models(tmpl.Body())
 	calls := 0 // upstream calls made, over every model
@@ -307,7 +309,7 @@ func (g *gen) passRaw() {
 // before it) brought no answer worth recording as a result.
 func (g *gen) giveUp(t tries) {
 	f, a := g.f, t.last
-	if a.head.Status == 0 && t.prev.head.Status != 0 && a.verdict() != ambiguous && !g.mayRun {
+	if a.head.Status == 0 && t.prev.head.Status != 0 && a.verdict() != upstream.Ambiguous && !g.mayRun {
 		// Relay the upstream's own last answer rather than a connect
 		// error; not after a call that may have run (its answer said
 		// "not run", a later call's outcome is unknown).

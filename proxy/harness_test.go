@@ -166,8 +166,7 @@ func withConfig(f func(*Config)) envOption {
 // closeUpstreamIdle closes p's idle connections to its upstreams.
 func closeUpstreamIdle(p *Proxy) {
 	for _, u := range p.ups {
-		u.stream.CloseIdleConnections()
-		u.whole.CloseIdleConnections()
+		u.CloseIdleConnections()
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/sse"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -37,7 +39,7 @@ const healBackoff = 50 * time.Millisecond
 // healer is what a healable stream needs to reconnect: the upstream and
 // the request it answers, and the response id its response.created named.
 type healer struct {
-	up    *upstream
+	up    *upstream.Upstream
 	tmpl  *fasthttp.Request
 	id    string
 	heals int // drops healed so far
@@ -46,7 +48,7 @@ type healer struct {
 // healer returns the healer of an attempt on up with tmpl, or nil when
 // the request's stream cannot be resumed: only a streamed Responses
 // request made with "background": true can.
-func (g *gen) healer(up *upstream, tmpl *fasthttp.Request) *healer {
+func (g *gen) healer(up *upstream.Upstream, tmpl *fasthttp.Request) *healer {
 	if !g.req.Background || !g.req.Stream || !isResponsesPath(tmpl.URI().Path()) {
 		return nil
 	}
@@ -76,7 +78,7 @@ func (h *healer) request(seq int64) *fasthttp.Request {
 	h.tmpl.URI().QueryArgs().CopyTo(q)
 	q.Set("stream", "true")
 	q.Set("starting_after", strconv.FormatInt(seq, 10))
-	return h.up.prepare(req)
+	return h.up.Prepare(req)
 }
 
 // healRefused is the failure of a heal the upstream answered with
@@ -123,20 +125,20 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 		}
 		if err != nil {
 			p.log.Warn("upstream resume failed", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-				"after", seq, "upstream", h.up.name, "error", err.Error())
+				"after", seq, "upstream", h.up.Name(), "error", err.Error())
 			continue
 		}
 		if head := copyHead(resp); !head.Stream {
 			g.drop()
 			p.m.resumes.WithLabelValues("refused").Inc()
 			p.log.Warn("upstream resume refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-				"after", seq, "upstream", h.up.name, "upstream_status", head.Status)
+				"after", seq, "upstream", h.up.Name(), "upstream_status", head.Status)
 			return nil, &healRefused{status: head.Status}
 		}
 		h.heals++
 		p.m.resumes.WithLabelValues("resumed").Inc()
 		p.log.Info("upstream resumed", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
-			"after", seq, "upstream", h.up.name, "reason", reason.String())
+			"after", seq, "upstream", h.up.Name(), "reason", reason.String())
 		return resp, nil
 	}
 	p.m.resumes.WithLabelValues("failed").Inc()

@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -110,7 +112,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()})
 	g.relayRaw, g.rawAlways, g.streamOnHead = true, true, true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
-	g.launch(newTemplate(ctx))
+	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }
 
@@ -127,7 +129,7 @@ func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool
 		defer close(ended)
 		select {
 		case <-gone:
-			interrupt(resp)
+			upstream.Interrupt(resp)
 		case <-over:
 		}
 	}()
@@ -280,7 +282,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		// before the call goes out: no re-issue can take it first.
 		g := p.newGen(f, sse.Request{})
 		g.streamOnHead = true
-		go g.runTool(newTemplate(ctx), call.id)
+		go g.runTool(upstream.NewTemplate(ctx), call.id)
 		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
 		caller.origin = true
 		p.followTool(ctx, f, g.o.sub, caller, false)

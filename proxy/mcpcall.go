@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -22,21 +24,21 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		g.finish()
 	}()
 	p := g.p
-	p.budget.request(g.start)
-	jitter := newFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
+	p.budget.Request(g.start)
+	jitter := upstream.NewFullJitter(p.cfg.Retry.BaseBackoff, p.cfg.Retry.MaxBackoff)
 	next := 0 // the upstream to try first: the one after one that failed
 	for n := 1; ; n++ {
 		if c := g.cutShort(); c != causeNone {
 			g.toolEnd(n-1, g.toolState(cache.StateFailedRetryable), c, 0, nil)
 			return
 		}
-		up, idx, done, ok := pick(p.ups, next, "")
+		up, idx, done, ok := upstream.Pick(p.ups, next, "")
 		if !ok {
 			g.toolEnd(n-1, cache.StateFailedRetryable, causeUpstreamUnavailable, 0, nil)
 			return
 		}
 		g.mark(cache.StateExecutionStarted, n, 0)
-		resp, err := g.call(up, up.prepare(tmpl))
+		resp, err := g.call(up, up.Prepare(tmpl))
 		if err != nil {
 			// Cut short once the head came (errCancelled), the server had
 			// the call, whatever its head said by the LLM rules
@@ -48,7 +50,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 			}
 			next = idx + 1
 			unsent := a.cause == causeConnectError || a.cause == causeStaleConnection
-			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, a.cause.String(), jitter.next()) {
+			if unsent && n < p.cfg.Retry.Attempts && g.toolRetry(n, a.cause.String(), jitter.Next()) {
 				continue
 			}
 			g.toolEnd(n, g.toolState(cache.StateFailedRetryable), a.cause, 0, nil)
@@ -63,7 +65,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 		case (st == fasthttp.StatusTooManyRequests || st == fasthttp.StatusServiceUnavailable) && !unknown:
 			// The server said it did not take the call.
 			body, _ := readBody(resp, 64<<10)
-			wait := max(jitter.next(), min(retryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
+			wait := max(jitter.Next(), min(upstream.RetryAfter(resp.Header.Peek("Retry-After"), time.Now()), p.cfg.Retry.RetryAfterMax))
 			g.drop()
 			next = idx + 1
 			if n < p.cfg.Retry.Attempts && g.toolRetry(n, sc.reason(st), wait) {
@@ -98,7 +100,7 @@ func (g *gen) runTool(tmpl *fasthttp.Request, id []byte) {
 // or the call is cut short meanwhile; it reports whether to go on.
 func (g *gen) toolRetry(n int, reason string, d time.Duration) bool {
 	p := g.p
-	if !p.budget.retry(time.Now()) {
+	if !p.budget.Retry(time.Now()) {
 		return false
 	}
 	p.m.retries.WithLabelValues(reason).Inc()
@@ -158,8 +160,8 @@ func (g *gen) toolStream(n int, resp *fasthttp.Response, id []byte) {
 			continue // a notification or a request of the server's
 		}
 		if gjson.Get(ev.Data, "result").Exists() {
-			if c := connOf(resp); c != nil {
-				c.drainBy(time.Now().Add(time.Second)) // the server ends the stream after its response
+			if c := upstream.ConnOf(resp); c != nil {
+				c.DrainBy(time.Now().Add(time.Second)) // the server ends the stream after its response
 			}
 			g.toolCommitted(n, nil)
 			return

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
@@ -155,34 +156,34 @@ func newMetrics(p *Proxy) *metrics {
 	f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_live_generations_limit", Help: "The bound on ssegate_live_generations (-max-streams)."},
 		func() float64 { return float64(p.cfg.MaxStreams) }))
 	for _, up := range p.ups {
-		b := up.breaker
-		l := prometheus.Labels{"upstream": up.name}
+		b := up.Breaker()
+		l := prometheus.Labels{"upstream": up.Name()}
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_circuit_open",
 			Help: "1 while an upstream's host circuit (connect failures) is open, 0.5 half-open (a probe out), 0 closed.", ConstLabels: l},
 			func() float64 {
-				switch b.hostState() {
-				case circuitOpen:
+				switch b.HostState() {
+				case upstream.CircuitOpen:
 					return 1
-				case circuitHalfOpen:
+				case upstream.CircuitHalfOpen:
 					return 0.5
 				}
 				return 0
 			}))
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_model_circuits_open",
 			Help: "An upstream's model circuits (5xx and transport failures of one model) that are open.", ConstLabels: l},
-			func() float64 { _, n, _ := b.counts(); return float64(n) }))
+			func() float64 { _, n, _ := b.Counts(); return float64(n) }))
 		f(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ssegate_upstream_model_circuits",
 			Help: "An upstream's model circuits kept: models with recent failures or an open circuit (at most -breaker-models).", ConstLabels: l},
-			func() float64 { n, _, _ := b.counts(); return float64(n) }))
+			func() float64 { n, _, _ := b.Counts(); return float64(n) }))
 		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_circuits_opened_total",
-			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.name, "scope": "host"}},
-			func() float64 { _, _, s := b.counts(); return float64(s.HostOpened) }))
+			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.Name(), "scope": "host"}},
+			func() float64 { _, _, s := b.Counts(); return float64(s.HostOpened) }))
 		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_circuits_opened_total",
-			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.name, "scope": "model"}},
-			func() float64 { _, _, s := b.counts(); return float64(s.ModelsOpened) }))
+			Help: "Times an upstream's circuits opened, by scope: host (connect failures) or model.", ConstLabels: prometheus.Labels{"upstream": up.Name(), "scope": "model"}},
+			func() float64 { _, _, s := b.Counts(); return float64(s.ModelsOpened) }))
 		f(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ssegate_upstream_model_circuits_reclaimed_total",
 			Help: "Model circuits dropped, least recently used first, because -breaker-models were kept.", ConstLabels: l},
-			func() float64 { _, _, s := b.counts(); return float64(s.ModelsEvicted) }))
+			func() float64 { _, _, s := b.Counts(); return float64(s.ModelsEvicted) }))
 	}
 	switch s := p.store.(type) {
 	case interface{ Stats() cache.Stats }:
@@ -192,7 +193,7 @@ func newMetrics(p *Proxy) *metrics {
 	}
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, b := range []timeBudget{budgetHead, budgetAttempt, budgetIdle} {
+	for _, b := range []upstream.TimeBudget{upstream.BudgetHead, upstream.BudgetAttempt, upstream.BudgetIdle} {
 		m.timeouts.WithLabelValues(b.String())
 	}
 	return m

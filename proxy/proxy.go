@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -28,8 +30,8 @@ type Proxy struct {
 	cfg    Config
 	log    *slog.Logger
 	store  Store
-	ups    []*upstream
-	budget *budget
+	ups    []*upstream.Upstream
+	budget *upstream.Budget
 	m      *metrics
 	tracer trace.Tracer // nil: no spans
 	work   *workers     // the goroutines requests start
@@ -68,9 +70,12 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, store: cfg.Store, done: make(chan struct{}),
-		live: make(map[*gen]struct{}), work: newWorkers(workerIdle), budget: newBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
+		live: make(map[*gen]struct{}), work: newWorkers(workerIdle), budget: upstream.NewBudget(cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin)}
+	ucfg := upstream.Config{ConnectTimeout: cfg.UpstreamConnectTimeout, HeadTimeout: cfg.HeadTimeout,
+		IdleTimeout: cfg.UpstreamIdleTimeout, MaxConns: cfg.UpstreamMaxConns, TLS: cfg.UpstreamTLS,
+		Retry: &cfg.Retry, RetryAmbiguous: cfg.RetryAmbiguous}
 	for _, raw := range cfg.Upstreams {
-		up, err := newUpstream(raw, &cfg, p.circuitChanged, p.upstreamTimedOut)
+		up, err := upstream.New(raw, &ucfg, p.circuitChanged, p.upstreamTimedOut)
 		if err != nil {
 			return nil, err
 		}
@@ -93,29 +98,29 @@ func New(cfg Config) (*Proxy, error) {
 
 // circuitChanged logs an upstream circuit that opened or closed: the
 // host's (connect failures) or a model's.
-func (p *Proxy) circuitChanged(c circuitChange) {
+func (p *Proxy) circuitChanged(c upstream.CircuitChange) {
 	scope := "model"
-	if c.host {
+	if c.Host {
 		scope = "host"
 	}
-	attrs := []any{"upstream", c.upstream, "scope", scope}
-	if !c.host {
-		attrs = append(attrs, "model", c.model)
+	attrs := []any{"upstream", c.Upstream, "scope", scope}
+	if !c.Host {
+		attrs = append(attrs, "model", c.Model)
 	}
-	if c.opened {
-		p.log.Warn("upstream circuit", append(attrs, "from", circuitClosed.String(), "to", circuitOpen.String(),
-			"failures", c.failures, "probe_in", c.wait.String())...)
+	if c.Opened {
+		p.log.Warn("upstream circuit", append(attrs, "from", upstream.CircuitClosed.String(), "to", upstream.CircuitOpen.String(),
+			"failures", c.Failures, "probe_in", c.Wait.String())...)
 		return
 	}
-	p.log.Info("upstream circuit", append(attrs, "from", circuitOpen.String(), "to", circuitClosed.String(),
-		"open_ms", c.openFor.Milliseconds())...)
+	p.log.Info("upstream circuit", append(attrs, "from", upstream.CircuitOpen.String(), "to", upstream.CircuitClosed.String(),
+		"open_ms", c.OpenFor.Milliseconds())...)
 }
 
 // upstreamTimedOut logs and counts an upstream connection cut by one of
 // the time budgets. The decision and state logs say which key it was.
-func (p *Proxy) upstreamTimedOut(name string, b timeBudget, bound time.Duration) {
+func (p *Proxy) upstreamTimedOut(name string, b upstream.TimeBudget, bound time.Duration) {
 	p.m.timeouts.WithLabelValues(b.String()).Inc()
-	p.log.Warn("upstream timeout", "upstream", name, "budget", b.flag(), "bound", bound.String())
+	p.log.Warn("upstream timeout", "upstream", name, "budget", b.Flag(), "bound", bound.String())
 }
 
 // serverName is the Server header of every answer of the proxy: those
@@ -279,7 +284,7 @@ func (p *Proxy) Abort() {
 	// client gets its answer (the outcome-unknown one) before the process
 	// exits.
 	for _, u := range p.ups {
-		u.conns.closeAll()
+		u.CloseAll()
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -77,7 +79,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 			}
 			det.Observe(ev)
 			if !begun && pre.released {
-				begun = true // at -preamble-hold, in a read (idleConn.holdBy)
+				begun = true // at -preamble-hold, in a read (upstream.Conn.HoldBy)
 				if appendErr = pre.err; appendErr != nil {
 					break
 				}
@@ -98,7 +100,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 				if streamFailed(det) {
 					if a, again := g.heldFailure(ev, head, more); again {
-						conn.holdBy(time.Time{}, nil)
+						conn.HoldBy(time.Time{}, nil)
 						if a.cause == causeUpstreamAborted || det.Terminal() {
 							if a.cause != causeUpstreamAborted {
 								pre.keep(ev)
@@ -107,13 +109,13 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 						}
 						pre.keep(ev)
 						failedA = &a
-						conn.drainBy(time.Now().Add(maxDrainTime))
+						conn.DrainBy(time.Now().Add(maxDrainTime))
 						continue
 					}
 				} else if !det.Content() && !det.Terminal() && pre.hold(ev, conn) {
 					continue
 				}
-				conn.holdBy(time.Time{}, nil)
+				conn.HoldBy(time.Time{}, nil)
 				if appendErr = pre.release(); appendErr != nil {
 					break
 				}
@@ -157,16 +159,16 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 			if terminal {
 				c, settled = g.conclude(det, head, nil, nil, false)
 				concluded = true
-				conn.drainBy(time.Now().Add(maxDrainTime))
+				conn.DrainBy(time.Now().Add(maxDrainTime))
 			} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
 				failing = true
-				conn.drainBy(time.Now().Add(maxDrainTime))
+				conn.DrainBy(time.Now().Add(maxDrainTime))
 			}
 		}
-		if err := sc.Err(); err != nil && (!failing || !isTimeout(err)) {
+		if err := sc.Err(); err != nil && (!failing || !upstream.IsTimeout(err)) {
 			readErr = err
 		}
-		conn.holdBy(time.Time{}, nil)
+		conn.HoldBy(time.Time{}, nil)
 		if failedA != nil {
 			return g.withUsage(det, pre.failed(*failedA)) // no response.failed within the drain's bounds
 		}
@@ -267,7 +269,7 @@ func (p *preamble) report(err error) {
 // -max-event-bytes, or the store's live bounds have no room for it. The
 // first held event has conn call release at the bound, should the
 // upstream be silent until then.
-func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
+func (p *preamble) hold(ev sse.Event, conn *upstream.Conn) bool {
 	cfg := &p.g.p.cfg
 	if cfg.PreambleHold <= 0 || p.n+len(ev.Type)+len(ev.Data) > cfg.MaxEventBytes {
 		return false
@@ -283,7 +285,7 @@ func (p *preamble) hold(ev sse.Event, conn *idleConn) bool {
 	if first {
 		p.since = time.Now()
 		p.onHold = func() { p.err = p.release() }
-		conn.holdBy(p.since.Add(cfg.PreambleHold), p.onHold)
+		conn.HoldBy(p.since.Add(cfg.PreambleHold), p.onHold)
 	}
 	p.keep(ev)
 	return true
@@ -415,7 +417,7 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 		a.exhausted = true
 		return a, true
 	}
-	return a, a.verdict() == safe
+	return a, a.verdict() == upstream.Safe
 }
 
 // relayBody returns resp's body for pump to read, and the connection it
@@ -423,10 +425,10 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 // written what the flight journaled since the last (origin.push): the
 // events of one read go out in one write, before the generation may wait
 // for the upstream. It is set once per body; drop unsets it.
-func (g *gen) relayBody(resp *fasthttp.Response) (io.Reader, *idleConn) {
-	conn := connOf(resp)
+func (g *gen) relayBody(resp *fasthttp.Response) (io.Reader, *upstream.Conn) {
+	conn := upstream.ConnOf(resp)
 	if conn != nil {
-		conn.beforeRead = g.o.push
+		conn.SetBeforeRead(g.o.push)
 	}
 	return bodyOf(resp), conn
 }
@@ -520,7 +522,7 @@ func readFailure(err error) cause {
 		return causeMaxStreamBytes
 	case errors.As(err, new(*healRefused)):
 		return causeHealRefused
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		return causeUpstreamIdleTimeout
 	default:
 		return causeUpstreamReadError

@@ -6,6 +6,8 @@ import (
 	"io"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -33,7 +35,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g.traceFrom(ctx)
 	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
-	g.launch(newTemplate(ctx))
+	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
 }
 

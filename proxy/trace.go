@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -177,7 +179,7 @@ func (g *gen) traceFrom(ctx *fasthttp.RequestCtx) {
 
 // startCall starts the span of call n on up, for the model of the calls
 // being made, and sets the upstream request's traceparent to it.
-func (g *gen) startCall(up *upstream, req *fasthttp.Request, n int) {
+func (g *gen) startCall(up *upstream.Upstream, req *fasthttp.Request, n int) {
 	if g.traceCtx == nil {
 		return
 	}
@@ -194,8 +196,8 @@ func (g *gen) startCall(up *upstream, req *fasthttp.Request, n int) {
 	if model != "" {
 		attrs = append(attrs, attribute.String("gen_ai.request.model", model))
 	}
-	attrs = append(attrs, attribute.String("server.address", up.base.Hostname()))
-	if port, err := strconv.Atoi(up.base.Port()); err == nil {
+	attrs = append(attrs, attribute.String("server.address", up.Hostname()))
+	if port, err := strconv.Atoi(up.Port()); err == nil {
 		attrs = append(attrs, attribute.Int("server.port", port))
 	}
 	c, span := g.p.tracer.Start(g.traceCtx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))

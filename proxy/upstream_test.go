@@ -19,8 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
-	"github.com/ssegate/ssegate/internal/mockllm"
-	"github.com/valyala/fasthttp"
 )
 
 const plainBody = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Tell me a joke"}]}`
@@ -338,44 +336,6 @@ func TestStalePooledConnection(t *testing.T) {
 		waitFor(t, func() bool { return closed.Load() > int64(i) })
 	}
 	wantCount(t, "upstream calls", calls.Load(), 3)
-}
-
-// TestAnswerConn: an answer from the upstream client leads back to the
-// connection it is read from, which is how a generation writes its client
-// before each read of the upstream's socket rather than before each event.
-func TestAnswerConn(t *testing.T) {
-	t.Parallel()
-	_, url := startMock(t, mockllm.Config{Tokens: 20, Delay: time.Millisecond})
-	store := memoryStore(t, cache.Config{})
-	cfg := Config{Upstreams: []string{url}, Store: store}
-	if err := cfg.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	up, err := newUpstream(url, &cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(url + "/v1/chat/completions")
-	req.Header.SetMethod("POST")
-	req.SetBodyString(chatBody)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	if err := up.do(req, resp, true); err != nil {
-		t.Fatal(err)
-	}
-	c := connOf(resp)
-	if c == nil {
-		t.Fatalf("the answer's LocalAddr is %T; want the upstream connection's own", resp.LocalAddr())
-	}
-	reads := 0
-	c.beforeRead = func() { reads++ }
-	io.Copy(io.Discard, resp.BodyStream()) //nolint:errcheck // counted below
-	c.beforeRead = nil
-	if reads == 0 {
-		t.Fatal("reading the body did not go through the connection's beforeRead")
-	}
 }
 
 // TestAnswersWithoutBody: answers fasthttp gives no body stream for (to a

@@ -23,7 +23,7 @@ import (
 func TestRequestGoroutines(t *testing.T) {
 	// Not parallel: the process's goroutines are counted.
 	e := newEnv(t)
-	upstream := "http://" + e.proxy.ups[0].base.Host
+	upstream := "http://" + e.proxy.ups[0].Addr()
 	sample := []rtmetrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
 	created := func() uint64 {
 		rtmetrics.Read(sample)

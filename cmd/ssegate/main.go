@@ -26,6 +26,7 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/proxy"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
 	"go.opentelemetry.io/otel/trace"
@@ -550,7 +551,7 @@ func upstreamsForLog(ups []string) string {
 	out := make([]string, len(ups))
 	for i, s := range ups {
 		if u, err := url.Parse(s); err == nil {
-			s = proxy.URLForLog(u)
+			s = upstream.URLForLog(u)
 		} else {
 			s = "(unparsable)"
 		}

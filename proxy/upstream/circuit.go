@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"container/list"
@@ -9,54 +9,56 @@ import (
 	"time"
 )
 
-// A breaker keeps calls away from an upstream while it fails and finds out
+// A Breaker keeps calls away from an upstream while it fails and finds out
 // within about a second that it serves again, with a host circuit for
 // connect failures and a model circuit per model for the rest, so that one
 // model's outage turns away no other. docs/design.md ("Failover and
 // circuits") gives the rules: what counts as a failure, the probes and
 // their backoff, the memory bound, and why not gobreaker.
-type breaker struct {
+type Breaker struct {
 	name    string // the upstream, for logs and metrics
 	cfg     *RetryConfig
-	changed func(circuitChange) // called outside mu
+	changed func(CircuitChange) // called outside mu
 
 	mu     sync.Mutex // guards everything below
 	epoch  uint64     // counts openings, to tell a probe of this opening from a stale one
 	host   circuit
 	models map[string]*list.Element // model key → element of lru holding a *modelCircuit
 	lru    list.List                // most recently used first
-	stats  breakerStats
+	stats  BreakerStats
 }
 
-// breakerStats are a breaker's counters, for metrics.
-type breakerStats struct {
+// BreakerStats are a breaker's counters, for metrics.
+type BreakerStats struct {
 	HostOpened, ModelsOpened, ModelsEvicted uint64
 }
 
-// circuitChange is a circuit that opened or closed.
-type circuitChange struct {
-	upstream, model string // model is "" for the host circuit
-	host            bool
-	opened          bool          // opened, or else closed
-	failures        int           // when opened: the consecutive failures that opened it
-	wait            time.Duration // when opened: until the first probe
-	openFor         time.Duration // when closed: how long it was open
+// CircuitChange is a circuit that opened or closed.
+type CircuitChange struct {
+	Upstream, Model string // Model is "" for the host circuit
+	Host            bool
+	Opened          bool          // opened, or else closed
+	Failures        int           // when opened: the consecutive failures that opened it
+	Wait            time.Duration // when opened: until the first probe
+	OpenFor         time.Duration // when closed: how long it was open
 }
 
-// circuitState is a circuit's state, as metrics show it.
-type circuitState int
+// CircuitState is a circuit's state, as metrics show it.
+type CircuitState int
 
+// The states of a circuit.
 const (
-	circuitClosed circuitState = iota
-	circuitOpen
-	circuitHalfOpen // open, with a probe out
+	CircuitClosed CircuitState = iota
+	CircuitOpen
+	CircuitHalfOpen // open, with a probe out
 )
 
-func (s circuitState) String() string {
+// String is the state as logs show it.
+func (s CircuitState) String() string {
 	switch s {
-	case circuitOpen:
+	case CircuitOpen:
 		return "open"
-	case circuitHalfOpen:
+	case CircuitHalfOpen:
 		return "half-open"
 	}
 	return "closed"
@@ -85,14 +87,14 @@ type circuit struct {
 	since     time.Time     // while open: when it opened
 }
 
-func (c *circuit) state() circuitState {
+func (c *circuit) state() CircuitState {
 	switch {
 	case !c.open:
-		return circuitClosed
+		return CircuitClosed
 	case c.out > 0:
-		return circuitHalfOpen
+		return CircuitHalfOpen
 	}
-	return circuitOpen
+	return CircuitOpen
 }
 
 // admits reports whether a call may go through at now.
@@ -118,7 +120,7 @@ func (c *circuit) admit(now time.Time) (probe uint64) {
 
 // settle records the outcome of a call sent at sent; probe is what admit
 // returned for it. It reports whether the circuit opened or closed.
-func (c *circuit) settle(o outcome, probe uint64, sent, now time.Time, b *breaker) (opened, closed bool) {
+func (c *circuit) settle(o outcome, probe uint64, sent, now time.Time, b *Breaker) (opened, closed bool) {
 	cfg := b.cfg
 	isProbe := c.open && probe != 0 && probe == c.epoch
 	if isProbe {
@@ -163,17 +165,17 @@ type modelCircuit struct {
 	circuit
 }
 
-func newBreaker(name string, cfg *RetryConfig, changed func(circuitChange)) *breaker {
+func newBreaker(name string, cfg *RetryConfig, changed func(CircuitChange)) *Breaker {
 	if changed == nil {
-		changed = func(circuitChange) {}
+		changed = func(CircuitChange) {}
 	}
-	return &breaker{name: name, cfg: cfg, changed: changed, models: make(map[string]*list.Element)}
+	return &Breaker{name: name, cfg: cfg, changed: changed, models: make(map[string]*list.Element)}
 }
 
 // allow reports whether a call for model may go to the upstream now; if
 // it may, done reports the call's error (nil for an answer below 500) to
 // the circuits.
-func (b *breaker) allow(model string) (done func(error), ok bool) {
+func (b *Breaker) allow(model string) (done func(error), ok bool) {
 	now := time.Now()
 	b.mu.Lock()
 	el, ok := b.admitting(model, now)
@@ -191,9 +193,9 @@ func (b *breaker) allow(model string) (done func(error), ok bool) {
 	return func(err error) { b.settle(model, hostProbe, modelProbe, now, err) }, true
 }
 
-// admits reports whether a call for model would be let through now,
+// Admits reports whether a call for model (a key from ModelKey) would be let through now,
 // without letting one through.
-func (b *breaker) admits(model string) bool {
+func (b *Breaker) Admits(model string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	_, ok := b.admitting(model, time.Now())
@@ -202,7 +204,7 @@ func (b *breaker) admits(model string) bool {
 
 // admitting returns model's kept circuit (nil when it has none) and
 // whether its circuits let a call through at now; b.mu is held.
-func (b *breaker) admitting(model string, now time.Time) (*list.Element, bool) {
+func (b *Breaker) admitting(model string, now time.Time) (*list.Element, bool) {
 	probes := b.cfg.BreakerProbes
 	el := b.models[model]
 	if !b.host.admits(now, probes) {
@@ -212,19 +214,19 @@ func (b *breaker) admitting(model string, now time.Time) (*list.Element, bool) {
 }
 
 // settle records what a call said of the host and of model.
-func (b *breaker) settle(model string, hostProbe, modelProbe uint64, sent time.Time, err error) {
+func (b *Breaker) settle(model string, hostProbe, modelProbe uint64, sent time.Time, err error) {
 	host, mo := succeeded, succeeded
 	switch {
 	case err == nil:
 	case localFailure(err):
 		host, mo = ignored, ignored
-	case isDial(err):
+	case IsDial(err):
 		host, mo = failed, ignored // nothing reached the upstream: a host failure only
 	default:
 		mo = failed // it connected, so the host is up; the call failed
 	}
 	now := time.Now()
-	var changes [2]circuitChange
+	var changes [2]CircuitChange
 	n := 0
 	b.mu.Lock()
 	if opened, closed := b.host.settle(host, hostProbe, sent, now, b); opened || closed {
@@ -262,19 +264,19 @@ func (b *breaker) settle(model string, hostProbe, modelProbe uint64, sent time.T
 }
 
 // change describes c's opening or closing; b.mu is held.
-func (b *breaker) change(c *circuit, model string, opened bool, now time.Time) circuitChange {
-	ch := circuitChange{upstream: b.name, model: model, host: c == &b.host, opened: opened}
+func (b *Breaker) change(c *circuit, model string, opened bool, now time.Time) CircuitChange {
+	ch := CircuitChange{Upstream: b.name, Model: model, Host: c == &b.host, Opened: opened}
 	if opened {
-		ch.failures, ch.wait = c.failures, c.wait
+		ch.Failures, ch.Wait = c.failures, c.wait
 	} else {
-		ch.openFor = now.Sub(c.since)
+		ch.OpenFor = now.Sub(c.since)
 	}
 	return ch
 }
 
 // add keeps a new closed circuit for model, reclaiming the least recently
 // used one when the bound is reached; b.mu is held.
-func (b *breaker) add(model string) *list.Element {
+func (b *Breaker) add(model string) *list.Element {
 	for len(b.models) >= b.cfg.BreakerModels {
 		old := b.lru.Back()
 		b.lru.Remove(old)
@@ -286,26 +288,26 @@ func (b *breaker) add(model string) *list.Element {
 	return el
 }
 
-// hostState is the host circuit's state.
-func (b *breaker) hostState() circuitState {
+// HostState is the host circuit's state.
+func (b *Breaker) HostState() CircuitState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.host.state()
 }
 
-// modelState is model's circuit's state.
-func (b *breaker) modelState(model string) circuitState {
+// ModelState is model's circuit's state.
+func (b *Breaker) ModelState(model string) CircuitState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if el := b.models[model]; el != nil {
 		return el.Value.(*modelCircuit).state()
 	}
-	return circuitClosed
+	return CircuitClosed
 }
 
-// counts returns how many model circuits are kept and how many of them
+// Counts returns how many model circuits are kept and how many of them
 // are open, with the breaker's counters.
-func (b *breaker) counts() (kept, open int, s breakerStats) {
+func (b *Breaker) Counts() (kept, open int, s BreakerStats) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, el := range b.models {
@@ -321,11 +323,11 @@ const maxModelKey = 128
 
 var modelSeed = maphash.MakeSeed()
 
-// modelKey returns the circuit key of a request's top-level "model": the
+// ModelKey returns the circuit key of a request's top-level "model": the
 // name itself, or for a name longer than maxModelKey its prefix and a hash
 // of the whole, so that a hostile name cannot make a kept circuit large.
 // A body without one has the key "".
-func modelKey(model string) string {
+func ModelKey(model string) string {
 	if len(model) <= maxModelKey {
 		return model
 	}

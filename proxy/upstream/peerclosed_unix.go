@@ -1,6 +1,6 @@
 //go:build linux || darwin || openbsd
 
-package proxy
+package upstream
 
 import (
 	"crypto/tls"

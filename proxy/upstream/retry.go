@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"math/rand/v2"
@@ -53,7 +53,8 @@ type RetryConfig struct {
 	BreakerModels int
 }
 
-func (c *RetryConfig) setDefaults() {
+// SetDefaults sets each field that is zero or less to its default.
+func (c *RetryConfig) SetDefaults() {
 	defInt := func(n *int, v int) {
 		if *n <= 0 {
 			*n = v
@@ -82,33 +83,33 @@ func (c *RetryConfig) setDefaults() {
 	defInt(&c.BreakerModels, 1000)
 }
 
-// verdict is what one attempt's outcome allows.
-type verdict int
+// Verdict is what one attempt's outcome allows.
+type Verdict int
 
 const (
-	// final: relay or record what came; no retry.
-	final verdict = iota
-	// safe: the upstream did not act on the request (connect error) or
+	// Final: relay or record what came; no retry.
+	Final Verdict = iota
+	// Safe: the upstream did not act on the request (connect error) or
 	// said it did not (429, 500, 502, 503, 504): a retry cannot double it.
-	safe
-	// ambiguous: the request went out and no answer came; a retry may
+	Safe
+	// Ambiguous: the request went out and no answer came; a retry may
 	// run the request twice, so only keyed requests are retried, with the
 	// key forwarded so the upstream can deduplicate too.
-	ambiguous
+	Ambiguous
 )
 
-// statusVerdict classifies an upstream status.
-func statusVerdict(status int) verdict {
+// StatusVerdict classifies an upstream status.
+func StatusVerdict(status int) Verdict {
 	switch status {
 	case fasthttp.StatusTooManyRequests, fasthttp.StatusInternalServerError, fasthttp.StatusBadGateway,
 		fasthttp.StatusServiceUnavailable, fasthttp.StatusGatewayTimeout:
-		return safe
+		return Safe
 	}
-	return final
+	return Final
 }
 
-// retryAfter parses a Retry-After header: delay-seconds or an HTTP date.
-func retryAfter(v []byte, now time.Time) time.Duration {
+// RetryAfter parses a Retry-After header: delay-seconds or an HTTP date.
+func RetryAfter(v []byte, now time.Time) time.Duration {
 	if len(v) == 0 {
 		return 0
 	}
@@ -126,20 +127,23 @@ func retryAfter(v []byte, now time.Time) time.Duration {
 	return 0
 }
 
-// fullJitter draws each backoff uniformly between zero and an
+// FullJitter draws each backoff uniformly between zero and an
 // exponentially growing ceiling ("full jitter"), so that clients that
 // failed together do not retry together.
-type fullJitter struct{ exp backoff.ExponentialBackOff }
+type FullJitter struct{ exp backoff.ExponentialBackOff }
 
-func newFullJitter(base, ceiling time.Duration) *fullJitter {
-	j := &fullJitter{exp: backoff.ExponentialBackOff{
+// NewFullJitter returns backoffs whose ceiling starts at base and doubles
+// per call, up to ceiling.
+func NewFullJitter(base, ceiling time.Duration) *FullJitter {
+	j := &FullJitter{exp: backoff.ExponentialBackOff{
 		InitialInterval: base, Multiplier: 2, MaxInterval: ceiling, RandomizationFactor: 0,
 	}}
 	j.exp.Reset()
 	return j
 }
 
-func (j *fullJitter) next() time.Duration {
+// Next returns the next backoff.
+func (j *FullJitter) Next() time.Duration {
 	c := j.exp.NextBackOff()
 	if c <= 0 {
 		return 0
@@ -147,11 +151,11 @@ func (j *fullJitter) next() time.Duration {
 	return time.Duration(rand.Int64N(int64(c) + 1))
 }
 
-// budget bounds retries to a share of recent requests: over a sliding
+// Budget bounds retries to a share of recent requests: over a sliding
 // window of ten one-second buckets, retries may number at most
 // ratio × requests + min. When an upstream is down every request fails,
 // and without a budget each would multiply the load on it by Attempts.
-type budget struct {
+type Budget struct {
 	ratio float64
 	min   int
 
@@ -162,9 +166,11 @@ type budget struct {
 	}
 }
 
-func newBudget(ratio float64, min int) *budget { return &budget{ratio: ratio, min: min} }
+// NewBudget returns a budget that allows ratio × requests + min retries
+// over the last ten seconds.
+func NewBudget(ratio float64, min int) *Budget { return &Budget{ratio: ratio, min: min} }
 
-func (b *budget) bucket(now time.Time) int {
+func (b *Budget) bucket(now time.Time) int {
 	sec := now.Unix()
 	i := int(sec % int64(len(b.buckets)))
 	if b.buckets[i].sec != sec {
@@ -173,7 +179,7 @@ func (b *budget) bucket(now time.Time) int {
 	return i
 }
 
-func (b *budget) totals(now time.Time) (requests, retries int) {
+func (b *Budget) totals(now time.Time) (requests, retries int) {
 	oldest := now.Unix() - int64(len(b.buckets)) + 1
 	for _, x := range b.buckets {
 		if x.sec >= oldest {
@@ -184,15 +190,15 @@ func (b *budget) totals(now time.Time) (requests, retries int) {
 	return requests, retries
 }
 
-// request records one request that calls the upstream.
-func (b *budget) request(now time.Time) {
+// Request records one request that calls the upstream.
+func (b *Budget) Request(now time.Time) {
 	b.mu.Lock()
 	b.buckets[b.bucket(now)].requests++
 	b.mu.Unlock()
 }
 
-// retry takes one retry from the budget, or reports that it is spent.
-func (b *budget) retry(now time.Time) bool {
+// Retry takes one retry from the budget, or reports that it is spent.
+func (b *Budget) Retry(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	i := b.bucket(now)

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
@@ -14,28 +14,28 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// upstream is one LLM API endpoint, the clients that reach it, and the
+// Upstream is one LLM API endpoint, the clients that reach it, and the
 // circuit breaker that keeps calls away from it, or from one of its
 // models, while they fail (circuit.go).
 //
 // A streaming request and a non-streaming one may wait very differently
 // long for their answer to begin: a stream's head comes within seconds,
 // a non-streaming answer only once the whole completion is done. The
-// bound lives in the connection (idleConn), fixed when it is dialed, so
+// bound lives in the connection (Conn), fixed when it is dialed, so
 // each kind of request has a client, and a pool, of its own. fasthttp
 // has no per-request hook between taking a pooled connection and writing
 // the request to it; its per-request timeout (Request.SetTimeout) is an
 // absolute deadline over the whole streamed body, and it also shortens
 // the wait for a pooled connection and turns running out of them into
 // ErrTimeout, which would pass a local shortage for a silent upstream.
-type upstream struct {
+type Upstream struct {
 	name    string // the base URL without password or query, for logs and metrics
 	base    *url.URL
 	prefix  string               // path prefix from the base URL, without a trailing slash
 	addr    string               // host:port
 	stream  *fasthttp.HostClient // for requests that ask for a stream: the head within HeadTimeout
 	whole   *fasthttp.HostClient // for the others: the whole answer within Retry.AttemptTimeout
-	breaker *breaker
+	breaker *Breaker
 	// retryAmbiguous: the upstream deduplicates on Idempotency-Key
 	// (Config.RetryAmbiguous), so an ambiguous failure may be repeated.
 	retryAmbiguous bool
@@ -45,13 +45,39 @@ type upstream struct {
 	conns *connSet
 }
 
+// Config is what an upstream takes of the proxy's configuration. Unlike
+// most configs here it has no defaults of its own: the proxy's Config
+// sets them.
+type Config struct {
+	// ConnectTimeout bounds dialing the upstream, TLS handshake included.
+	ConnectTimeout time.Duration
+	// HeadTimeout bounds the wait for a streaming answer's first byte.
+	HeadTimeout time.Duration
+	// IdleTimeout bounds a silence of the upstream once its answer began.
+	IdleTimeout time.Duration
+	// MaxConns bounds the connections of each of the upstream's two clients.
+	MaxConns int
+	// TLS configures TLS to an https upstream (nil: the system's roots).
+	TLS *tls.Config
+	// Retry holds the attempt timeout and the circuits' settings; the
+	// upstream keeps the pointer.
+	Retry *RetryConfig
+	// RetryAmbiguous names the upstreams, by base URL or "*" for all,
+	// that deduplicate on Idempotency-Key.
+	RetryAmbiguous []string
+}
+
+// The time budgets of an upstream connection.
 const (
-	budgetHead    timeBudget = iota // a streaming answer's first byte (HeadTimeout)
-	budgetAttempt                   // a non-streaming answer (Retry.AttemptTimeout)
-	budgetIdle                      // a silence once the answer began (UpstreamIdleTimeout)
+	BudgetHead    TimeBudget = iota // a streaming answer's first byte (HeadTimeout)
+	BudgetAttempt                   // a non-streaming answer (Retry.AttemptTimeout)
+	BudgetIdle                      // a silence once the answer began (UpstreamIdleTimeout)
 )
 
-func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut onTimeout) (*upstream, error) {
+// New returns the upstream at the base URL raw. changed, if not nil, is
+// told of each of its circuits that opens or closes (outside the circuit's
+// lock); timedOut, if not nil, of each connection a time budget cut.
+func New(raw string, cfg *Config, changed func(CircuitChange), timedOut OnTimeout) (*Upstream, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		// url.Error quotes the whole URL, which may hold a password.
@@ -76,24 +102,24 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			addr += ":80"
 		}
 	}
-	connect := cfg.UpstreamConnectTimeout
+	connect := cfg.ConnectTimeout
 	var tlsCfg *tls.Config // one for both clients, so that they share a session cache if it has one
 	if u.Scheme == "https" {
 		tlsCfg = &tls.Config{}
-		if cfg.UpstreamTLS != nil {
-			tlsCfg = cfg.UpstreamTLS.Clone()
+		if cfg.TLS != nil {
+			tlsCfg = cfg.TLS.Clone()
 		}
 		if tlsCfg.ServerName == "" {
 			tlsCfg.ServerName = u.Hostname()
 		}
 	}
-	conns := &connSet{m: map[*idleConn]struct{}{}}
-	client := func(head time.Duration, b timeBudget) *fasthttp.HostClient {
+	conns := &connSet{m: map[*Conn]struct{}{}}
+	client := func(head time.Duration, b TimeBudget) *fasthttp.HostClient {
 		return &fasthttp.HostClient{
 			Addr:               addr,
 			IsTLS:              u.Scheme == "https",
 			StreamResponseBody: true,
-			MaxConns:           cfg.UpstreamMaxConns,
+			MaxConns:           cfg.MaxConns,
 			// A call waits for a pooled connection rather than failing at once;
 			// MaxStreams already bounds how many calls there are.
 			MaxConnWaitTimeout:            connect,
@@ -109,15 +135,15 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			// Except where nothing was sent: a pooled connection the
 			// upstream closed while idle (errStale) is passed over for
 			// another, at once (up to MaxIdemponentCallAttempts, 5).
-			RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) { return false, isStale(err) },
+			RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) { return false, IsStale(err) },
 			Dial: func(addr string) (net.Conn, error) {
 				c, err := dial(addr, connect, tlsCfg)
 				if err != nil {
 					return nil, err
 				}
-				ic := &idleConn{Conn: c, idle: cfg.UpstreamIdleTimeout, head: head, whole: b == budgetAttempt, headBudget: b}
+				ic := &Conn{Conn: c, idle: cfg.IdleTimeout, head: head, whole: b == BudgetAttempt, headBudget: b}
 				if timedOut != nil {
-					ic.timedOut = func(b timeBudget, bound time.Duration) { timedOut(name, b, bound) }
+					ic.timedOut = func(b TimeBudget, bound time.Duration) { timedOut(name, b, bound) }
 				}
 				ic.laddr = &connAddr{Addr: c.LocalAddr(), c: ic}
 				ic.owner = conns
@@ -126,16 +152,16 @@ func newUpstream(raw string, cfg *Config, changed func(circuitChange), timedOut 
 			},
 		}
 	}
-	return &upstream{name: name, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
-		stream: client(cfg.HeadTimeout, budgetHead), whole: client(cfg.Retry.AttemptTimeout, budgetAttempt),
-		breaker: newBreaker(name, &cfg.Retry, changed), conns: conns,
+	return &Upstream{name: name, base: u, prefix: strings.TrimSuffix(u.Path, "/"), addr: addr,
+		stream: client(cfg.HeadTimeout, BudgetHead), whole: client(cfg.Retry.AttemptTimeout, BudgetAttempt),
+		breaker: newBreaker(name, cfg.Retry, changed), conns: conns,
 		retryAmbiguous: slices.Contains(cfg.RetryAmbiguous, raw) || slices.Contains(cfg.RetryAmbiguous, "*")}, nil
 }
 
-// do sends req on the client for its kind (stream: the request asks for
+// Do sends req on the client for its kind (stream: the request asks for
 // a streamed answer) and returns when the answer's head is read, or the
 // call failed.
-func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response, stream bool) error {
+func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, stream bool) error {
 	hc := u.whole
 	if stream {
 		hc = u.stream
@@ -143,10 +169,10 @@ func (u *upstream) do(req *fasthttp.Request, resp *fasthttp.Response, stream boo
 	return hc.Do(req, resp)
 }
 
-// pick returns the first upstream from index start on (wrapping) whose
-// circuits (its host's and model's, a key from modelKey) let a call
+// Pick returns the first upstream from index start on (wrapping) whose
+// circuits (its host's and model's, a key from ModelKey) let a call
 // through, with the function that reports the call's health to them.
-func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done func(error), ok bool) {
+func Pick(ups []*Upstream, start int, model string) (up *Upstream, idx int, done func(error), ok bool) {
 	for i := range ups {
 		j := (start + i) % len(ups)
 		if d, ok := ups[j].breaker.allow(model); ok {
@@ -156,24 +182,24 @@ func pick(ups []*upstream, start int, model string) (up *upstream, idx int, done
 	return nil, 0, nil, false
 }
 
-// errNotCalled settles a circuit's admission that was not used: the call
+// ErrNotCalled settles a circuit's admission that was not used: the call
 // was never made.
-var errNotCalled = errors.New("the call was not made")
+var ErrNotCalled = errors.New("the call was not made")
 
-// hopHeaders are meaningful for one connection only and never relayed.
-var hopHeaders = []string{
+// HopHeaders are meaningful for one connection only and never relayed.
+var HopHeaders = []string{
 	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// newTemplate copies the client's request for the upstream: method, path,
+// NewTemplate copies the client's request for the upstream: method, path,
 // query, body and end-to-end headers (Idempotency-Key among them, unchanged
 // on every attempt). The upstream is asked for an uncompressed answer,
 // because the proxy reads its events.
-func newTemplate(ctx *fasthttp.RequestCtx) *fasthttp.Request {
+func NewTemplate(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	ctx.Request.Header.CopyTo(&req.Header)
-	for _, h := range hopHeaders {
+	for _, h := range HopHeaders {
 		req.Header.Del(h)
 	}
 	// A header named by Connection is hop-by-hop too.
@@ -189,8 +215,8 @@ func newTemplate(ctx *fasthttp.RequestCtx) *fasthttp.Request {
 	return req
 }
 
-// prepare returns a copy of the template addressed to this upstream.
-func (u *upstream) prepare(tmpl *fasthttp.Request) *fasthttp.Request {
+// Prepare returns a copy of the template addressed to this upstream.
+func (u *Upstream) Prepare(tmpl *fasthttp.Request) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	tmpl.CopyTo(req)
 	uri := req.URI()
@@ -208,4 +234,36 @@ func URLForLog(u *url.URL) string {
 	c := *u
 	c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = "", false, "", ""
 	return c.Redacted()
+}
+
+// Name is the upstream's base URL as logs and metrics show it (URLForLog).
+func (u *Upstream) Name() string { return u.name }
+
+// Addr is the upstream's host:port.
+func (u *Upstream) Addr() string { return u.addr }
+
+// Hostname is the host of the upstream's base URL, without a port.
+func (u *Upstream) Hostname() string { return u.base.Hostname() }
+
+// Port is the port of the upstream's base URL, or "" when it names none.
+func (u *Upstream) Port() string { return u.base.Port() }
+
+// Breaker is the upstream's circuit breaker.
+func (u *Upstream) Breaker() *Breaker { return u.breaker }
+
+// RetryAmbiguous reports whether the upstream deduplicates on
+// Idempotency-Key (Config.RetryAmbiguous), so that an ambiguous failure
+// may be repeated to it.
+func (u *Upstream) RetryAmbiguous() bool { return u.retryAmbiguous }
+
+// CloseAll closes every open connection to the upstream: a call waiting
+// for its head, or reading its answer, fails at once. Used when the proxy
+// aborts.
+func (u *Upstream) CloseAll() { u.conns.closeAll() }
+
+// CloseIdleConnections closes the upstream's pooled connections that no
+// call is using.
+func (u *Upstream) CloseIdleConnections() {
+	u.stream.CloseIdleConnections()
+	u.whole.CloseIdleConnections()
 }
