@@ -137,15 +137,16 @@ cross:
 
 # The check before a commit, meant to take under a minute and a half:
 # vet (on every platform of cross), formatting, and the unit tests of
-# sse, cache, proxy and proxy/upstream with the race detector; not the
-# end-to-end packages (test/*), bench or cmd, which make test runs.
-# cache's Redis tests need SSEGATE_REDIS_ADDR or redis-server installed
-# (they skip otherwise). CHECKPKGS=./cache checks one package. The
-# tests' results are cached (go test's cache: a package whose code, test
-# files, files read and environment read are the same as at its last
-# pass is not run again), so a change to proxy runs proxy's tests, not
-# sse's and cache's; CHECKFLAGS=-count=1 runs them all.
-CHECKPKGS ?= ./sse ./cache ./proxy/...
+# sse, cache, cache/redis, proxy and proxy/upstream with the race
+# detector; not the end-to-end packages (test/*), bench or cmd, which
+# make test runs. cache/redis's tests need SSEGATE_REDIS_ADDR or
+# redis-server installed (they skip otherwise); cache's need no server.
+# CHECKPKGS=./cache checks one package. The tests' results are cached
+# (go test's cache: a package whose code, test files, files read and
+# environment read are the same as at its last pass is not run again),
+# so a change to proxy runs proxy's tests, not sse's and cache's;
+# CHECKFLAGS=-count=1 runs them all.
+CHECKPKGS ?= ./sse ./cache/... ./proxy/...
 CHECKFLAGS ?=
 check:
 	$(GO) vet ./...
@@ -190,7 +191,7 @@ test-chart:
 # (VALKEY_FLAGS=-race adds it).
 VALKEY_ADDR ?=
 VALKEY_FLAGS ?=
-VALKEY_WHOLE ?= ./internal/redistest ./cache ./test/replicas
+VALKEY_WHOLE ?= ./internal/redistest ./cache/redis ./test/replicas
 VALKEY_SOME ?= ./proxy ./test/mcp ./test/observe
 test-valkey:
 	@set -e; \

@@ -26,7 +26,7 @@ const MetaKey = "ssegate/idempotency-key"
 const UnknownCode = -32070
 
 // ToolStore is what MCP tool calls need of the Store besides Begin
-// (cache.Memory and cache.Redis have it): BeginTool holds a call whose
+// (cache.Memory and redis.Store have it): BeginTool holds a call whose
 // outcome is unknown, Forget clears a key that is not running (DELETE
 // /keys/{key}), ToolUnknowns counts the held calls. Safe for concurrent
 // use; errors as Begin's.

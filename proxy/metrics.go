@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -288,14 +289,14 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 
 // redisStore is what the metrics read of a Redis store.
 type redisStore interface {
-	Stats() cache.RedisStats
+	Stats() redis.Stats
 	UnknownKeys() (int64, error)
 }
 
 // redisCollector reads a Redis store's counters at scrape time, and asks
 // Redis for its commit_unknown keys (no answer: the gauge is left out).
 type redisCollector struct {
-	stats   func() cache.RedisStats
+	stats   func() redis.Stats
 	unknown func() (int64, error)
 }
 
