@@ -103,7 +103,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
 	case cache.Hit:
 		p.logDecision(ctx, decisionHit, sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
-		p.saved(b.Result.Usage)
+		p.hooks.saved(b.Result.Usage)
 		p.offerResume(ctx, sc, b.Result.Gen)
 		p.replay(ctx, b.Result, 0)
 	case cache.Join:
@@ -118,14 +118,14 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	case cache.Miss:
 		f := b.Flight
 		if b.Regenerated {
-			p.m.missingBodies.Inc()
+			p.hooks.missingBody()
 		}
 		if !p.claimSlot(ctx, f) {
 			return
 		}
 		g := p.newGen(f, body)
-		g.traceFrom(ctx)
-		p.traceAnswer(ctx, f, "", "")
+		p.hooks.generationStarted(g, ctx)
+		p.hooks.answerFrom(ctx, f, "", "")
 		g.launch(upstream.NewTemplate(ctx))
 		// What the answer's head and the log need is done while the
 		// upstream call is on its way.
@@ -181,7 +181,7 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
 	if replayed && p.tracer != nil {
-		p.traceAnswer(ctx, f, "", f.Trace())
+		p.hooks.answerFrom(ctx, f, "", f.Trace())
 	}
 	if p.awaits(f) {
 		p.await(ctx, f, after, replayed)
@@ -199,7 +199,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 			return
 		}
 		if replayed && state == cache.StateCommitted {
-			p.saved(f.Usage())
+			p.hooks.saved(f.Usage())
 		}
 		p.whole(ctx, h, replayed, body, state, f.Unstored())
 		return
@@ -219,7 +219,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		ok := p.writeFollower(c, sub, f, !replayed)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
-				p.saved(f.Usage())
+				p.hooks.saved(f.Usage())
 			}
 		}
 		return ok
@@ -228,7 +228,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 
 // replay answers from a committed result, from the event after seq.
 func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
-	p.traceAnswer(ctx, nil, cache.StateCommitted, r.Trace)
+	p.hooks.answerFrom(ctx, nil, cache.StateCommitted, r.Trace)
 	data, err := r.After(after)
 	if err != nil {
 		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))

@@ -70,14 +70,6 @@ type delivery struct {
 // did not take whole: the client is behind.
 var errBehind = errors.New("the client is behind")
 
-// ttfeAdded observes the delay between journaling f's first event and
-// writing it to a client.
-func (p *Proxy) ttfeAdded(f *cache.Flight) {
-	if t := f.FirstEventAt(); !t.IsZero() {
-		p.m.ttfeAdded.Observe(time.Since(t).Seconds())
-	}
-}
-
 // writeFollower writes a flight's events to its follower c as they come,
 // with a heartbeat while idle, and ends the stream as the flight ends:
 // after the last event when it was committed, with a stream_aborted error
@@ -89,7 +81,7 @@ func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, me
 		d := deliver(c, sub, f, true)
 		if measure && d.events {
 			measure = false
-			p.ttfeAdded(f)
+			p.hooks.firstFlushed(f)
 		}
 		return d.ended || d.err != nil, d.err == nil
 	})
@@ -117,16 +109,6 @@ func (p *Proxy) follow(c *clientConn, sub *cache.Sub, step func() (end, ok bool)
 			return ok
 		}
 		hb.Reset(p.cfg.Heartbeat)
-	}
-}
-
-// saved counts the tokens of an answer served without a new generation.
-func (p *Proxy) saved(u cache.Usage) {
-	if u.Input > 0 {
-		p.m.tokensSaved.WithLabelValues("input").Add(float64(u.Input))
-	}
-	if u.Output > 0 {
-		p.m.tokensSaved.WithLabelValues("output").Add(float64(u.Output))
 	}
 }
 
@@ -165,7 +147,7 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		done := p.writeFollower(c, sub, f, !replayed)
 		if done && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
-				p.saved(f.Usage())
+				p.hooks.saved(f.Usage())
 			}
 		}
 		c.finish(done && c.end() == nil, nil)
@@ -179,7 +161,7 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 			p.logRefused(e, method, path)
 		} else {
 			if replayed && state == cache.StateCommitted {
-				p.saved(f.Usage())
+				p.hooks.saved(f.Usage())
 			}
 			setHead(&resp.Header, h, replayed)
 			outcomeHead(&resp.Header, state, f.Unstored())

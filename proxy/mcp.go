@@ -79,7 +79,7 @@ func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
 		key, derived = derivedKey(call), true
 	}
 	if key == "" {
-		p.m.tools.WithLabelValues("relay").Inc()
+		p.hooks.tool("relay", false)
 		p.relayMCP(ctx)
 		return
 	}
@@ -105,7 +105,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
-	p.m.decided(decisionRelay)
+	p.hooks.decided(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	// A GET is the server's stream of its own messages: no head comes
 	// later than a stream's, and it may go on longer than an answer.
@@ -292,9 +292,6 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 // logTool counts and logs the decision d on a tool call, labelled kind
 // among the tool decisions.
 func (p *Proxy) logTool(ctx *fasthttp.RequestCtx, d decision, kind string, sc cache.Scope, call *toolCall, attrs ...any) {
-	p.m.tools.WithLabelValues(kind).Inc()
-	if decisions[d].suppressed {
-		p.m.toolSuppressed.Inc()
-	}
+	p.hooks.tool(kind, decisions[d].suppressed)
 	p.logDecision(ctx, d, sc, call.fp, append([]any{"tool", call.name}, attrs...)...)
 }

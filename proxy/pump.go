@@ -41,7 +41,6 @@ func (g *gen) boundDuration() (stop func() bool) {
 // preamble is released, or the status an error in it stands for.
 func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool, done func(error)) attempt {
 	f := g.f
-	m := g.p.m
 	defer g.boundDuration()()
 	det := sse.NewDetector(g.req.Expect())
 	var readErr, appendErr error
@@ -86,7 +85,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 			}
 			if !begun {
 				if g.span != nil {
-					g.sawEvent(ev.Data)
+					g.p.hooks.sawEvent(g, ev.Data)
 				}
 				if ev.Type == "response.created" {
 					g.responseCreated(ev, det, h, &pre)
@@ -136,7 +135,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				relay = ok || relayEnd(why)
 			}
 			if relay {
-				m.events.Inc()
+				g.p.hooks.eventJournaled()
 				var err error
 				if sc.OneLine() {
 					_, err = f.AppendLine(ev.Type, ev.Data) // not searched for line breaks
@@ -210,7 +209,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 func (g *gen) withUsage(det *sse.Detector, a attempt) attempt {
 	if in, out, ok := det.Usage(); ok {
 		a.usage, a.used = cache.Usage{Input: in, Output: out}, true
-		g.callUsage(in, out)
+		g.p.hooks.usage(g, in, out)
 	}
 	return a
 }
@@ -337,15 +336,13 @@ func (p *preamble) release() error {
 	}
 	g.f.SetHead(p.head)
 	if !p.failure {
-		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
-		g.p.m.genAI.firstToken(g.ai, g.start)
-		g.firstOutput()
+		g.p.hooks.firstOutput(g, p.sent)
 	}
 	start := 0
 	for i := 0; i < len(p.ends); i += 2 {
 		t, d := p.buf[start:p.ends[i]], p.buf[p.ends[i]:p.ends[i+1]]
 		start = p.ends[i+1]
-		g.p.m.events.Inc()
+		g.p.hooks.eventJournaled()
 		if _, err := g.f.Append(string(t), string(d)); err != nil {
 			return err
 		}
@@ -448,7 +445,7 @@ const (
 // the generation's own cut is returned unsettled, so that the caller may
 // decide on a retry.
 func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
-	f, m := g.f, g.p.m
+	f := g.f
 	_, begun := f.Head()
 	cut := g.cutShort()
 	switch {
@@ -491,10 +488,10 @@ func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr er
 		// relayed as it came: no abort, but nothing to store either.
 		g.notStored(c)
 	} else {
-		m.aborted.WithLabelValues(c.String()).Inc()
+		g.p.hooks.aborted(c)
 	}
 	if in, out, ok := det.Usage(); ok && !g.heldFailed {
-		m.lostTokens(lossAborted, cache.Usage{Input: in, Output: out})
+		g.p.hooks.tokensLost(lossAborted, cache.Usage{Input: in, Output: out})
 	}
 	g.fail(c, 0, nil)
 	return c, true
