@@ -312,7 +312,7 @@ func (g *gen) giveUp(t tries) {
 		// "not run", a later call's outcome is unknown).
 		a = t.prev
 	}
-	defer g.p.hooks.gaveUp(g, t.last)
+	g.p.hooks.gaveUp(g, t.last) // the last call, not a: an earlier one relayed was heard of when it was retried
 	if a.held != nil && !g.mayRun {
 		// The upstream's error inside its stream, before any output: the
 		// stream as it came, the error included. Not after an attempt

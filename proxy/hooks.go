@@ -60,7 +60,8 @@ type hooks struct {
 	answered func(g *gen, calls int)
 	// passedRaw: g's answer, of status, goes to its client as it came.
 	passedRaw func(g *gen, status int)
-	// gaveUp: g's attempts ended with a, the last, and no answer.
+	// gaveUp: g's attempts ended with a, the last, and no answer: its
+	// flight is failed next.
 	gaveUp func(g *gen, a attempt)
 	// aborted: a stream that started ended without a clean end, for c.
 	aborted func(c cause)

@@ -84,9 +84,7 @@ func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *
 				}
 			}
 			if !begun {
-				if g.span != nil {
-					g.p.hooks.sawEvent(g, ev.Data)
-				}
+				g.p.hooks.sawEvent(g, ev.Data)
 				if ev.Type == "response.created" {
 					g.responseCreated(ev, det, h, &pre)
 				}
