@@ -1,7 +1,12 @@
 package proxy
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -25,5 +30,51 @@ func TestHooksComplete(t *testing.T) {
 				t.Errorf("%s: hook %s is nil; want it set", name, v.Type().Field(i).Name)
 			}
 		}
+	}
+}
+
+// TestTelemetryThroughHooks: outside the listeners (metrics.go, genai.go,
+// trace.go) and hooks.go, no file of the package counts a metric or
+// touches a call's span itself: it calls a hook. mcpcall.go keeps its
+// tool-call counts until tool calls run through the one attempt loop.
+func TestTelemetryThroughHooks(t *testing.T) {
+	t.Parallel()
+	listeners := map[string]bool{"metrics.go": true, "genai.go": true, "trace.go": true, "hooks.go": true, "mcpcall.go": true}
+	fields := map[string]bool{}
+	mt := reflect.TypeFor[metrics]()
+	for i := range mt.NumField() {
+		fields[mt.Field(i).Name] = true
+	}
+	delete(fields, "genAI") // genAI.op names a generation's labels, which its spans share
+	spans := map[string]bool{"traceDecision": true, "traceAnswer": true, "traceFrom": true, "startCall": true,
+		"sawEvent": true, "callUsage": true, "firstOutput": true, "endSettled": true, "endCall": true}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") || listeners[name] {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if x, ok := sel.X.(*ast.SelectorExpr); ok && x.Sel.Name == "m" && fields[sel.Sel.Name] {
+				t.Errorf("%v: .m.%s counted outside the metrics; want a hook", fset.Position(sel.Pos()), sel.Sel.Name)
+			}
+			if spans[sel.Sel.Name] {
+				if _, isHook := sel.X.(*ast.SelectorExpr); !isHook || sel.X.(*ast.SelectorExpr).Sel.Name != "hooks" {
+					t.Errorf("%v: %s called outside the spans; want a hook", fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+			}
+			return true
+		})
 	}
 }
