@@ -19,6 +19,10 @@ import (
 // of the relay path (eventJournaled, wrote) run once per event or write,
 // and must not allocate.
 type hooks struct {
+	// requestStarted and requestEnded: a request came, and its handler
+	// returns (a connection that took over its answer ends it later).
+	requestStarted func(ctx *fasthttp.RequestCtx)
+	requestEnded   func(ctx *fasthttp.RequestCtx)
 	// decided: the request was decided d, answered from generation gen
 	// (0: none).
 	decided func(ctx *fasthttp.RequestCtx, d decision, gen uint64)
@@ -103,6 +107,8 @@ type hooks struct {
 // fills in.
 func nopHooks() hooks {
 	return hooks{
+		requestStarted:    func(*fasthttp.RequestCtx) {},
+		requestEnded:      func(*fasthttp.RequestCtx) {},
 		decided:           func(*fasthttp.RequestCtx, decision, uint64) {},
 		answerFrom:        func(*fasthttp.RequestCtx, *cache.Flight, cache.State, string) {},
 		missingBody:       func() {},
@@ -139,6 +145,8 @@ func nopHooks() hooks {
 // compose returns hooks that tell a, then b, of each moment.
 func compose(a, b hooks) hooks {
 	return hooks{
+		requestStarted: func(ctx *fasthttp.RequestCtx) { a.requestStarted(ctx); b.requestStarted(ctx) },
+		requestEnded:   func(ctx *fasthttp.RequestCtx) { a.requestEnded(ctx); b.requestEnded(ctx) },
 		decided: func(ctx *fasthttp.RequestCtx, d decision, gen uint64) {
 			a.decided(ctx, d, gen)
 			b.decided(ctx, d, gen)

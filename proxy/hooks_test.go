@@ -47,7 +47,7 @@ func TestTelemetryThroughHooks(t *testing.T) {
 	}
 	delete(fields, "genAI") // genAI.op names a generation's labels, which its spans share
 	spans := map[string]bool{"traceDecision": true, "traceAnswer": true, "traceFrom": true, "startCall": true,
-		"sawEvent": true, "callUsage": true, "firstOutput": true, "endSettled": true, "endCall": true}
+		"sawEvent": true, "callUsage": true, "firstOutput": true, "endSettled": true, "endCall": true, "startRequest": true, "endRequest": true}
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)

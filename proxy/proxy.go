@@ -319,9 +319,8 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return
 	}
-	if p.tracer != nil {
-		defer endRequest(ctx, p.startRequest(ctx))
-	}
+	p.hooks.requestStarted(ctx)
+	defer p.hooks.requestEnded(ctx)
 	if ctx.IsDelete() && underPath(ctx, "/keys") {
 		p.serveKeyDelete(ctx)
 		return

@@ -283,11 +283,13 @@ func (g *gen) endCall(status int, errType string, attrs ...attribute.KeyValue) {
 }
 
 // traceHooks are the moments the spans hear of (hooks.go): a request's
-// decision and where its answer comes from; each call's start, the
+// start and end, its decision and where its answer comes from; each call's start, the
 // response's model and usage, its first output, and its end, with what
 // became of it.
 func (p *Proxy) traceHooks() hooks {
 	h := nopHooks()
+	h.requestStarted = func(ctx *fasthttp.RequestCtx) { p.startRequest(ctx) }
+	h.requestEnded = func(ctx *fasthttp.RequestCtx) { endRequest(ctx, requestSpan(ctx)) }
 	h.decided = p.traceDecision
 	h.answerFrom = p.traceAnswer
 	h.generationStarted = (*gen).traceFrom
