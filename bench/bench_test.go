@@ -37,7 +37,7 @@ const sseBody = "id: 1\ndata: {\"a\":1}\n\n" +
 func TestParserEverySplit(t *testing.T) {
 	for cut := 0; cut <= len(sseBody); cut++ {
 		var p sseParser
-		p.reset(true)
+		p.reset(true, false)
 		p.feed([]byte(sseBody[:cut]))
 		p.feed([]byte(sseBody[cut:]))
 		if p.events != 4 || !p.lastDone || p.errEvent {
@@ -55,7 +55,7 @@ func TestParserErrorEvents(t *testing.T) {
 		"data: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n\n",
 	} {
 		var p sseParser
-		p.reset(false)
+		p.reset(false, false)
 		p.feed([]byte(body))
 		if !p.errEvent {
 			t.Errorf("%q: no error event seen", body)
@@ -393,7 +393,7 @@ func TestQuickRun(t *testing.T) {
 		t.Error("a run without -baseline has baseline rows")
 	}
 	for _, s := range scenarios {
-		if !seen[s.id] && s.id != "redis" { // TestRedisScenario
+		if !seen[s.id] && s.id != "redis" && s.id != "board" { // TestRedisScenario, TestBoardRun
 			t.Errorf("scenario %s has no measurement", s.id)
 		}
 	}

@@ -31,6 +31,9 @@ type clientConn struct {
 	// has this many events: roundTrip ends with errLeft and closes the
 	// connection, as a client that lost it would (the soak's resumes).
 	leaveAfter int
+	// firstContent makes roundTrip time the first event that carries
+	// generated text (streamResult.ttft), not just the first event.
+	firstContent bool
 }
 
 // errLeft ends a roundTrip that left its stream after leaveAfter events.
@@ -68,15 +71,31 @@ type streamResult struct {
 	errEvent bool // an `event: error` or an error object was seen
 	replayed bool // Idempotent-Replayed: true
 	ttfe     time.Duration
-	bytes    int64 // body bytes after de-chunking
-	ids      []string
-	errBody  string // the start of a non-200 body
-	err      error  // transport or protocol error
+	// ttft is the time to the first event that carries generated text
+	// (a chat chunk with a non-empty delta content: the role-only first
+	// chunk does not), when the connection's firstContent asked for it.
+	ttft time.Duration
+	// total is the time from writing the request to the end of the
+	// response (or the error).
+	total   time.Duration
+	bytes   int64 // body bytes after de-chunking
+	ids     []string
+	errBody string // the start of a non-200 body
+	err     error  // transport or protocol error
 }
+
+// wholeBody is the expect of a non-streaming request: a whole body with
+// no events in it.
+const wholeBody = -1
 
 // ok reports whether the stream arrived whole: status 200, the expected
 // number of events, [DONE] last, no error event and no transport error.
+// With expect wholeBody, whether a non-streaming answer did: status 200, a
+// body that is no event stream, and no transport error.
 func (r *streamResult) ok(expect int) bool {
+	if expect == wholeBody {
+		return r.err == nil && r.status == 200 && r.events == 0 && r.bytes > 0
+	}
 	return r.err == nil && r.status == 200 && !r.errEvent && r.done && (expect <= 0 || r.events == expect)
 }
 
@@ -87,6 +106,12 @@ func (r *streamResult) problem(expect int) string {
 		return fmt.Sprintf("%v (after %d events)", r.err, r.events)
 	case r.status != 200:
 		return fmt.Sprintf("status %d: %s", r.status, r.errBody)
+	case expect == wholeBody && r.events > 0:
+		return fmt.Sprintf("%d events; want a non-streaming body", r.events)
+	case expect == wholeBody && r.bytes == 0:
+		return "empty body"
+	case expect == wholeBody:
+		return ""
 	case r.errEvent:
 		return fmt.Sprintf("error event after %d events", r.events)
 	case !r.done:
@@ -115,7 +140,7 @@ func (c *clientConn) roundTrip(req []byte, deadline time.Time, collectIDs bool, 
 		c.attach(nc)
 	}
 	_ = c.nc.SetDeadline(deadline)
-	c.p.reset(collectIDs)
+	c.p.reset(collectIDs, c.firstContent)
 	t0 := time.Now()
 	if _, err := c.nc.Write(req); err != nil {
 		c.close()
@@ -123,6 +148,7 @@ func (c *clientConn) roundTrip(req []byte, deadline time.Time, collectIDs bool, 
 		return res
 	}
 	keep, err := c.readResponse(&res, t0, onFirst, events)
+	res.total = time.Since(t0)
 	res.events = c.p.events
 	res.done = c.p.lastDone
 	res.errEvent = c.p.errEvent
@@ -195,6 +221,9 @@ func (c *clientConn) readResponse(res *streamResult, t0 time.Time, onFirst func(
 				if onFirst != nil {
 					onFirst()
 				}
+			}
+			if res.ttft == 0 && c.p.contentEvents > 0 {
+				res.ttft = time.Since(t0)
 			}
 			if events != nil {
 				events.Add(int64(n))
@@ -320,25 +349,49 @@ func unexpected(err error) error {
 // dispatches an event at a blank line that ends a block with at least one
 // field; comment-only blocks (": ping") are not events. It keeps only what
 // the benchmark checks: whether the last event was data: [DONE], whether an
-// error event came, and (when asked) the event ids.
+// error event came, (when asked) the event ids, and (when asked) how many
+// events carried generated text.
 type sseParser struct {
 	carry      []byte // an incomplete line from the previous piece
 	inEvent    bool   // the current block has a field
 	curDone    bool   // the current block's data is [DONE]
 	curErr     bool   // the current block is an error event
+	curContent bool   // the current block's data carries generated text
 	curID      []byte // the current block's id
 	hasID      bool
 	collectIDs bool
+	content    bool // look for generated text (contentEvents)
 
-	events   int
-	lastDone bool
-	errEvent bool
-	ids      []string
+	events        int
+	contentEvents int // events whose data carries generated text
+	lastDone      bool
+	errEvent      bool
+	ids           []string
 }
 
-// reset readies the parser for a new body.
-func (p *sseParser) reset(collectIDs bool) {
-	*p = sseParser{carry: p.carry[:0], curID: p.curID[:0], collectIDs: collectIDs}
+// reset readies the parser for a new body; content makes it count the
+// events that carry generated text.
+func (p *sseParser) reset(collectIDs, content bool) {
+	*p = sseParser{carry: p.carry[:0], curID: p.curID[:0], collectIDs: collectIDs, content: content}
+}
+
+// contentField is how a chat chunk's delta begins its text.
+var contentField = []byte(`"content":"`)
+
+// hasContent reports whether data, a chat chunk, carries generated text: a
+// "content" string that is not empty. The first chunk of an OpenAI chat
+// stream names the role with "content":"", and carries none.
+func hasContent(data []byte) bool {
+	for {
+		i := bytes.Index(data, contentField)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(contentField):]
+		if len(data) > 0 && data[0] != '"' {
+			return true
+		}
+	}
 }
 
 // feed parses the next piece of the body.
@@ -372,11 +425,14 @@ func (p *sseParser) line(line []byte) {
 			if p.curErr {
 				p.errEvent = true
 			}
+			if p.curContent {
+				p.contentEvents++
+			}
 			if p.collectIDs && p.hasID {
 				p.ids = append(p.ids, string(p.curID))
 			}
 		}
-		p.inEvent, p.curDone, p.curErr, p.hasID = false, false, false, false
+		p.inEvent, p.curDone, p.curErr, p.curContent, p.hasID = false, false, false, false, false
 		p.curID = p.curID[:0]
 		return
 	}
@@ -393,6 +449,9 @@ func (p *sseParser) line(line []byte) {
 		p.curDone = string(value) == "[DONE]"
 		if bytes.HasPrefix(value, []byte(`{"error"`)) {
 			p.curErr = true
+		}
+		if p.content && !p.curContent && hasContent(value) {
+			p.curContent = true
 		}
 	case "event":
 		if string(value) == "error" {

@@ -2,8 +2,9 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-traces] [-profile DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis,board] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-traces] [-profile DIR]
 //	make bench                      # the whole suite
+//	go run ./bench -scenarios board [-board-conc 1,64] [-board-paced 500] [-board-deltas 64] [-board-pace 20ms]  # the gateway board (Board below)
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
 //	go run ./bench -profile /tmp/prof -scenarios a  # ssegate's CPU and heap profiles (Profiles below)
@@ -175,6 +176,46 @@
 //     those journals are mirrored), beside a joiner on the owner replica
 //     and one on a single in-memory replica; round trips are counted by
 //     redis-server (INFO commandstats) per event produced.
+//   - board: the method of the independent LLM-gateway board (Board below).
+//
+// # Board
+//
+// Scenario board measures what each path adds to the direct path's latency
+// and time to first token, the way the independent LLM-gateway board
+// (GetBusbar's) does: the mock upstream, one request at a time and 64 at
+// once (-board-conc), and three kinds of request, every answer of
+// -board-deltas (64) content tokens: non-streaming ("stream": false),
+// dense streams (the deltas back to back) and paced streams (the deltas
+// -board-pace, 20 ms, apart). Its paths are direct, nginx, fasthttp (the
+// bare relay), caddy, ssegate without a key, ssegate+key (a fresh key a
+// request) and ssegate hit (the key of one answer stored before the load,
+// a replay), and with -baseline the baseline's two paths, interleaved in
+// rounds. Latency runs from writing the request to the end of the answer;
+// time to first token (TTFT) to the end of the first event that carries
+// generated text (a chat chunk whose delta content is not empty: the
+// mock's first chunk, which names the role with "content":"", is not one).
+// A path's samples are pooled over the rounds and added p50, p99 and p99.9
+// are its percentiles minus direct's over the same rounds (shown once the
+// samples reach them: 100 for p99, 1,000 for p99.9); CPU per request is
+// the peer process's utime+stime per request made, the median over
+// rounds. The table gives the count of samples of every row, and cites the
+// published board's own figures beside it as another rig's. A summary at
+// the top of the report reads the keyed path's targets off the same rows,
+// each as ssegate's figure, what it is held against, their ratio and
+// difference, and whether it is met: a fresh key's added latency p50 and
+// added TTFT p50 within 10 µs of the path without a key, its added p99
+// (latency and TTFT) no worse than the bare relay's, the path without a
+// key adding no more at p50 than the bare relay, and CPU per keyed request
+// at most 1.2× the bare relay's.
+//
+// The timed kinds (non-streaming, dense) run -duration a round; the paced
+// streams are counted instead: -board-paced (500, enough for a p99) a path
+// at each concurrency over all rounds, each round its share rounded up to
+// as many for every client (192 a round at 64). At concurrency 1 a paced stream takes (deltas+3) × pace,
+// 1.34 s, so the default 500 take 11 minutes a path, and the scenario
+// about 80 minutes with every peer (it logs its estimate at the start);
+// -board-paced 100 gives a rough look in under half an hour (its p99 is
+// the 99th of 100 samples), and -quick makes 4 streams paced 5 ms apart.
 //
 // # Output
 //

@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +39,10 @@ type job struct {
 	sample        func(live int64, events int64)
 	sampleEvery   time.Duration
 	progress      func(live, events int64)
+	// timed keeps every whole answer's latency (request written to
+	// response ended) and time to its first content event: the samples
+	// of scenario board.
+	timed bool
 }
 
 // loadResult is what a job measured on the client side.
@@ -53,6 +57,9 @@ type loadResult struct {
 	rounds     int64 // lockstep rounds (groups)
 	ttfe       []time.Duration
 	errSamples []string
+	// With job.timed, sorted: the latency of every whole answer, and the
+	// time to the first content event of every whole stream.
+	latency, ttft []time.Duration
 }
 
 // workerStats is one worker's share of a loadResult, merged at the end so
@@ -61,6 +68,8 @@ type workerStats struct {
 	streams, ok, errors, replayed, bytes int64
 	ttfe                                 []time.Duration
 	errSamples                           []string
+	timed                                bool // keep latency and ttft
+	latency, ttft                        []time.Duration
 }
 
 func (s *workerStats) record(res *streamResult, expect int) {
@@ -71,6 +80,12 @@ func (s *workerStats) record(res *streamResult, expect int) {
 	}
 	if res.ok(expect) {
 		s.ok++
+		if s.timed {
+			s.latency = append(s.latency, res.total)
+			if res.ttft > 0 {
+				s.ttft = append(s.ttft, res.ttft)
+			}
+		}
 	} else {
 		s.errors++
 		if len(s.errSamples) < 3 {
@@ -104,6 +119,8 @@ func (j *job) run() loadResult {
 	)
 	for w := range conns {
 		conns[w] = newClientConn(j.addr)
+		conns[w].firstContent = j.timed
+		stats[w].timed = j.timed
 	}
 	if j.streamTimeout <= 0 {
 		j.streamTimeout = 2 * time.Minute
@@ -212,12 +229,16 @@ func (j *job) run() loadResult {
 		r.replayed += s.replayed
 		r.bytes += s.bytes
 		r.ttfe = append(r.ttfe, s.ttfe...)
+		r.latency = append(r.latency, s.latency...)
+		r.ttft = append(r.ttft, s.ttft...)
 		for _, e := range s.errSamples {
 			if len(r.errSamples) < 5 {
 				r.errSamples = addDistinct(r.errSamples, e)
 			}
 		}
 	}
-	sort.Slice(r.ttfe, func(a, b int) bool { return r.ttfe[a] < r.ttfe[b] })
+	for _, xs := range [][]time.Duration{r.ttfe, r.latency, r.ttft} {
+		slices.Sort(xs)
+	}
 	return r
 }

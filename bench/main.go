@@ -33,6 +33,7 @@ type options struct {
 	redisLoad  slowStep // scenario redis, CPU step
 	redisJoin  slowStep // scenario redis, joiner step
 	sweep      []int
+	board      boardOptions
 	ssegateBin string
 	ssegateArg string
 	ssegateEnv string
@@ -49,7 +50,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := &options{}
-	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep,redis", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart), redis (the Redis store beside the in-memory one; needs redis-server on PATH)")
+	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep,redis,board", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart), redis (the Redis store beside the in-memory one; needs redis-server on PATH), board (the gateway board's method: added latency, time to first content token and CPU per request; its paced streams at concurrency 1 take most of an hour and a quarter at the defaults)")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every measurement (the tables show medians)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of one timed measurement (a, b, d, e, f, sweep)")
 	fs.BoolVar(&o.quick, "quick", false, "a short smoke run: 1 round, 300ms measurements, small steps (unless those flags are given)")
@@ -63,6 +64,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	redisLoad := fs.String("redis-load", "256@10ms:200", "CPU step of scenario redis, N[@PACE][:EVENTS] as a step of -slow")
 	redisJoin := fs.String("redis-join", "16@20ms:200", "joiner step of scenario redis, N[@PACE][:EVENTS]: N streams, each joined on its own replica and on another")
 	sweep := fs.String("sweep", "1,8,64,256", "comma-separated concurrencies of the sweep")
+	boardConc := fs.String("board-conc", "1,64", "comma-separated concurrencies of scenario board")
+	fs.IntVar(&o.board.paced, "board-paced", 500, "paced streams a path makes at each concurrency of scenario board, over all rounds (each round makes its share, rounded up to as many for every client): enough for a p99; at concurrency 1 each takes about (deltas+3) × -board-pace")
+	fs.IntVar(&o.board.deltas, "board-deltas", 64, "content tokens (deltas) of every answer of scenario board")
+	fs.DurationVar(&o.board.pace, "board-pace", 20*time.Millisecond, "pause before each event of scenario board's paced streams")
 	fs.StringVar(&o.ssegateBin, "ssegate", "", "ssegate binary to measure (default: built from ./cmd/ssegate at the start)")
 	fs.StringVar(&o.ssegateArg, "ssegate-args", "", "extra flags for ssegate, space-separated")
 	fs.StringVar(&o.ssegateEnv, "ssegate-env", "", "extra environment for ssegate, space-separated NAME=VALUE (e.g. GOMAXPROCS=1)")
@@ -90,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		for name, v := range map[string]string{
 			"rounds": "1", "duration": "300ms", "slow": "64", "slow-events": "50", "sweep": "1,64",
 			"events": "100", "fanout-pace": "2ms", "redis-load": "64@10ms:50", "redis-join": "4@10ms:50",
+			"board-paced": "4", "board-pace": "5ms",
 		} {
 			if !set[name] {
 				if err := fs.Set(name, v); err != nil {
@@ -118,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.sweep, err = intList(*sweep); err != nil {
 		return nil, fmt.Errorf("-sweep: %w", err)
+	}
+	if o.board.conc, err = intList(*boardConc); err != nil {
+		return nil, fmt.Errorf("-board-conc: %w", err)
 	}
 	o.peers = map[kind]bool{kindDirect: true}
 	for _, p := range strings.Split(*peers, ",") {
@@ -158,6 +167,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-conc must be in 1..100000")
 	case o.events < 8 || o.events > 100_000 || o.slowEvents < 4 || o.slowEvents > 100_000:
 		return nil, errors.New("-events must be in 8..100000 and -slow-events in 4..100000")
+	case o.board.paced < 1 || o.board.paced > 1_000_000:
+		return nil, errors.New("-board-paced must be in 1..1000000")
+	case o.board.deltas < 1 || o.board.deltas > 100_000:
+		return nil, errors.New("-board-deltas must be in 1..100000")
+	case o.board.pace <= 0 || o.board.pace > 10*time.Second:
+		return nil, errors.New("-board-pace must be in (0, 10s]")
 	}
 	return o, nil
 }

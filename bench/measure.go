@@ -84,6 +84,13 @@ type measurement struct {
 
 	// Redis holds what scenario redis measures besides (bench/redis.go).
 	Redis *redisNumbers `json:"redis,omitempty"`
+	// Board holds what scenario board measures besides (bench/board.go).
+	Board *boardNumbers `json:"board,omitempty"`
+
+	// latency and ttft are the load's samples, sorted, when its job was
+	// timed (scenario board pools them over rounds); not in the JSON,
+	// whose report carries the pooled figures instead.
+	latency, ttft []time.Duration
 }
 
 // nan is the value of a number not measured.
@@ -218,6 +225,7 @@ func (m *measurement) fillLoad(lr loadResult) {
 		m.TTFEP99us = num(us(percentile(lr.ttfe, 99)))
 	}
 	m.ErrorSamples = lr.errSamples
+	m.latency, m.ttft = lr.latency, lr.ttft
 }
 
 // summary is the one-line progress report of a measurement.
@@ -229,6 +237,9 @@ func (m *measurement) summary() string {
 	fmt.Fprintf(&b, "%.0f ev/s, %d/%d streams ok", float64(m.EventsPerSec), m.OK, m.Streams)
 	if !math.IsNaN(float64(m.TTFEP50us)) {
 		fmt.Fprintf(&b, ", ttfe p50 %.0fµs", float64(m.TTFEP50us))
+	}
+	if len(m.latency) > 0 {
+		fmt.Fprintf(&b, ", latency p50 %.0fµs", us(percentile(m.latency, 50)))
 	}
 	if !math.IsNaN(float64(m.CPUusPerEvent)) {
 		fmt.Fprintf(&b, ", cpu %.2fµs/ev", float64(m.CPUusPerEvent))

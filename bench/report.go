@@ -33,6 +33,11 @@ type report struct {
 	SsegateRev   string        `json:"ssegate_revision,omitempty"`
 	Notes        []string      `json:"notes,omitempty"`
 	Measurements []measurement `json:"measurements"`
+	// Board is scenario board's table: every path's samples pooled over
+	// the rounds (the samples themselves are not kept).
+	Board []*boardRow `json:"board,omitempty"`
+	// BoardTargets are the keyed path's targets read off Board.
+	BoardTargets []boardTarget `json:"board_targets,omitempty"`
 }
 
 // report collects the run's measurements and context.
@@ -55,7 +60,9 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		SsegateEnv:   strings.TrimSpace(r.opt.ssegateEnv),
 		Notes:        r.notes,
 		Measurements: r.ms,
+		Board:        boardRows(r.ms),
 	}
+	rep.BoardTargets = boardTargets(rep.Board)
 	if b := r.env.baselineBin; b != "" {
 		rep.Baseline, rep.BaselineRev, rep.SsegateRev = b, revisionOf(b), revisionOf(r.env.ssegateBin)
 	}
@@ -361,6 +368,7 @@ func (rep *report) markdown() string {
 	}
 	rep.peerSummary(&b)
 	rep.baselineSummary(&b)
+	rep.writeBoardTargets(&b)
 	for _, t := range tables {
 		rows := rep.rows(t.scn, t.main)
 		if len(rows) == 0 {
@@ -402,6 +410,7 @@ func (rep *report) markdown() string {
 		}
 		b.WriteString("\n")
 	}
+	rep.writeBoard(&b)
 	return b.String()
 }
 

@@ -41,6 +41,8 @@ type reqSpec struct {
 	delay  time.Duration
 	key    string
 	lastID string
+	// plain asks for a non-streaming answer (requestBodyPlain).
+	plain bool
 	// headers are more header lines, CRLF-terminated: a peer's own (the
 	// Portkey gateway's routing headers).
 	headers string
@@ -53,8 +55,11 @@ func eventsFor(tokens int) int { return tokens + 3 }
 // tokensFor returns the content tokens of an answer of n events.
 func tokensFor(n int) int { return max(n-3, 1) }
 
-// requestBody is the body of every model request.
+// requestBody is the body of every streamed model request.
 const requestBody = `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Write a short story about a lighthouse keeper."}]}`
+
+// requestBodyPlain is the body of a non-streaming model request.
+const requestBodyPlain = `{"model":"gpt-4o-mini","stream":false,"messages":[{"role":"user","content":"Write a short story about a lighthouse keeper."}]}`
 
 // requestTo renders q as an HTTP/1.1 request to srv, with the headers that
 // server needs.
@@ -72,9 +77,13 @@ func (r *runner) request(host string, q reqSpec) []byte {
 	if p == "" {
 		p = "/v1/chat/completions"
 	}
+	body, accept := requestBody, "text/event-stream"
+	if q.plain {
+		body, accept = requestBodyPlain, "application/json"
+	}
 	var b strings.Builder
 	b.Grow(512)
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer sk-bench\r\nAccept: text/event-stream\r\n", method, p, host)
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer sk-bench\r\nAccept: %s\r\n", method, p, host, accept)
 	if q.tokens > 0 {
 		fmt.Fprintf(&b, "X-Mock-Tokens: %d\r\n", q.tokens)
 	}
@@ -89,7 +98,7 @@ func (r *runner) request(host string, q reqSpec) []byte {
 	}
 	b.WriteString(q.headers)
 	if method == "POST" {
-		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(requestBody), requestBody)
+		fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	} else {
 		b.WriteString("\r\n")
 	}
@@ -177,6 +186,7 @@ var scenarios = []scenario{
 	{"f", "resume", (*runner).resume},
 	{"sweep", "events/s against concurrency", (*runner).sweep},
 	{"redis", "Redis store: CPU, round trips and joiner latency beside the in-memory store", (*runner).redisScenario},
+	{"board", "the gateway board's method: added latency, time to first content token and CPU per request", (*runner).board},
 }
 
 // saturation (a): conc streams of opt.events events, no pacing, back to back.
