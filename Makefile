@@ -127,12 +127,12 @@ cross:
 
 # The check before a commit, meant to take under a minute: vet (on every
 # platform of cross), formatting, and the unit tests of sse, cache,
-# proxy and proxy/upstream with the race detector; not the end-to-end
-# packages (test/*), bench or cmd, which make test runs. cache's Redis
-# tests need SSEGATE_REDIS_ADDR or redis-server installed (they skip
-# otherwise).
+# cache/redis, proxy and proxy/upstream with the race detector; not the
+# end-to-end packages (test/*), bench or cmd, which make test runs.
+# cache/redis's tests need SSEGATE_REDIS_ADDR or redis-server installed
+# (they skip otherwise); cache's need no server.
 # CHECKPKGS=./cache checks one package.
-CHECKPKGS ?= ./sse ./cache ./proxy/...
+CHECKPKGS ?= ./sse ./cache/... ./proxy/...
 check:
 	$(GO) vet ./...
 	$(CROSS_VET)
@@ -176,7 +176,7 @@ test-chart:
 # (VALKEY_FLAGS=-race adds it).
 VALKEY_ADDR ?=
 VALKEY_FLAGS ?=
-VALKEY_WHOLE ?= ./internal/redistest ./cache ./test/replicas
+VALKEY_WHOLE ?= ./internal/redistest ./cache/redis ./test/replicas
 VALKEY_SOME ?= ./proxy ./test/mcp ./test/observe
 test-valkey:
 	@set -e; \

@@ -1,10 +1,5 @@
 package cache
 
-import (
-	"strconv"
-	"strings"
-)
-
 // An Alias is the name an upstream gave a key's stream (an OpenAI
 // Responses id, from its response.created event), so that the provider's
 // own resume API (GET /v1/responses/{id}?stream=true&starting_after=N)
@@ -21,15 +16,15 @@ type Alias struct {
 }
 
 // aliasID identifies tenant's alias name (in Memory.aliases; hashed, in
-// Redis) the way Scope.id identifies a key: per tenant.
-func aliasID(tenant, name string) string { return Scope{Tenant: tenant, Key: name}.id() }
+// Redis) the way Scope.ID identifies a key: per tenant.
+func aliasID(tenant, name string) string { return Scope{Tenant: tenant, Key: name}.ID() }
 
 // SetAlias records that generation gen of sc is known upstream as name.
 // A key's stream has at most one alias: a second replaces the first.
 func (m *Memory) SetAlias(sc Scope, gen uint64, name string, base int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.keys[sc.id()]
+	e := m.keys[sc.ID()]
 	if e == nil || e.gen != gen {
 		return
 	}
@@ -66,43 +61,4 @@ func (m *Memory) ResolveAlias(tenant, name string) (Alias, bool) {
 		return Alias{}, false
 	}
 	return ae.a, true
-}
-
-// aliasKey is the Redis key of an alias: a hash of tenant and name, so
-// that neither is in Redis in clear.
-func (r *Redis) aliasKey(tenant, name string) string {
-	return r.cfg.Prefix + ":alias:" + digest(aliasID(tenant, name))
-}
-
-// SetAlias records that generation gen of sc is known upstream as name,
-// for every replica, as long as a result is kept (TTL) past a live
-// generation's bound (LiveTTL).
-func (r *Redis) SetAlias(sc Scope, gen uint64, name string, base int64) {
-	ctx, cancel := r.opCtx()
-	defer cancel()
-	v := sc.Key + "\x00" + strconv.FormatUint(gen, 10) + "\x00" + strconv.FormatInt(base, 10)
-	ttl := r.cfg.TTL + r.cfg.LiveTTL
-	if err := r.c.Do(ctx, r.c.B().Set().Key(r.aliasKey(sc.Tenant, name)).Value(v).Px(ttl).Build()).Error(); err != nil {
-		r.cfg.Logger.Warn("redis alias", "err", err.Error()) // the provider's resume then goes to the upstream
-	}
-}
-
-// ResolveAlias returns what name is an alias of for tenant.
-func (r *Redis) ResolveAlias(tenant, name string) (Alias, bool) {
-	ctx, cancel := r.opCtx()
-	defer cancel()
-	v, err := r.c.Do(ctx, r.c.B().Get().Key(r.aliasKey(tenant, name)).Build()).ToString()
-	if err != nil {
-		return Alias{}, false
-	}
-	parts := strings.Split(v, "\x00")
-	if len(parts) != 3 {
-		return Alias{}, false
-	}
-	gen, err1 := strconv.ParseUint(parts[1], 10, 64)
-	base, err2 := strconv.ParseInt(parts[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		return Alias{}, false
-	}
-	return Alias{Key: parts[0], Gen: gen, Base: base}, true
 }

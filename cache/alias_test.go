@@ -31,7 +31,7 @@ func TestMemoryAlias(t *testing.T) {
 	m.SetAlias(c, fc.Gen, "resp_1", 4) // an upstream that reuses an id
 	clk.Advance(2 * time.Second)       // a's failure expired
 	claim(t, m, Scope{Tenant: "t1", Key: "sweep"}, "fp")
-	if _, ok := m.keys[a.id()]; ok {
+	if _, ok := m.keys[a.ID()]; ok {
 		t.Fatal("key a is still in the ledger; want it deleted to make room")
 	}
 	if got, ok := m.ResolveAlias("t1", "resp_1"); !ok || got.Key != "c" || got.Base != 4 {
@@ -66,55 +66,5 @@ func TestMemoryAliasReplaced(t *testing.T) {
 	}
 	if got, ok := m.ResolveAlias("t1", "resp_2"); ok {
 		t.Fatalf("after the regeneration: %+v; want the old name gone", got)
-	}
-}
-
-// TestAliasTenants: two tenants that name a stream of the same key alike
-// each resolve the name to their own stream, and a third tenant resolves
-// it to nothing, in either store.
-func TestAliasTenants(t *testing.T) {
-	t.Parallel()
-	type store interface {
-		Begin(Scope, string) (Begun, error)
-		SetAlias(Scope, uint64, string, int64)
-		ResolveAlias(string, string) (Alias, bool)
-	}
-	stores := []struct {
-		name string
-		new  func(t *testing.T) (set, get store)
-	}{
-		{"memory", func(t *testing.T) (store, store) {
-			m := newMemory(t, Config{})
-			return m, m
-		}},
-		{"redis", func(t *testing.T) (store, store) {
-			rs := replicas(t, 2)
-			return rs[0], rs[1] // set on one replica, resolved on another
-		}},
-	}
-	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) {
-			t.Parallel()
-			set, get := st.new(t)
-			want := map[string]Alias{}
-			for i, tenant := range []string{"t1", "t2"} {
-				sc := Scope{Tenant: tenant, Key: "k"}
-				b, err := set.Begin(sc, "fp")
-				if err != nil || b.Decision != Miss {
-					t.Fatalf("%s: Begin: got %v, %v; want a miss", tenant, b.Decision, err)
-				}
-				base := int64(10 * (i + 1)) // tells the tenants' aliases apart when their generations agree
-				set.SetAlias(sc, b.Flight.Gen, "resp_same", base)
-				want[tenant] = Alias{Key: "k", Gen: b.Flight.Gen, Base: base}
-			}
-			for tenant, w := range want {
-				if got, ok := get.ResolveAlias(tenant, "resp_same"); !ok || got != w {
-					t.Errorf("%s: got %+v (found %v); want %+v, its own stream", tenant, got, ok, w)
-				}
-			}
-			if got, ok := get.ResolveAlias("t3", "resp_same"); ok {
-				t.Errorf("t3: got %+v; want nothing: the name is other tenants'", got)
-			}
-		})
 	}
 }

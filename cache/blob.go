@@ -37,14 +37,17 @@ var (
 
 var errBlob = errors.New("malformed result blob")
 
-// blobCodec encodes and decodes blobs; one codec serves the store from
-// any goroutine.
-type blobCodec struct {
+// Codec encodes a committed Result as a blob, and decodes one; one codec
+// serves a store from any goroutine. It is part of what a store backend
+// uses of this package (Backend): Memory keeps its bodies so too.
+type Codec struct {
 	legacy     *zstd.Decoder // for versions 1 and 2
 	maxDecoded uint64
 }
 
-func newBlobCodec(maxBytes int) (*blobCodec, error) {
+// NewCodec returns a codec for the results of streams of at most
+// maxBytes (Limits.MaxStreamBytes); Close releases it.
+func NewCodec(maxBytes int) (*Codec, error) {
 	// A blob never holds more than one stream's bound, plus its ends and
 	// head; the limit stops a corrupt or hostile blob from ballooning.
 	maxDecoded := uint64(maxBytes)*2 + 1<<20
@@ -52,13 +55,14 @@ func newBlobCodec(maxBytes int) (*blobCodec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &blobCodec{legacy: dec, maxDecoded: maxDecoded}, nil
+	return &Codec{legacy: dec, maxDecoded: maxDecoded}, nil
 }
 
-func (c *blobCodec) close() { c.legacy.Close() }
+// Close releases the codec's decoder.
+func (c *Codec) Close() { c.legacy.Close() }
 
 // meta encodes what a blob holds before the events.
-func (c *blobCodec) meta(r *Result) ([]byte, error) {
+func (c *Codec) meta(r *Result) ([]byte, error) {
 	head, err := json.Marshal(r.Head)
 	if err != nil {
 		return nil, err
@@ -78,7 +82,9 @@ func (c *blobCodec) meta(r *Result) ([]byte, error) {
 	return p, nil
 }
 
-func (c *blobCodec) encode(r *Result) ([]byte, error) {
+// Encode returns r as a blob. A result just committed from a journal is
+// taken packed, as it is.
+func (c *Codec) Encode(r *Result) ([]byte, error) {
 	p, err := c.meta(r)
 	if err != nil {
 		return nil, err
@@ -111,7 +117,7 @@ func appendFrame(out, f []byte) []byte {
 
 // unframe decompresses the frames of a version 3 blob into one buffer of
 // the length the blob gives, refusing one that would pass the bound.
-func (c *blobCodec) unframe(b []byte) ([]byte, error) {
+func (c *Codec) unframe(b []byte) ([]byte, error) {
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > c.maxDecoded || len(b) < k+4 {
 		return nil, errBlob
@@ -152,7 +158,9 @@ func appendDecoded(dst, f []byte) ([]byte, error) {
 	return dst[:len(dst)+dl], nil
 }
 
-func (c *blobCodec) decode(b []byte, sc Scope) (*Result, error) {
+// Decode returns the result a blob holds, of the key sc, unpacked; an
+// error for a blob that is damaged or past the codec's bound.
+func (c *Codec) Decode(b []byte, sc Scope) (*Result, error) {
 	var p []byte
 	var err error
 	switch {

@@ -3,6 +3,11 @@ package cache
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -11,22 +16,22 @@ import (
 
 func TestBlobRoundTrip(t *testing.T) {
 	t.Parallel()
-	c, err := newBlobCodec(1 << 20)
+	c, err := NewCodec(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.close()
+	defer c.Close()
 	m := newMemory(t, Config{})
 	f := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	f.SetHead(Head{Status: 200, Stream: true, ContentType: "text/event-stream", Header: []Header{{"A", "b"}}})
 	appendN(t, f, 1, 100)
 	f.Commit(nil)
 	_, res, _ := m.Attach(Scope{Tenant: "t", Key: "k"}, "", sse.ID{}, false)
-	b, err := c.encode(res)
+	b, err := c.Encode(res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := c.decode(b, res.Scope)
+	got, err := c.Decode(b, res.Scope)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +41,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	if len(b) >= len(res.Data) {
 		t.Fatalf("blob: %d bytes for %d of events; want compression", len(b), len(res.Data))
 	}
-	if _, err := c.decode(b[:len(b)/2], res.Scope); err == nil {
+	if _, err := c.Decode(b[:len(b)/2], res.Scope); err == nil {
 		t.Fatal("truncated blob: got no error")
 	}
 	// S2 blocks carry no checksum; the blob does: a damaged byte anywhere
@@ -44,7 +49,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	for _, at := range []int{len(b) - 1, len(b) / 2, len(b) - 40} {
 		bad := append([]byte(nil), b...)
 		bad[at] ^= 0x20
-		if _, err := c.decode(bad, res.Scope); err == nil {
+		if _, err := c.Decode(bad, res.Scope); err == nil {
 			t.Fatalf("blob damaged at byte %d of %d: got no error", at, len(b))
 		}
 	}
@@ -64,7 +69,7 @@ func TestBlobRoundTrip(t *testing.T) {
 	v2 := z.EncodeAll(raw, binary.AppendUvarint(append([]byte(nil), blobMagicV2...), uint64(len(raw))))
 	z.Close()
 	for v, blob := range [][]byte{v1, v2} {
-		if got, err := c.decode(blob, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
+		if got, err := c.Decode(blob, res.Scope); err != nil || !bytes.Equal(got.Data, res.Data) || got.Events() != 100 {
 			t.Fatalf("version %d blob: %v; want the same result", v+1, err)
 		}
 	}
@@ -72,11 +77,11 @@ func TestBlobRoundTrip(t *testing.T) {
 	// and so is a frame that would decode past the length given.
 	rest := b[len(blobMagic)+uvarintLen(b[len(blobMagic):]):]
 	huge := binary.AppendUvarint(append([]byte(nil), blobMagic...), 1<<40)
-	if _, err := c.decode(append(huge, rest...), res.Scope); err == nil {
+	if _, err := c.Decode(append(huge, rest...), res.Scope); err == nil {
 		t.Fatal("blob claiming 1 TiB: got no error")
 	}
 	short := binary.AppendUvarint(append([]byte(nil), blobMagic...), 10)
-	if _, err := c.decode(append(short, rest...), res.Scope); err == nil {
+	if _, err := c.Decode(append(short, rest...), res.Scope); err == nil {
 		t.Fatal("blob whose frames pass its length: got no error")
 	}
 }
@@ -84,4 +89,71 @@ func TestBlobRoundTrip(t *testing.T) {
 func uvarintLen(b []byte) int {
 	_, n := binary.Uvarint(b)
 	return n
+}
+
+// maxStoredRatio bounds a committed blob's size against the raw bytes of
+// the journal it was committed from.
+const maxStoredRatio = 0.35
+
+// TestStoredRatioFixtures journals each recorded stream of sse/testdata
+// (the whole set one after the other, as a longer stream, too) with one
+// subscriber that keeps up, commits it, and holds the stored blob to
+// maxStoredRatio of the raw bytes. A stream of under 4 KiB is only
+// logged: the head and the blob's framing weigh more than its events.
+func TestStoredRatioFixtures(t *testing.T) {
+	names, err := filepath.Glob(filepath.Join("..", "sse", "testdata", "*.sse"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("fixtures: %v (%d found)", err, len(names))
+	}
+	var all []sse.Event
+	streams := map[string][]sse.Event{}
+	for _, name := range names {
+		body, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ev, err := range sse.Read(strings.NewReader(string(body)), 0) {
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			streams[filepath.Base(name)] = append(streams[filepath.Base(name)], ev)
+		}
+		all = append(all, streams[filepath.Base(name)]...)
+	}
+	var long []sse.Event
+	for range 20 {
+		long = append(long, all...)
+	}
+	streams["all×20"] = long
+	m := newMemory(t, Config{})
+	for _, name := range slices.Sorted(maps.Keys(streams)) {
+		evs := streams[name]
+		sc := Scope{Tenant: "t", Key: name}
+		f := claim(t, m, sc, "fp")
+		f.SetHead(streamHead)
+		s, err := f.Subscribe(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if _, err := f.Append(ev.Type, ev.Data); err != nil {
+				t.Fatal(err)
+			}
+			s.Read()
+		}
+		s.Close()
+		if !f.Commit(nil) {
+			t.Fatalf("%s: the body store did not keep the result", name)
+		}
+		b, ok := m.bodies.Get(sc.ID())
+		if !ok {
+			t.Fatalf("%s: no blob", name)
+		}
+		raw := begin(t, m, sc, "fp").Result.dataSize()
+		ratio := float64(len(b.z)) / float64(raw)
+		t.Logf("%s: %d events, %d raw bytes, %d stored: %.3f", name, len(evs), raw, len(b.z), ratio)
+		if raw >= 4<<10 && ratio > maxStoredRatio {
+			t.Errorf("%s: stored %.3f of the raw bytes; want at most %.2f", name, ratio, maxStoredRatio)
+		}
+	}
 }

@@ -7,11 +7,11 @@ import "time"
 // it is kept once it ends.
 type detached struct{}
 
-func (detached) reserve(*Flight, int) error    { return nil }
-func (detached) release(*Flight, int)          {}
-func (detached) commit(*Flight, *Result) bool  { return false }
-func (detached) fail(*Flight, State, string)   {}
-func (detached) mark(*Flight, State, int, int) {}
+func (detached) Reserve(*Flight, int) error    { return nil }
+func (detached) Release(*Flight, int)          {}
+func (detached) Commit(*Flight, *Result) bool  { return false }
+func (detached) Fail(*Flight, State, string)   {}
+func (detached) Mark(*Flight, State, int, int) {}
 
 // NewDetached returns a flight that belongs to no store, for a stream
 // relayed without an idempotency key. Its ids carry generation 0 and are

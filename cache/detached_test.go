@@ -2,6 +2,8 @@ package cache
 
 import (
 	"errors"
+	"io"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -64,4 +66,82 @@ func TestDetached(t *testing.T) {
 			t.Errorf("Events: got %d; want 0", got)
 		}
 	})
+}
+
+// BenchmarkUnkeyedEvents is the per-event path of a stream without a key,
+// the system calls left out: the mock upstream's 200 chat chunks and
+// [DONE] read in place in 4 KiB reads (sse.Scanner), each event judged
+// (sse.Detector) and journaled (Append), and before each read the client
+// given all that was journaled since the last (ReadSpans, as the
+// generation's push does). One op is one stream.
+func BenchmarkUnkeyedEvents(b *testing.B) {
+	const head = `data: {"id":"chatcmpl-3kTqPz81xVbc","object":"chat.completion.chunk","created":1743811170,"model":"gpt-4o-mini","system_fingerprint":"fp_5c1e0a8b3d","choices":[`
+	var sb strings.Builder
+	sb.WriteString(head + `{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for i := range 198 {
+		sb.WriteString(head + `{"index":0,"delta":{"content":" token` + strconv.Itoa(i%10) + `"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	sb.WriteString(head + `{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" + "data: [DONE]\n\n")
+	body := sb.String()
+	var at [4][]byte
+	var sub *Sub
+	r := &pushReader{push: func() {
+		for spans, _ := sub.ReadSpans(at[:0]); len(spans) > 0; spans, _ = sub.ReadSpans(at[:0]) {
+		}
+	}}
+	sc := sse.NewScanner(nil, 1<<20)
+	det := sse.NewDetector(sse.Expect{})
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		f := NewDetached(1 << 30)
+		f.SetHead(streamHead)
+		sub, _ = f.Subscribe(0)
+		r.s = body
+		sc.Reset(r)
+		det.Reset(sse.Expect{})
+		n := 0
+		for sc.Next() {
+			ev := sc.Event()
+			det.Observe(ev)
+			var err error
+			if sc.OneLine() {
+				_, err = f.AppendLine(ev.Type, ev.Data)
+			} else {
+				_, err = f.Append(ev.Type, ev.Data)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if ok, why := det.Clean(true); !ok || n != 201 {
+			b.Fatalf("%d events, clean %v (%s); want 201, clean", n, ok, why)
+		}
+		f.Commit(nil)
+		r.push()
+		sub.Close()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/201, "ns/event")
+}
+
+// pushReader reads s as a buffered reader does a socket, 4 KiB at a
+// time, calling push before each of those reads.
+type pushReader struct {
+	s, buf string
+	push   func()
+}
+
+func (r *pushReader) Read(p []byte) (int, error) {
+	if r.buf == "" {
+		if r.s == "" {
+			return 0, io.EOF
+		}
+		r.push()
+		k := min(len(r.s), 4<<10)
+		r.buf, r.s = r.s[:k], r.s[k:]
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
 }

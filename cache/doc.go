@@ -9,5 +9,8 @@
 // journals are never kept in ristretto.
 //
 // Memory is the single-process store. Its Flight type is the journal that
-// any store uses to fan a generation out to local subscribers.
+// any store uses to fan a generation out to local subscribers. A store
+// that keeps its ledger elsewhere (cache/redis) is a backend of this
+// package's flights, over the interface backend.go exports for one; this
+// package knows nothing of Redis.
 package cache

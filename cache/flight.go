@@ -9,23 +9,6 @@ import (
 	"github.com/ssegate/ssegate/sse"
 )
 
-// backend is what a Flight reports to the store that created it. The
-// store's ledger learns of every end through it.
-type backend interface {
-	// reserve accounts n more journal bytes of f against the store's
-	// bounds.
-	reserve(f *Flight, n int) error
-	// release returns the n journal bytes f still holds, once, as it ends.
-	release(f *Flight, n int)
-	// commit records res as the key's committed result and reports
-	// whether the body store kept it.
-	commit(f *Flight, res *Result) (stored bool)
-	// fail records the end of a generation that produced no result.
-	fail(f *Flight, state State, reason string)
-	// mark records progress of a live generation.
-	mark(f *Flight, state State, attempts, lastStatus int)
-}
-
 // Flight is one live generation: an append-only journal of encoded events
 // and the subscribers that follow it. The owner (the goroutine that reads
 // the upstream) calls SetHead, Append and then exactly one of Commit or
@@ -38,7 +21,7 @@ type Flight struct {
 	Gen   uint64
 
 	fp        string
-	be        backend
+	be        Backend
 	maxBytes  int
 	maxSubs   int
 	started   time.Time
@@ -145,7 +128,7 @@ func (f *Flight) FirstEventAt() time.Time {
 	return f.first
 }
 
-func newFlight(be backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time, seal *sealPolicy) *Flight {
+func newFlight(be Backend, sc Scope, gen uint64, fp string, maxBytes, maxSubs int, now time.Time, seal *sealPolicy) *Flight {
 	return &Flight{
 		Scope:     sc,
 		Gen:       gen,
@@ -200,7 +183,7 @@ func (f *Flight) SetHead(h Head) {
 // Mark records the generation's progress (state, attempt count, last
 // upstream status) in the store's ledger.
 func (f *Flight) Mark(state State, attempts, lastStatus int) {
-	f.be.mark(f, state, attempts, lastStatus)
+	f.be.Mark(f, state, attempts, lastStatus)
 }
 
 // Append encodes one event with the next id of this generation, adds it
@@ -231,7 +214,7 @@ func (f *Flight) append(typ, data string, oneLine bool) (sse.ID, error) {
 		return sse.ID{}, err
 	}
 	take := min(n, f.held) // what Hold accounted already
-	if err := f.be.reserve(f, n-take); err != nil {
+	if err := f.be.Reserve(f, n-take); err != nil {
 		f.j.drop(n)
 		f.mu.Unlock()
 		return sse.ID{}, err
@@ -259,7 +242,7 @@ func (f *Flight) Hold(n int) error {
 	if f.ended {
 		return ErrEnded
 	}
-	if err := f.be.reserve(f, n); err != nil {
+	if err := f.be.Reserve(f, n); err != nil {
 		return err
 	}
 	f.held += n
@@ -338,7 +321,7 @@ func (f *Flight) Commit(body []byte) (stored bool) {
 	// The ledger and body store learn of the commit before any subscriber
 	// sees the end: a client that saw its stream end and repeats the
 	// request at once must find the result.
-	stored = f.be.commit(f, res)
+	stored = f.be.Commit(f, res)
 	f.end(StateCommitted, "")
 	return stored
 }
@@ -358,7 +341,7 @@ func (f *Flight) Fail(state State, reason string, body []byte) (ended bool) {
 		f.body = body
 	}
 	f.mu.Unlock()
-	f.be.fail(f, state, reason)
+	f.be.Fail(f, state, reason)
 	f.end(state, reason)
 	return true
 }
@@ -379,8 +362,9 @@ func (f *Flight) Deny(reason string, body []byte) (ended bool) {
 	return f.Fail(StateFailedTerminal, reason, body)
 }
 
-// wasDenied reports whether the flight ends by Deny.
-func (f *Flight) wasDenied() bool {
+// Denied reports whether the flight ends by Deny: its store keeps no
+// record of the key (Backend).
+func (f *Flight) Denied() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.denied
@@ -404,7 +388,7 @@ func (f *Flight) end(state State, reason string) {
 	f.freeLocked()
 	hadHead := f.hasHead
 	f.mu.Unlock()
-	f.be.release(f, n)
+	f.be.Release(f, n)
 	if !hadHead {
 		close(f.headReady)
 	}
@@ -413,7 +397,7 @@ func (f *Flight) end(state State, reason string) {
 
 // freeLocked gives the journal's blocks back to the pools once nothing can
 // read them any more. The rule: a slice that Read or ReadSpans returned
-// is the Sub's until it reads again or closes (Sub.held), and the wireSince
+// is the Sub's until it reads again or closes (Sub.held), and the WireSince
 // of a store that mirrors the journal keeps its slices for good, so only
 // a Memory flight's journal is pooled. A sealed block goes back once every
 // open Sub has read again past it (journal.unretire); the rest only when
@@ -442,7 +426,7 @@ func (f *Flight) refillLocked() {
 		return
 	}
 	r := Result{packed: f.frames, size: f.j.size}
-	if err := r.unpack(); err != nil {
+	if err := r.Unpack(); err != nil {
 		panic("cache: a committed journal does not unpack: " + err.Error()) // it was packed here
 	}
 	f.j.refill(r.Data)
@@ -617,11 +601,12 @@ func (s *Sub) Close() {
 	f.mu.Unlock()
 }
 
-// appendWire adds one event that is already encoded, id included: an
+// AppendWire adds one event that is already encoded, id included: an
 // event another replica journaled, which a follower flight copies byte for
 // byte so that every replica serves the owner's exact bytes and ids. seq
-// must be the next seq of this journal.
-func (f *Flight) appendWire(seq uint64, wire []byte) error {
+// must be the next seq of this journal. A Backend's flight only
+// (Journals.NewFlight): it reserves the bytes as Append does.
+func (f *Flight) AppendWire(seq uint64, wire []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ended {
@@ -633,7 +618,7 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 	if err := f.j.appendWire(wire, f.maxBytes); err != nil {
 		return err
 	}
-	if err := f.be.reserve(f, len(wire)); err != nil {
+	if err := f.be.Reserve(f, len(wire)); err != nil {
 		f.j.drop(len(wire))
 		return err
 	}
@@ -646,11 +631,11 @@ func (f *Flight) appendWire(seq uint64, wire []byte) error {
 	return nil
 }
 
-// wireSince returns the encoded events after the first from ones, at most
+// WireSince returns the encoded events after the first from ones, at most
 // maxEvents of them, each as its own slice (valid for good: the journal is
 // never rewritten), with the head as it stands. A store that mirrors the
-// journal elsewhere reads it with this.
-func (f *Flight) wireSince(from, maxEvents int) (evs [][]byte, h Head, hasHead bool) {
+// journal elsewhere reads it with this (Backend).
+func (f *Flight) WireSince(from, maxEvents int) (evs [][]byte, h Head, hasHead bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refillLocked()

@@ -317,3 +317,67 @@ func TestNonStreaming(t *testing.T) {
 		f.SetHead(Head{Status: 200}) // after the end: ignored, no panic
 	})
 }
+
+// BenchmarkAppend journals one chat chunk per op into a keyed flight; a
+// new generation starts every 4,096 events so the journal stays a
+// realistic size.
+func BenchmarkAppend(b *testing.B) {
+	const per = 4096
+	m := newMemory(b, Config{})
+	var f *Flight
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chatChunk)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%per == 0 {
+			b.StopTimer()
+			if f != nil {
+				f.Fail(StateFailedRetryable, "bench", nil)
+			}
+			f = claim(b, m, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp")
+			f.SetHead(streamHead)
+			b.StartTimer()
+		}
+		if _, err := f.Append("", chatChunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFanout has one producer append chat chunks while 64
+// subscribers read them; one op is one event delivered to all 64.
+func BenchmarkFanout(b *testing.B) {
+	const subs, per = 64, 8192
+	m := newMemory(b, Config{Limits: Limits{MaxSubscribers: subs}})
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chatChunk)))
+	b.ResetTimer()
+	for n, round := 0, 0; n < b.N; round++ {
+		f := claim(b, m, Scope{Tenant: "t", Key: strconv.Itoa(round)}, "fp")
+		f.SetHead(streamHead)
+		var wg sync.WaitGroup
+		for range subs {
+			s, err := f.Subscribe(0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			wg.Go(func() {
+				defer s.Close()
+				for range s.C() {
+					if _, ended := s.Read(); ended {
+						return
+					}
+				}
+			})
+		}
+		k := min(per, b.N-n)
+		for range k {
+			if _, err := f.Append("", chatChunk); err != nil {
+				b.Fatal(err)
+			}
+		}
+		n += k
+		f.Fail(StateFailedRetryable, "bench", nil) // ends the followers without a store write
+		wg.Wait()
+	}
+}

@@ -2,16 +2,11 @@ package cache
 
 import (
 	"bytes"
-	"context"
-	"log/slog"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/ssegate/ssegate/sse"
 	gosse "github.com/tmaxmax/go-sse"
 )
@@ -187,54 +182,6 @@ func commitStream(tb testing.TB, m *Memory, sc Scope, fp string, n int) (*Flight
 	return f, want
 }
 
-// The Redis store's tests (store_redis, redis_*) run against a real
-// redis-server: the one CI starts (SSEGATE_REDIS_ADDR) or one of their
-// own. Two stores on one Redis are two replicas in one process.
-
-// testLease is their stores' lease: short, so that a lease lapses within
-// a test.
-const testLease = 400 * time.Millisecond
-
-// newRedis returns a store on addr with the test's key prefix, closed when
-// the test ends.
-func newRedis(tb testing.TB, addr, prefix string, mod func(*RedisConfig)) *Redis {
-	tb.Helper()
-	cfg := RedisConfig{URL: "redis://" + addr, Prefix: prefix, Lease: testLease, Timeout: time.Second}
-	if mod != nil {
-		mod(&cfg)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	r, err := NewRedis(cfg)
-	if err != nil {
-		tb.Fatalf("NewRedis: got error %v; want none", err)
-	}
-	tb.Cleanup(r.Close)
-	return r
-}
-
-// replicas returns n stores sharing one Redis and one prefix.
-func replicas(tb testing.TB, n int) []*Redis {
-	tb.Helper()
-	addr := redistest.Shared(tb)
-	prefix := redistest.Prefix(tb)
-	rs := make([]*Redis, n)
-	for i := range rs {
-		rs[i] = newRedis(tb, addr, prefix, nil)
-	}
-	return rs
-}
-
-func rbegin(tb testing.TB, r *Redis, sc Scope, fp string) Begun {
-	tb.Helper()
-	b, err := r.Begin(sc, fp)
-	if err != nil {
-		tb.Fatalf("Begin(%v): got error %v; want none", sc, err)
-	}
-	return b
-}
-
 func startStream(tb testing.TB, f *Flight) {
 	tb.Helper()
 	f.Mark(StateExecutionStarted, 1, 200)
@@ -254,96 +201,7 @@ func waitDone(tb testing.TB, f *Flight, within time.Duration) State {
 	return state
 }
 
-// eventually calls cond every 10 ms until it returns nil, and fails the
-// test with its last error if it has not within d. It is for what a test
-// against a real Redis waits for (a server back, a lease renewed, an
-// expiry in Redis), which no synctest bubble can stand in for.
-func eventually(tb testing.TB, d time.Duration, cond func() error) {
-	tb.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func commits(tb testing.TB, r *Redis, sc Scope) int64 {
-	tb.Helper()
-	n, err := r.c.Do(context.Background(), r.c.B().Hget().Key(r.keys(sc).st).Field("commits").Build()).AsInt64()
-	if err != nil && !rueidis.IsRedisNil(err) {
-		tb.Fatalf("HGET commits: %v", err)
-	}
-	return n
-}
-
-// redisCost is what a private redis-server did: its script calls, the
-// time it counted in them, its process CPU, and all the commands
-// clients sent it.
-type redisCost struct {
-	scripts, commands int64
-	scriptUS, cpuUS   float64
-	calls             map[string]int64 // per command, lower case
-}
-
-// readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
-func readRedisCost(tb testing.TB, addr string) redisCost {
-	tb.Helper()
-	c := redisCost{calls: map[string]int64{}}
-	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
-	if err != nil {
-		tb.Fatalf("INFO commandstats: %v", err)
-	}
-	for _, l := range strings.Split(stats, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
-		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !isCmd || cmd == "info" {
-			continue
-		}
-		var calls int64
-		var usec float64
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		c.commands += calls
-		c.calls[cmd] = calls
-		if cmd == "evalsha" || cmd == "eval" {
-			c.scripts += calls
-			c.scriptUS += usec
-		}
-	}
-	cpu, err := redistest.Command(addr, 5*time.Second, "INFO", "cpu")
-	if err != nil {
-		tb.Fatalf("INFO cpu: %v", err)
-	}
-	for _, l := range strings.Split(cpu, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(l), ":")
-		if k == "used_cpu_sys" || k == "used_cpu_user" {
-			s, _ := strconv.ParseFloat(v, 64)
-			c.cpuUS += s * 1e6
-		}
-	}
-	return c
-}
-
-// script is a Lua script of the store.
-type script = *rueidis.Lua
-
-// runScript runs s once on r's Redis, failing tb on an error reply.
-func runScript(tb testing.TB, r *Redis, s script, keys, args []string) {
-	tb.Helper()
-	if err := s.Exec(r.ctx, r.c, keys, args).Error(); err != nil && !rueidis.IsRedisNil(err) {
-		tb.Fatal(err)
-	}
-}
+// chatChunk is a typical ~200-byte OpenAI chat/completions stream chunk.
+const chatChunk = `{"id":"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT","object":"chat.completion.chunk",` +
+	`"created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1",` +
+	`"choices":[{"index":0,"delta":{"content":" hello"},"finish_reason":null}]}`

@@ -1,6 +1,9 @@
 package cache
 
-import "time"
+import (
+	"log/slog"
+	"time"
+)
 
 // Scope names one idempotency key of one tenant. Tenant is a hash of the
 // caller's credential, never the credential itself.
@@ -12,31 +15,41 @@ import "time"
 // omitting credentials the upstream ignores. Empty: the tenant is the one
 // account (a request with no secret credential, and the scopes a store's
 // own callers make). Accounts never name a key: two scopes with the same
-// Tenant and Key are one key whatever their Accounts (Scope.same).
+// Tenant and Key are one key whatever their Accounts (Scope.Same).
 type Scope struct {
 	Tenant   string
 	Key      string
 	Accounts []string
 }
 
-func (s Scope) id() string { return s.Tenant + "\x00" + s.Key }
+// ID is the one string that names s's key: its tenant and key, never
+// its Accounts.
+func (s Scope) ID() string { return s.Tenant + "\x00" + s.Key }
 
-// same reports whether s and o name the same key.
-func (s Scope) same(o Scope) bool { return s.Tenant == o.Tenant && s.Key == o.Key }
+// LogValue logs s as a group of its tenant and key (slog.LogValuer), so
+// that a log line names a key with one attribute, "scope", as
+// scope.tenant and scope.key. Accounts are left out: they say only what
+// the key counts against.
+func (s Scope) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("tenant", s.Tenant), slog.String("key", s.Key))
+}
 
-// accounts returns the names of the accounts s's key is counted against:
+// Same reports whether s and o name the same key.
+func (s Scope) Same(o Scope) bool { return s.Tenant == o.Tenant && s.Key == o.Key }
+
+// Charged returns the names of the accounts s's key is counted against:
 // Accounts, or the tenant alone.
-func (s Scope) accounts() []string {
+func (s Scope) Charged() []string {
 	if len(s.Accounts) == 0 {
 		return []string{s.Tenant}
 	}
 	return s.Accounts
 }
 
-// account returns the first of s's accounts, the one whose keys are kept
+// Account returns the first of s's accounts, the one whose keys are kept
 // by expiry (Memory) and whose commit makes it known
 // (Limits.MaxStrangerKeys).
-func (s Scope) account() string {
+func (s Scope) Account() string {
 	if len(s.Accounts) == 0 {
 		return s.Tenant
 	}

@@ -66,7 +66,7 @@ type Limits struct {
 	SealLiveBytes int64
 }
 
-func (l *Limits) setDefaults() {
+func (l *Limits) SetDefaults() {
 	if l.MaxLiveBytes <= 0 {
 		l.MaxLiveBytes = 256 << 20
 	}
@@ -119,7 +119,7 @@ func (p *sealPolicy) wants(size int, started time.Time) bool {
 // liveShares accounts the bytes of a store's live journals, all together
 // and per account, against Limits.MaxLiveBytes and each account's share
 // of it (MaxLiveBytesPerTenant, which says the rule). A flight's bytes
-// count against every account of its scope (Scope.accounts): a tenant
+// count against every account of its scope (Scope.Charged): a tenant
 // that adds or varies credentials still holds its real credential's
 // bytes, and is held to its share.
 type liveShares struct {

@@ -31,8 +31,10 @@ func (r *Result) dataSize() int {
 	return len(r.Data)
 }
 
-// unpack makes Data of a result committed from a journal.
-func (r *Result) unpack() error {
+// Unpack makes Data of a result committed from a journal, whose events
+// are packed until then: a store calls it before it keeps a result to
+// serve.
+func (r *Result) Unpack() error {
 	if r.packed == nil {
 		return nil
 	}
@@ -67,9 +69,9 @@ func (r *Result) After(seq uint64) ([]byte, error) {
 	return r.Data[r.Ends[seq-1]:], nil
 }
 
-// cost is what the result weighs in the body store: its bytes plus a
+// Cost is what the result weighs in a body store: its bytes plus a
 // fixed allowance for the structure itself.
-func (r *Result) cost() int64 {
+func (r *Result) Cost() int64 {
 	n := int64(r.dataSize()) + 4*int64(len(r.Ends)) + 256
 	for _, h := range r.Head.Header {
 		n += int64(len(h.Name) + len(h.Value))

@@ -67,7 +67,7 @@ func (c *Config) setDefaults() {
 	if c.MaxStrangerKeys <= 0 {
 		c.MaxStrangerKeys = max(c.MaxKeys/2, 1)
 	}
-	c.Limits.setDefaults()
+	c.Limits.SetDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -118,7 +118,7 @@ type entry struct {
 
 	id     string      // its key in Memory.keys
 	alias  string      // its key in Memory.aliases, or "" (alias.go)
-	tenant *tenantKeys // its first account's part of the ledger (Scope.account)
+	tenant *tenantKeys // its first account's part of the ledger (Scope.Account)
 	// more are its other accounts' parts (Scope.Accounts), which count it
 	// but do not keep it by expiry: at a bound they make room from the
 	// ledger's expiries.
@@ -159,7 +159,7 @@ const (
 type Memory struct {
 	cfg    Config
 	bodies *ristretto.Cache[string, *blob]
-	codec  *blobCodec
+	codec  *Codec
 	// hot keeps decoded copies of recently replayed bodies, so a hot key's
 	// replays and resumes do not decode its blob each time. Losing one
 	// only costs a decode.
@@ -185,8 +185,7 @@ type Memory struct {
 	// yet deleted included (Limits.MaxStrangerKeys).
 	strangers int
 
-	shares      *liveShares // live journal bytes, all and per tenant
-	seal        *sealPolicy // when live journals seal (Limits)
+	journals    *Journals // live journal bytes, all and per tenant, and when they seal
 	commits     atomic.Int64
 	stored      atomic.Int64
 	rejected    atomic.Int64
@@ -210,13 +209,12 @@ func NewMemory(cfg Config) (*Memory, error) {
 	}
 	// About ten counters per expected item; items average a few KiB.
 	counters := max(cfg.MaxStoreBytes/4096*10, 10_000)
-	codec, err := newBlobCodec(cfg.MaxStreamBytes)
+	codec, err := NewCodec(cfg.MaxStreamBytes)
 	if err != nil {
 		return nil, fmt.Errorf("body codec: %w", err)
 	}
 	m.codec = codec
-	m.shares = newLiveShares(cfg.Limits)
-	m.seal = newSealPolicy(cfg.Limits, cfg.Now, &m.shares.total)
+	m.journals = NewJournals(cfg.Limits, cfg.Now)
 	bodies, err := ristretto.NewCache(&ristretto.Config[string, *blob]{
 		NumCounters: counters,
 		MaxCost:     cfg.MaxStoreBytes,
@@ -254,7 +252,7 @@ func (m *Memory) Close() {
 	m.wg.Wait()
 	m.bodies.Close()
 	m.hot.Close()
-	m.codec.close()
+	m.codec.Close()
 }
 
 // blob is a committed result as the body store keeps it: compressed (the
@@ -273,19 +271,19 @@ func (b *blob) cost() int64 { return int64(len(b.z)) + 128 }
 // the one of generation gen.
 func (m *Memory) body(id string, sc Scope, gen uint64) (*Result, bool) {
 	b, ok := m.bodies.Get(id)
-	if !ok || b.gen != gen || !b.sc.same(sc) {
+	if !ok || b.gen != gen || !b.sc.Same(sc) {
 		return nil, false
 	}
-	if r, ok := m.hot.Get(id); ok && r.Gen == gen && r.Scope.same(sc) {
+	if r, ok := m.hot.Get(id); ok && r.Gen == gen && r.Scope.Same(sc) {
 		return r, true
 	}
-	r, err := m.codec.decode(b.z, sc)
+	r, err := m.codec.Decode(b.z, sc)
 	if err != nil {
-		m.cfg.Logger.Error("stored body of a committed key is unreadable", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
+		m.cfg.Logger.Error("stored body of a committed key is unreadable", "scope", sc, "err", err.Error())
 		return nil, false
 	}
 	r.Trace = b.trace
-	m.hot.SetWithTTL(id, r, r.cost(), m.cfg.TTL)
+	m.hot.SetWithTTL(id, r, r.Cost(), m.cfg.TTL)
 	return r, true
 }
 
@@ -324,7 +322,7 @@ func (m *Memory) BeginTool(sc Scope, fp string, t Tool) (Begun, error) {
 }
 
 func (m *Memory) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
-	id := sc.id()
+	id := sc.ID()
 	var gone uint64 // a committed generation found without its body
 	for {
 		b, hit, err := m.begin(id, sc, fp, gone, t)
@@ -394,15 +392,14 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 			return Begun{}, 0, err
 		}
 	}
-	if err := m.shares.admit(sc.accounts()); err != nil {
+	if err := m.journals.Admit(sc); err != nil {
 		return Begun{}, 0, err
 	}
 	var prev uint64
 	if e != nil {
 		prev = e.gen
 	}
-	f := newFlight(m, sc, nextGen(now, prev), fp, m.cfg.MaxStreamBytes, m.cfg.MaxSubscribers, now, m.seal)
-	f.share = m.shares.enter(sc.accounts())
+	f := m.journals.NewFlight((*memoryBackend)(m), sc, nextGen(now, prev), fp, t)
 	// Its readers are all Subs of this process, so its blocks can go back
 	// to the pools (Flight.freeLocked).
 	f.j.pooled = true
@@ -411,7 +408,7 @@ func (m *Memory) begin(id string, sc Scope, fp string, gone uint64, t *Tool) (b 
 		created: now, updated: now, id: id,
 	}
 	if t != nil {
-		f.tool, ne.tool = t, t.Name
+		ne.tool = t.Name
 	}
 	m.putLocked(sc, e, ne)
 	m.flights++
@@ -432,7 +429,7 @@ func (m *Memory) peekLocked(id string, sc Scope, fp string, gone uint64, now tim
 		}
 		return Begun{Decision: Unknown}, 0, true, nil
 	case e == nil:
-		t := m.tenants[sc.account()]
+		t := m.tenants[sc.Account()]
 		if t != nil && t.n >= m.cfg.MaxKeysPerTenant && !expiredTop(&t.exp, now) && (t.n == t.own || !expiredTop(&m.exp, now)) {
 			return Begun{}, 0, true, tenantFull(t.n)
 		}
@@ -499,7 +496,7 @@ func strangersFull(n int) error {
 // own): one that holds its bound with some of them expired may refuse a
 // key until the sweeper has deleted them, within sweepEvery.
 func (m *Memory) roomLocked(sc Scope, now time.Time) error {
-	tenant := sc.account()
+	tenant := sc.Account()
 	t := m.tenants[tenant]
 	if t != nil && t.n >= m.cfg.MaxKeysPerTenant {
 		m.expireLocked(&t.exp, now, boundBatch)
@@ -540,7 +537,7 @@ func (m *Memory) roomLocked(sc Scope, now time.Time) error {
 // Conflict is reported as ErrConflict).
 func (m *Memory) Attach(sc Scope, fp string, after sse.ID, hasAfter bool) (*Flight, *Result, error) {
 	now := m.cfg.Now()
-	id := sc.id()
+	id := sc.ID()
 	m.mu.RLock()
 	e := m.knownLocked(id, now)
 	if e == nil {
@@ -594,7 +591,7 @@ func (*Memory) EndsNoFlight() {}
 // Info returns what the ledger knows of a key.
 func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	now := m.cfg.Now()
-	id := sc.id()
+	id := sc.ID()
 	m.mu.RLock()
 	e := m.knownLocked(id, now)
 	if e == nil {
@@ -613,7 +610,7 @@ func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
 	}
 	if ki.State == StateCommitted {
 		b, ok := m.bodies.Get(id)
-		ki.BodyStored = ok && b.gen == ki.Generation && b.sc.same(sc)
+		ki.BodyStored = ok && b.gen == ki.Generation && b.sc.Same(sc)
 	}
 	return ki, true
 }
@@ -630,7 +627,7 @@ func (m *Memory) Stats() Stats {
 	return Stats{
 		Commits: m.commits.Load(), Stored: m.stored.Load(), Rejected: m.rejected.Load(),
 		Evicted: m.evicted.Load(), BodyMissing: m.missing.Load(), Regenerated: m.regenerated.Load(),
-		Failed: m.failed.Load(), LiveBytes: m.shares.total.Load(), LiveFlights: flights, Keys: keys, ByState: byState,
+		Failed: m.failed.Load(), LiveBytes: m.journals.Bytes(), LiveFlights: flights, Keys: keys, ByState: byState,
 		StoredBytes: m.storeBytes.Load(), StoreEntries: m.storeCount.Load(),
 		MaxLiveBytes: m.cfg.MaxLiveBytes, MaxStoreBytes: m.cfg.MaxStoreBytes, MaxKeys: int64(m.cfg.MaxKeys),
 	}
@@ -639,7 +636,7 @@ func (m *Memory) Stats() Stats {
 // DropBody removes a committed body from the body store, as an eviction
 // would; the ledger keeps the commit. It exists for tests and operators.
 func (m *Memory) DropBody(sc Scope) {
-	id := sc.id()
+	id := sc.ID()
 	b, ok := m.bodies.Get(id)
 	m.bodies.Del(id)
 	m.bodies.Wait()
@@ -651,20 +648,31 @@ func (m *Memory) DropBody(sc Scope) {
 	}
 }
 
-func (m *Memory) reserve(f *Flight, n int) error { return m.shares.reserve(f.share, n) }
+// memoryBackend is Memory as the Backend of its flights.
+type memoryBackend Memory
 
-func (m *Memory) release(f *Flight, n int) { m.shares.leave(f.share, n) }
+func (b *memoryBackend) Reserve(f *Flight, n int) error { return b.journals.Reserve(f, n) }
+func (b *memoryBackend) Release(f *Flight, n int)       { b.journals.Release(f, n) }
+func (b *memoryBackend) Commit(f *Flight, res *Result) bool {
+	return (*Memory)(b).commit(f, res)
+}
+func (b *memoryBackend) Fail(f *Flight, state State, reason string) {
+	(*Memory)(b).fail(f, state, reason)
+}
+func (b *memoryBackend) Mark(f *Flight, state State, attempts, lastStatus int) {
+	(*Memory)(b).mark(f, state, attempts, lastStatus)
+}
 
 func (m *Memory) commit(f *Flight, res *Result) bool {
-	id := f.Scope.id()
+	id := f.Scope.ID()
 	stored := false
-	if z, err := m.codec.encode(res); err == nil {
+	if z, err := m.codec.Encode(res); err == nil {
 		b := &blob{sc: f.Scope, gen: f.Gen, z: z, trace: res.Trace}
 		cost := b.cost()
 		// Set is asynchronous and may drop or later reject the item: wait
 		// for it to be applied, then look, so the ledger knows whether it
 		// is held.
-		m.bodies.SetWithTTL(id, b, cost, f.keepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL))
+		m.bodies.SetWithTTL(id, b, cost, f.KeepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL))
 		m.bodies.Wait()
 		got, ok := m.bodies.Get(id)
 		stored = ok && got == b
@@ -690,7 +698,7 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 		e.bytes = res.dataSize()
 		e.bodyStored = stored
 		e.updated = now
-		m.expireAtLocked(e, now.Add(f.keepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL)))
+		m.expireAtLocked(e, now.Add(f.KeepFor(StateCommitted, m.cfg.TTL, m.cfg.FailedTTL)))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -700,9 +708,9 @@ func (m *Memory) commit(f *Flight, res *Result) bool {
 func (m *Memory) fail(f *Flight, state State, reason string) {
 	now := m.cfg.Now()
 	m.failed.Add(1)
-	denied := f.wasDenied()
+	denied := f.Denied()
 	m.mu.Lock()
-	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f && denied {
+	if e := m.keys[f.Scope.ID()]; e != nil && e.flight == f && denied {
 		// Its clients hold the flight, which has the answer: the ledger
 		// forgets the key (Flight.Deny).
 		m.deleteLocked(e)
@@ -713,7 +721,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 		e.reason = reason
 		e.events = f.Events()
 		e.updated = now
-		m.expireAtLocked(e, now.Add(f.keepFor(state, m.cfg.TTL, m.cfg.FailedTTL)))
+		m.expireAtLocked(e, now.Add(f.KeepFor(state, m.cfg.TTL, m.cfg.FailedTTL)))
 		m.flights--
 	}
 	m.mu.Unlock()
@@ -722,7 +730,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
 	now := m.cfg.Now()
 	m.mu.Lock()
-	if e := m.keys[f.Scope.id()]; e != nil && e.flight == f {
+	if e := m.keys[f.Scope.ID()]; e != nil && e.flight == f {
 		m.setStateLocked(e, state)
 		e.attempts = attempts
 		if lastStatus != 0 {
@@ -799,7 +807,7 @@ func (m *Memory) putLocked(sc Scope, old, e *entry) {
 			t.n++
 			return t
 		}
-		t := account(sc.account())
+		t := account(sc.Account())
 		t.own++
 		if !t.known {
 			m.strangers++
@@ -860,7 +868,7 @@ func (m *Memory) ToolUnknowns() int64 {
 // its stored answer: ErrLive while it runs, ErrNotFound when the ledger
 // holds nothing for it.
 func (m *Memory) Forget(sc Scope) error {
-	id := sc.id()
+	id := sc.ID()
 	now := m.cfg.Now()
 	m.mu.Lock()
 	e := m.knownLocked(id, now)

@@ -134,7 +134,7 @@ func TestBeginDecision(t *testing.T) {
 			if !bytes.Equal(r.Data, s.want) {
 				t.Errorf("result data: got %q; want %q", r.Data, s.want)
 			}
-			if r.Gen != s.f.Gen || !r.Scope.same(sc) || r.Events() != 7 {
+			if r.Gen != s.f.Gen || !r.Scope.Same(sc) || r.Events() != 7 {
 				t.Errorf("result: got gen %d scope %v events %d; want %d %v 7", r.Gen, r.Scope, r.Events(), s.f.Gen, sc)
 			}
 			if !reflect.DeepEqual(r.Head, streamHead) {
@@ -508,7 +508,7 @@ func TestStoreAccounting(t *testing.T) {
 			m.bodies.Wait()
 			var bytes, entries int64
 			for _, sc := range scopes {
-				if r, ok := m.bodies.Get(sc.id()); ok {
+				if r, ok := m.bodies.Get(sc.ID()); ok {
 					bytes += r.cost()
 					entries++
 				}
@@ -988,7 +988,7 @@ func starveLedger(t *testing.T) (m *Memory, hitSc, bigSc Scope) {
 	for i := range maxKeys - quota - room {
 		sc := Scope{Tenant: "filler-" + strconv.Itoa(i%9), Key: strconv.Itoa(i)}
 		e := &entry{fp: "fp", gen: nextGen(now, 0), state: StateFailedRetryable, reason: "upstream reset",
-			created: now, updated: now, id: sc.id()}
+			created: now, updated: now, id: sc.ID()}
 		m.putLocked(sc, nil, e)
 		m.expireAtLocked(e, now.Add(m.cfg.FailedTTL))
 	}
@@ -1078,5 +1078,119 @@ func TestMemoryForgetKeepsNextAnswer(t *testing.T) {
 		if got := string(b.Result.Data); got != strconv.Itoa(i+1) {
 			t.Fatalf("round %d: replayed %q; want %q", i, got, strconv.Itoa(i+1))
 		}
+	}
+}
+
+// BenchmarkReplay finds the bytes after a position in a committed
+// 200-event result, as a resume does.
+func BenchmarkReplay(b *testing.B) {
+	m := newMemory(b, Config{})
+	sc := Scope{Tenant: "t", Key: "k"}
+	f := claim(b, m, sc, "fp")
+	f.SetHead(streamHead)
+	for range 200 {
+		if _, err := f.Append("", chatChunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f.Commit(nil)
+	r := begin(b, m, sc, "fp").Result
+	if r == nil {
+		b.Fatal("no result")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var n int
+	for i := 0; i < b.N; i++ {
+		p, err := r.After(uint64(i % 201))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n += len(p)
+	}
+	_ = n
+}
+
+// BenchmarkBeginAtBound claims a new key in a ledger at its -max-keys
+// bound, spread over 100 tenants. "full": nothing has expired, and the
+// claim is refused. "expiring": the keys failed one a microsecond after
+// the other, and at each claim the clock has moved on a microsecond, so
+// that exactly the oldest key has expired; the new key takes its place
+// and fails too, as a steady stream of failing keys at the bound would.
+func BenchmarkBeginAtBound(b *testing.B) {
+	const step = time.Microsecond
+	for _, n := range []int{10_000, 100_000, 1_000_000} {
+		for _, mode := range []string{"full", "expiring"} {
+			b.Run(fmt.Sprintf("keys=%d/%s", n, mode), func(b *testing.B) {
+				clk := newClock()
+				// A key failed at t expires just before the claim n steps later.
+				failedTTL := time.Duration(n)*step - 1
+				m := newMemory(b, Config{MaxKeys: n, FailedTTL: failedTTL, Now: clk.Now})
+				tenant := func(i int) string { return "t" + strconv.Itoa(i%100) }
+				for i := range n {
+					f := claim(b, m, Scope{Tenant: tenant(i), Key: strconv.Itoa(i)}, "fp")
+					f.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(step)
+				}
+				if mode == "full" {
+					clk.Advance(-failedTTL) // nothing has expired
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					sc := Scope{Tenant: tenant(i), Key: "new-" + strconv.Itoa(i)}
+					if mode == "full" {
+						if _, err := m.Begin(sc, "fp"); err == nil {
+							b.Fatal("Begin at the bound: got no error; want a refusal")
+						}
+						continue
+					}
+					bg, err := m.Begin(sc, "fp")
+					if err != nil {
+						b.Fatalf("Begin with an expired key: got %v; want a miss", err)
+					}
+					bg.Flight.Fail(StateFailedRetryable, "bench", nil)
+					clk.Advance(step)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkStream200 is one keyed stream of 200 chat chunks with one
+// subscriber that keeps up: one op appends all 200 and reads each after
+// its append. The flight is failed at the end, so no store write counts.
+func BenchmarkStream200(b *testing.B) { benchStream200(b, Limits{}) }
+
+// BenchmarkStream200Sealing is BenchmarkStream200 with a journal that
+// seals every block its subscriber has read, as under memory pressure.
+func BenchmarkStream200Sealing(b *testing.B) { benchStream200(b, Limits{SealStreamBytes: 1}) }
+
+func benchStream200(b *testing.B, lim Limits) {
+	m := newMemory(b, Config{Limits: lim})
+	b.ReportAllocs()
+	b.SetBytes(200 * int64(len(chatChunk)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		f := claim(b, m, Scope{Tenant: "t", Key: strconv.Itoa(i)}, "fp")
+		f.SetHead(streamHead)
+		s, err := f.Subscribe(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for range 200 {
+			if _, err := f.Append("", chatChunk); err != nil {
+				b.Fatal(err)
+			}
+			if p, _ := s.Read(); len(p) == 0 {
+				b.Fatal("Read: got nothing after an Append")
+			}
+		}
+		b.StopTimer()
+		s.Close()
+		f.Fail(StateFailedRetryable, "bench", nil)
+		b.StartTimer()
 	}
 }

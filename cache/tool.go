@@ -23,15 +23,15 @@ type Tool struct {
 // ErrLive is Forget's answer for a key whose generation is running.
 var ErrLive = errors.New("the key's generation is running")
 
-// keepFor is how long the ledger keeps the key of f after it ended in
+// KeepFor is how long the ledger keeps the key of f after it ended in
 // state, given the store's own TTL (committed) and FailedTTL.
-func (f *Flight) keepFor(state State, ttl, failedTTL time.Duration) time.Duration {
-	return f.tool.keepFor(state, ttl, failedTTL)
+func (f *Flight) KeepFor(state State, ttl, failedTTL time.Duration) time.Duration {
+	return f.tool.KeepFor(state, ttl, failedTTL)
 }
 
-// keepFor is how long a key of the tool call t (nil: of no tool call) is
+// KeepFor is how long a key of the tool call t (nil: of no tool call) is
 // kept after its end in state.
-func (t *Tool) keepFor(state State, ttl, failedTTL time.Duration) time.Duration {
+func (t *Tool) KeepFor(state State, ttl, failedTTL time.Duration) time.Duration {
 	switch {
 	case t == nil:
 	case state == StateCommitted && t.Keep > 0:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
@@ -38,7 +39,7 @@ func accountsStores(t *testing.T, name string, pc *Config, cc cache.Config) {
 	if name != "redis" {
 		return
 	}
-	r, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + redistest.Shared(t), Prefix: redistest.Prefix(t),
+	r, err := redis.New(redis.Config{URL: "redis://" + redistest.Shared(t), Prefix: redistest.Prefix(t),
 		Limits: cc.Limits, MaxKeys: cc.MaxKeys})
 	if err != nil {
 		t.Fatal(err)

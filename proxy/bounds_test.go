@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/internal/redistest"
 )
 
@@ -41,7 +42,7 @@ func TestMintedCredentials(t *testing.T) {
 				Info(cache.Scope) (cache.KeyInfo, bool)
 			}
 			if name == "redis" {
-				r, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + redistest.Shared(t), Prefix: redistest.Prefix(t), MaxKeys: maxKeys})
+				r, err := redis.New(redis.Config{URL: "redis://" + redistest.Shared(t), Prefix: redistest.Prefix(t), MaxKeys: maxKeys})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -78,8 +78,8 @@ type hooks struct {
 	// ended: g's flight ended; errType names the cause of an end without a
 	// whole answer ("" for none); unknown: its outcome is unknown.
 	ended func(g *gen, errType string, unknown bool)
-	// runEnded: g's goroutine returns.
-	runEnded func(g *gen)
+	// runEnded: g's goroutine returns, after calls upstream calls.
+	runEnded func(g *gen, calls int)
 	// healed: a background Responses stream's broken connection was
 	// resumed, refused or failed (outcome).
 	healed func(outcome string)
@@ -130,7 +130,7 @@ func nopHooks() hooks {
 		tokensLost:        func(loss, cache.Usage) {},
 		notStored:         func(string) {},
 		ended:             func(*gen, string, bool) {},
-		runEnded:          func(*gen) {},
+		runEnded:          func(*gen, int) {},
 		healed:            func(string) {},
 		timedOut:          func(upstream.TimeBudget) {},
 		firstFlushed:      func(*cache.Flight) {},
@@ -183,7 +183,7 @@ func compose(a, b hooks) hooks {
 			a.ended(g, errType, unknown)
 			b.ended(g, errType, unknown)
 		},
-		runEnded:     func(g *gen) { a.runEnded(g); b.runEnded(g) },
+		runEnded:     func(g *gen, calls int) { a.runEnded(g, calls); b.runEnded(g, calls) },
 		healed:       func(outcome string) { a.healed(outcome); b.healed(outcome) },
 		timedOut:     func(bt upstream.TimeBudget) { a.timedOut(bt); b.timedOut(bt) },
 		firstFlushed: func(f *cache.Flight) { a.firstFlushed(f); b.firstFlushed(f) },

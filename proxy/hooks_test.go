@@ -35,11 +35,10 @@ func TestHooksComplete(t *testing.T) {
 
 // TestTelemetryThroughHooks: outside the listeners (metrics.go, genai.go,
 // trace.go) and hooks.go, no file of the package counts a metric or
-// touches a call's span itself: it calls a hook. mcpcall.go keeps its
-// tool-call counts until tool calls run through the one attempt loop.
+// touches a span itself: it calls a hook.
 func TestTelemetryThroughHooks(t *testing.T) {
 	t.Parallel()
-	listeners := map[string]bool{"metrics.go": true, "genai.go": true, "trace.go": true, "hooks.go": true, "mcpcall.go": true}
+	listeners := map[string]bool{"metrics.go": true, "genai.go": true, "trace.go": true, "hooks.go": true}
 	fields := map[string]bool{}
 	mt := reflect.TypeFor[metrics]()
 	for i := range mt.NumField() {

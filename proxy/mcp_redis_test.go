@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mcpmock"
 	"github.com/ssegate/ssegate/internal/redistest"
@@ -22,7 +22,7 @@ func TestToolRedis(t *testing.T) {
 	var logs gatetest.LogBuffer
 	prefix := redistest.Prefix(t)
 	replica := func() *mcpEnv {
-		store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + rs.Addr, Prefix: prefix,
+		store, err := redis.New(redis.Config{URL: "redis://" + rs.Addr, Prefix: prefix,
 			Lease: 3 * time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if err != nil {
 			t.Fatal(err)

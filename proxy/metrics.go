@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -239,6 +240,9 @@ func (m *metrics) hooks() hooks {
 		m.lost(lossFallback, a)
 	}
 	h.answered = func(g *gen, calls int) {
+		if !g.kind.model {
+			return
+		}
 		m.attemptsPerOK.Observe(float64(calls))
 		if calls > 1 {
 			by := 0
@@ -259,6 +263,11 @@ func (m *metrics) hooks() hooks {
 			m.commitUnknowns.Inc()
 		}
 		m.genAI.end(g, errType)
+	}
+	h.runEnded = func(g *gen, calls int) {
+		if g.kind.perCall != nil && calls > 0 {
+			g.kind.perCall(m).Observe(float64(calls))
+		}
 	}
 	h.healed = func(outcome string) { m.resumes.WithLabelValues(outcome).Inc() }
 	h.timedOut = func(b upstream.TimeBudget) { m.timeouts.WithLabelValues(b.String()).Inc() }
@@ -386,14 +395,14 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 
 // redisStore is what the metrics read of a Redis store.
 type redisStore interface {
-	Stats() cache.RedisStats
+	Stats() redis.Stats
 	UnknownKeys() (int64, error)
 }
 
 // redisCollector reads a Redis store's counters at scrape time, and asks
 // Redis for its commit_unknown keys (no answer: the gauge is left out).
 type redisCollector struct {
-	stats   func() cache.RedisStats
+	stats   func() redis.Stats
 	unknown func() (int64, error)
 }
 

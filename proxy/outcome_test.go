@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 )
 
 // unknownAnswer fails the test unless got is the outcome-unknown answer:
@@ -376,7 +377,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 // with a store that may end it itself: the Redis store may, the
 // in-memory store never does.
 func TestPassiveStores(t *testing.T) {
-	if _, ok := any((*cache.Redis)(nil)).(passiveStore); ok {
+	if _, ok := any((*redis.Store)(nil)).(passiveStore); ok {
 		t.Error("the Redis store is a passiveStore; want one that ends flights (it fences them)")
 	}
 	if _, ok := any((*cache.Memory)(nil)).(passiveStore); !ok {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
@@ -19,16 +20,16 @@ import (
 
 // redisEnv is ssegate with a Redis store on addr in front of the mock,
 // logging to logs.
-func redisEnv(t *testing.T, addr string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *cache.Redis) {
+func redisEnv(t *testing.T, addr string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *redis.Store) {
 	t.Helper()
 	return replicaEnv(t, addr, redistest.Prefix(t), logs, opts...)
 }
 
 // replicaEnv is redisEnv with the keys' prefix given: envs of one prefix
 // are replicas of one deployment.
-func replicaEnv(t *testing.T, addr, prefix string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *cache.Redis) {
+func replicaEnv(t *testing.T, addr, prefix string, logs *gatetest.LogBuffer, opts ...envOption) (*env, *redis.Store) {
 	t.Helper()
-	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: prefix,
+	store, err := redis.New(redis.Config{URL: "redis://" + addr, Prefix: prefix,
 		Lease: 3 * time.Second, Timeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
@@ -138,8 +139,8 @@ func TestClaimReplyLost(t *testing.T) {
 			relay := redistest.NewRelay(t, srv.Addr)
 			prefix := redistest.Prefix(t)
 			var logs gatetest.LogBuffer
-			store := func(addr string) *cache.Redis {
-				s, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + addr, Prefix: prefix,
+			store := func(addr string) *redis.Store {
+				s, err := redis.New(redis.Config{URL: "redis://" + addr, Prefix: prefix,
 					Lease: lease, Timeout: timeout, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 				if err != nil {
 					t.Fatal(err)
@@ -271,7 +272,7 @@ func TestAppendReplyLost(t *testing.T) {
 func TestRedisDrainWhileHeadAwaited(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
+	store, err := redis.New(redis.Config{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
 		Lease: time.Second, Timeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

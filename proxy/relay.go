@@ -30,9 +30,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	}
 	p.hooks.decided(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
-	g := p.newGen(f, body)
+	g := p.newGen(f, body, llmKind)
 	p.hooks.generationStarted(g, ctx)
-	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)

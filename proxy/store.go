@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/sse"
 )
 
@@ -27,3 +28,22 @@ type Store interface {
 type passiveStore interface {
 	EndsNoFlight()
 }
+
+// The stores implement what the proxy asks of them by interface: a
+// method that drifts from one fails the build here rather than an
+// assertion, silently, at run time. (A Redis store is no passiveStore:
+// TestPassiveStores holds that.)
+var (
+	_ Store        = (*cache.Memory)(nil)
+	_ Store        = (*redis.Store)(nil)
+	_ ToolStore    = (*cache.Memory)(nil)
+	_ ToolStore    = (*redis.Store)(nil)
+	_ aliasStore   = (*cache.Memory)(nil)
+	_ aliasStore   = (*redis.Store)(nil)
+	_ passiveStore = (*cache.Memory)(nil)
+	_ pinger       = (*redis.Store)(nil)
+	_ redisStore   = (*redis.Store)(nil)
+)
+
+// The metrics read a Memory store's counters through this (storeCollector).
+var _ interface{ Stats() cache.Stats } = (*cache.Memory)(nil)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/internal/redistest"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -37,10 +38,10 @@ func (e *env) scrapeUntil(series string, want float64) {
 }
 
 // privateRedis is a Redis store on a private server of the test's own.
-func privateRedis(t *testing.T) *cache.Redis {
+func privateRedis(t *testing.T) *redis.Store {
 	t.Helper()
 	srv := redistest.Start(t)
-	store, err := cache.NewRedis(cache.RedisConfig{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
+	store, err := redis.New(redis.Config{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
 		Lease: 3 * time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -307,6 +307,6 @@ func (p *Proxy) traceHooks() hooks {
 	h.answered = func(g *gen, _ int) { g.endSettled() }
 	h.passedRaw = func(g *gen, status int) { g.endCall(status, "") }
 	h.gaveUp = func(g *gen, a attempt) { g.endCall(a.head.Status, a.reason()) }
-	h.runEnded = func(g *gen) { g.endCall(0, "") }
+	h.runEnded = func(g *gen, _ int) { g.endCall(0, "") }
 	return h
 }

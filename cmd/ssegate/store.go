@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/proxy"
 )
 
@@ -39,7 +40,7 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 		}
 		return m, m.Close, nil
 	}
-	r, err := cache.NewRedis(cache.RedisConfig{
+	r, err := redis.New(redis.Config{
 		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon,
 		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
 		MissingBody: mem.MissingBody, Logger: log,
@@ -59,7 +60,7 @@ func deploymentSecret(ctx context.Context, flagSecret string, store proxy.Store,
 	if flagSecret != "" {
 		return []byte(flagSecret), nil
 	}
-	r, ok := store.(*cache.Redis)
+	r, ok := store.(*redis.Store)
 	if !ok {
 		return nil, nil
 	}
