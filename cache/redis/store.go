@@ -81,6 +81,16 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultConfig is the zero Config with its defaults filled in, less
+// its clock and logger: the one place a default is written, which
+// cmd/ssegate's flags take theirs from.
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults()
+	c.Now, c.Logger = nil, nil
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = "ssg"
