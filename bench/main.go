@@ -269,15 +269,15 @@ type env struct {
 
 // runner runs the scenarios and keeps their measurements.
 type runner struct {
-	env    *env
-	opt    *options
-	ms     []measurement
-	notes  []string
-	nonce  int64 // makes keys unique across runs
+	env   *env
+	opt   *options
+	ms    []measurement
+	notes []string
+	nonce int64 // makes keys unique across runs
 	// shardRows are scenario shard's steps.
 	shardRows []*shardRow
-	noFile uint64
-	stderr io.Writer
+	noFile    uint64
+	stderr    io.Writer
 }
 
 // logf prints a progress line to stderr.
