@@ -166,6 +166,10 @@ type shardDriverResult struct {
 	CommitUS  []int64 `json:"commit_us"`
 	JoinUS    []int64 `json:"join_us"`
 	Followers int64   `json:"followers"` // followers that read their stream to its committed end (whole run)
+	// Begun and Kept are the streams claimed and those committed, over
+	// the whole run.
+	Begun int64 `json:"begun"`
+	Kept  int64 `json:"kept"`
 	// LagUS: per stream begun in the window, how late its most belated
 	// event was appended: the driver's own lag behind the pace.
 	LagUS        []int64  `json:"lag_us"`
@@ -186,7 +190,7 @@ type shardDriver struct {
 	mu  sync.Mutex // guards res's samples and error samples
 	res shardDriverResult
 
-	claims, commits, followers, errs atomic.Int64
+	claims, commits, followers, errs, begun, kept atomic.Int64
 }
 
 // fail counts an error, keeping a few samples.
@@ -248,6 +252,7 @@ func driveShard(cfg shardDriverConfig) (*shardDriverResult, error) {
 	}
 	wg.Wait()
 	d.res.Claims, d.res.Commits, d.res.Followers, d.res.Errors = d.claims.Load(), d.commits.Load(), d.followers.Load(), d.errs.Load()
+	d.res.Begun, d.res.Kept = d.begun.Load(), d.kept.Load()
 	d.res.CPUns = int64(cpuAfter - cpuBefore)
 	d.res.Store = diffStats(after, before)
 	return &d.res, nil
@@ -290,6 +295,7 @@ func (d *shardDriver) stream(i, n int, t0 time.Time, follow bool) {
 		d.fail("claim %s: decision %d; want a miss", sc.Key, b.Decision)
 		return
 	}
+	d.begun.Add(1)
 	if d.inWindow(start) {
 		d.claims.Add(1)
 		d.sample(&d.res.ClaimUS, time.Since(start))
@@ -321,7 +327,7 @@ func (d *shardDriver) stream(i, n int, t0 time.Time, follow bool) {
 	if !f.Commit(nil) {
 		state, reason, _ := f.Outcome()
 		d.fail("commit %s: not kept (%s, %s)", sc.Key, state, reason)
-	} else if d.inWindow(start) {
+	} else if d.kept.Add(1); d.inWindow(start) {
 		d.commits.Add(1)
 		d.sample(&d.res.CommitUS, time.Since(start))
 	}
@@ -419,6 +425,8 @@ type shardRow struct {
 	Claims    int64  `json:"claims"`
 	Commits   int64  `json:"commits"`
 	Followers int64  `json:"followers_whole"`
+	Begun     int64  `json:"streams_begun"` // over the whole step, as Kept
+	Kept      int64  `json:"streams_committed"`
 	Errors    int64  `json:"errors"`
 	// CPU as a share of one core over the window: redis-server's process
 	// (every thread) and its main thread; the drivers' together, and the
@@ -587,6 +595,8 @@ func (row *shardRow) fill(res []*shardDriverResult, w serverWindow) {
 		row.Claims += r.Claims
 		row.Commits += r.Commits
 		row.Followers += r.Followers
+		row.Begun += r.Begun
+		row.Kept += r.Kept
 		row.Errors += r.Errors
 		for _, e := range r.ErrorSamples {
 			if len(row.ErrorSamples) < 5 {
