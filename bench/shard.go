@@ -327,9 +327,12 @@ func (d *shardDriver) stream(i, n int, t0 time.Time, follow bool) {
 	if !f.Commit(nil) {
 		state, reason, _ := f.Outcome()
 		d.fail("commit %s: not kept (%s, %s)", sc.Key, state, reason)
-	} else if d.kept.Add(1); d.inWindow(start) {
-		d.commits.Add(1)
-		d.sample(&d.res.CommitUS, time.Since(start))
+	} else {
+		d.kept.Add(1)
+		if d.inWindow(start) {
+			d.commits.Add(1)
+			d.sample(&d.res.CommitUS, time.Since(start))
+		}
 	}
 	fw.Wait()
 }
@@ -457,6 +460,11 @@ type shardRow struct {
 	JoinP99us         num            `json:"join_wait_p99_us"`
 	JoinSamples       int            `json:"join_samples"`
 	LagP99us          num            `json:"driver_lag_p99_us"`
+	// PaceUS is the time between a stream's events; DriverBound says
+	// why the drivers may not have kept the pace (a driver near a core,
+	// or a lag p99 past the pace): the step wants more -shard-procs.
+	PaceUS      num    `json:"pace_us"`
+	DriverBound string `json:"driver_bound,omitempty"`
 	// Knee says why no larger step ran after this one; "" when it held.
 	Knee         string   `json:"knee,omitempty"`
 	ErrorSamples []string `json:"error_samples,omitempty"`
@@ -635,6 +643,19 @@ func (row *shardRow) fill(res []*shardDriverResult, w serverWindow) {
 	row.LagP99us = pctUS(lag, 99)
 }
 
+// driverBound says why row's drivers may not have kept the pace: ""
+// when none was near a core and the lag p99 stayed within the pace.
+func (row *shardRow) driverBound() string {
+	var why []string
+	if row.DriverMaxCPU > 0.9 {
+		why = append(why, fmt.Sprintf("the busiest driver at %.0f %% of a core", 100*float64(row.DriverMaxCPU)))
+	}
+	if row.LagP99us > row.PaceUS {
+		why = append(why, fmt.Sprintf("lag p99 %.1f ms past the pace of %.1f ms", float64(row.LagP99us)/1000, float64(row.PaceUS)/1000))
+	}
+	return strings.Join(why, "; ")
+}
+
 // knee says why a step past row's should not run: "" when row held.
 func (row *shardRow) knee(o *shardOptions) string {
 	var why []string
@@ -754,6 +775,8 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 		}
 	}
 	row.fill(res, to.sub(from))
+	row.PaceUS = num(o.streamDur.Microseconds() / int64(o.events))
+	row.DriverBound = row.driverBound()
 	row.Knee = row.knee(o)
 	return row, nil
 }
@@ -807,6 +830,9 @@ func (rep *report) writeShard(b *strings.Builder) {
 		slices.Sort(calls)
 		fmt.Fprintf(b, "- %d streams: %d claims, %d commits in %.1f s; store calls: %d claims, %d append batches, %d renewals, %d asks, %d reads; commandstats: %s\n",
 			r.Streams, r.Claims, r.Commits, float64(r.WindowSec), r.Store.Claims, r.Store.Batches, r.Store.Renewals, r.Store.Asks, r.Store.Reads, strings.Join(calls, ", "))
+		if r.DriverBound != "" {
+			fmt.Fprintf(b, "- %d streams: the drivers may not have kept the pace (%s): run the step from more processes (-shard-procs)\n", r.Streams, r.DriverBound)
+		}
 		if r.Knee != "" {
 			fmt.Fprintf(b, "- %d streams: the knee: %s\n", r.Streams, r.Knee)
 		}

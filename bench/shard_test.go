@@ -98,6 +98,14 @@ func TestShardArithmetic(t *testing.T) {
 			t.Errorf("%s: no knee; want one", name)
 		}
 	}
+	if b := (&shardRow{DriverMaxCPU: 0.5, LagP99us: 40000, PaceUS: 50000}).driverBound(); b != "" {
+		t.Errorf("drivers at half a core, lag within the pace: %q; want none", b)
+	}
+	for _, r := range []shardRow{{DriverMaxCPU: 0.95, PaceUS: 50000}, {LagP99us: 60000, PaceUS: 50000}} {
+		if r.driverBound() == "" {
+			t.Errorf("busiest driver %v, lag p99 %v µs at a pace of %v µs: no bound; want one", r.DriverMaxCPU, r.LagP99us, r.PaceUS)
+		}
+	}
 	if k := knee(shardRow{IOThreads: 4, Claims: 1, Commits: 1, ServerCPU: 1.6, ServerMainCPU: 0.5}); k != "" {
 		t.Errorf("io-threads past one core, main thread at half: knee %q; want none", k)
 	}
