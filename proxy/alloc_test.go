@@ -82,7 +82,7 @@ func TestDeliverAllocs(t *testing.T) {
 			if _, err := f.Append("", data); err != nil {
 				t.Fatal(err)
 			}
-			if d := deliver(c, sub, f, wait); d.err != nil && d.err != errBehind {
+			if d := deliver(c, sub, f, wait, nil); d.err != nil && d.err != errBehind {
 				t.Fatal(d.err)
 			}
 			if err := c.flush(); err != nil { // whatever the socket did not take

@@ -22,28 +22,45 @@ func (g *gen) record(resp *fasthttp.Response, head cache.Head) {
 }
 
 // settle ends the flight with a non-streaming answer read as body (err
-// from reading it).
+// from reading it): a 2xx body read whole is judged by the call's kind
+// (kind.whole), and is its result or the upstream's failure, relayed as
+// it came and not stored; any other status is the upstream's error
+// answer, relayed.
 func (g *gen) settle(resp *fasthttp.Response, head cache.Head, body []byte, err error) {
 	f := g.f
 	f.SetHead(head)
+	ok := head.Status >= 200 && head.Status < 300
 	switch {
 	case err != nil:
 		// A chunked body without its last chunk, or one shorter than its
 		// Content-Length, fails here (io.ErrUnexpectedEOF).
-		g.fail(readFailure(err), 0, nil)
-	case head.Status >= 200 && head.Status < 300 && !wholeBody(resp, head, body):
+		g.fail(g.readCause(err), 0, nil)
+	case ok && !wholeBody(resp, head, body):
 		g.fail(causeUnframedBody, 0, nil)
-	case head.Status >= 200 && head.Status < 300 && isErrorObject(body):
-		// OpenRouter and several OpenAI-compatible servers answer a
-		// failure so: relayed as it came, like a 4xx, and not stored.
-		g.notStored(causeErrorBody)
-		g.fail(causeErrorBody, head.Status, body)
-	case head.Status >= 200 && head.Status < 300:
-		f.SetUsage(bodyUsage(body))
-		g.commit(body)
+	case ok:
+		switch c := g.kind.whole(body); c {
+		case causeNone:
+			f.SetUsage(bodyUsage(body))
+			g.commit(body)
+		case causeErrorBody:
+			g.notStored(c)
+			g.fail(c, head.Status, body)
+		default:
+			g.fail(c, 0, nil)
+		}
 	default:
 		g.fail(upstreamStatus(head.Status), head.Status, body)
 	}
+}
+
+// readCause is the cause of a read of the answer that failed with err:
+// the cut that interrupted it (a DELETE, a shutdown, -max-stream-duration),
+// or the read's own failure.
+func (g *gen) readCause(err error) cause {
+	if c := g.cutShort(); c != causeNone {
+		return c
+	}
+	return readFailure(err)
 }
 
 // wholeBody reports whether a 2xx body read without error is known to be

@@ -134,8 +134,10 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 		}
 		switch {
 		case a.settled:
-			p.m.attemptsPerOK.Observe(float64(t.calls))
-			if t.calls > 1 {
+			if g.kind.model {
+				p.m.attemptsPerOK.Observe(float64(t.calls))
+			}
+			if t.calls > 1 && g.kind.model {
 				by := 0
 				if g.fellBack {
 					by = 1
@@ -227,13 +229,13 @@ func (rt *route) failed(a attempt, up *upstream.Upstream, idx int) {
 // retry decides whether attempt n, which failed as a says on up, is made
 // again after wait: only when its verdict allows it (an ambiguous failure
 // only for an upstream known to deduplicate on the key, -retry-ambiguous,
-// so only with one), within -retry-attempts, Retry-After's bound,
-// -retry-max-elapsed and the retry budget. It counts and logs the
-// decision.
+// so only with one, and only for a kind that may be repeated so), within
+// -retry-attempts, Retry-After's bound, -retry-max-elapsed and the retry
+// budget, for every kind of call alike. It counts and logs the decision.
 func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration) bool {
 	p, f, rc := g.p, g.f, &g.p.cfg.Retry
 	v := a.verdict()
-	if v != upstream.Safe && !(v == upstream.Ambiguous && f.Gen != 0 && up.RetryAmbiguous()) {
+	if v != upstream.Safe && !(v == upstream.Ambiguous && f.Gen != 0 && up.RetryAmbiguous() && g.kind.repeatsAmbiguous) {
 		return false
 	}
 	why := ""
@@ -285,14 +287,21 @@ func (g *gen) try(up *upstream.Upstream, tmpl *fasthttp.Request, done func(error
 	if !head.Stream {
 		done(health(head.Status, more))
 	}
+	k := g.kind
 	a := attempt{head: head}
-	if head.Status >= 400 {
+	ok := head.Status >= 200 && head.Status < 300
+	if head.Status >= 400 || (k.ranOnAnswer && (!ok || markedUnknown(resp))) {
+		// A tool call's answer marked unknown (a chained ssegate's) is
+		// its error answer whatever its status.
 		a.cause = upstreamStatus(head.Status)
 		a.marked = markedUnknown(resp)
-		a.ambiguousStatus = !a.marked && slices.Contains(g.p.cfg.AmbiguousStatus, head.Status)
+		a.ambiguousStatus = !a.marked && k.ambiguous(&g.p.cfg, head.Status)
+	}
+	if ok && k.ranOnAnswer {
+		g.mayRun = true // the call ran: an end without its answer is commit_unknown
 	}
 	switch {
-	case g.rawAlways:
+	case k.raw:
 		a.raw, a.cause = true, causeNone
 		return a
 	case head.Status == fasthttp.StatusBadRequest && more && !head.Stream:
@@ -316,7 +325,9 @@ func (g *gen) try(up *upstream.Upstream, tmpl *fasthttp.Request, done func(error
 		// be generating: ambiguous).
 		// The circuits hear of it once the preamble is over (pump).
 		return g.pump(resp, head, sent, g.healer(up, tmpl), more, done)
-	case g.relayRaw:
+	case k.model && g.f.Gen == 0:
+		// A request without a key: its answer that is not an event
+		// stream goes to the client as it is.
 		a.raw, a.cause = true, causeNone
 		return a
 	case g.req.Stream && head.Status < 300 && !isJSON(head.ContentType):

@@ -94,45 +94,109 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	}
 	// Every answer of the key's stream carries its resume URL (offerResume):
 	// hit, join and miss; a refusal has no stream to resume.
+	p.answerBegun(ctx, b, onBegun{
+		sc: sc, fp: fp,
+		hit: func(r *cache.Result) {
+			p.saved(r.Usage)
+			p.offerResume(ctx, sc, r.Gen)
+			p.replay(ctx, r, 0)
+		},
+		join: func(f *cache.Flight) {
+			p.offerResume(ctx, sc, f.Gen)
+			p.serveFlight(ctx, f, 0, true)
+		},
+		miss: func(f *cache.Flight) {
+			if b.Regenerated {
+				p.m.missingBodies.Inc()
+			}
+			if !p.claimSlot(ctx, f) {
+				return
+			}
+			g := p.newGen(f, body, llmKind)
+			g.traceFrom(ctx)
+			p.traceAnswer(ctx, f, "", "")
+			g.launch(upstream.NewTemplate(ctx))
+			// What the answer's head and the log need is done while the
+			// upstream call is on its way.
+			p.offerResume(ctx, sc, f.Gen)
+			p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
+			p.serveOrigin(ctx, g)
+		},
+	})
+}
+
+// onBegun is what a kind of keyed call answers to the store's decisions
+// (answerBegun), besides the refusals every kind answers alike: the key's
+// scope and the request's fingerprint, for the decision's log; unknown,
+// for a kind whose store holds calls of unknown outcome, answers a key
+// held so.
+type onBegun struct {
+	sc      cache.Scope
+	fp      string
+	call    *toolCall // a tool call's: its decisions are counted among the tools' too (logTool)
+	hit     func(r *cache.Result)
+	join    func(f *cache.Flight)
+	miss    func(f *cache.Flight) // logs its own decision, once the call is on its way
+	unknown func()
+}
+
+// answerBegun answers a keyed call as the store's decision b says, for
+// every kind of call: 422 for another request under the key, 410 for a
+// result no longer held, 409 for a call in flight under -inflight
+// conflict; on's answers otherwise.
+func (p *Proxy) answerBegun(ctx *fasthttp.RequestCtx, b cache.Begun, on onBegun) {
 	switch b.Decision {
 	case cache.Conflict:
-		p.logDecision(ctx, decisionConflict, sc, fp)
+		p.logBegun(ctx, &on, decisionConflict)
 		p.writeError(ctx, causeConflict.err(""))
 	case cache.Gone:
-		p.logDecision(ctx, decisionGone, sc, fp)
+		p.logBegun(ctx, &on, decisionGone)
 		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
+	case cache.Unknown:
+		p.logBegun(ctx, &on, decisionUnknown)
+		if on.unknown == nil {
+			// A key another kind of call holds with its outcome unknown.
+			p.writeError(ctx, failedAnswer(cache.StateCommitUnknown, ""))
+			return
+		}
+		on.unknown()
 	case cache.Hit:
-		p.logDecision(ctx, decisionHit, sc, fp, "generation", b.Result.Gen, "events", b.Result.Events())
-		p.saved(b.Result.Usage)
-		p.offerResume(ctx, sc, b.Result.Gen)
-		p.replay(ctx, b.Result, 0)
+		p.logBegun(ctx, &on, decisionHit, "generation", b.Result.Gen, "events", b.Result.Events())
+		on.hit(b.Result)
 	case cache.Join:
 		if p.cfg.Inflight == InflightConflict {
-			p.logDecision(ctx, decisionInFlight, sc, fp, "generation", b.Flight.Gen)
+			p.logBegun(ctx, &on, decisionInFlight, "generation", b.Flight.Gen)
 			p.writeError(ctx, causeInFlight.err(""))
 			return
 		}
-		p.logDecision(ctx, decisionJoin, sc, fp, "generation", b.Flight.Gen)
-		p.offerResume(ctx, sc, b.Flight.Gen)
-		p.serveFlight(ctx, b.Flight, 0, true)
+		p.logBegun(ctx, &on, decisionJoin, "generation", b.Flight.Gen)
+		on.join(b.Flight)
 	case cache.Miss:
-		f := b.Flight
-		if b.Regenerated {
-			p.m.missingBodies.Inc()
-		}
-		if !p.claimSlot(ctx, f) {
-			return
-		}
-		g := p.newGen(f, body)
-		g.traceFrom(ctx)
-		p.traceAnswer(ctx, f, "", "")
-		g.launch(upstream.NewTemplate(ctx))
-		// What the answer's head and the log need is done while the
-		// upstream call is on its way.
-		p.offerResume(ctx, sc, f.Gen)
-		p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
-		p.serveOrigin(ctx, g)
+		on.miss(b.Flight)
 	}
+}
+
+// logBegun counts and logs the decision d on a keyed call, with attrs.
+func (p *Proxy) logBegun(ctx *fasthttp.RequestCtx, on *onBegun, d decision, attrs ...any) {
+	if on.call != nil {
+		p.logTool(ctx, d, on.sc, on.call, attrs...)
+		return
+	}
+	p.logDecision(ctx, d, on.sc, on.fp, attrs...)
+}
+
+// requestKey is the idempotency key the request carries: its
+// Idempotency-Key header, or else the first header of -key-header it
+// has; nil when it has none.
+func (p *Proxy) requestKey(ctx *fasthttp.RequestCtx) []byte {
+	key := ctx.Request.Header.Peek("Idempotency-Key")
+	for _, h := range p.cfg.KeyHeaders {
+		if key != nil {
+			break
+		}
+		key = ctx.Request.Header.Peek(h)
+	}
+	return key
 }
 
 // claimSlot takes a slot for the upstream call of the flight f a miss
@@ -193,15 +257,11 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	}
 	if !h.Stream {
 		<-f.Done()
-		state, reason, body := f.Outcome()
-		if body == nil && state != cache.StateCommitted {
-			p.writeError(ctx, failedAnswer(state, reason))
-			return
-		}
-		if replayed && state == cache.StateCommitted {
+		e := flightEnded(f)
+		if replayed && e.state == cache.StateCommitted {
 			p.saved(f.Usage())
 		}
-		p.whole(ctx, h, replayed, body, state, f.Unstored())
+		p.whole(ctx, e, replayed, nil)
 		return
 	}
 	sub, ok := p.subscribe(ctx, f, after)
@@ -216,7 +276,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 	default:
 	}
 	p.stream(ctx, func(c *clientConn) bool {
-		ok := p.writeFollower(c, sub, f, !replayed)
+		ok := p.writeFollower(c, sub, f, !replayed, nil)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
 				p.saved(f.Usage())
@@ -242,30 +302,27 @@ func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) 
 		return
 	}
 	if !r.Head.Stream {
-		p.whole(ctx, r.Head, true, data, cache.StateCommitted, false)
+		p.whole(ctx, resultEnded(r, data), true, nil)
 		return
 	}
 	writeHead(ctx, r.Head, true)
 	p.stream(ctx, func(c *clientConn) bool { return c.write(data) == nil }, nil)
 }
 
-// whole answers with head h and body on the client's own connection, as a
-// goroutine of its own writes it: in pieces, each within
-// -slow-client-timeout (clientConn.answerWhole), so that a client that stops
-// reading a large stored body is dropped rather than held, and one that
-// reads it steadily gets it whole.
-func (p *Proxy) whole(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool, body []byte, state cache.State, unstored bool) {
-	resp := fasthttp.AcquireResponse()
-	setHead(&resp.Header, h, replayed)
-	outcomeHead(&resp.Header, state, unstored)
-	if u := resumeURL(ctx); u != "" {
-		resp.Header.Set(resumeURLHeader, u)
+// whole answers with e on the client's own connection, as a goroutine
+// of its own writes it (answerEnded): in pieces, each within
+// -slow-client-timeout (clientConn.answerWhole), so that a client that
+// stops reading a large stored body is dropped rather than held, and one
+// that reads it steadily gets it whole. An answer that has nothing to
+// relay is refused at once.
+func (p *Proxy) whole(ctx *fasthttp.RequestCtx, e finalAnswer, replayed bool, tc *toolCaller) {
+	if e.failed() && (tc == nil || e.state != cache.StateCommitUnknown) {
+		p.writeError(ctx, failedAnswer(e.state, e.reason))
+		return
 	}
-	resp.SetBodyRaw(body) // the stored body is not changed, only written
 	p.takeOver(ctx, false, func(c *clientConn) {
-		ok := c.answerWhole(resp) == nil
-		fasthttp.ReleaseResponse(resp)
-		c.finish(ok, nil)
+		c.replayed = replayed
+		p.answerEnded(c, e, tc)
 	})
 }
 

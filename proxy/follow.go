@@ -14,26 +14,32 @@ var pingComment = sse.AppendComment(nil, "ping")
 
 // deliver writes c what sub has not had yet: the journal's spans at hand,
 // a batch per write, the head alone when there are none, and once the
-// flight ended, the frame that ends its stream (endFrame). With wait,
+// flight ended, the frame that ends its stream (endFrame). With a
+// rewrite (only with wait), the client is given its own copy of them
+// instead (rewrite). With wait,
 // each write waits within -slow-client-timeout (a follower's goroutine,
 // whose caller writes the end of the body); without, none waits (the
 // origin's, written by the generation: the end of the body goes with the
 // last), and one the connection does not take whole stops it with
 // errBehind, the rest left in c.vec. It returns once caught up, at the
 // flight's end, or at a failed write.
-func deliver(c *clientConn, sub *cache.Sub, f *cache.Flight, wait bool) (d delivery) {
+func deliver(c *clientConn, sub *cache.Sub, f *cache.Flight, wait bool, rw *rewriter) (d delivery) {
 	for {
 		// On the stack, so that nothing keeps the spans once written.
 		var at [maxParts][]byte
 		spans, ended := sub.ReadSpans(at[:0])
 		d.ended = ended
-		if ended {
+		if rw != nil {
+			spans = rw.rewrite(spans, ended, f)
+		} else if ended {
 			// An answer that came whole and was not kept (its commit
 			// refused) ends as it came: the client has it.
 			state, reason, _ := f.Outcome()
 			if end := endFrame(state, reason); end != nil && !f.Unstored() {
 				spans = append(spans, end)
 			}
+		}
+		if ended {
 			if wait && len(spans) == 0 {
 				return d
 			}
@@ -66,6 +72,38 @@ type delivery struct {
 	err    error // the write that failed: errBehind, or the client is gone
 }
 
+// A rewrite makes one client's own copy of a journal: its events as that
+// client is given them (a tool call's caller: each message under its own
+// JSON-RPC id, progress token and session), and the end of its stream.
+type rewrite interface {
+	events(dst, wire []byte) []byte
+	end(dst []byte, state cache.State, reason string) []byte
+}
+
+// rewriter applies a rewrite to what a follower delivers, into a buffer
+// of its own that the follower's goroutine reuses once a write is done.
+type rewriter struct {
+	rw  rewrite
+	buf []byte
+}
+
+// rewrite is spans, the journal's and then its end once ended, as the
+// rewrite gives them; none when the rewrite left every event out.
+func (r *rewriter) rewrite(spans [][]byte, ended bool, f *cache.Flight) [][]byte {
+	r.buf = r.buf[:0]
+	for _, s := range spans {
+		r.buf = r.rw.events(r.buf, s)
+	}
+	if ended {
+		state, reason, _ := f.Outcome()
+		r.buf = r.rw.end(r.buf, state, reason)
+	}
+	if len(r.buf) == 0 {
+		return spans[:0]
+	}
+	return append(spans[:0], r.buf)
+}
+
 // errBehind stops a delivery whose write that never waits the connection
 // did not take whole: the client is behind.
 var errBehind = errors.New("the client is behind")
@@ -81,12 +119,17 @@ func (p *Proxy) ttfeAdded(f *cache.Flight) {
 // writeFollower writes a flight's events to its follower c as they come,
 // with a heartbeat while idle, and ends the stream as the flight ends:
 // after the last event when it was committed, with a stream_aborted error
-// event when it was not. It returns false when the client went away. With
-// measure set, the delay between journaling the first event and writing
-// it here is observed.
-func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, measure bool) bool {
+// event when it was not, or as rw says when the client is given its own
+// copy (nil: the journal's). It returns false when the client went away.
+// With measure set, the delay between journaling the first event and
+// writing it here is observed.
+func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, measure bool, rw rewrite) bool {
+	var r *rewriter
+	if rw != nil {
+		r = &rewriter{rw: rw}
+	}
 	return p.follow(c, sub, func() (end, ok bool) {
-		d := deliver(c, sub, f, true)
+		d := deliver(c, sub, f, true, r)
 		if measure && d.events {
 			measure = false
 			p.ttfeAdded(f)
@@ -162,44 +205,100 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 			h = endedHead(f, h) // it can say how it ended, as serveFlight's
 		}
 		c.answerHead(h)
-		done := p.writeFollower(c, sub, f, !replayed)
+		done := p.writeFollower(c, sub, f, !replayed, nil)
 		if done && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
 				p.saved(f.Usage())
 			}
 		}
 		c.finish(done && c.end() == nil, nil)
-	}, func(c *clientConn, h cache.Head, ok bool) {
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseResponse(resp)
-		state, reason, body := f.Outcome()
-		if !ok || (body == nil && state != cache.StateCommitted) {
-			e := failedAnswer(state, reason)
-			fillError(resp, e)
-			p.logRefused(e, method, path)
-		} else {
-			if replayed && state == cache.StateCommitted {
-				p.saved(f.Usage())
-			}
-			setHead(&resp.Header, h, replayed)
-			outcomeHead(&resp.Header, state, f.Unstored())
-			if c.resumeURL != "" {
-				resp.Header.Set(resumeURLHeader, c.resumeURL)
-			}
-			resp.SetBodyRaw(body)
+	}, func(c *clientConn) {
+		e := flightEnded(f)
+		if replayed && e.state == cache.StateCommitted {
+			p.saved(f.Usage())
 		}
-		c.finish(c.answerWhole(resp) == nil, nil)
+		if refused := p.answerEnded(c, e, nil); refused != nil {
+			p.logRefused(refused, method, path)
+		}
 	})
+}
+
+// finalAnswer is the whole answer of a flight that ended, or of a stored
+// result, that a client is given at once: the head, when one came, the
+// state and reason of the end, and the body (the result, or the
+// upstream's error answer relayed), nil when there is none.
+type finalAnswer struct {
+	head     cache.Head
+	hasHead  bool
+	state    cache.State
+	reason   string
+	body     []byte
+	unstored bool // it came whole and the store refused it (Flight.Unstored)
+}
+
+// flightEnded is the whole answer of the ended flight f.
+func flightEnded(f *cache.Flight) finalAnswer {
+	h, ok := f.Head()
+	state, reason, body := f.Outcome()
+	return finalAnswer{head: h, hasHead: ok, state: state, reason: reason, body: body, unstored: f.Unstored()}
+}
+
+// resultEnded is the whole answer of the stored result r, whose body is
+// body.
+func resultEnded(r *cache.Result, body []byte) finalAnswer {
+	return finalAnswer{head: r.Head, hasHead: true, state: cache.StateCommitted, body: body}
+}
+
+// answerEnded writes e to c whole, as every client that is not given a
+// stream is answered, and finishes c: the head and the body as they
+// came, marked with the outcome (outcomeHead) and, once committed, the
+// key's resume URL; the failure's answer when e has nothing to relay. A
+// tool call's caller tc is given its own copy (toolCaller.head,
+// toolCaller.message), and the outcome-unknown answer of its protocol.
+// It returns the failure's answer it wrote, if it did, for the caller to
+// log (logRefused).
+func (p *Proxy) answerEnded(c *clientConn, e finalAnswer, tc *toolCaller) (refused *apiError) {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	switch {
+	case tc != nil && e.state == cache.StateCommitUnknown:
+		fillUnknown(resp, tc)
+	case e.failed():
+		refused = failedAnswer(e.state, e.reason)
+		fillError(resp, refused)
+	default:
+		h, body := e.head, e.body
+		if tc != nil {
+			h = tc.head(h)
+			if isJSON(h.ContentType) || e.state == cache.StateCommitted {
+				body, _ = tc.message(body)
+			}
+		}
+		setHead(&resp.Header, h, c.replayed)
+		outcomeHead(&resp.Header, e.state, e.unstored)
+		if c.resumeURL != "" && e.state == cache.StateCommitted {
+			resp.Header.Set(resumeURLHeader, c.resumeURL)
+		}
+		resp.SetBodyRaw(body) // the body is not changed, only written
+	}
+	c.finish(c.answerWhole(resp) == nil, nil)
+	return refused
+}
+
+// failed reports whether e has no answer to relay: no head came, or no
+// body with it and no result.
+func (e finalAnswer) failed() bool {
+	return !e.hasHead || (e.body == nil && e.state != cache.StateCommitted)
 }
 
 // waitFlight answers, on its own connection, a client that waits for
 // flight f, which sub follows: stream once f's head is a stream's, or
-// whole once f ended, with its head if it had one. Either must finish c.
+// whole once f ended (answerEnded). Either must finish c.
 // The wait counts among the flight's followers, and a client that closes
 // its connection meanwhile is noticed at once (watchDeparture) and
 // leaves, giving back its place.
 func (p *Proxy) waitFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache.Sub, replayed bool,
-	stream func(c *clientConn, h cache.Head), whole func(c *clientConn, h cache.Head, hasHead bool)) {
+	stream func(c *clientConn, h cache.Head), whole func(c *clientConn)) {
 	p.takeOver(ctx, false, func(c *clientConn) {
 		c.replayed = replayed
 		gone, stop := watchDeparture(c)
@@ -228,7 +327,7 @@ func (p *Proxy) waitFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache
 		}
 		sub.Close()
 		stop()
-		whole(c, h, ok)
+		whole(c)
 	})
 }
 

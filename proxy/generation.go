@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 
@@ -24,23 +23,11 @@ import (
 // blocked read by closing the upstream connection under it, or a backoff
 // by closing stop.
 type gen struct {
-	p   *Proxy
-	f   *cache.Flight
-	o   *origin     // the client whose request started it
-	req sse.Request // what the proxy reads of the request body (stream, n, include_usage, model)
-	// relayRaw, for a request without a key: a final answer that is not an
-	// event stream goes to the origin as it is (origin.answerRaw), which
-	// relays it as it comes and calls finish.
-	relayRaw bool
-	// rawAlways, with relayRaw: every answer goes to the origin as it is,
-	// an event stream or an error status included, never retried once
-	// the upstream answered (an MCP path's relay: relayMCP).
-	rawAlways bool
-	// streamOnHead: the request's kind is known only from its answer's
-	// head (an MCP POST is answered with JSON or an event stream), so an
-	// event stream read on the whole-answer client goes on as a stream,
-	// bounded by the upstream's silence rather than -attempt-timeout.
-	streamOnHead bool
+	p    *Proxy
+	f    *cache.Flight
+	o    *origin     // the client whose request started it
+	req  sse.Request // what the proxy reads of the request body (stream, n, include_usage, model)
+	kind *kind       // what the call is: a model's generation, a tool call, a raw relay
 
 	// mayRun is set, by the generation's goroutine, once an attempt failed
 	// in a way that may have left the request running upstream (its
@@ -49,10 +36,6 @@ type gen struct {
 	// No fallback follows it either: its model's route is pinned
 	// (mayHaveRun).
 	mayRun bool
-	// endState, when set, is the state of the flight's failed end, which
-	// a tool call decides itself (runTool: never retried once it may have
-	// run).
-	endState cache.State
 
 	mu       sync.Mutex // guards resp, finished and cause
 	resp     *fasthttp.Response
@@ -72,13 +55,13 @@ type gen struct {
 	span       *callSpan       // the current call's span
 }
 
-// newGen makes the generation of flight f for the request req, whose
-// client is its origin: that client's place in f (f.SubscribeOrigin, no
-// follower, never refused) is taken here, before the generation can be
-// launched, so that no joiner can come before it, and nothing the
-// generation journals or ends with.
-func (p *Proxy) newGen(f *cache.Flight, req sse.Request) *gen {
-	g := &gen{p: p, f: f, req: req, stop: make(chan struct{}), start: time.Now()}
+// newGen makes the generation of flight f, a call of kind k, for the
+// request req, whose client is its origin: that client's place in f
+// (f.SubscribeOrigin, no follower, never refused) is taken here, before
+// the generation can be launched, so that no joiner can come before it,
+// and nothing the generation journals or ends with.
+func (p *Proxy) newGen(f *cache.Flight, req sse.Request, k *kind) *gen {
+	g := &gen{p: p, f: f, req: req, kind: k, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f, sub: f.SubscribeOrigin()}
 	p.gens.Add(1)
 	p.liveMu.Lock()
@@ -120,7 +103,6 @@ func (g *gen) drop() {
 	g.mu.Unlock()
 	if resp != nil {
 		if c := upstream.ConnOf(resp); c != nil {
-			c.SetBeforeRead(nil) // set by relayBody: the connection may serve another generation next
 			c.HoldBy(time.Time{}, nil)
 			if c.Interrupted() {
 				// Closed under a body that may have been read whole:
@@ -162,14 +144,14 @@ func (g *gen) call(up *upstream.Upstream, req *fasthttp.Request) (*fasthttp.Resp
 	g.resp = resp
 	cut := g.cause
 	g.mu.Unlock()
-	if g.streamOnHead && !g.req.Stream && isEventStream(string(resp.Header.ContentType())) {
+	if g.kind.streamOnHead && !g.req.Stream && isEventStream(string(resp.Header.ContentType())) {
 		upstream.ConnOf(resp).AsStream()
 	}
 	if cut != causeNone {
 		// Cancelled while waiting: nothing of the answer is read. Unless
 		// its head says the upstream did not run the request, it may
 		// have: the flight's end is commit_unknown (gen.fail).
-		if !g.p.saidNotRun(resp) {
+		if !g.saidNotRun(resp) {
 			g.mayRun = true
 		}
 		g.drop()
@@ -180,10 +162,14 @@ func (g *gen) call(up *upstream.Upstream, req *fasthttp.Request) (*fasthttp.Resp
 
 // saidNotRun reports whether an upstream's answer says the request did not
 // run: an error status that neither carries the outcome-unknown marker
-// nor is one of -ambiguous-status.
-func (p *Proxy) saidNotRun(resp *fasthttp.Response) bool {
+// nor is one the kind finds ambiguous (-ambiguous-status for a model's; a
+// tool call's says so only with 429 or 503).
+func (g *gen) saidNotRun(resp *fasthttp.Response) bool {
 	st := resp.StatusCode()
-	return st >= 400 && !markedUnknown(resp) && !slices.Contains(p.cfg.AmbiguousStatus, st)
+	if g.kind.ranOnAnswer && st != fasthttp.StatusTooManyRequests && st != fasthttp.StatusServiceUnavailable {
+		return false
+	}
+	return st >= 400 && !markedUnknown(resp) && !g.kind.ambiguous(&g.p.cfg, st)
 }
 
 // markedUnknown reports whether an upstream's answer carries the
@@ -222,12 +208,12 @@ func (g *gen) launch(tmpl *fasthttp.Request) {
 	runtime.Gosched()
 }
 
-// run is the generation's goroutine: call the upstream, retrying where
-// upstream.Verdict says it is safe and only before any event was journaled, then
-// record the answer into the flight until it ends. When every attempt for
-// the request's model failed in a way that says the model could not
-// answer (causeRow.fallback), the next model of its -fallback rule is
-// tried the same way.
+// run is the generation's goroutine, for every kind of call: call the
+// upstream, retrying where upstream.Verdict and the kind say it is safe and only
+// before any event was journaled, then record the answer into the flight
+// until it ends. When every attempt for the request's model failed in a
+// way that says the model could not answer (causeRow.fallback), the next
+// model of its -fallback rule is tried the same way.
 func (g *gen) run(tmpl *fasthttp.Request) {
 	rawPassed := false
 	defer func() {
@@ -240,9 +226,19 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	p, f := g.p, g.f
 	defer g.endCall(0, "")
 	p.budget.Request(g.start)
-	g.ai = p.m.genAI.op(tmpl.URI().Path(), g.req.Model)
-	models := g.models(tmpl.Body())
+	models := []string{""}
+	if g.kind.model {
+		g.ai = p.m.genAI.op(tmpl.URI().Path(), g.req.Model)
+		models = g.models(tmpl.Body())
+	}
 	calls := 0 // upstream calls made, over every model
+	if g.kind.perCall != nil {
+		defer func() {
+			if calls > 0 {
+				g.kind.perCall(p.m).Observe(float64(calls))
+			}
+		}()
+	}
 	var tried []cache.Fallback
 	var given attempt // the last attempt of the model given up on
 	for i, model := range models {
@@ -377,8 +373,8 @@ func (g *gen) fail(c cause, status int, body []byte) {
 // repeated under -retry-ambiguous) it is commit_unknown, whatever came
 // after: that attempt's outcome is still unknown.
 func (g *gen) failState(c cause) cache.State {
-	if g.endState != "" {
-		return g.endState
+	if s, ok := g.kind.failed(c); ok {
+		return s
 	}
 	if g.mayRun {
 		return cache.StateCommitUnknown

@@ -65,13 +65,7 @@ func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
 		p.relayMCP(ctx)
 		return
 	}
-	key, derived := string(ctx.Request.Header.Peek("Idempotency-Key")), false
-	for _, h := range p.cfg.KeyHeaders {
-		if key != "" {
-			break
-		}
-		key = string(ctx.Request.Header.Peek(h))
-	}
+	key, derived := string(p.requestKey(ctx)), false
 	if key == "" {
 		key = call.metaKey
 	}
@@ -109,8 +103,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	// A GET is the server's stream of its own messages: no head comes
 	// later than a stream's, and it may go on longer than an answer.
-	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()})
-	g.relayRaw, g.rawAlways, g.streamOnHead = true, true, true
+	g := p.newGen(f, sse.Request{Stream: ctx.IsGet()}, rawKind)
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
@@ -242,7 +235,7 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 	b, err := ts.BeginTool(sc, call.fp, t)
 	if err != nil {
 		if p.cfg.RelayWhenStoreDown && errors.Is(err, cache.ErrUnavailable) {
-			p.logTool(ctx, decisionUnprotected, "unprotected", sc, call, "err", err.Error())
+			p.logTool(ctx, decisionUnprotected, sc, call, "err", err.Error())
 			p.relayMCP(ctx)
 			return
 		}
@@ -250,49 +243,33 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 		return
 	}
 	caller := &toolCaller{id: call.id, token: call.token, session: bytes.Clone(ctx.Request.Header.Peek("Mcp-Session-Id"))}
-	switch b.Decision {
-	case cache.Conflict:
-		p.logTool(ctx, decisionConflict, "conflict", sc, call)
-		p.writeError(ctx, causeConflict.err(""))
-	case cache.Gone:
-		p.logTool(ctx, decisionGone, "gone", sc, call)
-		p.writeError(ctx, causeGone.err("the committed result of this key is no longer held"))
-	case cache.Unknown:
-		p.logTool(ctx, decisionUnknown, "unknown", sc, call)
-		p.unknownAnswer(ctx, caller)
-	case cache.Hit:
-		p.logTool(ctx, decisionHit, "hit", sc, call, "generation", b.Result.Gen)
-		p.replayTool(ctx, b.Result, caller)
-	case cache.Join:
-		if p.cfg.Inflight == InflightConflict {
-			p.logTool(ctx, decisionInFlight, "in_flight", sc, call, "generation", b.Flight.Gen)
-			p.writeError(ctx, causeInFlight.err(""))
-			return
-		}
-		p.logTool(ctx, decisionJoin, "join", sc, call, "generation", b.Flight.Gen)
-		p.followTool(ctx, b.Flight, nil, caller, true)
-	case cache.Miss:
-		f := b.Flight
-		if !p.claimSlot(ctx, f) {
-			return
-		}
-		// A JSON answer's whole time is -attempt-timeout's (it comes when
-		// the tool is done); an event stream's silences are bounded instead.
-		// The caller's place in the call (g.o.sub) is taken by newGen,
-		// before the call goes out: no re-issue can take it first.
-		g := p.newGen(f, sse.Request{})
-		g.streamOnHead = true
-		go g.runTool(upstream.NewTemplate(ctx), call.id)
-		p.logTool(ctx, decisionMiss, "miss", sc, call, "generation", f.Gen, "derived_key", derived)
-		caller.origin = true
-		p.followTool(ctx, f, g.o.sub, caller, false)
-	}
+	p.answerBegun(ctx, b, onBegun{
+		sc: sc, fp: call.fp, call: call,
+		unknown: func() { p.unknownAnswer(ctx, caller) },
+		hit:     func(r *cache.Result) { p.replayTool(ctx, r, caller) },
+		join:    func(f *cache.Flight) { p.followTool(ctx, f, nil, caller, true) },
+		miss: func(f *cache.Flight) {
+			if !p.claimSlot(ctx, f) {
+				return
+			}
+			// A JSON answer's whole time is -attempt-timeout's (it comes
+			// when the tool is done); an event stream's silences are
+			// bounded instead. The caller's place in the call (g.o.sub)
+			// is taken by newGen, before the call goes out: no re-issue
+			// can take it first.
+			g := p.newGen(f, sse.Request{}, toolKind(call.id))
+			g.launch(upstream.NewTemplate(ctx))
+			p.logTool(ctx, decisionMiss, sc, call, "generation", f.Gen, "derived_key", derived)
+			caller.origin = true
+			p.followTool(ctx, f, g.o.sub, caller, false)
+		},
+	})
 }
 
-// logTool counts and logs the decision d on a tool call, labelled kind
-// among the tool decisions.
-func (p *Proxy) logTool(ctx *fasthttp.RequestCtx, d decision, kind string, sc cache.Scope, call *toolCall, attrs ...any) {
-	p.m.tools.WithLabelValues(kind).Inc()
+// logTool counts and logs the decision d on a tool call, among the tool
+// decisions too.
+func (p *Proxy) logTool(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, call *toolCall, attrs ...any) {
+	p.m.tools.WithLabelValues(d.String()).Inc()
 	if decisions[d].suppressed {
 		p.m.toolSuppressed.Inc()
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
@@ -25,7 +26,13 @@ type toolCaller struct {
 	// (sampling, elicitation) go to it alone, since only one answer to
 	// each can go back.
 	origin bool
+	// sc and rd read the journal's events for events, on the goroutine
+	// that writes the caller.
+	sc *sse.Scanner
+	rd bytes.Reader
 }
+
+var _ rewrite = (*toolCaller)(nil)
 
 // message is data, one JSON-RPC message of the server's, as tc is given
 // it; keep is false for one that is not for tc.
@@ -86,56 +93,37 @@ func (tc *toolCaller) head(h cache.Head) cache.Head {
 	return h
 }
 
-// events is the journal's encoded events wire as tc is given them: each
-// message rewritten for tc, or left out, without the journal's ids (the
-// protocol's streams are not resumed; a broken one is re-issued).
+// events appends to dst the journal's encoded events wire as tc is given
+// them: each message rewritten for tc, or left out, without the
+// journal's ids (the protocol's streams are not resumed; a broken one is
+// re-issued). The events are read with sse.Scanner and written with
+// sse.AppendEvent, as every other stream is.
 func (tc *toolCaller) events(dst, wire []byte) []byte {
-	for len(wire) > 0 {
-		var ev []byte
-		if i := bytes.Index(wire, []byte("\n\n")); i >= 0 {
-			ev, wire = wire[:i], wire[i+2:]
-		} else {
-			ev, wire = wire, nil
-		}
-		var typ string
-		var data []byte
-		for line := range bytes.SplitSeq(ev, []byte("\n")) {
-			name, v, _ := bytes.Cut(line, []byte(":"))
-			v = bytes.TrimPrefix(v, []byte(" "))
-			switch string(name) {
-			case "event":
-				typ = string(v)
-			case "data":
-				if data != nil {
-					data = append(data, '\n')
-				}
-				data = append(data, v...)
-			}
-		}
-		if data == nil {
+	if tc.sc == nil {
+		tc.sc = sse.NewScanner(nil, 0)
+	}
+	tc.rd.Reset(wire)
+	tc.sc.Reset(&tc.rd)
+	for tc.sc.Next() {
+		ev := tc.sc.Event()
+		if ev.Data == "" {
 			continue
 		}
-		msg, keep := tc.message(data)
-		if keep {
-			dst = appendMessage(dst, typ, msg)
+		if msg, keep := tc.message([]byte(ev.Data)); keep {
+			dst = sse.AppendEvent(dst, sse.ID{}, ev.Type, string(msg))
 		}
 	}
 	return dst
 }
 
-// appendMessage appends an SSE event of type typ with data msg.
-func appendMessage(dst []byte, typ string, msg []byte) []byte {
-	if typ != "" {
-		dst = append(dst, "event: "...)
-		dst = append(dst, typ...)
-		dst = append(dst, '\n')
+// end appends to dst what ends tc's stream of a call that ended in state
+// for reason: nothing after its response (a result, or the server's
+// JSON-RPC error), the outcome-unknown error otherwise.
+func (tc *toolCaller) end(dst []byte, state cache.State, reason string) []byte {
+	if state == cache.StateCommitted || reason == causeErrorEvent.String() {
+		return dst
 	}
-	for line := range bytes.SplitSeq(msg, []byte("\n")) {
-		dst = append(dst, "data: "...)
-		dst = append(dst, line...)
-		dst = append(dst, '\n')
-	}
-	return append(dst, '\n')
+	return sse.AppendEvent(dst, sse.ID{}, "message", string(unknownMessage(tc.id)))
 }
 
 // unknownMessage is the JSON-RPC error of a tool call whose outcome is
@@ -179,16 +167,14 @@ func (p *Proxy) replayTool(ctx *fasthttp.RequestCtx, r *cache.Result, tc *toolCa
 		p.writeError(ctx, causeStoreUnavailable.err(""))
 		return
 	}
-	h := tc.head(r.Head)
-	if !h.Stream {
-		body, _ := tc.message(data)
-		p.whole(ctx, h, true, body, cache.StateCommitted, false)
+	if !r.Head.Stream {
+		p.whole(ctx, resultEnded(r, data), true, tc)
 		return
 	}
 	out := tc.events(nil, data)
 	p.takeOver(ctx, false, func(c *clientConn) {
 		c.replayed = true
-		c.answerHead(h)
+		c.answerHead(tc.head(r.Head))
 		c.finish(c.write(out) == nil && c.end() == nil, nil)
 	})
 }
@@ -207,53 +193,9 @@ func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache
 	}
 	p.waitFlight(ctx, f, sub, replayed, func(c *clientConn, h cache.Head) {
 		c.answerHead(tc.head(h))
-		ok := p.writeToolEvents(c, sub, f, tc)
+		ok := p.writeFollower(c, sub, f, false, tc)
 		c.finish(ok && c.end() == nil, nil)
-	}, func(c *clientConn, h cache.Head, hasHead bool) {
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseResponse(resp)
-		state, reason, body := f.Outcome()
-		switch {
-		case state == cache.StateCommitUnknown:
-			fillUnknown(resp, tc)
-		case hasHead && (body != nil || state == cache.StateCommitted):
-			// The result, or the server's own refusal (a JSON-RPC error,
-			// a 4xx), as it came.
-			setHead(&resp.Header, tc.head(h), replayed)
-			if isJSON(h.ContentType) {
-				body, _ = tc.message(body)
-			}
-			resp.SetBodyRaw(body)
-		default:
-			fillError(resp, failedAnswer(state, reason))
-		}
-		c.finish(c.answerWhole(resp) == nil, nil)
-	})
-}
-
-// writeToolEvents writes the events of tool call f to c as they come,
-// rewritten for tc, with a heartbeat while idle. A stream that ended
-// without the server's response ends with the outcome-unknown error.
-// It reports false when the client went away.
-func (p *Proxy) writeToolEvents(c *clientConn, sub *cache.Sub, f *cache.Flight, tc *toolCaller) bool {
-	var out []byte
-	return p.follow(c, sub, func() (end, ok bool) {
-		for {
-			wire, ended := sub.Read()
-			out = tc.events(out[:0], wire)
-			if ended {
-				if state, reason, _ := f.Outcome(); state != cache.StateCommitted && reason != causeErrorEvent.String() {
-					out = appendMessage(out, "message", unknownMessage(tc.id))
-				}
-			}
-			// The head alone too, as deliver writes it: a slow tool's
-			// caller sees its answer start.
-			if (len(out) > 0 || len(c.buf) > 0) && c.write(out) != nil {
-				return true, false
-			}
-			if ended || len(wire) == 0 {
-				return ended, true
-			}
-		}
+	}, func(c *clientConn) {
+		p.answerEnded(c, flightEnded(f), tc)
 	})
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strconv"
 	"sync"
 	"time"
@@ -201,7 +202,7 @@ func (o *origin) answerRest() {
 		}
 		c.answerHeadSized(copyHead(resp), resp.Header.ContentLength())
 		var stop func() bool
-		if g.rawAlways {
+		if g.kind.raw {
 			stop = cancelOnDeparture(c, resp)
 		}
 		ok := copyBody(c, bodyOf(resp)) && c.end() == nil
@@ -214,27 +215,11 @@ func (o *origin) answerRest() {
 		c.finish(ok, nil)
 		return
 	}
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	var refused *apiError
-	state, reason, body := f.Outcome()
-	if h, ok := f.Head(); !ok {
-		refused = failedAnswer(state, reason)
-	} else if body == nil && state != cache.StateCommitted {
-		refused = failedAnswer(state, reason)
-	} else {
-		setHead(&resp.Header, h, false)
-		outcomeHead(&resp.Header, state, f.Unstored())
-		if c.resumeURL != "" && state == cache.StateCommitted { // as a hit's whole answer carries it
-			resp.Header.Set(resumeURLHeader, c.resumeURL)
-		}
-		resp.SetBody(body)
-	}
-	if refused != nil {
-		fillError(resp, refused)
+	e := flightEnded(f)
+	e.body = bytes.Clone(e.body) // the flight's, which its origin gave back (advanceLocked)
+	if refused := p.answerEnded(c, e, nil); refused != nil {
 		p.logRefused(refused, o.method, o.path)
 	}
-	c.finish(c.answerWhole(resp) == nil, nil)
 }
 
 // answerRaw gives the origin the upstream's answer to a request without a
@@ -249,7 +234,7 @@ func (o *origin) answerRaw(resp *fasthttp.Response) {
 
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream's socket
-// (gen.relayBody) and after the flight ended.
+// (pumping.read) and after the flight ended.
 func (o *origin) push() {
 	o.mu.Lock()
 	rest := false
@@ -269,7 +254,7 @@ func (o *origin) push() {
 // end of the answer once the flight ended, as far as the connection takes
 // it without waiting (deliver).
 func (o *origin) flushLocked() {
-	d := deliver(o.c, o.sub, o.f, false)
+	d := deliver(o.c, o.sub, o.f, false, nil)
 	if d.wrote {
 		o.idle = false
 	}
@@ -298,7 +283,7 @@ func (o *origin) handOff(ended bool) {
 	go func() {
 		ok := c.flush() == nil
 		if ok && !ended {
-			ok = o.p.writeFollower(c, sub, f, measure) && c.end() == nil
+			ok = o.p.writeFollower(c, sub, f, measure, nil) && c.end() == nil
 		} else {
 			sub.Close()
 		}

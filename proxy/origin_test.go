@@ -243,7 +243,7 @@ func newOriginRig(t *testing.T, p *Proxy, small bool) *originRig {
 		t.Fatal("no stream slot")
 	}
 	f := cache.NewDetached(64 << 20)
-	g := p.newGen(f, sse.Request{Stream: true})
+	g := p.newGen(f, sse.Request{Stream: true}, llmKind)
 	o := g.o // its place in f taken by newGen, as for every generation
 	o.mu.Lock()
 	o.method, o.path = "POST", "/v1/chat/completions"

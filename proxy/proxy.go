@@ -339,13 +339,7 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	key := ctx.Request.Header.Peek("Idempotency-Key")
-	for _, h := range p.cfg.KeyHeaders {
-		if key != nil {
-			break
-		}
-		key = ctx.Request.Header.Peek(h)
-	}
+	key := p.requestKey(ctx)
 	if key == nil || p.store == nil || !ctx.IsPost() {
 		p.relay(ctx)
 		return

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"io"
 	"slices"
 	"strings"
 	"time"
@@ -23,14 +22,14 @@ func (g *gen) boundDuration() (stop func() bool) {
 
 // pump relays the upstream's events: it reads each one, records it into
 // the flight (Append), and the origin is delivered what was recorded
-// before each read of the upstream's socket (relayBody); followers are
-// woken by the flight. A preamble, the events before the first that
-// carries model output (sse.Detector.Content), is held (preamble) until
-// that event, -preamble-hold or -max-event-bytes; the head goes to the
-// flight with the held events. Until then nothing has reached a client,
-// and a failure, an error the upstream sent among them included, returns
-// an unsettled attempt so the caller may retry or fall back. After it,
-// the flight ends here (settled): committed after a clean end, failed
+// before each read of the upstream's socket (read); followers are woken
+// by the flight. A preamble, the events before the first that carries
+// model output (sse.Detector.Content), is held (preamble) until that
+// event, -preamble-hold or -max-event-bytes; the head goes to the flight
+// with the held events. Until then nothing has reached a client, and a
+// failure, an error the upstream sent among them included, returns an
+// unsettled attempt so the caller may retry or fall back. After it, the
+// flight ends here (settled): committed after a clean end, failed
 // otherwise. What follows the terminal event is drained, within bounds,
 // so the connection can be reused.
 //
@@ -39,175 +38,284 @@ func (g *gen) boundDuration() (stop func() bool) {
 //
 // done tells the circuits what the attempt came to: an answer once the
 // preamble is released, or the status an error in it stands for.
+//
+// It is a loop over bodies (the answer's, then each heal's) and their
+// events: step takes one event, bodyEnd one body's end, and end the
+// answer's.
 func (g *gen) pump(resp *fasthttp.Response, head cache.Head, sent time.Time, h *healer, more bool, done func(error)) attempt {
-	f := g.f
-	m := g.p.m
 	defer g.boundDuration()()
-	det := sse.NewDetector(g.req.Expect())
-	var readErr, appendErr error
-	// Events after the terminal one are no part of the answer: the flight
-	// ends with the terminal event, and what follows is only read (at
-	// most maxDrain bytes of it) so that the connection can be reused.
-	begun := false  // the head went to the flight
-	pushed := false // the origin was written since the first event journaled here
-	concluded := false
-	drained := 0
-	// failing: a Responses stream's error event came, and the
-	// response.failed the API sends after it is awaited, within the drain
-	// bounds: an upstream that sends no more ends the stream with its error.
-	failing := false
-	pre := preamble{g: g, det: det, head: head, sent: sent, more: more, done: done}
-	defer pre.report(nil)
-	var failedA *attempt // the held failure, while its response.failed is awaited
-	var c cause
-	var settled bool
+	pu := g.newPumping(head, sent, h, more, done)
+	defer pu.pre.report(nil)
+	for resp != nil {
+		pu.read(resp)
+		for pu.sc.Next() && pu.step(pu.sc.Event()) {
+		}
+		resp = pu.bodyEnd()
+	}
+	return pu.end()
+}
+
+// pumping is what one pump has read of an answer. It is the generation's
+// goroutine's alone.
+type pumping struct {
+	g    *gen
+	j    judge         // what the events mean (the kind's)
+	det  *sse.Detector // j, when it is a model's: for what only a model's stream has (responseCreated, heal)
+	head cache.Head
+	h    *healer
+	more bool // another model may follow
+	pre  preamble
 	// One scanner reads every body, in place: an event's strings point
 	// into its buffer until the next event is read, so what outlives that
 	// is copied (the journal, the preamble, heldFailure and
 	// responseCreated do).
-	sc := sse.NewScanner(nil, g.p.cfg.MaxEventBytes)
-	for { // one pass per body: the answer's, then each heal's
-		body, conn := g.relayBody(resp)
-		sc.Reset(body)
-		for sc.Next() {
-			ev := sc.Event()
-			if concluded {
-				if drained += len(ev.Type) + len(ev.Data); drained > maxDrain {
-					break
-				}
-				continue
-			}
-			det.Observe(ev)
-			if !begun && pre.released {
-				begun = true // at -preamble-hold, in a read (upstream.Conn.HoldBy)
-				if appendErr = pre.err; appendErr != nil {
-					break
-				}
-			}
-			if !begun {
-				if g.span != nil {
-					g.sawEvent(ev.Data)
-				}
-				if ev.Type == "response.created" {
-					g.responseCreated(ev, det, h, &pre)
-				}
-				if failedA != nil {
-					// The Responses response.failed after its error event.
-					if pre.keep(ev); det.Terminal() {
-						return g.withUsage(det, pre.failed(*failedA))
-					}
-					continue
-				}
-				if streamFailed(det) {
-					if a, again := g.heldFailure(ev, head, more); again {
-						conn.HoldBy(time.Time{}, nil)
-						if a.cause == causeUpstreamAborted || det.Terminal() {
-							if a.cause != causeUpstreamAborted {
-								pre.keep(ev)
-							}
-							return g.withUsage(det, pre.failed(a))
-						}
-						pre.keep(ev)
-						failedA = &a
-						conn.DrainBy(time.Now().Add(maxDrainTime))
-						continue
-					}
-				} else if !det.Content() && !det.Terminal() && pre.hold(ev, conn) {
-					continue
-				}
-				conn.HoldBy(time.Time{}, nil)
-				if appendErr = pre.release(); appendErr != nil {
-					break
-				}
-				begun = true
-			}
-			terminal := det.Terminal()
-			// The terminal event is relayed as it came when the stream is
-			// clean or ended as the provider stated it (causeRow.relayEnd:
-			// its response.failed, or its [DONE] after a choice the request
-			// did not ask for). A malformed one is not, nor one that claims
-			// a whole answer when the stream is not ([DONE] with a choice
-			// unfinished, say): a client that stops reading at it would take
-			// a half stream for a whole one. stream_aborted ends the stream
-			// instead.
-			relay := true
-			if terminal {
-				ok, why := det.Clean(false)
-				relay = ok || relayEnd(why)
-			}
-			if relay {
-				m.events.Inc()
-				var err error
-				if sc.OneLine() {
-					_, err = f.AppendLine(ev.Type, ev.Data) // not searched for line breaks
-				} else {
-					_, err = f.Append(ev.Type, ev.Data)
-				}
-				if err != nil {
-					appendErr = err
-					break
-				}
-				if !pushed {
-					// The first event with output goes to the origin now,
-					// with the preamble, not after the rest of its read:
-					// a whole short stream, its commit included, may lie
-					// in that read.
-					pushed = true
-					g.o.push()
-				}
-			}
-			if terminal {
-				c, settled = g.conclude(det, head, nil, nil, false)
-				concluded = true
-				conn.DrainBy(time.Now().Add(maxDrainTime))
-			} else if !failing && det.ErrSeen() && det.Dialect() == sse.DialectOpenAIResponses {
-				failing = true
-				conn.DrainBy(time.Now().Add(maxDrainTime))
-			}
-		}
-		if err := sc.Err(); err != nil && (!failing || !upstream.IsTimeout(err)) {
-			readErr = err
-		}
-		conn.HoldBy(time.Time{}, nil)
-		if failedA != nil {
-			return g.withUsage(det, pre.failed(*failedA)) // no response.failed within the drain's bounds
-		}
-		if concluded {
-			return g.withUsage(det, pumped(c, settled))
-		}
-		if !begun && pre.released {
-			begun, appendErr = true, pre.err
-		} else if !begun && readErr != nil && h != nil && len(pre.ends) > 0 {
-			// A break in the preamble: a stream that can heal goes on
-			// from it, as from any event it relayed.
-			appendErr, begun = pre.release(), true
-		}
-		if readErr == nil || appendErr != nil || !begun || h == nil {
-			break
-		}
-		nr, err := g.heal(h, det, readErr)
-		if nr == nil {
-			readErr = err
-			break
-		}
-		resp, readErr = nr, nil
+	sc   *sse.Scanner
+	resp *fasthttp.Response // the body being read: the answer's, then each heal's
+	conn *upstream.Conn     // the connection resp is read from
+
+	begun  bool // the head went to the flight
+	pushed bool // the origin was written since the first event journaled here
+	// concluded: the terminal event came and the flight ended with it.
+	// Events after it are no part of the answer: what follows is only
+	// read (at most maxDrain bytes of it, drained) so that the connection
+	// can be reused.
+	concluded bool
+	drained   int
+	// failing: a Responses stream's error event came, and the
+	// response.failed the API sends after it is awaited, within the drain
+	// bounds: an upstream that sends no more ends the stream with its error.
+	failing   bool
+	failedA   *attempt // the held failure, while its response.failed is awaited
+	readErr   error
+	appendErr error
+	// over: the attempt came to result, and nothing more is read.
+	over   bool
+	result attempt
+}
+
+// newPumping starts a pump of an answer with head h, sent at sent. A kind
+// that holds no preamble has its head in the flight at once, so that the
+// clients see the answer start before its first event.
+func (g *gen) newPumping(head cache.Head, sent time.Time, h *healer, more bool, done func(error)) *pumping {
+	j := g.kind.judge(g.req)
+	det, _ := j.(*sse.Detector)
+	pu := &pumping{g: g, j: j, det: det, head: head, h: h, more: more, sc: sse.NewScanner(nil, g.p.cfg.MaxEventBytes)}
+	pu.pre = preamble{g: g, det: j, head: head, sent: sent, more: more, done: done}
+	if !g.kind.model {
+		pu.appendErr = pu.pre.release()
+		pu.begun = pu.appendErr == nil
 	}
-	if !begun && readErr == nil && appendErr == nil && len(pre.ends) > 0 {
+	return pu
+}
+
+// read starts reading the body of resp. Until bodyEnd, each read of its
+// connection's socket first writes the origin what the flight journaled
+// since the last (origin.push), on the generation's goroutine, inside
+// the body's Read: the events of one upstream read go out in one write,
+// before the generation may wait for the upstream, and a client that
+// cannot take them is handed to a goroutine of its own, so the
+// generation never waits for it.
+func (pu *pumping) read(resp *fasthttp.Response) {
+	pu.resp, pu.conn = resp, upstream.ConnOf(resp)
+	if pu.conn != nil {
+		pu.conn.SetBeforeRead(pu.g.o.push)
+	}
+	pu.sc.Reset(bodyOf(resp))
+}
+
+// finish ends the attempt with a, once nothing more is to be read.
+func (pu *pumping) finish(a attempt) bool {
+	pu.over, pu.result = true, pu.g.withUsage(pu.j, a)
+	return false
+}
+
+// step takes one event of the body: held in the preamble, or recorded
+// into the flight, ending it at the terminal event. It reports whether
+// to read on: false at an append that failed, past the drain's bound,
+// or once the attempt is over.
+func (pu *pumping) step(ev sse.Event) bool {
+	if pu.concluded {
+		pu.drained += len(ev.Type) + len(ev.Data)
+		return pu.drained <= maxDrain
+	}
+	pu.j.Observe(ev)
+	if !pu.begun {
+		if read, ok := pu.preambleStep(ev); !ok {
+			return read
+		}
+	}
+	return pu.record(ev)
+}
+
+// preambleStep takes event ev before the head went to the flight: held,
+// or the held failure's, or the end of the preamble. ok reports that ev
+// is to be recorded now, and otherwise read whether to read on.
+func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
+	g, j, pre := pu.g, pu.j, &pu.pre
+	if pre.released {
+		pu.begun = true // at -preamble-hold, in a read (upstream.Conn.HoldBy)
+		pu.appendErr = pre.err
+		return false, pu.appendErr == nil
+	}
+	if g.span != nil {
+		g.sawEvent(ev.Data)
+	}
+	if ev.Type == "response.created" {
+		g.responseCreated(ev, pu.det, pu.h, pre)
+	}
+	if pu.failedA != nil {
+		// The Responses response.failed after its error event.
+		if pre.keep(ev); j.Terminal() {
+			return pu.finish(pre.failed(*pu.failedA)), false
+		}
+		return true, false
+	}
+	if streamFailed(j) {
+		if a, again := g.heldFailure(ev, pu.head, pu.more); again {
+			return pu.holdFailure(ev, a), false
+		}
+	} else if !j.Content() && !j.Terminal() && pre.hold(ev, pu.conn) {
+		return true, false
+	}
+	pu.conn.HoldBy(time.Time{}, nil)
+	if pu.appendErr = pre.release(); pu.appendErr != nil {
+		return false, false
+	}
+	pu.begun = true
+	return false, true
+}
+
+// holdFailure takes the failure a that ev, among the preamble's events,
+// brought, which may be made again or fallen back from: the attempt is
+// over with it, or, after a Responses error event, once the
+// response.failed after it came (failedA) or the drain's bounds passed.
+// It reports whether to read on.
+func (pu *pumping) holdFailure(ev sse.Event, a attempt) bool {
+	pu.conn.HoldBy(time.Time{}, nil)
+	if a.cause != causeUpstreamAborted {
+		pu.pre.keep(ev) // an ssegate's stream_aborted is its own, not the provider's
+	}
+	if a.cause == causeUpstreamAborted || pu.j.Terminal() {
+		return pu.finish(pu.pre.failed(a))
+	}
+	pu.failedA = &a
+	pu.conn.DrainBy(time.Now().Add(maxDrainTime))
+	return true
+}
+
+// record journals ev into the flight, and ends the flight when ev is the
+// terminal event. It reports whether to read on.
+func (pu *pumping) record(ev sse.Event) bool {
+	g, j := pu.g, pu.j
+	terminal := j.Terminal()
+	// The terminal event is relayed as it came when the stream is clean
+	// or ended as the provider stated it (causeRow.relayEnd: its
+	// response.failed, or its [DONE] after a choice the request did not
+	// ask for). A malformed one is not, nor one that claims a whole
+	// answer when the stream is not ([DONE] with a choice unfinished,
+	// say): a client that stops reading at it would take a half stream
+	// for a whole one. stream_aborted ends the stream instead.
+	relay := true
+	if terminal {
+		ok, why := j.Clean(false)
+		relay = ok || relayEnd(why)
+	}
+	if relay {
+		g.p.m.events.Inc()
+		var err error
+		if pu.sc.OneLine() {
+			_, err = g.f.AppendLine(ev.Type, ev.Data) // not searched for line breaks
+		} else {
+			_, err = g.f.Append(ev.Type, ev.Data)
+		}
+		if err != nil {
+			pu.appendErr = err
+			return false
+		}
+		if !pu.pushed {
+			// The first event with output goes to the origin now, with
+			// the preamble, not after the rest of its read: a whole short
+			// stream, its commit included, may lie in that read.
+			pu.pushed = true
+			g.o.push()
+		}
+	}
+	switch {
+	case terminal:
+		c, settled := g.conclude(j, pu.head, nil, nil, false)
+		pu.result = pumped(c, settled)
+		pu.concluded = true
+		pu.conn.DrainBy(time.Now().Add(maxDrainTime))
+	case !pu.failing && j.ErrSeen() && j.Dialect() == sse.DialectOpenAIResponses:
+		pu.failing = true
+		pu.conn.DrainBy(time.Now().Add(maxDrainTime))
+	}
+	return true
+}
+
+// bodyEnd ends the reading of one body, its connection no longer writing
+// the origin: the attempt is over, or the body broke and a stream that
+// can heal goes on with the body it returns, or the answer's end is
+// left to end.
+func (pu *pumping) bodyEnd() (next *fasthttp.Response) {
+	if pu.conn != nil {
+		pu.conn.SetBeforeRead(nil)
+	}
+	pu.conn.HoldBy(time.Time{}, nil)
+	if pu.over {
+		return nil
+	}
+	if err := pu.sc.Err(); err != nil && (!pu.failing || !upstream.IsTimeout(err)) {
+		pu.readErr = err
+	}
+	switch {
+	case pu.failedA != nil:
+		pu.finish(pu.pre.failed(*pu.failedA)) // no response.failed within the drain's bounds
+		return nil
+	case pu.concluded:
+		pu.finish(pu.result)
+		return nil
+	case !pu.begun && pu.pre.released:
+		pu.begun, pu.appendErr = true, pu.pre.err
+	case !pu.begun && pu.readErr != nil && pu.h != nil && len(pu.pre.ends) > 0:
+		// A break in the preamble: a stream that can heal goes on from
+		// it, as from any event it relayed.
+		pu.appendErr, pu.begun = pu.pre.release(), true
+	}
+	if pu.readErr == nil || pu.appendErr != nil || !pu.begun || pu.h == nil {
+		return nil
+	}
+	nr, err := pu.g.heal(pu.h, pu.det, pu.readErr)
+	if nr == nil {
+		pu.readErr = err
+		return nil
+	}
+	pu.readErr = nil
+	return nr
+}
+
+// end is what the attempt came to: its result once over, or else the
+// answer's end, concluded.
+func (pu *pumping) end() attempt {
+	if pu.over {
+		return pu.result
+	}
+	if !pu.begun && pu.readErr == nil && pu.appendErr == nil && len(pu.pre.ends) > 0 {
 		// The body ended with the preamble held: it goes out with the end.
-		appendErr = pre.release()
+		pu.appendErr = pu.pre.release()
 	}
 	// The body ended with its framing intact: its last chunk, or all of
 	// its Content-Length (fasthttp fails a read short of either with
 	// io.ErrUnexpectedEOF); a body that ends where the connection closed
 	// (-2) has no framing to vouch for its end.
-	intact := readErr == nil && resp.Header.ContentLength() != -2
-	c, settled = g.conclude(det, head, readErr, appendErr, intact)
-	return g.withUsage(det, pumped(c, settled))
+	intact := pu.readErr == nil && pu.resp.Header.ContentLength() != -2
+	c, settled := pu.g.conclude(pu.j, pu.head, pu.readErr, pu.appendErr, intact)
+	return pu.g.withUsage(pu.j, pumped(c, settled))
 }
 
 // withUsage is a with what det saw of the upstream's usage, told to the
 // call's span too.
-func (g *gen) withUsage(det *sse.Detector, a attempt) attempt {
+func (g *gen) withUsage(det judge, a attempt) attempt {
 	if in, out, ok := det.Usage(); ok {
 		a.usage, a.used = cache.Usage{Input: in, Output: out}, true
 		g.callUsage(in, out)
@@ -225,7 +333,7 @@ func pumped(c cause, settled bool) attempt {
 
 // streamFailed reports whether the stream det follows failed: an error event or
 // member, or a Responses response.failed.
-func streamFailed(det *sse.Detector) bool {
+func streamFailed(det judge) bool {
 	_, why := det.Clean(false)
 	return why == sse.ReasonErrorEvent || why == sse.ReasonResponseFailed
 }
@@ -235,7 +343,7 @@ func streamFailed(det *sse.Detector) bool {
 // client saw.
 type preamble struct {
 	g        *gen
-	det      *sse.Detector
+	det      judge
 	head     cache.Head
 	sent     time.Time
 	buf      []byte
@@ -336,7 +444,7 @@ func (p *preamble) release() error {
 		}
 	}
 	g.f.SetHead(p.head)
-	if !p.failure {
+	if !p.failure && g.kind.model {
 		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
 		g.p.m.genAI.firstToken(g.ai, g.start)
 		g.firstOutput()
@@ -420,19 +528,6 @@ func (g *gen) heldFailure(ev sse.Event, head cache.Head, more bool) (attempt, bo
 	return a, a.verdict() == upstream.Safe
 }
 
-// relayBody returns resp's body for pump to read, and the connection it
-// comes from. Before each read of that connection's socket the origin is
-// written what the flight journaled since the last (origin.push): the
-// events of one read go out in one write, before the generation may wait
-// for the upstream. It is set once per body; drop unsets it.
-func (g *gen) relayBody(resp *fasthttp.Response) (io.Reader, *upstream.Conn) {
-	conn := upstream.ConnOf(resp)
-	if conn != nil {
-		conn.SetBeforeRead(g.o.push)
-	}
-	return bodyOf(resp), conn
-}
-
 // maxDrain and maxDrainTime bound what is read of an upstream body after
 // its terminal event, for the connection's reuse; past either the
 // connection is closed. A provider ends its body right after its terminal
@@ -447,7 +542,7 @@ const (
 // event was journaled (no head in the flight yet), a failure that is not
 // the generation's own cut is returned unsettled, so that the caller may
 // decide on a retry.
-func (g *gen) conclude(det *sse.Detector, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
+func (g *gen) conclude(det judge, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
 	f, m := g.f, g.p.m
 	_, begun := f.Head()
 	cut := g.cutShort()

@@ -31,9 +31,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	p.m.decided(decisionRelay)
 	p.traceDecision(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
-	g := p.newGen(f, body)
+	g := p.newGen(f, body, llmKind)
 	g.traceFrom(ctx)
-	g.relayRaw = true
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
