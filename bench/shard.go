@@ -59,8 +59,8 @@ type shardOptions struct {
 	tenants    int
 }
 
-// register declares scenario shard's flags on fs; stepsFlag receives the
-// steps, parsed by parse.
+// register declares scenario shard's flags on fs and returns the
+// -shard-steps value, for parse.
 func (o *shardOptions) register(fs *flag.FlagSet) *string {
 	steps := fs.String("shard-steps", "10000,25000,50000,100000", "scenario shard: the steps, comma-separated concurrent streams; the steps stop at the knee (-shard-knee-cpu, -shard-knee-p99) or at a step with errors")
 	fs.IntVar(&o.events, "shard-events", 200, "scenario shard: events per stream")
@@ -208,6 +208,7 @@ func (d *shardDriver) inWindow(t time.Time) bool {
 	return !t.Before(d.cfg.WindowStart) && t.Before(d.cfg.WindowEnd)
 }
 
+// sample adds v, in µs, to the samples dst.
 func (d *shardDriver) sample(dst *[]int64, v time.Duration) {
 	d.mu.Lock()
 	*dst = append(*dst, v.Microseconds())
@@ -579,7 +580,7 @@ func threadCPU(pid int) (time.Duration, error) {
 	return time.Duration(u+s) * clockTick, nil
 }
 
-// p returns the q-th percentile of samples in µs (NaN for none).
+// pctUS returns the q-th percentile of samples in µs (NaN for none).
 func pctUS(samples []int64, q float64) num {
 	if len(samples) == 0 {
 		return nan
