@@ -196,6 +196,9 @@ type Store struct {
 
 	appends appendBatcher // owners' appends on a standalone Redis
 
+	pipe      scriptPipe   // claims and commits, sent together (pipeline.go)
+	pipelines atomic.Int64 // pipelines of several calls scriptPipe sent
+
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
@@ -511,7 +514,7 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 			args.count = &claimCount{perTenant: r.cfg.MaxKeysPerTenant, all: r.cfg.MaxKeys,
 				strangers: r.cfg.MaxStrangerKeys, setTTL: r.setTTL(), member: k.h, renew: renew}
 		}
-		out, err := scriptStrings(run(ctx, r.c, claimScript, args))
+		out, err := scriptStrings(r.runPiped(ctx, claimScript, args))
 		cancel()
 		if err != nil {
 			// Redis may come back from an older snapshot or a replica
