@@ -101,6 +101,9 @@ type hooks struct {
 	// tool: an MCP tool call was decided kind; suppressed: it was
 	// answered without running the tool again.
 	tool func(kind string, suppressed bool)
+	// stopped: a tenant's stop of a live generation was answered, with
+	// result (stop.go: stopped, unconfirmed, ended, not_found).
+	stopped func(result string)
 }
 
 // nopHooks returns hooks that each do nothing: the base every listener
@@ -139,6 +142,7 @@ func nopHooks() hooks {
 		clientGone:        func(bool) {},
 		acceptError:       func() {},
 		tool:              func(string, bool) {},
+		stopped:           func(string) {},
 	}
 }
 
@@ -192,5 +196,6 @@ func compose(a, b hooks) hooks {
 		clientGone:   func(slow bool) { a.clientGone(slow); b.clientGone(slow) },
 		acceptError:  func() { a.acceptError(); b.acceptError() },
 		tool:         func(kind string, suppressed bool) { a.tool(kind, suppressed); b.tool(kind, suppressed) },
+		stopped:      func(result string) { a.stopped(result); b.stopped(result) },
 	}
 }

@@ -290,6 +290,7 @@ func (m *metrics) hooks() hooks {
 		m.clientsGone.Inc()
 	}
 	h.acceptError = m.acceptErrors.Inc
+	h.stopped = func(result string) { m.stops.WithLabelValues(result).Inc() }
 	h.tool = func(kind string, suppressed bool) {
 		m.tools.WithLabelValues(kind).Inc()
 		if suppressed {

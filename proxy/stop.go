@@ -193,4 +193,4 @@ func (p *Proxy) stopFlight(sc cache.Scope, gen uint64) error {
 }
 
 // stopAnswered counts a stop by its result.
-func (p *Proxy) stopAnswered(result string) { p.m.stops.WithLabelValues(result).Inc() }
+func (p *Proxy) stopAnswered(result string) { p.hooks.stopped(result) }
