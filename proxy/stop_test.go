@@ -144,7 +144,8 @@ func keyState(t *testing.T, e *env, key, auth string) string {
 // joined it get stream_aborted with code cancelled, nothing is stored,
 // and GET /keys/{key} says cancelled. A repeat of the key is refused
 // (409 stream_cancelled) with no second upstream call; a second cancel
-// answers cancelled again; an id no keyed stream has is 404.
+// answers cancelled again; an unknown id, and an unkeyed stream's, is 404
+// stream_not_found, not relayed upstream.
 func TestStopResponsesCancel(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
@@ -196,6 +197,13 @@ func TestStopResponsesCancel(t *testing.T) {
 		t.Fatalf("cancel of an unknown id: got %v; want 404 stream_not_found", err)
 	}
 	e.wantCalls(1)
+	// An unkeyed stream's id names nothing ssegate holds: 404, not relayed.
+	unkeyed := e.fetch(req{path: "/v1/responses", auth: "Bearer sk-one", body: stopBody, header: map[string]string{"X-Mock-Tokens": "2"}})
+	uid := gjson.Get(unkeyed.events[0].Data, "response.id").Str
+	if r := e.fetch(req{path: "/v1/responses/" + uid + "/cancel", auth: "Bearer sk-one", body: "{}"}); r.status != http.StatusNotFound || r.errType != "stream_not_found" {
+		t.Fatalf("cancel of an unkeyed stream's id %q: got %d %q; want 404 stream_not_found", uid, r.status, r.errType)
+	}
+	e.wantCalls(2)
 	if r := e.fetch(req{method: http.MethodGet, path: "/streams/" + key, auth: "Bearer sk-one"}); r.status == http.StatusOK && !r.aborted {
 		t.Fatalf("GET /streams/{key} after the stop: got a stream %d; want no stored answer", r.status)
 	}
@@ -203,8 +211,8 @@ func TestStopResponsesCancel(t *testing.T) {
 	if v := metricValue(t, string(scrape.raw), `ssegate_stops_total{result="stopped"}`); v != 2 {
 		t.Errorf("ssegate_stops_total{result=stopped}: got %v; want 2", v)
 	}
-	if v := metricValue(t, string(scrape.raw), `ssegate_stops_total{result="not_found"}`); v != 2 {
-		t.Errorf("ssegate_stops_total{result=not_found}: got %v; want 2", v)
+	if v := metricValue(t, string(scrape.raw), `ssegate_stops_total{result="not_found"}`); v != 3 {
+		t.Errorf("ssegate_stops_total{result=not_found}: got %v; want 3", v)
 	}
 }
 
