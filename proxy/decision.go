@@ -12,12 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// A decision is what the proxy made of a request: the decision log's
-// "decision" and the label of ssegate_requests_total. Its row in decisions
-// is everything the log and the metrics know of it; adding one is a
-// constant, a row, and its line in docs/metrics.md (TestDecisionsDocumented).
-type decision uint8
-
 const (
 	decisionNone decision = iota // not counted (causeRow.refusal)
 	decisionMiss
@@ -37,34 +31,6 @@ const (
 
 	numDecisions
 )
-
-type decisionRow struct {
-	label string
-	note  string // what the label does not say, for the metric's help
-	// suppressed: answered without a new upstream generation, and so
-	// counted by ssegate_duplicates_suppressed_total too.
-	suppressed bool
-}
-
-// decisions is the table of decisions.
-var decisions = [numDecisions]decisionRow{
-	decisionMiss:        {label: "miss"},
-	decisionHit:         {label: "hit", suppressed: true},
-	decisionJoin:        {label: "join", suppressed: true},
-	decisionResume:      {label: "resume", suppressed: true},
-	decisionHead:        {label: "head", note: "HEAD of a stream"},
-	decisionConflict:    {label: "conflict"},
-	decisionInFlight:    {label: "in_flight"},
-	decisionGone:        {label: "gone"},
-	decisionInvalid:     {label: "invalid"},
-	decisionRefused:     {label: "refused", note: "a bound"},
-	decisionDenied:      {label: "denied", note: "no credential under -anonymous-keys deny"},
-	decisionRelay:       {label: "relay", note: "no key"},
-	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
-	decisionUnknown:     {label: "unknown", note: "a tool call whose outcome is unknown, not run again", suppressed: true},
-}
-
-func (d decision) String() string { return decisions[d].label }
 
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {

@@ -9,19 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// apiError is an error answered to the client as JSON before any byte of
-// a stream went out: its cause's row (causes.go) with a message.
-type apiError struct {
-	cause      cause
-	status     int
-	typ        string
-	message    string
-	retryAfter int // seconds; 0 for none
-	// unknown: the request went upstream and its outcome is unknown; the
-	// answer carries outcomeHeader and never Retry-After.
-	unknown bool
-}
-
 // outcomeHeader, set to "unknown", marks every answer whose request was
 // sent upstream and whose outcome cannot be known (the key is left
 // commit_unknown). A client, an ssegate in front, never repeats such an
@@ -39,18 +26,6 @@ const storedHeader = "Ssegate-Stored"
 func markUnknown(rh *fasthttp.ResponseHeader) {
 	rh.Set(outcomeHeader, "unknown")
 	rh.Del("Retry-After")
-}
-
-func (e *apiError) Error() string { return e.typ + ": " + e.message }
-
-type errorBody struct {
-	Error errorFields `json:"error"`
-}
-
-type errorFields struct {
-	Type    string `json:"type"`
-	Code    string `json:"code,omitempty"`
-	Message string `json:"message"`
 }
 
 // refuse answers a request refused for c before any decision was taken
@@ -90,10 +65,4 @@ func (p *Proxy) logRefused(e *apiError, method, path string, attrs ...any) {
 	p.log.Log(context.Background(), level, "request refused", append([]any{
 		"status", e.status, "type", e.typ, "reason", e.cause.String(), "msg", e.message, "method", method, "path", path,
 	}, attrs...)...)
-}
-
-// abortEvent is the data of the event that ends an aborted stream.
-func abortEvent(code, message string) string {
-	b, _ := json.Marshal(errorBody{Error: errorFields{Type: "stream_aborted", Code: code, Message: message}})
-	return string(b)
 }
