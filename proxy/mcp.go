@@ -25,17 +25,6 @@ const MetaKey = "ssegate/idempotency-key"
 // range for implementation-defined server errors.
 const UnknownCode = -32070
 
-// ToolStore is what MCP tool calls need of the Store besides Begin
-// (cache.Memory and redis.Store have it): BeginTool holds a call whose
-// outcome is unknown, Forget clears a key that is not running (DELETE
-// /keys/{key}), ToolUnknowns counts the held calls. Safe for concurrent
-// use; errors as Begin's.
-type ToolStore interface {
-	BeginTool(sc cache.Scope, fingerprint string, t cache.Tool) (cache.Begun, error)
-	Forget(sc cache.Scope) error
-	ToolUnknowns() int64
-}
-
 // toolCall is what the proxy reads of an MCP tools/call request.
 type toolCall struct {
 	id      []byte // the JSON-RPC id, raw

@@ -393,12 +393,6 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descUnknown, s.ByState[cache.StateCommitUnknown])
 }
 
-// redisStore is what the metrics read of a Redis store.
-type redisStore interface {
-	Stats() redis.Stats
-	UnknownKeys() (int64, error)
-}
-
 // redisCollector reads a Redis store's counters at scrape time, and asks
 // Redis for its commit_unknown keys (no answer: the gauge is left out).
 type redisCollector struct {
