@@ -379,6 +379,26 @@ func abortFrame(reason string) []byte {
 // constant, a row, and its line in docs/metrics.md (TestDecisionsDocumented).
 type decision uint8
 
+const (
+	decisionNone decision = iota // not counted (causeRow.refusal)
+	decisionMiss
+	decisionHit
+	decisionJoin
+	decisionResume
+	decisionHead
+	decisionConflict
+	decisionInFlight
+	decisionGone
+	decisionInvalid
+	decisionRefused
+	decisionDenied
+	decisionRelay
+	decisionUnprotected
+	decisionUnknown
+
+	numDecisions
+)
+
 type decisionRow struct {
 	label string
 	note  string // what the label does not say, for the metric's help

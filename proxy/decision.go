@@ -12,26 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-const (
-	decisionNone decision = iota // not counted (causeRow.refusal)
-	decisionMiss
-	decisionHit
-	decisionJoin
-	decisionResume
-	decisionHead
-	decisionConflict
-	decisionInFlight
-	decisionGone
-	decisionInvalid
-	decisionRefused
-	decisionDenied
-	decisionRelay
-	decisionUnprotected
-	decisionUnknown
-
-	numDecisions
-)
-
 // serveKeyed takes the decision of docs/design.md, Request decision, for a POST with an Idempotency-Key.
 func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	sc, ok := p.keyScope(ctx, key)
