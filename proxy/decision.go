@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/ssegate/ssegate/cache"
 
@@ -270,59 +269,4 @@ func (p *Proxy) whole(ctx *fasthttp.RequestCtx, e finalAnswer, replayed bool, tc
 		c.replayed = replayed
 		p.answerEnded(c, e, tc)
 	})
-}
-
-// writeHead sets the status and headers of an answer, with the signed
-// resume URL of a keyed stream (offerResume).
-func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
-	setHead(&ctx.Response.Header, h, replayed)
-	if u := resumeURL(ctx); u != "" {
-		ctx.Response.Header.Set(resumeURLHeader, u)
-	}
-}
-
-// outcomeHead marks the head of an answer from a flight that ended in
-// state: the outcome-unknown marker when the key is commit_unknown, and
-// storedHeader when the answer came whole and the store did not keep it
-// (unstored: Flight.Unstored).
-func outcomeHead(rh *fasthttp.ResponseHeader, state cache.State, unstored bool) {
-	if state == cache.StateCommitUnknown {
-		markUnknown(rh)
-	}
-	if unstored {
-		rh.Set(storedHeader, "false")
-	}
-}
-
-// endedHead is h with the headers outcomeHead sets for the ended flight
-// f, for a stream's head written once f had ended. An upstream head never
-// carries them (skipResponseHeader), so they are only added; the flight's
-// own head is shared, and clipped so that it is never written to.
-func endedHead(f *cache.Flight, h cache.Head) cache.Head {
-	state, _, _ := f.Outcome()
-	if state == cache.StateCommitUnknown {
-		h.Header = append(slices.Clip(h.Header), cache.Header{Name: outcomeHeader, Value: "unknown"})
-	}
-	if f.Unstored() {
-		h.Header = append(slices.Clip(h.Header), cache.Header{Name: storedHeader, Value: "false"})
-	}
-	return h
-}
-
-func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {
-	rh.SetStatusCode(h.Status)
-	rh.SetServer(serverName)
-	for _, kv := range h.Header {
-		rh.Add(kv.Name, kv.Value)
-	}
-	if h.ContentType != "" {
-		rh.SetContentType(h.ContentType)
-	}
-	if replayed {
-		rh.Set("Idempotent-Replayed", "true")
-	}
-	if h.Stream {
-		rh.Set("Cache-Control", "no-cache")
-		rh.Set("X-Accel-Buffering", "no")
-	}
 }

@@ -113,16 +113,3 @@ func errorCode(body []byte) string {
 	}
 	return t
 }
-
-// isErrorObject reports whether a JSON body is an error answer, whatever
-// its status says: an object whose top-level "error" is set (not null), or
-// whose "type" is "error" (Anthropic's), as the stream detector reads an
-// event's data.
-func isErrorObject(body []byte) bool {
-	v := gjson.ParseBytes(body)
-	if !v.IsObject() {
-		return false
-	}
-	e := v.Get("error")
-	return e.Exists() && e.Type != gjson.Null || v.Get("type").String() == "error"
-}
