@@ -6,8 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"hash"
 
+	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
 
@@ -199,4 +201,52 @@ func (p *Proxy) putMAC(m *mac) {
 	if cap(m.parts) <= 4<<10 {
 		p.macs.Put(m)
 	}
+}
+
+// keyTenant returns the tenant whose keys the request may use: ok is
+// false for a request without a credential under AnonymousKeys deny, which
+// may use none, not even what a replica that allowed them left in a
+// shared store.
+func (p *Proxy) keyTenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
+	t, cred := p.tenant(ctx)
+	return t, cred || p.cfg.AnonymousKeys != AnonymousDeny
+}
+
+// keyScope is scope for a key the request gave, once it is a valid one
+// (400 invalid_idempotency_key otherwise).
+func (p *Proxy) keyScope(ctx *fasthttp.RequestCtx, key string) (cache.Scope, bool) {
+	if err := validKey(key); err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// pathScope is keyScope for the {key} of /keys/{key}.
+func (p *Proxy) pathScope(ctx *fasthttp.RequestCtx) (cache.Scope, bool) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// scope returns the scope of key for the request's tenant, with the
+// accounts its bounds count it against (Proxy.accounts). A request
+// without a credential, under AnonymousKeys deny, gets 401 and ok false;
+// one with more than MaxCredentials distinct credential values, 400.
+func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
+	t, ok := p.keyTenant(ctx)
+	if !ok {
+		p.refuse(ctx, causeCredentialRequired, "")
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
+		return cache.Scope{}, false
+	}
+	accounts, n := p.accounts(ctx)
+	if n > p.cfg.MaxCredentials {
+		p.refuse(ctx, causeTooManyCredentials, fmt.Sprintf("more than %d", p.cfg.MaxCredentials))
+		return cache.Scope{}, false
+	}
+	return cache.Scope{Tenant: t, Key: key, Accounts: accounts}, true
 }
