@@ -13,16 +13,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// credentialHeaders carry the providers' API keys: OpenAI's and most
-// others' Authorization, Anthropic's x-api-key, Azure OpenAI's api-key and
-// Gemini's x-goog-api-key. The tenant hashes them in this order, then the
-// key query parameter, then Config.TenantHeaders.
-var credentialHeaders = []string{"authorization", "x-api-key", "api-key", "x-goog-api-key"}
-
-// credentialParam is the query parameter that carries a credential
-// (Gemini's ?key=). It is part of the tenant and not of the fingerprint.
-const credentialParam = "key"
-
 // anonymous is the tenant of a request that carries no credential.
 const anonymous = "anonymous"
 
