@@ -157,23 +157,6 @@ func (p *Proxy) claimSlot(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
 	return false
 }
 
-// storeError answers a failure of the store itself, or a bound it holds,
-// for the key of sc. The answer's message is the cause's fixed text: the
-// store's error (a Redis client's names addresses, users and the server's
-// own words) goes to the log only, beside the key and the tenant's hash.
-func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) {
-	c := causeStoreUnavailable
-	switch {
-	case errors.Is(err, cache.ErrTenantFull):
-		// Only this credential's new keys are refused: its known keys,
-		// and every other credential's, are decided as usual.
-		c = causeTenantFull
-	case errors.Is(err, cache.ErrStoreFull):
-		c = causeStoreFull
-	}
-	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
-}
-
 // flightHead waits for the live flight f's head; when the flight ended
 // without one, it answers the failure and reports false.
 func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Head, bool) {

@@ -3,9 +3,11 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strconv"
 
+	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
 
@@ -65,4 +67,21 @@ func (p *Proxy) logRefused(e *apiError, method, path string, attrs ...any) {
 	p.log.Log(context.Background(), level, "request refused", append([]any{
 		"status", e.status, "type", e.typ, "reason", e.cause.String(), "msg", e.message, "method", method, "path", path,
 	}, attrs...)...)
+}
+
+// storeError answers a failure of the store itself, or a bound it holds,
+// for the key of sc. The answer's message is the cause's fixed text: the
+// store's error (a Redis client's names addresses, users and the server's
+// own words) goes to the log only, beside the key and the tenant's hash.
+func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) {
+	c := causeStoreUnavailable
+	switch {
+	case errors.Is(err, cache.ErrTenantFull):
+		// Only this credential's new keys are refused: its known keys,
+		// and every other credential's, are decided as usual.
+		c = causeTenantFull
+	case errors.Is(err, cache.ErrStoreFull):
+		c = causeStoreFull
+	}
+	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -370,5 +371,29 @@ func watchDeparture(c *clientConn) (gone <-chan struct{}, stop func() bool) {
 		default:
 			return false
 		}
+	}
+}
+
+// cancelOnDeparture closes the upstream connection of resp, whose body
+// is being relayed to c, as soon as c's client closes its connection, so
+// that the server sees the call cancelled at once rather than at a write
+// that fails (an MCP server's stream may be silent for long). stop ends
+// the watch and reports whether the client went.
+func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
+	gone, stopWatch := watchDeparture(c)
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-gone:
+			upstream.Interrupt(resp)
+		case <-over:
+		}
+	}()
+	return func() bool {
+		close(over)
+		<-ended
+		return stopWatch()
 	}
 }

@@ -228,3 +228,17 @@ func isErrorObject(body []byte) bool {
 	e := v.Get("error")
 	return e.Exists() && e.Type != gjson.Null || v.Get("type").String() == "error"
 }
+
+// errorCode is the code of an upstream's JSON error answer: OpenAI's
+// error.code, or else the error's type (Anthropic's error.type).
+func errorCode(body []byte) string {
+	e := gjson.GetBytes(body, "error")
+	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
+		return c.Str
+	}
+	t := e.Get("type").String()
+	if t == "invalid_request_error" && strings.HasPrefix(e.Get("message").String(), "prompt is too long") {
+		return "context_length_exceeded" // Anthropic's words for it
+	}
+	return t
+}

@@ -19,12 +19,6 @@ import (
 // idempotency key, for clients that cannot set a header per call.
 const MetaKey = "ssegate/idempotency-key"
 
-// UnknownCode is the JSON-RPC error code of the answer to a tool call
-// whose outcome is unknown: the server may have run it, and ssegate does
-// not run it again (docs/design.md, Tool calls). It is in JSON-RPC's
-// range for implementation-defined server errors.
-const UnknownCode = -32070
-
 // toolCall is what the proxy reads of an MCP tools/call request.
 type toolCall struct {
 	id      []byte // the JSON-RPC id, raw
@@ -96,30 +90,6 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
-}
-
-// cancelOnDeparture closes the upstream connection of resp, whose body
-// is being relayed to c, as soon as c's client closes its connection, so
-// that the server sees the call cancelled at once rather than at a write
-// that fails (an MCP server's stream may be silent for long). stop ends
-// the watch and reports whether the client went.
-func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
-	gone, stopWatch := watchDeparture(c)
-	over := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		select {
-		case <-gone:
-			upstream.Interrupt(resp)
-		case <-over:
-		}
-	}()
-	return func() bool {
-		close(over)
-		<-ended
-		return stopWatch()
-	}
 }
 
 // parseToolCall reads a single JSON-RPC tools/call request; ok is false
