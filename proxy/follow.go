@@ -397,3 +397,20 @@ func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool
 		return stopWatch()
 	}
 }
+
+// whole answers with e on the client's own connection, as a goroutine
+// of its own writes it (answerEnded): in pieces, each within
+// -slow-client-timeout (clientConn.answerWhole), so that a client that
+// stops reading a large stored body is dropped rather than held, and one
+// that reads it steadily gets it whole. An answer that has nothing to
+// relay is refused at once.
+func (p *Proxy) whole(ctx *fasthttp.RequestCtx, e finalAnswer, replayed bool, tc *toolCaller) {
+	if e.failed() && (tc == nil || e.state != cache.StateCommitUnknown) {
+		p.writeError(ctx, failedAnswer(e.state, e.reason))
+		return
+	}
+	p.takeOver(ctx, false, func(c *clientConn) {
+		c.replayed = replayed
+		p.answerEnded(c, e, tc)
+	})
+}
