@@ -40,6 +40,8 @@ type metrics struct {
 	originHandoffs prometheus.Counter
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
+	wsConns        prometheus.Gauge
+	wsTurns        *prometheus.CounterVec
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
 	tokensLost     [numLosses][2]prometheus.Counter // by loss, then input and output
@@ -119,6 +121,9 @@ func newMetrics(p *Proxy) *metrics {
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): each is waited out and the accept tried again.")
+	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ssegate_ws_connections", Help: "Responses WebSocket connections open (-ws-max-conns)."})
+	f(m.wsConns)
+	m.wsTurns = cv("ws_turns_total", "Responses WebSocket turns (response.create frames) by decision: relay (unkeyed), miss, join, hit, conflict, unknown, gone, invalid, refused.", "decision")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	lost := cv("tokens_lost_total", "Upstream-reported tokens of generations no client got whole, by kind (input, output) and loss: aborted (the stream reached clients and did not end whole), retried (an attempt failed before any output and was made again), fallback (the model's last attempt, given up for the next model), failed (the last attempt failed before any output).", "kind", "loss")
 	for l := range numLosses {
