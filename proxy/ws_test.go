@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +11,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	"github.com/fasthttp/websocket"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/tidwall/gjson"
 )
 
 // wsDial opens a Responses WebSocket through the proxy at base with the
@@ -228,4 +231,153 @@ func TestWSUpstreamDrop(t *testing.T) {
 		t.Fatalf("re-send got %s; want a commit_unknown error frame", raw[0])
 	}
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+}
+
+// Bad input: a binary frame, a frame that is not JSON, an unknown frame
+// type and a response.create without a body each get an error frame, and
+// the connection goes on to serve a turn; a frame past -ws-max-frame-bytes
+// closes the connection with 1009.
+func TestWSBadInput(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxFrameBytes = 4 << 10 }))
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/responses"
+	hdr := http.Header{"Authorization": {"Bearer sk-a"}}
+	c, _, err := websocket.DefaultDialer.Dial(u, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a bound
+	for _, f := range []struct {
+		typ  int
+		msg  string
+		code string
+	}{
+		{websocket.BinaryMessage, `{"type":"response.create"}`, "invalid_frame"},
+		{websocket.TextMessage, `not json`, "invalid_json"},
+		{websocket.TextMessage, `{"type":"session.update"}`, "unknown_frame_type"},
+		{websocket.TextMessage, `{"type":"response.create"}`, "empty_create"},
+		{websocket.TextMessage, `{"type":"response.create","model":"m","metadata":{"ssegate_idempotency_key":"bad key\u0001"}}`, "invalid_idempotency_key"},
+	} {
+		if err := c.WriteMessage(f.typ, []byte(f.msg)); err != nil {
+			t.Fatal(err)
+		}
+		_, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gjson.GetBytes(got, "type").String() != "error" || gjson.GetBytes(got, "error.code").String() != f.code {
+			t.Errorf("%q got %s; want an error frame with code %s", f.msg, got, f.code)
+		}
+	}
+	// The connection still serves a turn.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"response.create","model":"m","input":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatalf("turn after bad frames: %v", err)
+		}
+		if gjson.GetBytes(got, "type").String() == "response.completed" {
+			break
+		}
+	}
+	// A frame past the bound closes the connection with 1009.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"response.create","input":"`+strings.Repeat("x", 5<<10)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = c.ReadMessage()
+	if !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("after a frame past -ws-max-frame-bytes: %v; want close 1009", err)
+	}
+}
+
+// -ws-max-turns: the turn past it gets an error frame; -ws-max-conns: the
+// connection past it gets 503.
+func TestWSBounds(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxTurns = 1; c.WS.MaxConns = 1 }))
+	conn := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	if err := conn.Create(ctx, wsCreate("one", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, conn.Recv)
+	wantWholeTurn(t, types, 16)
+	if err := conn.Create(ctx, wsCreate("two", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	_, raw := wsTurnEvents(t, conn.Recv)
+	if !strings.Contains(raw[0], `"max_turns"`) {
+		t.Fatalf("turn past -ws-max-turns got %s; want a max_turns error frame", raw[0])
+	}
+	cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0))
+	_, err := cl.Responses.Connect(ctx, responses.ResponseConnectionOptions{})
+	if err == nil || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("connection past -ws-max-conns: %v; want 503", err)
+	}
+}
+
+// A keyed turn re-sent on the same socket while it runs joins it, on the
+// re-send's lane; a turn's response id resumes over HTTP.
+func TestWSJoinSameSocketAndHTTPResume(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16))
+	key := newKey("ws")
+	conn := wsDial(t, e.url, "sk-a")
+	second, err := conn.Lane("again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := conn.Recv(ctx)
+	if err != nil || ev.Type != "response.created" {
+		t.Fatalf("first event %v, %v; want response.created", ev.Type, err)
+	}
+	if err := conn.Create(ctx, wsCreate("hello", key, "again")); err != nil {
+		t.Fatal(err)
+	}
+	joined, _ := wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, joined, 16)
+	rest, _ := wsTurnEvents(t, conn.Recv)
+	wantWholeTurn(t, append([]string{ev.Type}, rest...), 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	// GET /v1/responses/{id}?stream=true&starting_after=N, as for an SSE turn.
+	id := gjson.Get(ev.RawJSON(), "response.id").String()
+	got := e.fetch(req{method: "GET", auth: "Bearer sk-a", path: "/v1/responses/" + id + "?stream=true&starting_after=20"})
+	if got.status != 200 || len(got.events) != 3 || got.events[2].Type != "response.completed" {
+		t.Fatalf("HTTP resume of %s: %d, %d events; want 200 with the 3 events after 20", id, got.status, len(got.events))
+	}
+	wantCount(t, "upstream generations", e.mock.Generations(), 1)
+}
+
+// -ws-dedupe-window keys an unkeyed turn by its tenant and body: an
+// unmodified client's re-send after a drop joins the first.
+func TestWSDedupeWindow(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16), withConfig(func(c *Config) { c.WS.DedupeWindow = time.Minute }))
+	first := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	if err := first.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first.Abort()
+	second := wsDial(t, e.url, "sk-a")
+	if err := second.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, types, 16)
+	// Another tenant's identical turn is its own.
+	other := wsDial(t, e.url, "sk-b")
+	if err := other.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ = wsTurnEvents(t, other.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 2)
 }
