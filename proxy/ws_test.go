@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fasthttp/websocket"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
-	"github.com/fasthttp/websocket"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/tidwall/gjson"
 )
 
@@ -380,4 +382,41 @@ func TestWSDedupeWindow(t *testing.T) {
 	types, _ = wsTurnEvents(t, other.Recv)
 	wantWholeTurn(t, types, 16)
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 2)
+}
+
+// Two replicas sharing Redis: a keyed turn started on one and re-sent on
+// the other joins it from the shared journal, with no generation on the
+// second replica's upstream; after its end, the second replays it.
+func TestWSTwoReplicasRedis(t *testing.T) {
+	var logs gatetest.LogBuffer
+	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+	secret := withConfig(func(c *Config) { c.Secret = []byte("ws-replicas-share-this-secret") })
+	a, _ := replicaEnv(t, addr, prefix, &logs, slowMock(20*time.Millisecond, 16), secret)
+	b, _ := replicaEnv(t, addr, prefix, &logs, secret)
+	key := newKey("ws")
+	ctx := context.Background()
+	onA := wsDial(t, a.url, "sk-a")
+	if err := onA.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := onA.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onA.Abort()
+	onB := wsDial(t, b.url, "sk-a")
+	if err := onB.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, onB.Recv)
+	wantWholeTurn(t, types, 16)
+	a.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	if err := onB.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ = wsTurnEvents(t, onB.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "generations on replica a's upstream", a.mock.WebSocketTurns(), 1)
+	wantCount(t, "generations on replica b's upstream", b.mock.WebSocketTurns(), 0)
 }
