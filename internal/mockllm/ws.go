@@ -169,6 +169,7 @@ func (w *wsSession) turn(id string, msg []byte) {
 		model = req.Model
 	}
 	w.s.calls.Add(1)
+	w.s.model(req.Model) // counted for CallsFor; a model's fault is a POST's
 	w.s.generations.Add(1)
 	w.s.ws.turns.Add(1)
 	drop := w.s.ws.drop.Swap(0) - 1
