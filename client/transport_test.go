@@ -276,7 +276,6 @@ func cutHead(w http.ResponseWriter, head string, chunks ...string) {
 	for _, s := range chunks {
 		fmt.Fprintf(bw, "%x\r\n%s\r\n", len(s), s)
 		bw.Flush()
-		time.Sleep(5 * time.Millisecond)
 	}
 	bw.Flush()
 }

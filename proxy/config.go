@@ -228,6 +228,20 @@ type Config struct {
 	Tracer trace.TracerProvider
 }
 
+// Defaults returns the values Config's zero fields take (Retry's
+// included), for a caller that shows or declares them, as cmd/ssegate's
+// flags do: each default is written once, in setDefaults. What is
+// derived from another field or made per process (UpstreamMaxConns,
+// Secret, Logger) stays zero, and Upstreams empty.
+func Defaults() Config {
+	c := Config{Upstreams: []string{"http://127.0.0.1"}}
+	if err := c.setDefaults(); err != nil {
+		panic("proxy: the zero Config does not validate: " + err.Error())
+	}
+	c.Upstreams, c.UpstreamMaxConns, c.Secret, c.Logger = nil, 0, nil, nil
+	return c
+}
+
 func (c *Config) setDefaults() error {
 	if c.FallbackOnCodes == nil {
 		c.FallbackOnCodes = []string{"context_length_exceeded"}

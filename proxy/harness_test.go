@@ -24,6 +24,7 @@ import (
 
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -386,18 +387,9 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// within polls cond until it holds or d passed: what the tests wait for
-// is a condition, never a time.
-func within(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-	}
-}
+// within polls cond until it holds or d passed (internal/poll.Until):
+// what the tests wait for is a condition, never a time.
+func within(d time.Duration, cond func() bool) bool { return poll.Until(d, cond) }
 
 // keyedConn sends a keyed streaming request on a connection of its own
 // with a small receive buffer (dialSmallBuffer), with the extra header

@@ -293,14 +293,12 @@ func TestRedisOwnerStates(t *testing.T) {
 		}
 		f, o, sc := claim(t, rs, "owner-refused", ownerLive)
 		// The flusher has nothing in flight for Redis to refuse first.
-		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-			if ki, _ := rs[0].Info(sc); ki.Events == 3 {
-				break
+		eventually(t, 2*time.Second, func() error {
+			if ki, _ := rs[0].Info(sc); ki.Events != 3 {
+				return fmt.Errorf("the journal did not reach Redis: %d events; want 3", ki.Events)
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the journal did not reach Redis")
-			}
-		}
+			return nil
+		})
 		expireLease(t, rs[0], sc)
 		if b := rbegin(t, rs[1], sc, "fp"); b.Decision != cache.Miss {
 			t.Fatalf("claim after the lease expired: got %v; want miss", b.Decision)

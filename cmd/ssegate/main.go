@@ -112,43 +112,48 @@ type options struct {
 	version     bool          // -version: print the build and exit
 }
 
-func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
-	o := &options{}
+// flagSet declares every flag of ssegate into o. A default the proxy
+// package has is taken from proxy.Defaults, so that it is written once;
+// docs/flags.md's table is held to these by TestFlagsDoc.
+func flagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("ssegate", flag.ContinueOnError)
 	// Parse errors are returned as one line naming the flag; only -h
 	// prints the usage.
 	fs.SetOutput(io.Discard)
+	d := proxy.Defaults()
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
-	fs.StringVar(&o.ambigStatus, "ambiguous-status", "504", "upstream statuses (5xx, comma-separated, or none) that say the request may be running or have run behind the upstream (a gateway that timed out waiting for it): never retried nor fallen back from, the key ends commit_unknown, and the client gets the answer with Ssegate-Outcome: unknown; -retry-ambiguous still retries them to an upstream that deduplicates. An answer carrying Ssegate-Outcome: unknown is ambiguous whatever its status, and never retried")
+	fs.StringVar(&o.ambigStatus, "ambiguous-status", statuses(d.AmbiguousStatus), "upstream statuses (5xx, comma-separated, or none) that say the request may be running or have run behind the upstream (a gateway that timed out waiting for it): never retried nor fallen back from, the key ends commit_unknown, and the client gets the answer with Ssegate-Outcome: unknown; -retry-ambiguous still retries them to an upstream that deduplicates. An answer carrying Ssegate-Outcome: unknown is ambiguous whatever its status, and never retried")
 	fs.Var(&o.fallbacks, "fallback", "FROM=TO[,TO...]: when model FROM cannot answer (429, 5xx, connect errors or an error event before any other, after -retry-attempts; its circuits open; or a 400 naming a -fallback-on-code), the request goes to model TO, then the next, on the same upstreams and path; FROM * is every model without a rule of its own. Repeatable; SSEGATE_FALLBACK takes rules separated by semicolons. Never after the first event, nor after a failure that may have left a generation running")
-	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated. Default context_length_exceeded (Anthropic's \"prompt is too long\" counts as it)")
+	fs.Var(&o.fallbackCodes, "fallback-on-code", "an error code of a 400 answer that falls back to the next model (error.code, or Anthropic's error.type); repeatable or comma-separated; Anthropic's \"prompt is too long\" counts as context_length_exceeded")
+	// Not given, the list stays empty and the proxy takes its default.
+	fs.Lookup("fallback-on-code").DefValue = strings.Join(d.FallbackOnCodes, ",")
 	fs.Var(&o.keyHeaders, "key-header", "a header that carries the idempotency key when Idempotency-Key is absent, e.g. webhook-id or X-GitHub-Delivery; repeatable")
 	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
 	fs.Var(&o.mcpPaths, "mcp-path", "a path (e.g. /mcp) on which requests are MCP streamable HTTP: a tools/call with a key (Idempotency-Key, or params._meta[\"ssegate/idempotency-key\"]) runs once, its re-issues join or replay it under their own JSON-RPC id; everything else there is relayed untouched. Repeatable or comma-separated; default none")
 	fs.Var(&o.mcpDedupe, "mcp-dedupe", "a tool (or * for all) whose calls without a key get one derived from the tenant, the tool's name and its arguments, standing for -mcp-dedupe-window; repeatable or comma-separated")
-	fs.IntVar(&o.ws.MaxConns, "ws-max-conns", 1000, "Responses WebSocket connections open at once (a handshake past it gets 503 capacity_exceeded)")
-	fs.IntVar(&o.ws.MaxTurns, "ws-max-turns", 1000, "response.create frames one WebSocket connection may send (one past it gets an error frame, code max_turns)")
-	fs.IntVar(&o.ws.MaxFrameBytes, "ws-max-frame-bytes", 16<<20, "largest WebSocket frame a client may send (the connection closes with 1009 above)")
-	fs.DurationVar(&o.ws.IdleTimeout, "ws-idle-timeout", 5*time.Minute, "a WebSocket connection that sent nothing and runs no turn for this long is closed (1000)")
-	fs.DurationVar(&o.ws.MaxLifetime, "ws-max-lifetime", time.Hour, "longest WebSocket connection (closed with 1001 after; the API's own bound is 60 minutes)")
-	fs.DurationVar(&o.ws.DedupeWindow, "ws-dedupe-window", 0, "when positive, a WebSocket turn without metadata.ssegate_idempotency_key is keyed by its tenant and canonical response.create body for this long: an unmodified client's re-send after a drop joins or replays the first (0: off)")
-	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", 10*time.Minute, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
-	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", 24*time.Hour, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
+	fs.IntVar(&o.ws.MaxConns, "ws-max-conns", d.WS.MaxConns, "Responses WebSocket connections open at once (a handshake past it gets 503 capacity_exceeded)")
+	fs.IntVar(&o.ws.MaxTurns, "ws-max-turns", d.WS.MaxTurns, "response.create frames one WebSocket connection may send (one past it gets an error frame, code max_turns)")
+	fs.IntVar(&o.ws.MaxFrameBytes, "ws-max-frame-bytes", d.WS.MaxFrameBytes, "largest WebSocket frame a client may send (the connection closes with 1009 above)")
+	fs.DurationVar(&o.ws.IdleTimeout, "ws-idle-timeout", d.WS.IdleTimeout, "a WebSocket connection that sent nothing and runs no turn for this long is closed (1000)")
+	fs.DurationVar(&o.ws.MaxLifetime, "ws-max-lifetime", d.WS.MaxLifetime, "longest WebSocket connection (closed with 1001 after; the API's own bound is 60 minutes)")
+	fs.DurationVar(&o.ws.DedupeWindow, "ws-dedupe-window", d.WS.DedupeWindow, "when positive, a WebSocket turn without metadata.ssegate_idempotency_key is keyed by its tenant and canonical response.create body for this long: an unmodified client's re-send after a drop joins or replays the first (0: off)")
+	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", d.MCPDedupeWindow, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
+	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", d.MCPUnknownTTL, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
 	fs.StringVar(&o.accountHeader, "account-header", "", "a header that an authenticating layer in front sets (and clients cannot) naming the customer, where one upstream API key serves many: a request carrying it is counted by every per-tenant bound against its value instead of its credentials, and it is part of the tenant; default none (bounds count credential values)")
-	fs.IntVar(&o.maxCreds, "max-credentials", 5, "distinct credential values (Authorization, x-api-key, api-key, x-goog-api-key, ?key=) a keyed request, resume or key lookup may carry, each an account its key counts against for every per-tenant bound: past it, 400 invalid_request")
-	fs.StringVar(&o.anonymousKeys, "anonymous-keys", "allow", "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
+	fs.IntVar(&o.maxCreds, "max-credentials", d.MaxCredentials, "distinct credential values (Authorization, x-api-key, api-key, x-goog-api-key, ?key=) a keyed request, resume or key lookup may carry, each an account its key counts against for every per-tenant bound: past it, 400 invalid_request")
+	fs.StringVar(&o.anonymousKeys, "anonymous-keys", string(d.AnonymousKeys), "what a keyed request, resume or key lookup with no credential gets: allow (one anonymous tenant that every such request shares) or deny (401 credential_required); an exposed deployment should deny")
 	fs.StringVar(&o.secret, "secret", "", "the deployment secret that keys the tenant hash (at least 16 bytes; better given as SSEGATE_SECRET than on the command line). Default: with -redis, one kept in Redis and shared by every replica; without, a random one per process")
 	fs.Var(&o.upstreams, "upstream", "base URL of the LLM API (http or https), or \"mock\" for the embedded mock LLM; repeat it (or give a comma-separated list) for failover, in order of preference")
-	fs.StringVar(&o.inflight, "inflight", "join", "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
+	fs.StringVar(&o.inflight, "inflight", string(d.Inflight), "what a duplicate of a live request gets: join (follow the live stream) or conflict (409 idempotency_in_flight)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
-	fs.DurationVar(&o.ttl, "ttl", 24*time.Hour, "how long a committed response is kept")
-	fs.DurationVar(&o.heartbeat, "heartbeat", 15*time.Second, "keep-alive comment interval to an idle stream client")
-	fs.IntVar(&o.maxBody, "max-body", 32<<20, "largest request body in bytes (413 above)")
-	fs.IntVar(&o.maxEvent, "max-event", 4<<20, "largest upstream event in bytes (the stream is aborted above)")
-	fs.IntVar(&o.maxStream, "max-stream-bytes", 16<<20, "bytes recorded per stream or non-streaming body (the stream is aborted above)")
+	fs.DurationVar(&o.ttl, "ttl", d.ResumeTokenTTL, "how long a committed response is kept")
+	fs.DurationVar(&o.heartbeat, "heartbeat", d.Heartbeat, "keep-alive comment interval to an idle stream client")
+	fs.IntVar(&o.maxBody, "max-body", d.MaxBodyBytes, "largest request body in bytes (413 above)")
+	fs.IntVar(&o.maxEvent, "max-event", d.MaxEventBytes, "largest upstream event in bytes (the stream is aborted above)")
+	fs.IntVar(&o.maxStream, "max-stream-bytes", d.MaxStreamBytes, "bytes recorded per stream or non-streaming body (the stream is aborted above)")
 	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", 512<<20, "bytes of committed responses held in memory (older ones are evicted)")
 	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
 	fs.IntVar(&o.sealStream, "seal-stream-bytes", 128<<10, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
@@ -159,39 +164,45 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	fs.Int64Var(&o.maxLiveTenant, "max-live-bytes-per-tenant", 0, "one credential's share of -max-live-bytes: past it, its new keyed requests get 503 capacity_exceeded while less than two shares are free, and its streams that grow are aborted while less than one is, so that another credential's stream within its share is never cut; a deployment with one credential sets it to -max-live-bytes (0: a quarter of -max-live-bytes)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
 	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live generation besides the request that started it")
-	fs.IntVar(&o.maxStreams, "max-streams", 10000, "concurrent upstream calls (503 above)")
+	fs.IntVar(&o.maxStreams, "max-streams", d.MaxStreams, "concurrent upstream calls (503 above)")
 	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")
-	fs.DurationVar(&o.maxDuration, "max-stream-duration", 30*time.Minute, "longest upstream stream (aborted after)")
-	fs.DurationVar(&o.preambleHold, "preamble-hold", 2*time.Second, "longest hold of a stream's preamble (events before the first model output), during which an upstream error is retried or fallen back from; negative holds nothing")
-	fs.DurationVar(&o.headTimeout, "head-timeout", 30*time.Second, "longest wait for the response head of a request that asks for a stream (\"stream\": true), from sending it; 504 upstream_timeout after")
-	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", 2*time.Minute, "longest upstream silence once its answer began, not the wait for the head (504 before the first event, the stream aborted after it). Anthropic's pings and the Responses API's progress events keep long generations busy; 2m outlasts a reasoning model's pause between a chat completion's role chunk and its content, at twice the 60 s after which common load balancers cut a silent connection")
-	fs.DurationVar(&o.slowClient, "slow-client-timeout", 30*time.Second, "a client that takes no 64 KiB piece of its answer for this long is dropped (it can resume); a big answer read steadily is never slow")
+	fs.DurationVar(&o.maxDuration, "max-stream-duration", d.MaxStreamDuration, "longest upstream stream (aborted after)")
+	fs.DurationVar(&o.preambleHold, "preamble-hold", d.PreambleHold, "longest hold of a stream's preamble (events before the first model output), during which an upstream error is retried or fallen back from; negative holds nothing")
+	fs.DurationVar(&o.headTimeout, "head-timeout", d.HeadTimeout, "longest wait for the response head of a request that asks for a stream (\"stream\": true), from sending it; 504 upstream_timeout after")
+	fs.DurationVar(&o.idleTimeout, "upstream-idle-timeout", d.UpstreamIdleTimeout, "longest upstream silence once its answer began, not the wait for the head (504 before the first event, the stream aborted after it). Anthropic's pings and the Responses API's progress events keep long generations busy; 2m outlasts a reasoning model's pause between a chat completion's role chunk and its content, at twice the 60 s after which common load balancers cut a silent connection")
+	fs.DurationVar(&o.slowClient, "slow-client-timeout", d.SlowClientTimeout, "a client that takes no 64 KiB piece of its answer for this long is dropped (it can resume); a big answer read steadily is never slow")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long open streams may run before they are aborted")
 	r := &o.retry
-	fs.IntVar(&r.Attempts, "retry-attempts", 3, "upstream calls per request at most, the first included (1 disables retries)")
-	fs.DurationVar(&r.BaseBackoff, "retry-backoff", 250*time.Millisecond, "first backoff ceiling; it doubles per retry, each wait drawn uniformly below it (full jitter)")
-	fs.DurationVar(&r.MaxBackoff, "retry-max-backoff", 5*time.Second, "largest backoff ceiling")
-	fs.DurationVar(&r.MaxElapsed, "retry-max-elapsed", 30*time.Second, "no retry starts later than this after the first call")
-	fs.DurationVar(&r.RetryAfterMax, "retry-after-max", 10*time.Second, "longest upstream Retry-After honoured; a longer one is relayed to the client instead")
-	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", 10*time.Minute, "longest wait for one attempt's whole answer to a request that does not ask for a stream, from sending it (a non-streaming completion answers only when done; the official SDKs wait 10m too); 504 upstream_timeout after")
-	fs.Float64Var(&r.BudgetRatio, "retry-budget", 0.1, "retries may add at most this share of recent (10 s) requests")
-	fs.IntVar(&r.BudgetMin, "retry-budget-min", 10, "retries per 10 s always allowed, whatever the budget")
-	fs.IntVar(&r.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit: an upstream's for connect failures, or its circuit for one model for that model's 5xx and transport failures (a 4xx or 429 never counts)")
-	fs.DurationVar(&r.BreakerOpen, "breaker-open", 250*time.Millisecond, "how long an open circuit keeps calls away before probing; it doubles per failed probe")
-	fs.DurationVar(&r.BreakerOpenMax, "breaker-open-max", time.Second, "longest wait between probes of an open circuit: recovery is found this soon after the upstream serves again")
-	fs.IntVar(&r.BreakerProbes, "breaker-probes", 1, "calls let through an open circuit per wait, and successes in a row that close it")
-	fs.IntVar(&r.BreakerModels, "breaker-models", 1000, "model circuits kept per upstream (only models with recent failures take one; least recently used reclaimed first)")
+	fs.IntVar(&r.Attempts, "retry-attempts", d.Retry.Attempts, "upstream calls per request at most, the first included (1 disables retries)")
+	fs.DurationVar(&r.BaseBackoff, "retry-backoff", d.Retry.BaseBackoff, "first backoff ceiling; it doubles per retry, each wait drawn uniformly below it (full jitter)")
+	fs.DurationVar(&r.MaxBackoff, "retry-max-backoff", d.Retry.MaxBackoff, "largest backoff ceiling")
+	fs.DurationVar(&r.MaxElapsed, "retry-max-elapsed", d.Retry.MaxElapsed, "no retry starts later than this after the first call")
+	fs.DurationVar(&r.RetryAfterMax, "retry-after-max", d.Retry.RetryAfterMax, "longest upstream Retry-After honoured; a longer one is relayed to the client instead")
+	fs.DurationVar(&r.AttemptTimeout, "attempt-timeout", d.Retry.AttemptTimeout, "longest wait for one attempt's whole answer to a request that does not ask for a stream, from sending it (a non-streaming completion answers only when done; the official SDKs wait 10m too); 504 upstream_timeout after")
+	fs.Float64Var(&r.BudgetRatio, "retry-budget", d.Retry.BudgetRatio, "retries may add at most this share of recent (10 s) requests")
+	fs.IntVar(&r.BudgetMin, "retry-budget-min", d.Retry.BudgetMin, "retries per 10 s always allowed, whatever the budget")
+	fs.IntVar(&r.BreakerFailures, "breaker-failures", d.Retry.BreakerFailures, "consecutive failures that open a circuit: an upstream's for connect failures, or its circuit for one model for that model's 5xx and transport failures (a 4xx or 429 never counts)")
+	fs.DurationVar(&r.BreakerOpen, "breaker-open", d.Retry.BreakerOpen, "how long an open circuit keeps calls away before probing; it doubles per failed probe")
+	fs.DurationVar(&r.BreakerOpenMax, "breaker-open-max", d.Retry.BreakerOpenMax, "longest wait between probes of an open circuit: recovery is found this soon after the upstream serves again")
+	fs.IntVar(&r.BreakerProbes, "breaker-probes", d.Retry.BreakerProbes, "calls let through an open circuit per wait, and successes in a row that close it")
+	fs.IntVar(&r.BreakerModels, "breaker-models", d.Retry.BreakerModels, "model circuits kept per upstream (only models with recent failures take one; least recently used reclaimed first)")
 	fs.StringVar(&o.missingBody, "missing-body", "regenerate", "when a committed body was evicted from memory: regenerate (new upstream call) or gone (410 stream_gone)")
 	fs.IntVar(&o.mockTokens, "mock-tokens", 16, "with -upstream mock: tokens per completion")
 	fs.DurationVar(&o.mockDelay, "mock-delay", 20*time.Millisecond, "with -upstream mock: pause before each event")
-	fs.IntVar(&o.metricsModels, "metrics-models", 20, "request models that get a label of their own in the GenAI metrics (gen_ai_request_model), the first seen first; every other model is \"other\" (0: none)")
+	fs.IntVar(&o.metricsModels, "metrics-models", d.MetricsModels, "request models that get a label of their own in the GenAI metrics (gen_ai_request_model), the first seen first; every other model is \"other\" (0: none)")
 	fs.StringVar(&o.traces, "traces", "", "otlp: export spans over OTLP/HTTP, configured by the standard OTEL_EXPORTER_OTLP_* environment; none: no spans. Empty: from OTEL_TRACES_EXPORTER, else on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
 	fs.IntVar(&o.gcPercent, "gc-percent", 50, "the Go garbage collector's heap growth between collections, as GOGC (-1: off); lower holds less memory per stream for more CPU. Without this flag a GOGC environment variable is used instead")
 	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "soft limit in bytes on the process's Go memory, as GOMEMLIMIT: the collector works harder near it; -max-store-bytes and -max-live-bytes, when not given, default to at most a quarter and an eighth of it (0: GOMEMLIMIT's, else -memory-limit-ratio of the container's memory limit read from the cgroup, else none)")
 	fs.Float64Var(&o.memoryRatio, "memory-limit-ratio", 0.9, "without -memory-limit and GOMEMLIMIT, the share of the container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) taken as the soft limit; the rest is for memory the Go runtime does not count, such as the kernel's socket buffers charged to the cgroup (0: ignore the cgroup)")
 	fs.BoolVar(&o.version, "version", false, "print the version, commit and Go version, and exit")
 	o.redis.register(fs)
+	return fs
+}
+
+func parseFlags(args []string, getenv func(string) string, out io.Writer) (*options, error) {
+	o := &options{}
+	fs := flagSet(o)
 	usage := func() {
 		fs.SetOutput(out)
 		fmt.Fprintf(out, "Usage: ssegate -upstream URL|mock [flags]\n\nEvery flag can also be set as SSEGATE_<NAME> (e.g. -max-body as SSEGATE_MAX_BODY); a flag on the command line wins.\n\n")
@@ -239,6 +250,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (*opti
 	if len(o.upstreams) == 0 {
 		return nil, errors.New("-upstream is required (a URL, or \"mock\")")
 	}
+	r := &o.retry
 	if r.Attempts < 1 || r.BudgetRatio < 0 || r.BreakerFailures < 1 || r.BreakerProbes < 1 || r.BreakerModels < 1 {
 		return nil, errors.New("-retry-attempts, -breaker-failures, -breaker-probes and -breaker-models must be at least 1, -retry-budget at least 0")
 	}
@@ -495,6 +507,15 @@ func (f *fallbackFlag) Set(v string) error {
 		f.rules[from] = tos // a later rule for FROM (the command line after SSEGATE_FALLBACK) wins
 	}
 	return nil
+}
+
+// statuses writes a list of statuses as -ambiguous-status takes it.
+func statuses(list []int) string {
+	s := make([]string, len(list))
+	for i, st := range list {
+		s[i] = strconv.Itoa(st)
+	}
+	return strings.Join(s, ",")
 }
 
 // statusList parses -ambiguous-status: comma-separated statuses, or none

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"math"
+	"os"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -140,6 +141,54 @@ func TestHelp(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "(default 33554432)") || !strings.Contains(out.String(), "SSEGATE_") {
 		t.Errorf("-h lacks defaults or the environment note:\n%s", out.String())
+	}
+}
+
+// TestFlagsDoc: docs/flags.md has a row for every flag and none for
+// another, and its default column says what the flag's default is (the
+// first code span of the cell; a flag without a default, a cell without
+// one). The flags' defaults are the one table; the doc is held to it.
+func TestFlagsDoc(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/flags.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{} // flag → its default cell
+	for line := range strings.Lines(string(doc)) {
+		cells := strings.Split(strings.TrimSpace(line), "|")
+		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`-") {
+			continue
+		}
+		name := strings.Trim(strings.TrimSpace(cells[1]), "`-")
+		if _, dup := rows[name]; dup {
+			t.Errorf("docs/flags.md: two rows for -%s", name)
+		}
+		rows[name] = strings.TrimSpace(cells[2])
+	}
+	fs := flagSet(&options{})
+	fs.VisitAll(func(f *flag.Flag) {
+		cell, ok := rows[f.Name]
+		delete(rows, f.Name)
+		if !ok {
+			t.Errorf("docs/flags.md: no row for -%s", f.Name)
+			return
+		}
+		got, _, hasCode := strings.Cut(strings.TrimPrefix(cell, "`"), "`")
+		if !strings.HasPrefix(cell, "`") {
+			got, hasCode = "", false
+		}
+		want := f.DefValue
+		if d, err := time.ParseDuration(want); err == nil && hasCode {
+			if gd, err := time.ParseDuration(got); err == nil && gd == d {
+				got = want
+			}
+		}
+		if got != want {
+			t.Errorf("docs/flags.md, -%s: default %q; want %q (the flag's)", f.Name, cell, want)
+		}
+	})
+	for name := range rows {
+		t.Errorf("docs/flags.md: a row for -%s, which is no flag", name)
 	}
 }
 

@@ -125,10 +125,16 @@ func (cl *clients) closeIdle() {
 	cl.stallHC.CloseIdleConnections()
 }
 
+// waitTill returns at t. A client's script runs on a timeline (when it
+// comes, when it comes back after it left, how long it stops reading):
+// the times are the scenario's making, not waits for a condition, and
+// this is the one place they are slept.
+func waitTill(t time.Time) { time.Sleep(time.Until(t)) }
+
 // run runs a client's script from its first request, following its
 // resumes, and returns its exchanges.
 func (cl *clients) run(begin time.Time, s *spec, sc *script, origin string) []*exchange {
-	time.Sleep(time.Until(begin.Add(sc.at)))
+	waitTill(begin.Add(sc.at))
 	var xs []*exchange
 	var seen []string // event ids this client has seen
 	for depth := 0; sc != nil; depth++ {
@@ -154,7 +160,7 @@ func (cl *clients) run(begin time.Time, s *spec, sc *script, origin string) []*e
 		}
 		sc = sc.next
 		if sc != nil {
-			time.Sleep(sc.at)
+			waitTill(time.Now().Add(sc.at))
 		}
 	}
 	return xs
@@ -234,7 +240,7 @@ func (cl *clients) do(x *exchange) {
 		x.events = append(x.events, ev)
 		if sc.drop != dropNone && s.dialect.stream() && len(x.events) == sc.dropAt {
 			if sc.drop == dropStall {
-				time.Sleep(sc.stallFor)
+				waitTill(time.Now().Add(sc.stallFor))
 			}
 			x.dropped = true
 			break

@@ -341,7 +341,7 @@ func (x *toolExchange) got() string {
 // included, and returns its exchanges. Every call has its own JSON-RPC id
 // and progress token.
 func (cl *clients) runTool(begin time.Time, s *toolSpec, sc *toolScript, origin string, id int) []*toolExchange {
-	time.Sleep(time.Until(begin.Add(sc.at)))
+	waitTill(begin.Add(sc.at))
 	var xs []*toolExchange
 	for depth := 0; sc != nil; depth++ {
 		x := &toolExchange{spec: s, origin: fmt.Sprintf("%s.%d", origin, depth), id: id*10 + depth}
@@ -352,7 +352,7 @@ func (cl *clients) runTool(begin time.Time, s *toolSpec, sc *toolScript, origin 
 			break
 		}
 		if sc = sc.next; sc != nil {
-			time.Sleep(sc.at)
+			waitTill(time.Now().Add(sc.at))
 		}
 	}
 	return xs

@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/ssegate/ssegate/internal/gatetest"
 	"github.com/ssegate/ssegate/internal/mcpmock"
+	"github.com/ssegate/ssegate/internal/poll"
 )
 
 func TestMain(m *testing.M) { gatetest.Main(m) }
@@ -104,21 +105,14 @@ func unique(prefix string) string {
 // waitRuns waits until target has run at least n times, or fails.
 func (w *world) waitRuns(target string, n int64) {
 	w.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for w.mock.Runs(target) < n {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("runs of %s: got %d after 10s; want %d", target, w.mock.Runs(target), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.For(w.t, 10*time.Second, fmt.Sprintf("%d runs of %s", n, target), func() bool { return w.mock.Runs(target) >= n })
 }
 
 // settle waits longer than a write runs, so that a second run, if one
 // was started, has been counted, then checks target ran want times.
 func (w *world) settle(target string, want int64) {
 	w.t.Helper()
-	time.Sleep(delay + 500*time.Millisecond)
-	w.wantRuns(target, want)
+	w.settleAll(map[string]int64{target: want})
 }
 
 // wantRuns checks that target has run want times.
@@ -129,7 +123,11 @@ func (w *world) wantRuns(target string, want int64) {
 	}
 }
 
-// settleAll is settle for several targets at once.
+// settleAll waits longer than a write runs, so that a second run of any
+// of the targets, if one was started, has been counted, then checks each
+// ran as many times as want says. What it waits for is that nothing more
+// happens, which no condition can signal: it is a pause, the one of
+// these tests.
 func (w *world) settleAll(want map[string]int64) {
 	w.t.Helper()
 	time.Sleep(delay + 500*time.Millisecond)

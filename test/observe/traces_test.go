@@ -227,7 +227,11 @@ func TestTraces(t *testing.T) {
 		defer wg.Done()
 		sendTraced(t, g.URL, request{path: "/v1/chat/completions", key: "traces-fallback", body: body}, fallbackParent)
 	}()
-	time.Sleep(300 * time.Millisecond) // its retries are over by then, its stream of 800 ms not
+	// The duplicate comes once the generation streams: its retries and
+	// fallback are over by then, its stream of 800 ms not.
+	poll.For(t, 10*time.Second, "the first event of traces-fallback's generation", func() bool {
+		return keyEvents(t, g.URL, "traces-fallback") > 0
+	})
 	sendTraced(t, g.URL, request{path: "/v1/chat/completions", key: "traces-fallback", body: body}, joinParent)
 	wg.Wait()
 
@@ -308,6 +312,32 @@ func sendTraced(t *testing.T, base string, r request, traceparent string) {
 	if a := send(t, base, r); a.status != 200 {
 		t.Errorf("POST %s: got status %d; want 200", r.path, a.status)
 	}
+}
+
+// keyEvents returns the events the generation of key has recorded, as
+// GET /keys/{key} says (0 while there is none).
+func keyEvents(t *testing.T, base, key string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+"/keys/"+key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sk-observe")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ki struct {
+		Events int `json:"events"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ki); err != nil {
+		t.Fatalf("GET /keys/%s: %v", key, err)
+	}
+	return ki.Events
 }
 
 // kind returns the spans of a span.kind.

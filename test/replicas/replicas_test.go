@@ -344,6 +344,11 @@ func TestRandomFaults(t *testing.T) {
 				mu.Unlock()
 			})
 		}
+		// The round's fault, then a pause of random length that lets the
+		// requests run into it: the schedule of the chaos, not a wait for
+		// something to happen.
+		var paused *gatetest.Process
+		var pause time.Duration
 		switch f := rng.IntN(10); {
 		case f == 0: // kill a replica and start a new one in its place
 			mu.Lock()
@@ -356,12 +361,15 @@ func TestRandomFaults(t *testing.T) {
 			gates[i] = ng
 			mu.Unlock()
 		case f <= 2: // pause a replica, sometimes past its lease
-			g := pick()
-			g.Pause()
-			time.Sleep(time.Duration(rng.IntN(int(2*lease/time.Millisecond))) * time.Millisecond)
-			g.Resume()
+			paused = pick()
+			paused.Pause()
+			pause = time.Duration(rng.IntN(int(2*lease/time.Millisecond))) * time.Millisecond
 		default:
-			time.Sleep(time.Duration(50+rng.IntN(200)) * time.Millisecond)
+			pause = time.Duration(50+rng.IntN(200)) * time.Millisecond
+		}
+		time.Sleep(pause)
+		if paused != nil {
+			paused.Resume()
 		}
 	}
 	wg.Wait()
