@@ -78,8 +78,11 @@ func wantWholeTurn(t *testing.T, types []string, tokens int) {
 
 func TestWSRelay(t *testing.T) {
 	e := newEnv(t)
-	conn := wsDial(t, e.url, "sk-a")
+	conn := wsDial(t, e.url, "sk-a", option.WithHeader("OpenAI-Beta", "responses_websockets=2026-02-06"))
 	ctx := context.Background()
+	if beta, auth := e.mock.WebSocketHandshake(); beta != "responses_websockets=2026-02-06" || auth != "Bearer sk-a" {
+		t.Errorf("upstream handshake: OpenAI-Beta %q, Authorization %q; want the client's", beta, auth)
+	}
 	for i := range 2 { // two turns on one socket, chained
 		if err := conn.Create(ctx, wsCreate("hello", "", "")); err != nil {
 			t.Fatal(err)
@@ -107,6 +110,15 @@ func TestWSRelay(t *testing.T) {
 	tb, _ := wsTurnEvents(t, b.Recv)
 	wantWholeTurn(t, ta, 16)
 	wantWholeTurn(t, tb, 16)
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_ws_connections`:                   1,
+		`ssegate_ws_turns_total{decision="relay"}`: 4,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
+	}
 }
 
 func TestWSHandshakeRefused(t *testing.T) {
@@ -157,6 +169,18 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 	_, raw := wsTurnEvents(t, second.Recv)
 	if !strings.Contains(raw[0], `"idempotency_conflict"`) {
 		t.Fatalf("got %s; want an idempotency_conflict error frame", raw[0])
+	}
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_ws_turns_total{decision="miss"}`:     1,
+		`ssegate_ws_turns_total{decision="join"}`:     1,
+		`ssegate_ws_turns_total{decision="hit"}`:      1,
+		`ssegate_ws_turns_total{decision="conflict"}`: 1,
+		`ssegate_requests_total{decision="join"}`:     1,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
 	}
 }
 

@@ -144,10 +144,14 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		g.launch(tmpl)
 	}
 	p.m.wsTurns.WithLabelValues(d).Inc()
-	p.m.decided(map[string]decision{"miss": decisionMiss, "hit": decisionHit, "join": decisionJoin,
-		"conflict": decisionConflict, "gone": decisionGone, "unknown": decisionUnknown, "refused": decisionRefused}[d])
+	p.m.decided(wsDecisions[d])
 	p.log.Info("websocket turn", "decision", d, "key", k, "tenant", sc.Tenant, "lane", lane)
 }
+
+// wsDecisions are the decisions of ssegate_requests_total a keyed turn's
+// decision counts as.
+var wsDecisions = map[string]decision{"miss": decisionMiss, "hit": decisionHit, "join": decisionJoin,
+	"conflict": decisionConflict, "gone": decisionGone, "unknown": decisionUnknown, "refused": decisionRefused}
 
 // canonicalJSON is body with its objects' members sorted and no
 // insignificant space, numbers as they came.

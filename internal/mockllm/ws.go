@@ -25,6 +25,8 @@ import (
 // wsState is the mock's WebSocket knobs and counters.
 type wsState struct {
 	turns atomic.Int64 // response.create frames that began a generation
+	beta  atomic.Value // string: the OpenAI-Beta header of the last handshake
+	auth  atomic.Value // string: the Authorization header of the last handshake
 	conns atomic.Int64 // sockets open now
 	drop  atomic.Int64 // the next turn's socket closes after drop-1 events; 0: none
 }
@@ -32,6 +34,14 @@ type wsState struct {
 // WebSocketTurns reports how many WebSocket turns the mock began to
 // generate (each is counted in Generations too).
 func (s *Server) WebSocketTurns() int64 { return s.ws.turns.Load() }
+
+// WebSocketHandshake reports the OpenAI-Beta and Authorization headers of
+// the last WebSocket handshake.
+func (s *Server) WebSocketHandshake() (beta, auth string) {
+	beta, _ = s.ws.beta.Load().(string)
+	auth, _ = s.ws.auth.Load().(string)
+	return beta, auth
+}
 
 // WebSocketConns reports how many WebSocket connections are open.
 func (s *Server) WebSocketConns() int64 { return s.ws.conns.Load() }
@@ -64,6 +74,8 @@ func (s *Server) serveWebSocket(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, openAI, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
+	s.ws.beta.Store(string(ctx.Request.Header.Peek("OpenAI-Beta")))
+	s.ws.auth.Store(string(ctx.Request.Header.Peek("Authorization")))
 	if !s.enter() {
 		writeRouteError(ctx, fasthttp.StatusServiceUnavailable, "closing", "the mock is closing")
 		return
