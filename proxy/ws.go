@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -77,7 +76,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	cfg := &p.cfg.WS
 	if p.wsConns.Add(1) > int64(cfg.MaxConns) {
 		p.wsConns.Add(-1)
-		p.refuse(ctx, causeMaxStreams, "WebSocket connections (-ws-max-conns)")
+		p.refuse(ctx, causeWSMaxConns, "")
 		return
 	}
 	opened := false
@@ -252,24 +251,24 @@ func (c *wsConn) readClient() {
 		last = time.Now()
 		c.clMu.Unlock()
 		if typ != websocket.TextMessage {
-			c.errorFrame("", "invalid_request_error", "invalid_frame", "binary frames are not accepted: send JSON text frames")
+			c.errorFrame("", causeWSBinaryFrame.err(""))
 			continue
 		}
 		if !gjson.ValidBytes(msg) || !gjson.ParseBytes(msg).IsObject() {
-			c.errorFrame("", "invalid_request_error", "invalid_json", "the frame is not a JSON object")
+			c.errorFrame("", causeWSNotJSON.err(""))
 			continue
 		}
 		lane := gjson.GetBytes(msg, "stream_id").String()
 		if t := gjson.GetBytes(msg, "type").String(); t != "response.create" {
-			c.errorFrame(lane, "invalid_request_error", "unknown_frame_type", "unknown frame type "+jsonQuote(t)+": only response.create is accepted")
+			c.errorFrame(lane, causeWSUnknownFrame.err(jsonQuote(t)))
 			continue
 		}
 		if c.turns++; c.turns > cfg.MaxTurns {
-			c.errorFrame(lane, tCapacity, "max_turns", "this connection sent more turns than -ws-max-turns allows: open a new one")
+			c.errorFrame(lane, causeWSMaxTurns.err(""))
 			continue
 		}
-		if len(msg) <= len(`{"type":"response.create"}`) {
-			c.errorFrame(lane, "invalid_request_error", "empty_create", "response.create has no body")
+		if createEmpty(msg) {
+			c.errorFrame(lane, causeWSEmptyCreate.err(""))
 			continue
 		}
 		p.wsCreate(c, lane, msg)
@@ -293,7 +292,7 @@ func (c *wsConn) relay(lane string, msg []byte) {
 	c.upMu.Lock()
 	defer c.upMu.Unlock()
 	if c.upDead {
-		c.errorFrame(lane, "server_error", "upstream_gone", "the upstream connection is closed")
+		c.errorFrame(lane, causeWSUpstreamGone.err(""))
 		return
 	}
 	if err := c.up.WriteMessage(websocket.TextMessage, msg); err != nil {
@@ -429,22 +428,22 @@ func (c *wsConn) closeClient(code int, reason string) {
 	c.cl.Close() //nolint:errcheck // closing
 }
 
-// errorFrame writes the client an error event on lane, as the API
-// answers a frame it refuses: {"type":"error","error":{type,code,message}}.
-func (c *wsConn) errorFrame(lane, typ, code, msg string) {
-	c.toClient(wsError(lane, typ, code, msg))
-	c.p.log.Info("websocket frame refused", "tenant", c.sc.Tenant, "type", typ, "code", code, "msg", msg)
+// errorFrame writes the client e as an error event on lane, as the API
+// answers a frame it refuses, and logs it.
+func (c *wsConn) errorFrame(lane string, e *apiError) {
+	c.toClient(e.wsFrame(lane))
+	c.p.log.Info("websocket frame refused", "tenant", c.sc.Tenant, "reason", causes[e.cause].name, "msg", e.message)
 }
 
-// wsError is an error event.
-func wsError(lane, typ, code, msg string) []byte {
-	var b bytes.Buffer
-	b.WriteString(`{"type":"error"`)
-	if lane != "" {
-		b.WriteString(`,"stream_id":` + jsonQuote(lane))
-	}
-	b.WriteString(`,"error":{"type":` + jsonQuote(typ) + `,"code":` + jsonQuote(code) + `,"message":` + jsonQuote(msg) + `}}`)
-	return b.Bytes()
+// createEmpty reports whether a response.create has nothing besides its
+// type and lane.
+func createEmpty(msg []byte) bool {
+	empty := true
+	gjson.ParseBytes(msg).ForEach(func(k, _ gjson.Result) bool {
+		empty = k.Str == "type" || k.Str == "stream_id"
+		return empty
+	})
+	return empty
 }
 
 // jsonQuote is s as a JSON string.

@@ -50,7 +50,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	canon, cerr := canonicalJSON(body)
 	if err != nil || cerr != nil {
 		p.m.wsTurns.WithLabelValues("invalid").Inc()
-		c.errorFrame(lane, "invalid_request_error", "invalid_json", "the response.create body cannot be read")
+		c.errorFrame(lane, causeWSNotJSON.err(""))
 		return
 	}
 	k := key.String()
@@ -59,7 +59,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		k = "ws:" + hex.EncodeToString(sum[:16]) // kept for the window (Tool.Keep)
 	} else if key.Type != gjson.String || validKey(k) != nil {
 		p.m.wsTurns.WithLabelValues("invalid").Inc()
-		c.errorFrame(lane, "invalid_request_error", "invalid_idempotency_key", "metadata.ssegate_idempotency_key must be 1-255 visible ASCII characters")
+		c.errorFrame(lane, causeInvalidKey.err("metadata.ssegate_idempotency_key must be 1-255 visible ASCII characters"))
 		return
 	}
 	up, _ := sjson.DeleteBytes(msg, wsKeyField)
@@ -83,7 +83,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	}
 	if err != nil {
 		p.m.wsTurns.WithLabelValues("refused").Inc()
-		c.errorFrame(lane, "server_error", "store_unavailable", "the store cannot take the turn's key now")
+		c.errorFrame(lane, causeStoreUnavailable.err(""))
 		p.log.Warn("websocket turn refused: store", "key", k, "tenant", sc.Tenant, "err", err.Error())
 		return
 	}
@@ -91,13 +91,13 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	switch b.Decision {
 	case cache.Conflict:
 		d = "conflict"
-		c.errorFrame(lane, "invalid_request_error", "idempotency_conflict", "this idempotency key was used with another response.create body")
+		c.errorFrame(lane, causeConflict.err("another response.create body"))
 	case cache.Gone:
 		d = "gone"
-		c.errorFrame(lane, "invalid_request_error", "idempotency_key_gone", "the committed result of this key is no longer held")
+		c.errorFrame(lane, causeGone.err("the committed result of this key is no longer held"))
 	case cache.Unknown:
 		d = "unknown"
-		c.errorFrame(lane, "server_error", "commit_unknown", "this turn's outcome is unknown: it is not sent again")
+		c.errorFrame(lane, failedAnswer(cache.StateCommitUnknown, ""))
 	case cache.Hit:
 		d = "hit"
 		p.saved(b.Result.Usage)
@@ -112,16 +112,15 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		sub, err := b.Flight.Subscribe(0)
 		if err != nil {
 			d = "refused"
-			c.errorFrame(lane, tCapacity, "max_followers", "too many callers follow this turn (-max-followers)")
+			c.errorFrame(lane, causeMaxFollowers.err(""))
 			break
 		}
 		c.delivered.Add(1)
 		go c.follow(b.Flight, sub, lane)
 	case cache.Miss:
-		if !p.acquireSlot() {
+		if !p.claimSlot(nil, b.Flight) {
 			d = "refused"
-			b.Flight.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-			c.errorFrame(lane, tCapacity, "max_streams", "too many upstream calls in progress (-max-streams)")
+			c.errorFrame(lane, causeMaxStreams.err(""))
 			break
 		}
 		t := &wsTurn{c: c, lane: lane, frame: up, ended: make(chan struct{})}
@@ -320,13 +319,9 @@ func (c *wsConn) frames(s []byte, lane string, terminal *bool) bool {
 	return true
 }
 
-// endFrame writes the error frame of a turn that ended in state without
-// its terminal event.
+// endFrame writes the error frame of a turn that ended in state, for
+// reason, without its terminal event: the outcome-unknown one, or the
+// failure's.
 func (c *wsConn) endFrame(lane string, state cache.State, reason string) {
-	if state == cache.StateCommitUnknown {
-		c.toClient(wsError(lane, "server_error", "commit_unknown",
-			"the upstream connection was lost mid-turn: the turn's outcome is unknown, and it is not sent again"))
-		return
-	}
-	c.toClient(wsError(lane, "server_error", "stream_aborted", "the turn ended without its end ("+reason+"): nothing was stored"))
+	c.toClient(failedAnswer(state, reason).wsFrame(lane))
 }
