@@ -119,6 +119,12 @@ func TestWSRelay(t *testing.T) {
 			t.Errorf("%s: got %v; want %v", series, got, want)
 		}
 	}
+	// The upstream socket ends with its client.
+	if got := e.mock.WebSocketConns(); got != 1 {
+		t.Fatalf("upstream sockets: got %d; want 1 for the one client socket", got)
+	}
+	conn.Close() //nolint:errcheck // closing
+	waitFor(t, func() bool { return e.mock.WebSocketConns() == 0 })
 }
 
 func TestWSHandshakeRefused(t *testing.T) {
@@ -197,8 +203,12 @@ func TestWSClientDropStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Abort()
+	if got := e.mock.WebSocketConns(); got != 1 {
+		t.Errorf("upstream sockets right after the client's dropped: got %d; want 1 until the keyed turn ends", got)
+	}
 	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	waitFor(t, func() bool { return e.mock.WebSocketConns() == 0 }) // then it closes
 }
 
 // 16 concurrent re-sends of one keyed turn, each on its own socket and
