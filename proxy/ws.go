@@ -219,7 +219,11 @@ func (c *wsConn) readClient() {
 	c.cl.SetReadLimit(int64(cfg.MaxFrameBytes))
 	last := time.Now() // the last frame read; written under clMu
 	go func() {
-		t := time.NewTimer(cfg.IdleTimeout)
+		// Looked at every second at most: a drain closes a connection
+		// that runs no turn (1001), so that it does not hold the
+		// shutdown; -ws-idle-timeout closes one idle that long (1000).
+		tick := min(cfg.IdleTimeout, time.Second)
+		t := time.NewTimer(tick)
 		defer t.Stop()
 		for {
 			select {
@@ -230,12 +234,16 @@ func (c *wsConn) readClient() {
 			c.clMu.Lock()
 			quiet := time.Since(last)
 			c.clMu.Unlock()
-			if quiet < cfg.IdleTimeout || c.busy() {
-				t.Reset(cfg.IdleTimeout - min(quiet, cfg.IdleTimeout/2))
-				continue
+			switch {
+			case c.busy():
+			case p.draining.Load():
+				c.closeClient(websocket.CloseGoingAway, "shutting down")
+				return
+			case quiet >= cfg.IdleTimeout:
+				c.closeClient(websocket.CloseNormalClosure, "idle for -ws-idle-timeout")
+				return
 			}
-			c.closeClient(websocket.CloseNormalClosure, "idle for -ws-idle-timeout")
-			return
+			t.Reset(tick)
 		}
 	}()
 	for {
@@ -261,6 +269,10 @@ func (c *wsConn) readClient() {
 		lane := gjson.GetBytes(msg, "stream_id").String()
 		if t := gjson.GetBytes(msg, "type").String(); t != "response.create" {
 			c.errorFrame(lane, causeWSUnknownFrame.err(jsonQuote(t)))
+			continue
+		}
+		if p.draining.Load() {
+			c.errorFrame(lane, causeShutdown.err(""))
 			continue
 		}
 		if c.turns++; c.turns > cfg.MaxTurns {

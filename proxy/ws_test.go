@@ -454,3 +454,29 @@ func TestWSTwoReplicasRedis(t *testing.T) {
 	wantCount(t, "generations on replica a's upstream", a.mock.WebSocketTurns(), 1)
 	wantCount(t, "generations on replica b's upstream", b.mock.WebSocketTurns(), 0)
 }
+
+// -ws-idle-timeout closes a connection that sent nothing and runs no
+// turn (1000); a drain closes one that runs no turn (1001).
+func TestWSIdleAndDrain(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.IdleTimeout = 300 * time.Millisecond }))
+	dial := func() *websocket.Conn {
+		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(e.url, "http")+"/v1/responses",
+			http.Header{"Authorization": {"Bearer sk-a"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a bound
+		return c
+	}
+	idle := dial()
+	if _, _, err := idle.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+		t.Fatalf("idle connection: %v; want close 1000", err)
+	}
+	e = newEnv(t) // idle far off: only the drain closes it
+	draining := dial()
+	e.proxy.Drain()
+	if _, _, err := draining.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+		t.Fatalf("connection at a drain: %v; want close 1001", err)
+	}
+}
