@@ -5,12 +5,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fasthttp/websocket"
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
@@ -74,6 +76,10 @@ func isWebSocket(ctx *fasthttp.RequestCtx) bool {
 // upstream's socket, then upgrades the client's.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	cfg := &p.cfg.WS
+	if p.draining.Load() {
+		p.refuse(ctx, causeShutdown, "")
+		return
+	}
 	if p.wsConns.Add(1) > int64(cfg.MaxConns) {
 		p.wsConns.Add(-1)
 		p.refuse(ctx, causeWSMaxConns, "")
@@ -98,10 +104,8 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	hdr := http.Header{}
 	for k, v := range ctx.Request.Header.All() {
 		name := string(k)
-		skip := false
-		for _, h := range wsHandshakeHeaders {
-			skip = skip || strings.EqualFold(name, h)
-		}
+		skip := slices.ContainsFunc(wsHandshakeHeaders, func(h string) bool { return strings.EqualFold(name, h) }) ||
+			slices.ContainsFunc(upstream.HopHeaders, func(h string) bool { return strings.EqualFold(name, h) })
 		if !skip {
 			hdr.Add(name, string(v))
 		}
