@@ -393,7 +393,7 @@ func TestQuickRun(t *testing.T) {
 		t.Error("a run without -baseline has baseline rows")
 	}
 	for _, s := range scenarios {
-		if !seen[s.id] && s.id != "redis" && s.id != "board" { // TestRedisScenario, TestBoardRun
+		if !seen[s.id] && s.id != "redis" && s.id != "board" && s.id != "shard" { // TestRedisScenario, TestBoardRun, TestShardScenario
 			t.Errorf("scenario %s has no measurement", s.id)
 		}
 	}

@@ -2,9 +2,10 @@
 // ssegate binary against the upstream direct and against the relays a user
 // would otherwise pick, side by side in one run.
 //
-//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis,board] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-traces] [-profile DIR]
+//	go run ./bench [-scenarios a,b,c,d,e,f,sweep,redis,shard,board] [-peers httputil,fasthttp,nginx,caddy,portkey,ssegate] [-rounds 3] [-duration 5s] [-quick] [-out DIR] [-baseline BIN] [-traces] [-profile DIR]
 //	make bench                      # the whole suite
 //	go run ./bench -scenarios board [-board-conc 1,64] [-board-paced 500] [-board-deltas 64] [-board-pace 20ms]  # the gateway board (Board below)
+//	go run ./bench -scenarios shard -peers ssegate [-shard-steps 10000,25000,50000,100000] [-shard-server redis|valkey] [-shard-io-threads 1]  # streams one Redis shard holds (Shard below)
 //	make bench BENCHFLAGS=-quick    # a smoke run, well under a minute
 //	make bench BENCHFLAGS='-baseline /path/to/old-ssegate -scenarios a,b'  # ssegate beside an older build (Baseline below)
 //	go run ./bench -profile /tmp/prof -scenarios a  # ssegate's CPU and heap profiles (Profiles below)
@@ -176,7 +177,36 @@
 //     those journals are mirrored), beside a joiner on the owner replica
 //     and one on a single in-memory replica; round trips are counted by
 //     redis-server (INFO commandstats) per event produced.
+//   - shard: how many concurrent streams one Redis shard holds, the Redis
+//     store driven without HTTP (Shard below).
 //   - board: the method of the independent LLM-gateway board (Board below).
+//
+// # Shard
+//
+// Scenario shard drives package cache/redis's store itself (redis.New),
+// not ssegate: the store's work per stream is what is measured, and the
+// events need not cross HTTP. Each -shard-steps step keeps N streams live
+// at once against a fresh private redis-server (or valkey-server with
+// -shard-server valkey, with -shard-io-threads): each stream slot claims a
+// new key, appends -shard-events events evenly over -shard-stream (10 s
+// of 200 events by default, an LLM's pace), has its lease renewed, and
+// commits, then starts the next; a -shard-follow share (5 %) of the slots
+// is followed by a second store instance (another replica), which joins
+// after the first event, asks the owner for the mirror and reads it to the
+// committed end. The slots start spread over one stream's length (the
+// ramp); then a steady window of -shard-window is measured: the server's
+// CPU from /proc as a share of one core (the process, and its main thread
+// apart), INFO commandstats and INFO stats (reads of client sockets: round
+// trips) per stream committed in the window, claim and commit latency
+// p50/p99 and the followers' join wait (of those begun in the window),
+// the stores' counters, and the drivers' own CPU and pace lag. A step with
+// errors fails and stops the scenario, as does the knee: server CPU above
+// -shard-knee-cpu (90 % of a core) or claim or commit p99 above
+// -shard-knee-p99 (50 ms). The streams are driven by child processes of
+// the bench binary, one per -shard-per-proc streams (25,000) unless
+// -shard-procs says; a driver whose CPU nears a core, or whose lag grows,
+// means the step needs more of them (the table shows both).
+// -quick runs steps of 200 and 500 streams of 40 events over 2 s.
 //
 // # Board
 //

@@ -42,6 +42,7 @@ type options struct {
 	traces     bool          // -traces: the measured ssegate exports spans (ssegate@baseline does not)
 	peers      map[kind]bool // the peers to measure; direct always is
 	soak       soakOptions
+	shard      shardOptions
 }
 
 // parseFlags parses the command line into options; quick mode changes the
@@ -50,7 +51,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := &options{}
-	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep,redis,board", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart), redis (the Redis store beside the in-memory one; needs redis-server on PATH), board (the gateway board's method: added latency, time to first content token and CPU per request; its paced streams at concurrency 1 take most of an hour and a quarter at the defaults)")
+	scn := fs.String("scenarios", "a,b,c,d,e,f,sweep,redis,shard,board", "comma-separated scenarios to run: a saturation, b latency, c many slow streams, d replay, e fan-out, f resume, sweep (events/s against concurrency, for the chart), redis (the Redis store beside the in-memory one; needs redis-server on PATH), shard (the concurrent streams one Redis shard holds: the Redis store driven without HTTP; needs redis-server, or valkey-server with -shard-server valkey), board (the gateway board's method: added latency, time to first content token and CPU per request; its paced streams at concurrency 1 take most of an hour and a quarter at the defaults)")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every measurement (the tables show medians)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "length of one timed measurement (a, b, d, e, f, sweep)")
 	fs.BoolVar(&o.quick, "quick", false, "a short smoke run: 1 round, 300ms measurements, small steps (unless those flags are given)")
@@ -76,6 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.traces, "traces", false, "the measured ssegate exports its spans (-traces otlp) to an OTLP/HTTP sink in the bench process; ssegate@baseline does not, so -baseline with the same binary measures what tracing costs: e.g. -baseline \"$(go env GOPATH)/bin/ssegate\" -ssegate \"$(go env GOPATH)/bin/ssegate\" -traces")
 	peers := fs.String("peers", "httputil,fasthttp,nginx,caddy,portkey,ssegate", "comma-separated peers to measure beside direct: httputil, fasthttp (a minimal relay on ssegate's own libraries), nginx (when on PATH), caddy (built from the bench/caddy module with go build at the start; the Go module proxy serves it on the first build), portkey (the Portkey gateway, installed with npm ci from bench/portkey into the user's cache directory on first use; only when node and npm are on PATH, skipped with a note otherwise), ssegate")
 	o.soak.register(fs)
+	shardSteps := o.shard.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -96,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			"rounds": "1", "duration": "300ms", "slow": "64", "slow-events": "50", "sweep": "1,64",
 			"events": "100", "fanout-pace": "2ms", "redis-load": "64@10ms:50", "redis-join": "4@10ms:50",
 			"board-paced": "4", "board-pace": "5ms",
+			"shard-steps": "200,500", "shard-stream": "2s", "shard-events": "40", "shard-window": "2s",
 		} {
 			if !set[name] {
 				if err := fs.Set(name, v); err != nil {
@@ -121,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, fmt.Errorf("-%s: %w", f.name, err)
 		}
 		*f.dst = st[0]
+	}
+	if err := o.shard.parse(*shardSteps); err != nil {
+		return nil, err
 	}
 	if o.sweep, err = intList(*sweep); err != nil {
 		return nil, fmt.Errorf("-sweep: %w", err)
@@ -263,13 +269,15 @@ type env struct {
 
 // runner runs the scenarios and keeps their measurements.
 type runner struct {
-	env    *env
-	opt    *options
-	ms     []measurement
-	notes  []string
-	nonce  int64 // makes keys unique across runs
-	noFile uint64
-	stderr io.Writer
+	env   *env
+	opt   *options
+	ms    []measurement
+	notes []string
+	nonce int64 // makes keys unique across runs
+	// shardRows are scenario shard's steps.
+	shardRows []*shardRow
+	noFile    uint64
+	stderr    io.Writer
 }
 
 // logf prints a progress line to stderr.
@@ -312,6 +320,8 @@ func child(args []string) bool {
 		err = serveFastHTTP(args[1], args[2])
 	case len(args) == 2 && args[0] == mockCommand:
 		err = serveMock(args[1])
+	case len(args) == 2 && args[0] == shardCommand:
+		err = serveShardDriver(args[1])
 	default:
 		return false
 	}

@@ -232,9 +232,10 @@ func redisVersion(bin string) string {
 	return ""
 }
 
-// startRedis starts a private redis-server on a free loopback port, with
-// no persistence, and waits until it answers PING.
-func (e *env) startRedis(bin string) (*server, error) {
+// startRedis starts a private redis-server (or valkey-server) on a free
+// loopback port, with no persistence and the extra flags given, and waits
+// until it answers PING.
+func (e *env) startRedis(bin string, extra ...string) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -244,8 +245,9 @@ func (e *env) startRedis(bin string) (*server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
+	args := []string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning"}
+	cmd := exec.Command(bin, append(args, extra...)...)
 	s, err := e.launch(kindRedis, addr, cmd)
 	if err != nil {
 		return nil, err

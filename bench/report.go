@@ -38,6 +38,8 @@ type report struct {
 	Board []*boardRow `json:"board,omitempty"`
 	// BoardTargets are the keyed path's targets read off Board.
 	BoardTargets []boardTarget `json:"board_targets,omitempty"`
+	// Shard is scenario shard's steps.
+	Shard []*shardRow `json:"shard,omitempty"`
 }
 
 // report collects the run's measurements and context.
@@ -61,6 +63,7 @@ func (r *runner) report(start time.Time, took time.Duration) *report {
 		Notes:        r.notes,
 		Measurements: r.ms,
 		Board:        boardRows(r.ms),
+		Shard:        r.shardRows,
 	}
 	rep.BoardTargets = boardTargets(rep.Board)
 	if b := r.env.baselineBin; b != "" {
@@ -411,6 +414,7 @@ func (rep *report) markdown() string {
 		b.WriteString("\n")
 	}
 	rep.writeBoard(&b)
+	rep.writeShard(&b)
 	return b.String()
 }
 

@@ -186,6 +186,7 @@ var scenarios = []scenario{
 	{"f", "resume", (*runner).resume},
 	{"sweep", "events/s against concurrency", (*runner).sweep},
 	{"redis", "Redis store: CPU, round trips and joiner latency beside the in-memory store", (*runner).redisScenario},
+	{"shard", "concurrent streams one Redis shard holds: the Redis store driven without HTTP, up to the knee", (*runner).shard},
 	{"board", "the gateway board's method: added latency, time to first content token and CPU per request", (*runner).board},
 }
 

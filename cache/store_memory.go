@@ -48,6 +48,18 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultConfig is the zero Config with its defaults filled in, less
+// its clock and logger: the one place a default is written, which
+// cmd/ssegate's flags take theirs from. The bounds derived from others
+// (MaxKeysPerTenant, MaxStrangerKeys, and the Limits' per-tenant share
+// and SealLiveBytes) are filled for the defaults they derive from.
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults()
+	c.Now, c.Logger = nil, nil
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.TTL <= 0 {
 		c.TTL = 24 * time.Hour

@@ -120,11 +120,13 @@ func drainedClient(t *testing.T, traced bool) *clientConn {
 		t.Fatal(err)
 	}
 	p := &Proxy{m: newMetrics(&Proxy{})}
+	p.hooks = p.m.hooks()
 	c := &clientConn{p: p, conn: conn, rc: rc}
 	if traced {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
 		t.Cleanup(func() { tp.Shutdown(context.Background()) }) //nolint:errcheck // in memory
 		p.tracer = tp.Tracer(tracerName)
+		p.hooks = compose(p.hooks, p.traceHooks())
 		ctx, span := p.tracer.Start(context.Background(), "POST", trace.WithSpanKind(trace.SpanKindServer))
 		c.span = &reqSpan{span: span, ctx: ctx, taken: true, status: 200}
 	}

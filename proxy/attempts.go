@@ -9,7 +9,6 @@ import (
 
 	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // attempt is what one call to the upstream came to.
@@ -134,21 +133,11 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 		}
 		switch {
 		case a.settled:
-			if g.kind.model {
-				p.m.attemptsPerOK.Observe(float64(t.calls))
-			}
-			if t.calls > 1 && g.kind.model {
-				by := 0
-				if g.fellBack {
-					by = 1
-				}
-				p.m.retryAdded[by].Observe(g.lastSent.Sub(g.firstSent).Seconds())
-			}
-			g.endSettled()
+			p.hooks.answered(g, t.calls)
 			t.end = settled
 			return t
 		case a.raw:
-			g.endCall(a.head.Status, "")
+			p.hooks.passedRaw(g, a.head.Status)
 			g.passRaw()
 			t.end = passedRaw
 			return t
@@ -167,8 +156,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			t.last, t.end = a, rt.failedEnd()
 			return t
 		}
-		g.lost(lossRetried, a)
-		g.endCall(a.head.Status, a.reason(), attribute.String("ssegate.retry.reason", a.reason()))
+		p.hooks.retry(g, a)
 		t.prev = a
 		rt.failed(a, up, idx)
 		g.pause(wait) // a cut is seen at the loop's top
@@ -251,16 +239,14 @@ func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration)
 		why = "max_elapsed"
 	case !p.budget.Retry(time.Now()):
 		why = "budget"
-		p.m.budgetRefused.Inc()
 	}
 	reason := a.cause.reason(a.head.Status)
 	if why != "" {
-		p.m.noRetry.WithLabelValues(why).Inc()
+		p.hooks.retryRefused(why)
 		p.log.Warn("no retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
 			"reason", reason, "why", why, "upstream", up.Name())
 		return false
 	}
-	p.m.retries.WithLabelValues(reason).Inc()
 	p.log.Info("retry", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n, "reason", reason,
 		"upstream", up.Name(), "backoff", wait.String())
 	return true
@@ -270,7 +256,7 @@ func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration)
 // to do with the answer.
 func (g *gen) try(up *upstream.Upstream, tmpl *fasthttp.Request, done func(error), more bool, n int) attempt {
 	req := up.Prepare(tmpl)
-	g.startCall(up, req, n)
+	g.p.hooks.attemptStarted(g, up, req, n)
 	sent := time.Now()
 	if g.firstSent.IsZero() {
 		g.firstSent = sent
@@ -286,7 +272,7 @@ func (g *gen) try(up *upstream.Upstream, tmpl *fasthttp.Request, done func(error
 		// says: fasthttp read none, and it is relayed as it came.
 		head.Stream = false
 	}
-	g.p.m.attempts.WithLabelValues(statusClass(head.Status)).Inc()
+	g.p.hooks.attemptEnded(g, statusClass(head.Status))
 	if !head.Stream {
 		done(health(head.Status, more))
 	}
@@ -362,7 +348,7 @@ func (g *gen) callFailed(err error, done func(error)) attempt {
 	case upstream.IsTimeout(err):
 		a.cause = causeUpstreamTimeout
 	}
-	g.p.m.attempts.WithLabelValues(a.cause.String()).Inc()
+	g.p.hooks.attemptEnded(g, a.cause.String())
 	if cut := g.cutShort(); cut != causeNone {
 		// Cut short while it waited (Abort closed its connection): the
 		// cut ends the flight, commit_unknown when the request may have

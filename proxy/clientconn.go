@@ -94,7 +94,7 @@ func (c *clientConn) frame(last bool, parts ...[]byte) {
 				c.vec = append(c.vec, p)
 			}
 		}
-		c.p.m.clientBytes.Add(float64(n))
+		c.p.hooks.wrote(n)
 	case n > 0:
 		c.buf = appendChunkHeader(c.buf, n)
 		tail := crlf
@@ -102,7 +102,7 @@ func (c *clientConn) frame(last bool, parts ...[]byte) {
 			tail = crlfEnd
 		}
 		c.vec = append(append(append(c.vec, c.buf), parts...), tail)
-		c.p.m.clientBytes.Add(float64(n))
+		c.p.hooks.wrote(n)
 	case last:
 		c.buf = append(c.buf, lastChunk...)
 		c.vec = append(c.vec, c.buf)
@@ -450,10 +450,7 @@ func (c *clientConn) finish(ok bool, onGone func()) {
 		c.span.end(c.span.status, ok)
 	}
 	if !ok {
-		if c.stalled {
-			p.m.slowDropped.Inc()
-		}
-		p.m.clientsGone.Inc()
+		p.hooks.clientGone(c.stalled)
 		if onGone != nil {
 			onGone()
 		}

@@ -97,7 +97,7 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 	p.answerBegun(ctx, b, onBegun{
 		sc: sc, fp: fp,
 		hit: func(r *cache.Result) {
-			p.saved(r.Usage)
+			p.hooks.saved(r.Usage)
 			p.offerResume(ctx, sc, r.Gen)
 			p.replay(ctx, r, 0)
 		},
@@ -107,14 +107,14 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 		},
 		miss: func(f *cache.Flight) {
 			if b.Regenerated {
-				p.m.missingBodies.Inc()
+				p.hooks.missingBody()
 			}
 			if !p.claimSlot(ctx, f) {
 				return
 			}
 			g := p.newGen(f, body, llmKind)
-			g.traceFrom(ctx)
-			p.traceAnswer(ctx, f, "", "")
+			p.hooks.generationStarted(g, ctx)
+			p.hooks.answerFrom(ctx, f, "", "")
 			g.launch(upstream.NewTemplate(ctx))
 			// What the answer's head and the log need is done while the
 			// upstream call is on its way.
@@ -247,7 +247,7 @@ func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Hea
 // then its events after seq after, following it to its end.
 func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
 	if replayed && p.tracer != nil {
-		p.traceAnswer(ctx, f, "", f.Trace())
+		p.hooks.answerFrom(ctx, f, "", f.Trace())
 	}
 	if p.awaits(f) {
 		p.await(ctx, f, after, replayed)
@@ -261,7 +261,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		<-f.Done()
 		e := flightEnded(f)
 		if replayed && e.state == cache.StateCommitted {
-			p.saved(f.Usage())
+			p.hooks.saved(f.Usage())
 		}
 		p.whole(ctx, e, replayed, nil)
 		return
@@ -281,7 +281,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 		ok := p.writeFollower(c, sub, f, !replayed, nil)
 		if ok && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
-				p.saved(f.Usage())
+				p.hooks.saved(f.Usage())
 			}
 		}
 		return ok
@@ -290,7 +290,7 @@ func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uin
 
 // replay answers from a committed result, from the event after seq.
 func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
-	p.traceAnswer(ctx, nil, cache.StateCommitted, r.Trace)
+	p.hooks.answerFrom(ctx, nil, cache.StateCommitted, r.Trace)
 	data, err := r.After(after)
 	if err != nil {
 		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))

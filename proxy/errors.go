@@ -57,8 +57,7 @@ type errorFields struct {
 // on it, counts it under the cause's refusal decision, and logs it.
 // detail, when not empty, follows the table's message.
 func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, c cause, detail string, attrs ...any) {
-	p.m.decided(causes[c].refusal)
-	p.traceDecision(ctx, causes[c].refusal, 0)
+	p.hooks.decided(ctx, causes[c].refusal, 0)
 	p.writeError(ctx, c.err(detail), attrs...)
 }
 

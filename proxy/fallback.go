@@ -63,12 +63,11 @@ func (g *gen) fallBack(a attempt, model, next string, calls int) bool {
 	}
 	reason := a.reason()
 	if time.Since(g.start) > p.cfg.Retry.MaxElapsed {
-		p.m.noRetry.WithLabelValues("max_elapsed").Inc()
+		p.hooks.retryRefused("max_elapsed")
 		p.log.Warn("no fallback", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "model", model,
 			"next", next, "reason", reason, "why", "max_elapsed")
 		return false
 	}
-	p.m.fallbacks.WithLabelValues(reason).Inc()
 	p.log.Info("fallback", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "from", model, "to", next,
 		"reason", reason, "attempts", calls)
 	return true

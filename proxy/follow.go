@@ -108,14 +108,6 @@ func (r *rewriter) rewrite(spans [][]byte, ended bool, f *cache.Flight) [][]byte
 // did not take whole: the client is behind.
 var errBehind = errors.New("the client is behind")
 
-// ttfeAdded observes the delay between journaling f's first event and
-// writing it to a client.
-func (p *Proxy) ttfeAdded(f *cache.Flight) {
-	if t := f.FirstEventAt(); !t.IsZero() {
-		p.m.ttfeAdded.Observe(time.Since(t).Seconds())
-	}
-}
-
 // writeFollower writes a flight's events to its follower c as they come,
 // with a heartbeat while idle, and ends the stream as the flight ends:
 // after the last event when it was committed, with a stream_aborted error
@@ -132,7 +124,7 @@ func (p *Proxy) writeFollower(c *clientConn, sub *cache.Sub, f *cache.Flight, me
 		d := deliver(c, sub, f, true, r)
 		if measure && d.events {
 			measure = false
-			p.ttfeAdded(f)
+			p.hooks.firstFlushed(f)
 		}
 		return d.ended || d.err != nil, d.err == nil
 	})
@@ -160,16 +152,6 @@ func (p *Proxy) follow(c *clientConn, sub *cache.Sub, step func() (end, ok bool)
 			return ok
 		}
 		hb.Reset(p.cfg.Heartbeat)
-	}
-}
-
-// saved counts the tokens of an answer served without a new generation.
-func (p *Proxy) saved(u cache.Usage) {
-	if u.Input > 0 {
-		p.m.tokensSaved.WithLabelValues("input").Add(float64(u.Input))
-	}
-	if u.Output > 0 {
-		p.m.tokensSaved.WithLabelValues("output").Add(float64(u.Output))
 	}
 }
 
@@ -208,14 +190,14 @@ func (p *Proxy) await(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, r
 		done := p.writeFollower(c, sub, f, !replayed, nil)
 		if done && replayed {
 			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
-				p.saved(f.Usage())
+				p.hooks.saved(f.Usage())
 			}
 		}
 		c.finish(done && c.end() == nil, nil)
 	}, func(c *clientConn) {
 		e := flightEnded(f)
 		if replayed && e.state == cache.StateCommitted {
-			p.saved(f.Usage())
+			p.hooks.saved(f.Usage())
 		}
 		if refused := p.answerEnded(c, e, nil); refused != nil {
 			p.logRefused(refused, method, path)

@@ -146,27 +146,13 @@ func errorType(c cause, status int) string {
 	return causes[c].name
 }
 
-// observeEnd observes the generation's end in the GenAI metrics; errType
-// is the cause of an end without a whole answer ("" for none).
-func (g *gen) observeEnd(errType string) {
-	m, f := g.p.m.genAI, g.f
+// end observes g's end; errType is the cause of an end without a whole
+// answer ("" for none).
+func (m *genAIMetrics) end(g *gen, errType string) {
+	f := g.f
 	u := f.Usage()
 	if errType == "" && u != (cache.Usage{}) {
 		m.usage(g.ai, u.Input, u.Output)
 	}
 	m.ended(g.ai, g.start, f.FirstEventAt(), errType, u.Output)
-}
-
-// lost counts the tokens the upstream reported for attempt a, whose
-// generation no client got whole, as l.
-func (g *gen) lost(l loss, a attempt) {
-	if a.used {
-		g.p.m.lostTokens(l, a.usage)
-	}
-}
-
-// lostTokens counts u as lost to l.
-func (m *metrics) lostTokens(l loss, u cache.Usage) {
-	m.tokensLost[l][0].Add(float64(u.Input))
-	m.tokensLost[l][1].Add(float64(u.Output))
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // gen is one request's upstream work feeding one Flight: the attempts,
@@ -229,7 +228,6 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		}
 	}()
 	p, f := g.p, g.f
-	defer g.endCall(0, "")
 	p.budget.Request(g.start)
 	models := []string{""}
 	if g.kind.model {
@@ -237,13 +235,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		models = g.models(tmpl.Body())
 	}
 	calls := 0 // upstream calls made, over every model
-	if g.kind.perCall != nil {
-		defer func() {
-			if calls > 0 {
-				g.kind.perCall(p.m).Observe(float64(calls))
-			}
-		}()
-	}
+	defer func() { p.hooks.runEnded(g, calls) }()
 	var tried []cache.Fallback
 	var given attempt // the last attempt of the model given up on
 	for i, model := range models {
@@ -269,9 +261,7 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 		if t.end == failedAll && more && g.fallBack(t.last, model, models[i+1], calls) {
 			tried = append(tried, cache.Fallback{Model: model, Reason: t.last.reason()})
 			given = t.last
-			g.lost(lossFallback, t.last)
-			g.endCall(t.last.head.Status, t.last.reason(), attribute.String("ssegate.fallback.reason", t.last.reason()),
-				attribute.String("ssegate.fallback.to", models[i+1]))
+			p.hooks.fallback(g, t.last, models[i+1])
 			continue
 		}
 		if t.prev.head.Status == 0 {
@@ -316,10 +306,7 @@ func (g *gen) giveUp(t tries) {
 		// "not run", a later call's outcome is unknown).
 		a = t.prev
 	}
-	defer g.endCall(t.last.head.Status, t.last.reason())
-	// The last call's tokens, once: an earlier call relayed below was
-	// counted when it was retried or fallen back from.
-	g.lost(lossFailed, t.last)
+	g.p.hooks.gaveUp(g, t.last) // the last call, not a: an earlier one relayed was heard of when it was retried
 	if a.held != nil && !g.mayRun {
 		// The upstream's error inside its stream, before any output: the
 		// stream as it came, the error included. Not after an attempt
@@ -344,7 +331,7 @@ func (g *gen) giveUp(t tries) {
 // way a call ends.
 func (g *gen) commit(body []byte) {
 	g.skipped(g.f.Commit(body))
-	g.observeEnd("")
+	g.p.hooks.ended(g, "", false)
 	g.logEnd()
 }
 
@@ -363,10 +350,7 @@ func (g *gen) fail(c cause, status int, body []byte) {
 	} else {
 		ended = f.Fail(state, c.reason(status), body)
 	}
-	if ended && state == cache.StateCommitUnknown {
-		g.p.m.commitUnknowns.Inc()
-	}
-	g.observeEnd(errorType(c, status))
+	g.p.hooks.ended(g, errorType(c, status), ended && state == cache.StateCommitUnknown)
 	g.logEnd()
 }
 
@@ -413,10 +397,10 @@ func (g *gen) logEnd() {
 func (g *gen) notStored(c cause) {
 	f := g.f
 	if f.Gen == 0 {
-		g.p.m.cacheSkipped.WithLabelValues("no_key").Inc()
+		g.p.hooks.notStored("no_key")
 		return
 	}
-	g.p.m.cacheSkipped.WithLabelValues(c.String()).Inc()
+	g.p.hooks.notStored(c.String())
 	g.p.log.Info("answer not stored", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "generation", f.Gen, "reason", c.String())
 }
 
@@ -424,9 +408,9 @@ func (g *gen) notStored(c cause) {
 func (g *gen) skipped(stored bool) {
 	switch {
 	case g.f.Gen == 0:
-		g.p.m.cacheSkipped.WithLabelValues("no_key").Inc()
+		g.p.hooks.notStored("no_key")
 	case !stored:
-		g.p.m.cacheSkipped.WithLabelValues("store_refused").Inc()
+		g.p.hooks.notStored("store_refused")
 		if f := g.f; f.Unstored() {
 			state, reason, _ := f.Outcome()
 			// The answer came whole and went to its clients; the store

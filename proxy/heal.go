@@ -130,17 +130,17 @@ func (g *gen) heal(h *healer, det *sse.Detector, readErr error) (*fasthttp.Respo
 		}
 		if head := copyHead(resp); !head.Stream {
 			g.drop()
-			p.m.resumes.WithLabelValues("refused").Inc()
+			p.hooks.healed("refused")
 			p.log.Warn("upstream resume refused", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
 				"after", seq, "upstream", h.up.Name(), "upstream_status", head.Status)
 			return nil, &healRefused{status: head.Status}
 		}
 		h.heals++
-		p.m.resumes.WithLabelValues("resumed").Inc()
+		p.hooks.healed("resumed")
 		p.log.Info("upstream resumed", "key", f.Scope.Key, "tenant", f.Scope.Tenant, "attempt", n,
 			"after", seq, "upstream", h.up.Name(), "reason", reason.String())
 		return resp, nil
 	}
-	p.m.resumes.WithLabelValues("failed").Inc()
+	p.hooks.healed("failed")
 	return nil, readErr
 }

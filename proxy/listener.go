@@ -32,7 +32,7 @@ func (l *keepAccepting) Accept() (net.Conn, error) {
 		if err == nil || !acceptRetryable(err) {
 			return c, err
 		}
-		l.p.m.acceptErrors.Inc()
+		l.p.hooks.acceptError()
 		wait = min(max(2*wait, 5*time.Millisecond), time.Second)
 		if now := time.Now(); now.Sub(l.logged) >= time.Second {
 			l.logged = now

@@ -73,7 +73,7 @@ func (p *Proxy) serveMCP(ctx *fasthttp.RequestCtx) {
 		key, derived = derivedKey(call), true
 	}
 	if key == "" {
-		p.m.tools.WithLabelValues("relay").Inc()
+		p.hooks.tool("relay", false)
 		p.relayMCP(ctx)
 		return
 	}
@@ -99,7 +99,7 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
-	p.m.decided(decisionRelay)
+	p.hooks.decided(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	// A GET is the server's stream of its own messages: no head comes
 	// later than a stream's, and it may go on longer than an answer.
@@ -269,9 +269,6 @@ func (p *Proxy) serveTool(ctx *fasthttp.RequestCtx, call *toolCall, key string, 
 // logTool counts and logs the decision d on a tool call, among the tool
 // decisions too.
 func (p *Proxy) logTool(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, call *toolCall, attrs ...any) {
-	p.m.tools.WithLabelValues(d.String()).Inc()
-	if decisions[d].suppressed {
-		p.m.toolSuppressed.Inc()
-	}
+	p.hooks.tool(d.String(), decisions[d].suppressed)
 	p.logDecision(ctx, d, sc, call.fp, append([]any{"tool", call.name}, attrs...)...)
 }

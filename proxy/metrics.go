@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -215,6 +216,116 @@ func (m *metrics) decided(d decision) {
 	if decisions[d].suppressed {
 		m.suppressed.Inc()
 	}
+}
+
+// hooks are the moments the metrics count (hooks.go).
+func (m *metrics) hooks() hooks {
+	h := nopHooks()
+	h.decided = func(_ *fasthttp.RequestCtx, d decision, _ uint64) { m.decided(d) }
+	h.missingBody = m.missingBodies.Inc
+	h.saved = m.saved
+	h.attemptEnded = func(_ *gen, outcome string) { m.attempts.WithLabelValues(outcome).Inc() }
+	h.firstOutput = func(g *gen, sent time.Time) {
+		m.ttfeUpstream.Observe(time.Since(sent).Seconds())
+		m.genAI.firstToken(g.ai, g.start)
+	}
+	h.eventJournaled = m.events.Inc
+	h.retry = func(_ *gen, a attempt) {
+		m.retries.WithLabelValues(a.cause.reason(a.head.Status)).Inc()
+		m.lost(lossRetried, a)
+	}
+	h.retryRefused = func(why string) {
+		if why == "budget" {
+			m.budgetRefused.Inc()
+		}
+		m.noRetry.WithLabelValues(why).Inc()
+	}
+	h.fallback = func(_ *gen, a attempt, _ string) {
+		m.fallbacks.WithLabelValues(a.reason()).Inc()
+		m.lost(lossFallback, a)
+	}
+	h.answered = func(g *gen, calls int) {
+		if !g.kind.model {
+			return
+		}
+		m.attemptsPerOK.Observe(float64(calls))
+		if calls > 1 {
+			by := 0
+			if g.fellBack {
+				by = 1
+			}
+			m.retryAdded[by].Observe(g.lastSent.Sub(g.firstSent).Seconds())
+		}
+	}
+	// The last call's tokens, once: an earlier call relayed instead was
+	// counted when it was retried or fallen back from.
+	h.gaveUp = func(_ *gen, a attempt) { m.lost(lossFailed, a) }
+	h.aborted = func(c cause) { m.aborted.WithLabelValues(c.String()).Inc() }
+	h.tokensLost = m.lostTokens
+	h.notStored = func(reason string) { m.cacheSkipped.WithLabelValues(reason).Inc() }
+	h.ended = func(g *gen, errType string, unknown bool) {
+		if unknown {
+			m.commitUnknowns.Inc()
+		}
+		m.genAI.end(g, errType)
+	}
+	h.runEnded = func(g *gen, calls int) {
+		if g.kind.perCall != nil && calls > 0 {
+			g.kind.perCall(m).Observe(float64(calls))
+		}
+	}
+	h.healed = func(outcome string) { m.resumes.WithLabelValues(outcome).Inc() }
+	h.timedOut = func(b upstream.TimeBudget) { m.timeouts.WithLabelValues(b.String()).Inc() }
+	h.firstFlushed = func(f *cache.Flight) {
+		if t := f.FirstEventAt(); !t.IsZero() {
+			m.ttfeAdded.Observe(time.Since(t).Seconds())
+		}
+	}
+	h.wrote = func(n int) { m.clientBytes.Add(float64(n)) }
+	h.clientBehind = m.originHandoffs.Inc
+	h.clientGone = func(slow bool) {
+		if slow {
+			m.slowDropped.Inc()
+		}
+		m.clientsGone.Inc()
+	}
+	h.acceptError = m.acceptErrors.Inc
+	h.tool = func(kind string, suppressed bool) {
+		m.tools.WithLabelValues(kind).Inc()
+		if suppressed {
+			m.toolSuppressed.Inc()
+		}
+	}
+	h.wsConnection = func(delta int) { m.wsConns.Add(float64(delta)) }
+	h.wsTurn = func(label string, d decision) {
+		m.wsTurns.WithLabelValues(label).Inc()
+		m.decided(d)
+	}
+	return h
+}
+
+// saved counts the tokens of an answer served without a new generation.
+func (m *metrics) saved(u cache.Usage) {
+	if u.Input > 0 {
+		m.tokensSaved.WithLabelValues("input").Add(float64(u.Input))
+	}
+	if u.Output > 0 {
+		m.tokensSaved.WithLabelValues("output").Add(float64(u.Output))
+	}
+}
+
+// lost counts the tokens the upstream reported for attempt a, whose
+// generation no client got whole, as l.
+func (m *metrics) lost(l loss, a attempt) {
+	if a.used {
+		m.lostTokens(l, a.usage)
+	}
+}
+
+// lostTokens counts u as lost to l.
+func (m *metrics) lostTokens(l loss, u cache.Usage) {
+	m.tokensLost[l][0].Add(float64(u.Input))
+	m.tokensLost[l][1].Add(float64(u.Output))
 }
 
 // decisionList lists the decisions with their notes, or the labels of

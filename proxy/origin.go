@@ -260,7 +260,7 @@ func (o *origin) flushLocked() {
 	}
 	if o.measure && d.events {
 		o.measure = false
-		o.p.ttfeAdded(o.f)
+		o.p.hooks.firstFlushed(o.f)
 	}
 	switch {
 	case d.err == errBehind:
@@ -278,7 +278,7 @@ func (o *origin) flushLocked() {
 func (o *origin) handOff(ended bool) {
 	o.mode = originFollower
 	o.stopBeat()
-	o.p.m.originHandoffs.Inc()
+	o.p.hooks.clientBehind()
 	c, sub, f, measure, onGone := o.c, o.sub, o.f, o.measure, o.onGone
 	go func() {
 		ok := c.flush() == nil

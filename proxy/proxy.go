@@ -33,6 +33,7 @@ type Proxy struct {
 	ups    []*upstream.Upstream
 	budget *upstream.Budget
 	m      *metrics
+	hooks  hooks        // the telemetry's: metrics, and spans when Tracer is set
 	tracer trace.Tracer // nil: no spans
 	work   *workers     // the goroutines requests start
 	macs   sync.Pool    // *mac: HMAC states keyed by the secret, reused
@@ -92,6 +93,10 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("mcp-path: the store (%T) does not record tool calls", cfg.Store)
 	}
 	p.m = newMetrics(p)
+	p.hooks = p.m.hooks()
+	if p.tracer != nil {
+		p.hooks = compose(p.hooks, p.traceHooks())
+	}
 	p.metricsHandler = p.m.handler()
 	p.srv = p.newServer()
 	return p, nil
@@ -120,7 +125,7 @@ func (p *Proxy) circuitChanged(c upstream.CircuitChange) {
 // upstreamTimedOut logs and counts an upstream connection cut by one of
 // the time budgets. The decision and state logs say which key it was.
 func (p *Proxy) upstreamTimedOut(name string, b upstream.TimeBudget, bound time.Duration) {
-	p.m.timeouts.WithLabelValues(b.String()).Inc()
+	p.hooks.timedOut(b)
 	p.log.Warn("upstream timeout", "upstream", name, "budget", b.Flag(), "bound", bound.String())
 }
 
@@ -202,8 +207,7 @@ func (p *Proxy) unreadable(ctx *fasthttp.RequestCtx, err error) {
 		c = causeRequestTimeout
 	}
 	e := c.err(detail)
-	p.m.decided(causes[c].refusal)
-	p.traceDecision(ctx, causes[c].refusal, 0)
+	p.hooks.decided(ctx, causes[c].refusal, 0)
 	fillError(&ctx.Response, e)
 	p.log.Info("request refused", "status", e.status, "type", e.typ, "reason", c.String(), "msg", e.message)
 }
@@ -316,9 +320,8 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 	if !p.cfg.AdminSeparate && p.serveAdmin(ctx, path) {
 		return
 	}
-	if p.tracer != nil {
-		defer endRequest(ctx, p.startRequest(ctx))
-	}
+	p.hooks.requestStarted(ctx)
+	defer p.hooks.requestEnded(ctx)
 	if ctx.IsDelete() && underPath(ctx, "/keys") {
 		p.serveKeyDelete(ctx)
 		return
@@ -533,20 +536,21 @@ func (p *Proxy) acquireSlot() bool {
 
 func (p *Proxy) releaseSlot() { p.streams.Add(-1) }
 
+// generationOf is the "generation" among a decision's log attrs, or 0.
+func generationOf(attrs []any) (gen uint64) {
+	for i := 0; i+1 < len(attrs); i += 2 {
+		if attrs[i] == "generation" {
+			gen, _ = attrs[i+1].(uint64)
+		}
+	}
+	return gen
+}
+
 // logDecision counts the decision d on a request for the key of sc, and
 // logs it with attrs.
 func (p *Proxy) logDecision(ctx *fasthttp.RequestCtx, d decision, sc cache.Scope, fp string, attrs ...any) {
 	// Counted whatever the log level: metrics are not the log.
-	p.m.decided(d)
-	if p.tracer != nil {
-		var gen uint64
-		for i := 0; i+1 < len(attrs); i += 2 {
-			if attrs[i] == "generation" {
-				gen, _ = attrs[i+1].(uint64)
-			}
-		}
-		p.traceDecision(ctx, d, gen)
-	}
+	p.hooks.decided(ctx, d, generationOf(attrs))
 	if !p.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}

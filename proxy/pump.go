@@ -157,9 +157,7 @@ func (pu *pumping) preambleStep(ev sse.Event) (read, ok bool) {
 		pu.appendErr = pre.err
 		return false, pu.appendErr == nil
 	}
-	if g.span != nil {
-		g.sawEvent(ev.Data)
-	}
+	g.p.hooks.sawEvent(g, ev.Data)
 	if ev.Type == "response.created" {
 		g.responseCreated(ev, pu.det, pu.h, pre)
 	}
@@ -221,7 +219,7 @@ func (pu *pumping) record(ev sse.Event) bool {
 		relay = ok || relayEnd(why)
 	}
 	if relay {
-		g.p.m.events.Inc()
+		g.p.hooks.eventJournaled()
 		var err error
 		if pu.sc.OneLine() {
 			_, err = g.f.AppendLine(ev.Type, ev.Data) // not searched for line breaks
@@ -318,7 +316,7 @@ func (pu *pumping) end() attempt {
 func (g *gen) withUsage(det judge, a attempt) attempt {
 	if in, out, ok := det.Usage(); ok {
 		a.usage, a.used = cache.Usage{Input: in, Output: out}, true
-		g.callUsage(in, out)
+		g.p.hooks.usage(g, in, out)
 	}
 	return a
 }
@@ -445,15 +443,13 @@ func (p *preamble) release() error {
 	}
 	g.f.SetHead(p.head)
 	if !p.failure && g.kind.model {
-		g.p.m.ttfeUpstream.Observe(time.Since(p.sent).Seconds())
-		g.p.m.genAI.firstToken(g.ai, g.start)
-		g.firstOutput()
+		g.p.hooks.firstOutput(g, p.sent)
 	}
 	start := 0
 	for i := 0; i < len(p.ends); i += 2 {
 		t, d := p.buf[start:p.ends[i]], p.buf[p.ends[i]:p.ends[i+1]]
 		start = p.ends[i+1]
-		g.p.m.events.Inc()
+		g.p.hooks.eventJournaled()
 		if _, err := g.f.Append(string(t), string(d)); err != nil {
 			return err
 		}
@@ -543,7 +539,7 @@ const (
 // the generation's own cut is returned unsettled, so that the caller may
 // decide on a retry.
 func (g *gen) conclude(det judge, head cache.Head, readErr, appendErr error, intact bool) (c cause, settled bool) {
-	f, m := g.f, g.p.m
+	f := g.f
 	_, begun := f.Head()
 	cut := g.cutShort()
 	switch {
@@ -586,10 +582,10 @@ func (g *gen) conclude(det judge, head cache.Head, readErr, appendErr error, int
 		// relayed as it came: no abort, but nothing to store either.
 		g.notStored(c)
 	} else {
-		m.aborted.WithLabelValues(c.String()).Inc()
+		g.p.hooks.aborted(c)
 	}
 	if in, out, ok := det.Usage(); ok && !g.heldFailed {
-		m.lostTokens(lossAborted, cache.Usage{Input: in, Output: out})
+		g.p.hooks.tokensLost(lossAborted, cache.Usage{Input: in, Output: out})
 	}
 	g.fail(c, 0, nil)
 	return c, true

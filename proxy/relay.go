@@ -28,11 +28,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
 		return
 	}
-	p.m.decided(decisionRelay)
-	p.traceDecision(ctx, decisionRelay, 0)
+	p.hooks.decided(ctx, decisionRelay, 0)
 	f := cache.NewDetached(p.cfg.MaxStreamBytes)
 	g := p.newGen(f, body, llmKind)
-	g.traceFrom(ctx)
+	p.hooks.generationStarted(g, ctx)
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)

@@ -281,3 +281,32 @@ func (g *gen) endCall(status int, errType string, attrs ...attribute.KeyValue) {
 	s.SetAttributes(attrs...)
 	s.End()
 }
+
+// traceHooks are the moments the spans hear of (hooks.go): a request's
+// start and end, its decision and where its answer comes from; each call's start, the
+// response's model and usage, its first output, and its end, with what
+// became of it.
+func (p *Proxy) traceHooks() hooks {
+	h := nopHooks()
+	h.requestStarted = func(ctx *fasthttp.RequestCtx) { p.startRequest(ctx) }
+	h.requestEnded = func(ctx *fasthttp.RequestCtx) { endRequest(ctx, requestSpan(ctx)) }
+	h.decided = p.traceDecision
+	h.answerFrom = p.traceAnswer
+	h.generationStarted = (*gen).traceFrom
+	h.attemptStarted = (*gen).startCall
+	h.sawEvent = (*gen).sawEvent
+	h.usage = (*gen).callUsage
+	h.firstOutput = func(g *gen, _ time.Time) { g.firstOutput() }
+	h.retry = func(g *gen, a attempt) {
+		g.endCall(a.head.Status, a.reason(), attribute.String("ssegate.retry.reason", a.reason()))
+	}
+	h.fallback = func(g *gen, a attempt, to string) {
+		g.endCall(a.head.Status, a.reason(), attribute.String("ssegate.fallback.reason", a.reason()),
+			attribute.String("ssegate.fallback.to", to))
+	}
+	h.answered = func(g *gen, _ int) { g.endSettled() }
+	h.passedRaw = func(g *gen, status int) { g.endCall(status, "") }
+	h.gaveUp = func(g *gen, a attempt) { g.endCall(a.head.Status, a.reason()) }
+	h.runEnded = func(g *gen, _ int) { g.endCall(0, "") }
+	return h
+}

@@ -136,8 +136,8 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
 		defer p.clients.Done()
 		defer p.wsConns.Add(-1)
-		p.m.wsConns.Inc()
-		defer p.m.wsConns.Dec()
+		p.hooks.wsConnection(1)
+		defer p.hooks.wsConnection(-1)
 		c.clMu.Lock()
 		c.cl = cl
 		c.clMu.Unlock()

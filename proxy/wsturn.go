@@ -36,7 +36,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	key := gjson.GetBytes(msg, wsKeyField)
 	window := p.cfg.WS.DedupeWindow
 	if !key.Exists() && window <= 0 {
-		p.m.wsTurns.WithLabelValues("relay").Inc()
+		p.hooks.wsTurn("relay", decisionNone)
 		c.relay(lane, msg)
 		return
 	}
@@ -49,7 +49,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	}
 	canon, cerr := canonicalJSON(body)
 	if err != nil || cerr != nil {
-		p.m.wsTurns.WithLabelValues("invalid").Inc()
+		p.hooks.wsTurn("invalid", decisionNone)
 		c.errorFrame(lane, causeWSNotJSON.err(""))
 		return
 	}
@@ -58,7 +58,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		sum := sha256.Sum256(canon)
 		k = "ws:" + hex.EncodeToString(sum[:16]) // kept for the window (Tool.Keep)
 	} else if key.Type != gjson.String || validKey(k) != nil {
-		p.m.wsTurns.WithLabelValues("invalid").Inc()
+		p.hooks.wsTurn("invalid", decisionNone)
 		c.errorFrame(lane, causeInvalidKey.err("metadata.ssegate_idempotency_key must be 1-255 visible ASCII characters"))
 		return
 	}
@@ -82,7 +82,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		b, err = p.store.Begin(sc, fp)
 	}
 	if err != nil {
-		p.m.wsTurns.WithLabelValues("refused").Inc()
+		p.hooks.wsTurn("refused", decisionRefused)
 		c.errorFrame(lane, causeStoreUnavailable.err(""))
 		p.log.Warn("websocket turn refused: store", "key", k, "tenant", sc.Tenant, "err", err.Error())
 		return
@@ -100,7 +100,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		c.errorFrame(lane, failedAnswer(cache.StateCommitUnknown, ""))
 	case cache.Hit:
 		d = "hit"
-		p.saved(b.Result.Usage)
+		p.hooks.saved(b.Result.Usage)
 		data, _ := b.Result.After(0)
 		c.delivered.Add(1)
 		go func() {
@@ -142,8 +142,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		go c.follow(b.Flight, g.o.sub, lane) // the origin's place, taken before the generation starts
 		g.launch(tmpl)
 	}
-	p.m.wsTurns.WithLabelValues(d).Inc()
-	p.m.decided(wsDecisions[d])
+	p.hooks.wsTurn(d, wsDecisions[d])
 	p.log.Info("websocket turn", "decision", d, "key", k, "tenant", sc.Tenant, "lane", lane)
 }
 

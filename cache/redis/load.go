@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"slices"
 	"sync"
 	"time"
@@ -12,29 +14,49 @@ import (
 // scripts are the Lua scripts of the Redis store, as newScript and
 // newScriptRetryable made them, for loadScripts.
 var scripts struct {
-	mu     sync.Mutex // guards bodies: tests make scripts while stores load them
+	mu     sync.Mutex // guards bodies and infos: tests make scripts while stores load them
 	bodies []string
+	infos  map[*rueidis.Lua]scriptInfo
 }
 
-func addScript(body string) {
+// scriptInfo is what a pipeline of EVALSHAs (scriptPipe) needs of a
+// script: its SHA-1, and whether a call may be sent again after its
+// connection failed.
+type scriptInfo struct {
+	sha       string
+	retryable bool
+}
+
+func addScript(body string, s *rueidis.Lua, retryable bool) *rueidis.Lua {
 	scripts.mu.Lock()
 	defer scripts.mu.Unlock()
 	if !slices.Contains(scripts.bodies, body) {
 		scripts.bodies = append(scripts.bodies, body)
 	}
+	if scripts.infos == nil {
+		scripts.infos = make(map[*rueidis.Lua]scriptInfo)
+	}
+	sum := sha1.Sum([]byte(body))
+	scripts.infos[s] = scriptInfo{sha: hex.EncodeToString(sum[:]), retryable: retryable}
+	return s
+}
+
+// scriptInfoOf returns what addScript recorded of s.
+func scriptInfoOf(s *rueidis.Lua) scriptInfo {
+	scripts.mu.Lock()
+	defer scripts.mu.Unlock()
+	return scripts.infos[s]
 }
 
 // newScript is rueidis.NewLuaScript for a script of the store, which
 // loadScripts loads when the store connects.
 func newScript(body string) *rueidis.Lua {
-	addScript(body)
-	return rueidis.NewLuaScript(body)
+	return addScript(body, rueidis.NewLuaScript(body), false)
 }
 
 // newScriptRetryable is rueidis.NewLuaScriptRetryable likewise.
 func newScriptRetryable(body string) *rueidis.Lua {
-	addScript(body)
-	return rueidis.NewLuaScriptRetryable(body)
+	return addScript(body, rueidis.NewLuaScriptRetryable(body), true)
 }
 
 // loadAll loads the store's scripts into every node c knows (SCRIPT

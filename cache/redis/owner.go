@@ -753,7 +753,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		}
 		bytes := args.bytes
 		ctx, cancel := context.WithTimeout(o.ctx, o.r.cfg.Timeout)
-		a, err := parseWriteAnswer(run(ctx, o.r.c, finishScript, args))
+		a, err := parseWriteAnswer(o.r.runPiped(ctx, finishScript, args))
 		cancel()
 		if err == nil && a.verdict == writeWant {
 			// A follower asked before the commit: mirror, then commit.

@@ -81,6 +81,16 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultConfig is the zero Config with its defaults filled in, less
+// its clock and logger: the one place a default is written, which
+// cmd/ssegate's flags take theirs from.
+func DefaultConfig() Config {
+	var c Config
+	c.setDefaults()
+	c.Now, c.Logger = nil, nil
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = "ssg"
@@ -185,6 +195,9 @@ type Store struct {
 	setRenewals setRenewals
 
 	appends appendBatcher // owners' appends on a standalone Redis
+
+	pipe      scriptPipe   // claims and commits, sent together (pipeline.go)
+	pipelines atomic.Int64 // pipelines of several calls scriptPipe sent
 
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
@@ -501,7 +514,7 @@ func (r *Store) beginTool(sc cache.Scope, fp string, t *cache.Tool) (cache.Begun
 			args.count = &claimCount{perTenant: r.cfg.MaxKeysPerTenant, all: r.cfg.MaxKeys,
 				strangers: r.cfg.MaxStrangerKeys, setTTL: r.setTTL(), member: k.h, renew: renew}
 		}
-		out, err := scriptStrings(run(ctx, r.c, claimScript, args))
+		out, err := scriptStrings(r.runPiped(ctx, claimScript, args))
 		cancel()
 		if err != nil {
 			// Redis may come back from an older snapshot or a replica

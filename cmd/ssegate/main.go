@@ -112,8 +112,9 @@ type options struct {
 	version     bool          // -version: print the build and exit
 }
 
-// flagSet declares every flag of ssegate into o. A default the proxy
-// package has is taken from proxy.Defaults, so that it is written once;
+// flagSet declares every flag of ssegate into o. A default the proxy or
+// a store has is taken from proxy.Defaults, cache.DefaultConfig or
+// redis.DefaultConfig, so that it is written once;
 // docs/flags.md's table is held to these by TestFlagsDoc.
 func flagSet(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("ssegate", flag.ContinueOnError)
@@ -121,6 +122,7 @@ func flagSet(o *options) *flag.FlagSet {
 	// prints the usage.
 	fs.SetOutput(io.Discard)
 	d := proxy.Defaults()
+	cd := cache.DefaultConfig()
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
@@ -154,16 +156,16 @@ func flagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&o.maxBody, "max-body", d.MaxBodyBytes, "largest request body in bytes (413 above)")
 	fs.IntVar(&o.maxEvent, "max-event", d.MaxEventBytes, "largest upstream event in bytes (the stream is aborted above)")
 	fs.IntVar(&o.maxStream, "max-stream-bytes", d.MaxStreamBytes, "bytes recorded per stream or non-streaming body (the stream is aborted above)")
-	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", 512<<20, "bytes of committed responses held in memory (older ones are evicted)")
-	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", 256<<20, "bytes of all live stream journals together (new keyed requests get 503 above)")
-	fs.IntVar(&o.sealStream, "seal-stream-bytes", 128<<10, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
-	fs.DurationVar(&o.sealAge, "seal-age", time.Minute, "a live keyed stream this old compresses its journal's full blocks from then on (see -seal-stream-bytes)")
+	fs.Int64Var(&o.maxStoreBytes, "max-store-bytes", cd.MaxStoreBytes, "bytes of committed responses held in memory (older ones are evicted)")
+	fs.Int64Var(&o.maxLiveBytes, "max-live-bytes", cd.Limits.MaxLiveBytes, "bytes of all live stream journals together (new keyed requests get 503 above)")
+	fs.IntVar(&o.sealStream, "seal-stream-bytes", cd.Limits.SealStreamBytes, "a live keyed stream whose journal holds this many bytes compresses (S2) each full block its clients have read, from then on; below it, and below -seal-age and -seal-live-bytes, a stream costs no compression until its commit")
+	fs.DurationVar(&o.sealAge, "seal-age", cd.Limits.SealAge, "a live keyed stream this old compresses its journal's full blocks from then on (see -seal-stream-bytes)")
 	fs.Int64Var(&o.sealLive, "seal-live-bytes", 0, "while all live journals together hold this many raw bytes, every keyed stream compresses its full blocks (see -seal-stream-bytes): many live streams trade a little CPU for about a tenth of their journals' memory; at most -max-live-bytes (0: 8 MiB, or half of -max-live-bytes if that is less)")
-	fs.IntVar(&o.maxKeys, "max-keys", 1_000_000, "keys the ledger tracks, with -redis all replicas' together (new keys get 503 above)")
+	fs.IntVar(&o.maxKeys, "max-keys", cd.MaxKeys, "keys the ledger tracks, with -redis all replicas' together (new keys get 503 above)")
 	fs.IntVar(&o.maxStrangers, "max-stranger-keys", 0, "unexpired keys of strangers together: credentials none of whose keys has completed (a minted or refused credential is one); above it their new keys get 503 capacity_exceeded, while a credential with a completed key still gets the rest of -max-keys (0: half of -max-keys)")
 	fs.Int64Var(&o.maxLiveTenant, "max-live-bytes-per-tenant", 0, "one credential's share of -max-live-bytes: past it, its new keyed requests get 503 capacity_exceeded while less than two shares are free, and its streams that grow are aborted while less than one is, so that another credential's stream within its share is never cut; a deployment with one credential sets it to -max-live-bytes (0: a quarter of -max-live-bytes)")
 	fs.IntVar(&o.maxTenantKeys, "max-keys-per-tenant", 0, "unexpired keys one credential (tenant) may hold, live, completed or failed: its new keys get 503 capacity_exceeded above, other credentials' do not (0: a tenth of -max-keys)")
-	fs.IntVar(&o.maxSubs, "max-followers", 1024, "clients following one live generation besides the request that started it")
+	fs.IntVar(&o.maxSubs, "max-followers", cd.Limits.MaxSubscribers, "clients following one live generation besides the request that started it")
 	fs.IntVar(&o.maxStreams, "max-streams", d.MaxStreams, "concurrent upstream calls (503 above)")
 	fs.IntVar(&o.maxConns, "upstream-max-conns", 0, "connections to each upstream, for streaming requests and for the others each (0: as many as -max-streams)")
 	fs.BoolVar(&o.pprof, "pprof", false, "serve Go's profiler at /debug/pprof/ on -admin-listen (only there)")

@@ -23,11 +23,12 @@ type redisOptions struct {
 }
 
 func (ro *redisOptions) register(fs *flag.FlagSet) {
+	rd := redis.DefaultConfig()
 	fs.StringVar(&ro.url, "redis", "", "share keys with other replicas through Redis: redis://[user:password@]host:port[/db], or rediss:// for TLS; a Redis Cluster: redis://host:port?addr=host2:port&addr=host3:port, db 0 only (default: an in-memory store of this process only)")
-	fs.DurationVar(&ro.lease, "redis-lease", 10*time.Second, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
+	fs.DurationVar(&ro.lease, "redis-lease", rd.Lease, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
 	fs.StringVar(&ro.down, "redis-down", "reject", "with -redis, while Redis is unreachable: reject keyed requests (503 store_unavailable with Retry-After) or relay them unprotected (no deduplication)")
-	fs.DurationVar(&ro.timeout, "redis-timeout", 2*time.Second, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
-	fs.IntVar(&ro.abandon, "redis-abandon-max", 1024, "with -redis: claims whose reply was lost past -redis-timeout that this replica ends at once, in the background, so that their duplicates need not wait a lease; past it, such a key waits for its lease")
+	fs.DurationVar(&ro.timeout, "redis-timeout", rd.Timeout, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
+	fs.IntVar(&ro.abandon, "redis-abandon-max", rd.MaxAbandoning, "with -redis: claims whose reply was lost past -redis-timeout that this replica ends at once, in the background, so that their duplicates need not wait a lease; past it, such a key waits for its lease")
 }
 
 // newStore returns the store the options choose and the function that
