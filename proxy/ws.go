@@ -131,7 +131,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	c := &wsConn{p: p, sc: sc, up: upc, path: string(ctx.URI().PathOriginal()),
-		lanes: map[string][]*wsLaneTurn{}, gone: make(chan struct{}), start: time.Now()}
+		lanes: map[string][]*wsLaneTurn{}, gone: make(chan struct{})}
 	p.clients.Add(1)
 	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
 		defer p.clients.Done()
@@ -156,7 +156,6 @@ type wsConn struct {
 	p     *Proxy
 	sc    cache.Scope // the tenant and accounts of the handshake; Key is set per turn
 	path  string
-	start time.Time
 	cl    *websocket.Conn // written under clMu
 	up    *websocket.Conn // written under upMu
 
