@@ -153,11 +153,11 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 
 // wsConn is one client socket and its upstream socket.
 type wsConn struct {
-	p     *Proxy
-	sc    cache.Scope // the tenant and accounts of the handshake; Key is set per turn
-	path  string
-	cl    *websocket.Conn // written under clMu
-	up    *websocket.Conn // written under upMu
+	p    *Proxy
+	sc   cache.Scope // the tenant and accounts of the handshake; Key is set per turn
+	path string
+	cl   *websocket.Conn // written under clMu
+	up   *websocket.Conn // written under upMu
 
 	clMu   sync.Mutex // guards writes to cl and clDead
 	clDead bool
