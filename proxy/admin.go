@@ -42,11 +42,6 @@ func (p *Proxy) serveAdmin(ctx *fasthttp.RequestCtx, path string) bool {
 	return true
 }
 
-// pinger is a store that can tell whether it is reachable.
-type pinger interface {
-	Ping(ctx context.Context) error
-}
-
 func (p *Proxy) serveReady(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	why := ""

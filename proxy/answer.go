@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/sse"
 
 	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/tidwall/gjson"
@@ -134,11 +135,6 @@ func skipResponseHeader(name string) bool {
 	return false
 }
 
-func isEventStream(ct string) bool {
-	ct = strings.TrimSpace(strings.ToLower(ct))
-	return strings.HasPrefix(ct, "text/event-stream")
-}
-
 // readBody reads a non-streamed answer up to limit bytes.
 func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(bodyOf(resp), int64(limit)+1))
@@ -161,4 +157,20 @@ func bodyOf(resp *fasthttp.Response) io.Reader {
 		return r
 	}
 	return bytes.NewReader(resp.Body())
+}
+
+// readFailure is the cause of a failed read of an upstream body.
+func readFailure(err error) cause {
+	switch {
+	case errors.Is(err, sse.ErrEventTooLarge):
+		return causeMaxEventBytes
+	case errors.Is(err, errBodyTooLarge):
+		return causeMaxStreamBytes
+	case errors.As(err, new(*healRefused)):
+		return causeHealRefused
+	case upstream.IsTimeout(err):
+		return causeUpstreamIdleTimeout
+	default:
+		return causeUpstreamReadError
+	}
 }

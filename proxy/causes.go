@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 
@@ -411,4 +412,89 @@ func (e *apiError) wsFrame(lane string) []byte {
 // uncommitted for reason.
 func abortFrame(reason string) []byte {
 	return sse.AppendEvent(nil, sse.ID{}, "error", abortEvent(reason, causeOf(reason).abortMessage()))
+}
+
+// A decision is what the proxy made of a request: the decision log's
+// "decision" and the label of ssegate_requests_total. Its row in decisions
+// is everything the log and the metrics know of it; adding one is a
+// constant, a row, and its line in docs/metrics.md (TestDecisionsDocumented).
+type decision uint8
+
+const (
+	decisionNone decision = iota // not counted (causeRow.refusal)
+	decisionMiss
+	decisionHit
+	decisionJoin
+	decisionResume
+	decisionHead
+	decisionConflict
+	decisionInFlight
+	decisionGone
+	decisionInvalid
+	decisionRefused
+	decisionDenied
+	decisionRelay
+	decisionUnprotected
+	decisionUnknown
+
+	numDecisions
+)
+
+type decisionRow struct {
+	label string
+	note  string // what the label does not say, for the metric's help
+	// suppressed: answered without a new upstream generation, and so
+	// counted by ssegate_duplicates_suppressed_total too.
+	suppressed bool
+}
+
+// decisions is the table of decisions.
+var decisions = [numDecisions]decisionRow{
+	decisionMiss:        {label: "miss"},
+	decisionHit:         {label: "hit", suppressed: true},
+	decisionJoin:        {label: "join", suppressed: true},
+	decisionResume:      {label: "resume", suppressed: true},
+	decisionHead:        {label: "head", note: "HEAD of a stream"},
+	decisionConflict:    {label: "conflict"},
+	decisionInFlight:    {label: "in_flight"},
+	decisionGone:        {label: "gone"},
+	decisionInvalid:     {label: "invalid"},
+	decisionRefused:     {label: "refused", note: "a bound"},
+	decisionDenied:      {label: "denied", note: "no credential under -anonymous-keys deny"},
+	decisionRelay:       {label: "relay", note: "no key"},
+	decisionUnprotected: {label: "unprotected", note: "keyed, relayed while Redis is down under -redis-down relay"},
+	decisionUnknown:     {label: "unknown", note: "a tool call whose outcome is unknown, not run again", suppressed: true},
+}
+
+func (d decision) String() string { return decisions[d].label }
+
+// apiError is an error answered to the client as JSON before any byte of
+// a stream went out: its cause's row (causes.go) with a message.
+type apiError struct {
+	cause      cause
+	status     int
+	typ        string
+	message    string
+	retryAfter int // seconds; 0 for none
+	// unknown: the request went upstream and its outcome is unknown; the
+	// answer carries outcomeHeader and never Retry-After.
+	unknown bool
+}
+
+func (e *apiError) Error() string { return e.typ + ": " + e.message }
+
+type errorBody struct {
+	Error errorFields `json:"error"`
+}
+
+type errorFields struct {
+	Type    string `json:"type"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message"`
+}
+
+// abortEvent is the data of the event that ends an aborted stream.
+func abortEvent(code, message string) string {
+	b, _ := json.Marshal(errorBody{Error: errorFields{Type: "stream_aborted", Code: code, Message: message}})
+	return string(b)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -614,5 +615,81 @@ func unwrap(c net.Conn) net.Conn {
 			return c
 		}
 		c = kc.Conn
+	}
+}
+
+// copyBody relays a body that is not an event stream, flushing whatever
+// arrives so a slow upstream's bytes are not held back. It reports false
+// when the client went away or the body was cut short (a reset, a
+// timeout): then the client's answer must end without its last chunk, so
+// that it is not taken for a whole one.
+func copyBody(c *clientConn, r io.Reader) bool {
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && c.write(buf[:n]) != nil {
+			return false
+		}
+		if err != nil {
+			return errors.Is(err, io.EOF)
+		}
+	}
+}
+
+// maxParts bounds the journal spans one write to a client gathers.
+const maxParts = 4
+
+// writeHead sets the status and headers of an answer, with the signed
+// resume URL of a keyed stream (offerResume).
+func writeHead(ctx *fasthttp.RequestCtx, h cache.Head, replayed bool) {
+	setHead(&ctx.Response.Header, h, replayed)
+	if u := resumeURL(ctx); u != "" {
+		ctx.Response.Header.Set(resumeURLHeader, u)
+	}
+}
+
+// outcomeHead marks the head of an answer from a flight that ended in
+// state: the outcome-unknown marker when the key is commit_unknown, and
+// storedHeader when the answer came whole and the store did not keep it
+// (unstored: Flight.Unstored).
+func outcomeHead(rh *fasthttp.ResponseHeader, state cache.State, unstored bool) {
+	if state == cache.StateCommitUnknown {
+		markUnknown(rh)
+	}
+	if unstored {
+		rh.Set(storedHeader, "false")
+	}
+}
+
+// endedHead is h with the headers outcomeHead sets for the ended flight
+// f, for a stream's head written once f had ended. An upstream head never
+// carries them (skipResponseHeader), so they are only added; the flight's
+// own head is shared, and clipped so that it is never written to.
+func endedHead(f *cache.Flight, h cache.Head) cache.Head {
+	state, _, _ := f.Outcome()
+	if state == cache.StateCommitUnknown {
+		h.Header = append(slices.Clip(h.Header), cache.Header{Name: outcomeHeader, Value: "unknown"})
+	}
+	if f.Unstored() {
+		h.Header = append(slices.Clip(h.Header), cache.Header{Name: storedHeader, Value: "false"})
+	}
+	return h
+}
+
+func setHead(rh *fasthttp.ResponseHeader, h cache.Head, replayed bool) {
+	rh.SetStatusCode(h.Status)
+	rh.SetServer(serverName)
+	for _, kv := range h.Header {
+		rh.Add(kv.Name, kv.Value)
+	}
+	if h.ContentType != "" {
+		rh.SetContentType(h.ContentType)
+	}
+	if replayed {
+		rh.Set("Idempotent-Replayed", "true")
+	}
+	if h.Stream {
+		rh.Set("Cache-Control", "no-cache")
+		rh.Set("X-Accel-Buffering", "no")
 	}
 }

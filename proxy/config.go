@@ -371,3 +371,13 @@ func tenantHeaders(names []string) ([]string, error) {
 func isTokenChar(r rune) bool {
 	return r < 0x7f && r > 0x20 && !strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
 }
+
+// credentialHeaders carry the providers' API keys: OpenAI's and most
+// others' Authorization, Anthropic's x-api-key, Azure OpenAI's api-key and
+// Gemini's x-goog-api-key. The tenant hashes them in this order, then the
+// key query parameter, then Config.TenantHeaders.
+var credentialHeaders = []string{"authorization", "x-api-key", "api-key", "x-goog-api-key"}
+
+// credentialParam is the query parameter that carries a credential
+// (Gemini's ?key=). It is part of the tenant and not of the fingerprint.
+const credentialParam = "key"

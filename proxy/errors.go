@@ -3,24 +3,13 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strconv"
 
+	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
-
-// apiError is an error answered to the client as JSON before any byte of
-// a stream went out: its cause's row (causes.go) with a message.
-type apiError struct {
-	cause      cause
-	status     int
-	typ        string
-	message    string
-	retryAfter int // seconds; 0 for none
-	// unknown: the request went upstream and its outcome is unknown; the
-	// answer carries outcomeHeader and never Retry-After.
-	unknown bool
-}
 
 // outcomeHeader, set to "unknown", marks every answer whose request was
 // sent upstream and whose outcome cannot be known (the key is left
@@ -39,18 +28,6 @@ const storedHeader = "Ssegate-Stored"
 func markUnknown(rh *fasthttp.ResponseHeader) {
 	rh.Set(outcomeHeader, "unknown")
 	rh.Del("Retry-After")
-}
-
-func (e *apiError) Error() string { return e.typ + ": " + e.message }
-
-type errorBody struct {
-	Error errorFields `json:"error"`
-}
-
-type errorFields struct {
-	Type    string `json:"type"`
-	Code    string `json:"code,omitempty"`
-	Message string `json:"message"`
 }
 
 // refuse answers a request refused for c before any decision was taken
@@ -92,8 +69,19 @@ func (p *Proxy) logRefused(e *apiError, method, path string, attrs ...any) {
 	}, attrs...)...)
 }
 
-// abortEvent is the data of the event that ends an aborted stream.
-func abortEvent(code, message string) string {
-	b, _ := json.Marshal(errorBody{Error: errorFields{Type: "stream_aborted", Code: code, Message: message}})
-	return string(b)
+// storeError answers a failure of the store itself, or a bound it holds,
+// for the key of sc. The answer's message is the cause's fixed text: the
+// store's error (a Redis client's names addresses, users and the server's
+// own words) goes to the log only, beside the key and the tenant's hash.
+func (p *Proxy) storeError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error) {
+	c := causeStoreUnavailable
+	switch {
+	case errors.Is(err, cache.ErrTenantFull):
+		// Only this credential's new keys are refused: its known keys,
+		// and every other credential's, are decided as usual.
+		c = causeTenantFull
+	case errors.Is(err, cache.ErrStoreFull):
+		c = causeStoreFull
+	}
+	p.refuse(ctx, c, "", "key", sc.Key, "tenant", sc.Tenant, "err", err.Error())
 }

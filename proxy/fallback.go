@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -98,31 +97,4 @@ func withModel(tmpl *fasthttp.Request, model string) *fasthttp.Request {
 // (-fallback) or judge the stream by one the upstream may not read.
 func (p *Proxy) refuseDuplicate(ctx *fasthttp.RequestCtx, member string) {
 	p.refuse(ctx, causeMalformedRequest, "the body's "+strconv.Quote(member)+" appears more than once")
-}
-
-// errorCode is the code of an upstream's JSON error answer: OpenAI's
-// error.code, or else the error's type (Anthropic's error.type).
-func errorCode(body []byte) string {
-	e := gjson.GetBytes(body, "error")
-	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
-		return c.Str
-	}
-	t := e.Get("type").String()
-	if t == "invalid_request_error" && strings.HasPrefix(e.Get("message").String(), "prompt is too long") {
-		return "context_length_exceeded" // Anthropic's words for it
-	}
-	return t
-}
-
-// isErrorObject reports whether a JSON body is an error answer, whatever
-// its status says: an object whose top-level "error" is set (not null), or
-// whose "type" is "error" (Anthropic's), as the stream detector reads an
-// event's data.
-func isErrorObject(body []byte) bool {
-	v := gjson.ParseBytes(body)
-	if !v.IsObject() {
-		return false
-	}
-	e := v.Get("error")
-	return e.Exists() && e.Type != gjson.Null || v.Get("type").String() == "error"
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy/upstream"
 	"github.com/ssegate/ssegate/sse"
 	"github.com/valyala/fasthttp"
 )
@@ -371,4 +372,125 @@ func watchDeparture(c *clientConn) (gone <-chan struct{}, stop func() bool) {
 			return false
 		}
 	}
+}
+
+// cancelOnDeparture closes the upstream connection of resp, whose body
+// is being relayed to c, as soon as c's client closes its connection, so
+// that the server sees the call cancelled at once rather than at a write
+// that fails (an MCP server's stream may be silent for long). stop ends
+// the watch and reports whether the client went.
+func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
+	gone, stopWatch := watchDeparture(c)
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-gone:
+			upstream.Interrupt(resp)
+		case <-over:
+		}
+	}()
+	return func() bool {
+		close(over)
+		<-ended
+		return stopWatch()
+	}
+}
+
+// whole answers with e on the client's own connection, as a goroutine
+// of its own writes it (answerEnded): in pieces, each within
+// -slow-client-timeout (clientConn.answerWhole), so that a client that
+// stops reading a large stored body is dropped rather than held, and one
+// that reads it steadily gets it whole. An answer that has nothing to
+// relay is refused at once.
+func (p *Proxy) whole(ctx *fasthttp.RequestCtx, e finalAnswer, replayed bool, tc *toolCaller) {
+	if e.failed() && (tc == nil || e.state != cache.StateCommitUnknown) {
+		p.writeError(ctx, failedAnswer(e.state, e.reason))
+		return
+	}
+	p.takeOver(ctx, false, func(c *clientConn) {
+		c.replayed = replayed
+		p.answerEnded(c, e, tc)
+	})
+}
+
+// flightHead waits for the live flight f's head; when the flight ended
+// without one, it answers the failure and reports false.
+func (p *Proxy) flightHead(ctx *fasthttp.RequestCtx, f *cache.Flight) (cache.Head, bool) {
+	<-f.HeadReady()
+	h, ok := f.Head()
+	if !ok {
+		state, reason, _ := f.Outcome()
+		p.writeError(ctx, failedAnswer(state, reason))
+	}
+	return h, ok
+}
+
+// serveFlight answers from a live flight: the upstream's head once known,
+// then its events after seq after, following it to its end.
+func (p *Proxy) serveFlight(ctx *fasthttp.RequestCtx, f *cache.Flight, after uint64, replayed bool) {
+	if replayed && p.tracer != nil {
+		p.hooks.answerFrom(ctx, f, "", f.Trace())
+	}
+	if p.awaits(f) {
+		p.await(ctx, f, after, replayed)
+		return
+	}
+	h, ok := p.flightHead(ctx, f)
+	if !ok {
+		return
+	}
+	if !h.Stream {
+		<-f.Done()
+		e := flightEnded(f)
+		if replayed && e.state == cache.StateCommitted {
+			p.hooks.saved(f.Usage())
+		}
+		p.whole(ctx, e, replayed, nil)
+		return
+	}
+	sub, ok := p.subscribe(ctx, f, after)
+	if !ok {
+		return
+	}
+	writeHead(ctx, h, replayed)
+	select {
+	case <-f.Done(): // ended before this answer's head: it can say how
+		state, _, _ := f.Outcome()
+		outcomeHead(&ctx.Response.Header, state, f.Unstored())
+	default:
+	}
+	p.stream(ctx, func(c *clientConn) bool {
+		ok := p.writeFollower(c, sub, f, !replayed, nil)
+		if ok && replayed {
+			if st, _, _ := f.Outcome(); st == cache.StateCommitted {
+				p.hooks.saved(f.Usage())
+			}
+		}
+		return ok
+	}, nil)
+}
+
+// replay answers from a committed result, from the event after seq.
+func (p *Proxy) replay(ctx *fasthttp.RequestCtx, r *cache.Result, after uint64) {
+	p.hooks.answerFrom(ctx, nil, cache.StateCommitted, r.Trace)
+	data, err := r.After(after)
+	if err != nil {
+		p.writeError(ctx, causeInvalidLastEventID.err("it names an event this stream never had"))
+		return
+	}
+	if r.Head.Stream && after > 0 && len(data) == 0 {
+		// Nothing after that id, and nothing will come: 204 tells a
+		// browser's EventSource to stop reconnecting.
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		ctx.Response.Header.Set("Idempotent-Replayed", "true")
+		return
+	}
+	if !r.Head.Stream {
+		p.whole(ctx, resultEnded(r, data), true, nil)
+		return
+	}
+	writeHead(ctx, r.Head, true)
+	p.stream(ctx, func(c *clientConn) bool { return c.write(data) == nil }, nil)
 }

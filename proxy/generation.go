@@ -420,3 +420,71 @@ func (g *gen) skipped(stored bool) {
 		}
 	}
 }
+
+// attempt is what one call to the upstream came to.
+type attempt struct {
+	// settled: the answer went into the flight, which ended with it;
+	// nothing else is set.
+	settled bool
+	// raw: the answer to a request without a key is not an event stream,
+	// and goes to the origin as it is (passRaw), error or not.
+	raw        bool
+	cause      cause      // why it brought no answer to record
+	head       cache.Head // set when the upstream answered with a head worth relaying
+	body       []byte     // an error answer's body, to relay if it is the last
+	retryAfter time.Duration
+	// fallbackCode is the error code of a 400 that -fallback-on-code
+	// names (context_length_exceeded): another model may take it.
+	fallbackCode string
+	// marked: the upstream's error answer carries the outcome-unknown
+	// marker (an ssegate behind, whose key is now commit_unknown and free:
+	// a repeat would be a new generation there). Never repeated, never
+	// fallen back from, -retry-ambiguous or not.
+	marked bool
+	// exhausted: the upstream said the model will not answer this
+	// credential again soon (insufficient_quota in its stream): never
+	// repeated on the model, but another model may take it.
+	exhausted bool
+	// held: a stream's events up to the upstream's error, before any
+	// output; relayed as they came should the attempt be the last.
+	held *preamble
+	// usage, when used, is what the upstream reported of its tokens
+	// before the attempt failed (ssegate_tokens_lost_total).
+	usage cache.Usage
+	used  bool
+	// ambiguousStatus: the upstream's error status is one of
+	// -ambiguous-status (504 by default: a gateway timed out, and the
+	// request may be running behind it). Ambiguous: repeated only to an
+	// upstream -retry-ambiguous names.
+	ambiguousStatus bool
+}
+
+// unknown reports whether the attempt may have left the request running
+// or run upstream: its cause leaves commit_unknown, or the upstream's
+// answer said its outcome is unknown.
+func (a attempt) unknown() bool {
+	return causes[a.cause].state == cache.StateCommitUnknown || a.marked || a.ambiguousStatus
+}
+
+// reason names what the attempt came to, for logs, metrics and the
+// ledger's fallbacks.
+func (a attempt) reason() string {
+	if a.fallbackCode != "" {
+		return a.fallbackCode
+	}
+	return a.cause.reason(a.head.Status)
+}
+
+// verdict says whether the attempt may be made again (upstream.Verdict): by the
+// upstream's status for its own answers, by the cause's row otherwise.
+func (a attempt) verdict() upstream.Verdict {
+	switch {
+	case a.cause != causeNone && !causes[a.cause].byStatus:
+		return causes[a.cause].verdict
+	case a.marked, a.exhausted:
+		return upstream.Final
+	case a.ambiguousStatus:
+		return upstream.Ambiguous
+	}
+	return upstream.StatusVerdict(a.head.Status)
+}

@@ -204,3 +204,21 @@ func compose(a, b hooks) hooks {
 		wsTurn:       func(label string, d decision) { a.wsTurn(label, d); b.wsTurn(label, d) },
 	}
 }
+
+// A loss is what became of a generation that the upstream may have paid
+// tokens for and that no client got whole: the label of
+// ssegate_tokens_lost_total.
+type loss uint8
+
+const (
+	lossAborted  loss = iota // the stream reached clients and did not end whole
+	lossRetried              // the attempt failed before any output and was made again
+	lossFallback             // the model's last attempt, given up for the next model
+	lossFailed               // the last attempt failed before any output, relayed as it came
+
+	numLosses
+)
+
+var lossLabels = [numLosses]string{lossAborted: "aborted", lossRetried: "retried", lossFallback: "fallback", lossFailed: "failed"}
+
+func (l loss) String() string { return lossLabels[l] }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ssegate/ssegate/cache"
@@ -215,4 +216,36 @@ func (j *toolJudge) Dialect() sse.Dialect        { return 0 }
 // values (sameRPCID): a server may write it back in another spelling.
 func sameID(r gjson.Result, id []byte) bool {
 	return r.Exists() && sameRPCID(r.Raw, string(id))
+}
+
+func isEventStream(ct string) bool {
+	ct = strings.TrimSpace(strings.ToLower(ct))
+	return strings.HasPrefix(ct, "text/event-stream")
+}
+
+// isErrorObject reports whether a JSON body is an error answer, whatever
+// its status says: an object whose top-level "error" is set (not null), or
+// whose "type" is "error" (Anthropic's), as the stream detector reads an
+// event's data.
+func isErrorObject(body []byte) bool {
+	v := gjson.ParseBytes(body)
+	if !v.IsObject() {
+		return false
+	}
+	e := v.Get("error")
+	return e.Exists() && e.Type != gjson.Null || v.Get("type").String() == "error"
+}
+
+// errorCode is the code of an upstream's JSON error answer: OpenAI's
+// error.code, or else the error's type (Anthropic's error.type).
+func errorCode(body []byte) string {
+	e := gjson.GetBytes(body, "error")
+	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
+		return c.Str
+	}
+	t := e.Get("type").String()
+	if t == "invalid_request_error" && strings.HasPrefix(e.Get("message").String(), "prompt is too long") {
+		return "context_length_exceeded" // Anthropic's words for it
+	}
+	return t
 }

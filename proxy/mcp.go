@@ -19,23 +19,6 @@ import (
 // idempotency key, for clients that cannot set a header per call.
 const MetaKey = "ssegate/idempotency-key"
 
-// UnknownCode is the JSON-RPC error code of the answer to a tool call
-// whose outcome is unknown: the server may have run it, and ssegate does
-// not run it again (docs/design.md, Tool calls). It is in JSON-RPC's
-// range for implementation-defined server errors.
-const UnknownCode = -32070
-
-// ToolStore is what MCP tool calls need of the Store besides Begin
-// (cache.Memory and redis.Store have it): BeginTool holds a call whose
-// outcome is unknown, Forget clears a key that is not running (DELETE
-// /keys/{key}), ToolUnknowns counts the held calls. Safe for concurrent
-// use; errors as Begin's.
-type ToolStore interface {
-	BeginTool(sc cache.Scope, fingerprint string, t cache.Tool) (cache.Begun, error)
-	Forget(sc cache.Scope) error
-	ToolUnknowns() int64
-}
-
 // toolCall is what the proxy reads of an MCP tools/call request.
 type toolCall struct {
 	id      []byte // the JSON-RPC id, raw
@@ -107,30 +90,6 @@ func (p *Proxy) relayMCP(ctx *fasthttp.RequestCtx) {
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
-}
-
-// cancelOnDeparture closes the upstream connection of resp, whose body
-// is being relayed to c, as soon as c's client closes its connection, so
-// that the server sees the call cancelled at once rather than at a write
-// that fails (an MCP server's stream may be silent for long). stop ends
-// the watch and reports whether the client went.
-func cancelOnDeparture(c *clientConn, resp *fasthttp.Response) (stop func() bool) {
-	gone, stopWatch := watchDeparture(c)
-	over := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		select {
-		case <-gone:
-			upstream.Interrupt(resp)
-		case <-over:
-		}
-	}()
-	return func() bool {
-		close(over)
-		<-ended
-		return stopWatch()
-	}
 }
 
 // parseToolCall reads a single JSON-RPC tools/call request; ok is false

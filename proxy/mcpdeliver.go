@@ -199,3 +199,9 @@ func (p *Proxy) followTool(ctx *fasthttp.RequestCtx, f *cache.Flight, sub *cache
 		p.answerEnded(c, flightEnded(f), tc)
 	})
 }
+
+// UnknownCode is the JSON-RPC error code of the answer to a tool call
+// whose outcome is unknown: the server may have run it, and ssegate does
+// not run it again (docs/design.md, Tool calls). It is in JSON-RPC's
+// range for implementation-defined server errors.
+const UnknownCode = -32070

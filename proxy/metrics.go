@@ -54,24 +54,6 @@ type metrics struct {
 	toolAttempts   prometheus.Histogram
 }
 
-// A loss is what became of a generation that the upstream may have paid
-// tokens for and that no client got whole: the label of
-// ssegate_tokens_lost_total.
-type loss uint8
-
-const (
-	lossAborted  loss = iota // the stream reached clients and did not end whole
-	lossRetried              // the attempt failed before any output and was made again
-	lossFallback             // the model's last attempt, given up for the next model
-	lossFailed               // the last attempt failed before any output, relayed as it came
-
-	numLosses
-)
-
-var lossLabels = [numLosses]string{lossAborted: "aborted", lossRetried: "retried", lossFallback: "fallback", lossFailed: "failed"}
-
-func (l loss) String() string { return lossLabels[l] }
-
 // retryAddedBuckets span a quick retry's milliseconds to a minute of backoff.
 var retryAddedBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
@@ -401,12 +383,6 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(s.ByState[st]), string(st))
 	}
 	g(descUnknown, s.ByState[cache.StateCommitUnknown])
-}
-
-// redisStore is what the metrics read of a Redis store.
-type redisStore interface {
-	Stats() redis.Stats
-	UnknownKeys() (int64, error)
 }
 
 // redisCollector reads a Redis store's counters at scrape time, and asks

@@ -100,9 +100,6 @@ func (m originMode) String() string {
 	return "originMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// maxParts bounds the journal spans one write to a client gathers.
-const maxParts = 4
-
 // serveOrigin answers the request that started g: its connection is
 // taken over now, before the upstream answers. Its place in the flight
 // was taken before the generation started (newGen): nothing can refuse it.

@@ -603,19 +603,3 @@ func appendFailure(f *cache.Flight, err error) cause {
 		return causeStoreFull
 	}
 }
-
-// readFailure is the cause of a failed read of an upstream body.
-func readFailure(err error) cause {
-	switch {
-	case errors.Is(err, sse.ErrEventTooLarge):
-		return causeMaxEventBytes
-	case errors.Is(err, errBodyTooLarge):
-		return causeMaxStreamBytes
-	case errors.As(err, new(*healRefused)):
-		return causeHealRefused
-	case upstream.IsTimeout(err):
-		return causeUpstreamIdleTimeout
-	default:
-		return causeUpstreamReadError
-	}
-}

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
-	"io"
 
 	"github.com/ssegate/ssegate/cache"
 
@@ -35,22 +33,4 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx) {
 	g.o.onGone = func() { g.cancel(causeClientGone) }
 	g.launch(upstream.NewTemplate(ctx))
 	p.serveOrigin(ctx, g)
-}
-
-// copyBody relays a body that is not an event stream, flushing whatever
-// arrives so a slow upstream's bytes are not held back. It reports false
-// when the client went away or the body was cut short (a reset, a
-// timeout): then the client's answer must end without its last chunk, so
-// that it is not taken for a whole one.
-func copyBody(c *clientConn, r io.Reader) bool {
-	buf := make([]byte, 16<<10)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 && c.write(buf[:n]) != nil {
-			return false
-		}
-		if err != nil {
-			return errors.Is(err, io.EOF)
-		}
-	}
 }

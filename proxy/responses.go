@@ -23,12 +23,6 @@ import (
 // for the tenant goes to the upstream unchanged, so the provider's own
 // background resume keeps working through the proxy.
 
-// aliasStore is what a store offers for it (both cache stores do).
-type aliasStore interface {
-	SetAlias(sc cache.Scope, gen uint64, name string, base int64)
-	ResolveAlias(tenant, name string) (cache.Alias, bool)
-}
-
 // responseCreated reads the id of a Responses stream from its
 // response.created event ev, once for both of its uses: the healer h
 // (nil unless the stream can be healed) resumes the response by it, and

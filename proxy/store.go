@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/redis"
 	"github.com/ssegate/ssegate/sse"
@@ -47,3 +49,32 @@ var (
 
 // The metrics read a Memory store's counters through this (storeCollector).
 var _ interface{ Stats() cache.Stats } = (*cache.Memory)(nil)
+
+// pinger is a store that can tell whether it is reachable.
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// ToolStore is what MCP tool calls need of the Store besides Begin
+// (cache.Memory and redis.Store have it): BeginTool holds a call whose
+// outcome is unknown, Forget clears a key that is not running (DELETE
+// /keys/{key}), ToolUnknowns counts the held calls. Safe for concurrent
+// use; errors as Begin's.
+type ToolStore interface {
+	BeginTool(sc cache.Scope, fingerprint string, t cache.Tool) (cache.Begun, error)
+	Forget(sc cache.Scope) error
+	ToolUnknowns() int64
+}
+
+// redisStore is what the metrics read of a Redis store.
+type redisStore interface {
+	Stats() redis.Stats
+	UnknownKeys() (int64, error)
+}
+
+// aliasStore is what a store offers for the Responses API's ids
+// (responses.go): both cache stores do.
+type aliasStore interface {
+	SetAlias(sc cache.Scope, gen uint64, name string, base int64)
+	ResolveAlias(tenant, name string) (cache.Alias, bool)
+}

@@ -6,20 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"hash"
 
+	"github.com/ssegate/ssegate/cache"
 	"github.com/valyala/fasthttp"
 )
-
-// credentialHeaders carry the providers' API keys: OpenAI's and most
-// others' Authorization, Anthropic's x-api-key, Azure OpenAI's api-key and
-// Gemini's x-goog-api-key. The tenant hashes them in this order, then the
-// key query parameter, then Config.TenantHeaders.
-var credentialHeaders = []string{"authorization", "x-api-key", "api-key", "x-goog-api-key"}
-
-// credentialParam is the query parameter that carries a credential
-// (Gemini's ?key=). It is part of the tenant and not of the fingerprint.
-const credentialParam = "key"
 
 // anonymous is the tenant of a request that carries no credential.
 const anonymous = "anonymous"
@@ -199,4 +191,52 @@ func (p *Proxy) putMAC(m *mac) {
 	if cap(m.parts) <= 4<<10 {
 		p.macs.Put(m)
 	}
+}
+
+// keyTenant returns the tenant whose keys the request may use: ok is
+// false for a request without a credential under AnonymousKeys deny, which
+// may use none, not even what a replica that allowed them left in a
+// shared store.
+func (p *Proxy) keyTenant(ctx *fasthttp.RequestCtx) (tenant string, ok bool) {
+	t, cred := p.tenant(ctx)
+	return t, cred || p.cfg.AnonymousKeys != AnonymousDeny
+}
+
+// keyScope is scope for a key the request gave, once it is a valid one
+// (400 invalid_idempotency_key otherwise).
+func (p *Proxy) keyScope(ctx *fasthttp.RequestCtx, key string) (cache.Scope, bool) {
+	if err := validKey(key); err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// pathScope is keyScope for the {key} of /keys/{key}.
+func (p *Proxy) pathScope(ctx *fasthttp.RequestCtx) (cache.Scope, bool) {
+	key, err := keyFromPath(ctx, "/keys/")
+	if err != nil {
+		p.refuse(ctx, causeInvalidKey, err.Error())
+		return cache.Scope{}, false
+	}
+	return p.scope(ctx, key)
+}
+
+// scope returns the scope of key for the request's tenant, with the
+// accounts its bounds count it against (Proxy.accounts). A request
+// without a credential, under AnonymousKeys deny, gets 401 and ok false;
+// one with more than MaxCredentials distinct credential values, 400.
+func (p *Proxy) scope(ctx *fasthttp.RequestCtx, key string) (sc cache.Scope, ok bool) {
+	t, ok := p.keyTenant(ctx)
+	if !ok {
+		p.refuse(ctx, causeCredentialRequired, "")
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="ssegate"`)
+		return cache.Scope{}, false
+	}
+	accounts, n := p.accounts(ctx)
+	if n > p.cfg.MaxCredentials {
+		p.refuse(ctx, causeTooManyCredentials, fmt.Sprintf("more than %d", p.cfg.MaxCredentials))
+		return cache.Scope{}, false
+	}
+	return cache.Scope{Tenant: t, Key: key, Accounts: accounts}, true
 }
