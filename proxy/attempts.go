@@ -155,6 +155,9 @@ func (rt *route) failed(a attempt, up *upstream.Upstream, idx int) {
 func (g *gen) retry(n int, a attempt, up *upstream.Upstream, wait time.Duration) bool {
 	p, f, rc := g.p, g.f, &g.p.cfg.Retry
 	v := a.verdict()
+	if g.kind.once {
+		return false
+	}
 	if v != upstream.Safe && !(v == upstream.Ambiguous && f.Gen != 0 && up.RetryAmbiguous() && g.kind.repeatsAmbiguous) {
 		return false
 	}

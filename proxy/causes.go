@@ -138,6 +138,16 @@ const (
 	causeMissingStopReason
 	causeUncleanEnd // a reason of a store or replica this proxy does not know
 
+	// A Responses WebSocket's refusals (ws.go), answered with an error
+	// frame (apiError.wsFrame), or at the handshake.
+	causeWSMaxConns
+	causeWSMaxTurns
+	causeWSBinaryFrame
+	causeWSNotJSON
+	causeWSUnknownFrame
+	causeWSEmptyCreate
+	causeWSUpstreamGone
+
 	numCauses
 )
 
@@ -240,6 +250,14 @@ var causes = [numCauses]causeRow{
 	causeSequenceGap:         {name: sse.ReasonSequenceGap, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream skipped events"},
 	causeMissingStopReason:   {name: sse.ReasonMissingStopReason, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream message ended without a stop reason", relayEnd: true},
 	causeUncleanEnd:          {name: cache.ReasonUncleanEnd, verdict: upstream.Ambiguous, state: retryable, status: s502, typ: tUpstream, msg: notAStream, abort: "the upstream stream did not end cleanly"},
+
+	causeWSMaxConns:     {name: "max_ws_connections", refusal: decisionRefused, status: s503, typ: tCapacity, retry: 1, msg: "the bound on Responses WebSocket connections (-ws-max-conns) is reached"},
+	causeWSMaxTurns:     {name: "max_turns", status: s503, typ: tCapacity, msg: "this connection sent -ws-max-turns turns: open a new one"},
+	causeWSBinaryFrame:  {name: "invalid_frame", status: s400, typ: tInvalid, msg: "binary frames are not accepted: send JSON text frames"},
+	causeWSNotJSON:      {name: "invalid_json", status: s400, typ: tInvalid, msg: "the frame is not a JSON object"},
+	causeWSUnknownFrame: {name: "unknown_frame_type", status: s400, typ: tInvalid, msg: "only response.create frames are accepted"},
+	causeWSEmptyCreate:  {name: "empty_create", status: s400, typ: tInvalid, msg: "response.create has no body"},
+	causeWSUpstreamGone: {name: "upstream_socket_closed", status: s502, typ: tUpstream, msg: "the upstream WebSocket of this connection is closed"},
 }
 
 // byName finds a cause by its name: the ledger and the flights hold names,
@@ -369,6 +387,29 @@ func (c cause) unknownErr() *apiError {
 	}
 	e.retryAfter, e.unknown = 0, true
 	return e
+}
+
+// wsFrame is e as a Responses WebSocket answers it on lane (none: ""):
+// an error event, {"type":"error","error":{"type","code","message"}},
+// whose code is the cause's name, or commit_unknown when the turn was
+// sent upstream and its outcome is unknown.
+func (e *apiError) wsFrame(lane string) []byte {
+	code := causes[e.cause].name
+	if e.unknown {
+		code = string(cache.StateCommitUnknown)
+	}
+	b := []byte(`{"type":"error"`)
+	if lane != "" {
+		b = append(b, `,"stream_id":`...)
+		b = append(b, jsonQuote(lane)...)
+	}
+	b = append(b, `,"error":{"type":`...)
+	b = append(b, jsonQuote(e.typ)...)
+	b = append(b, `,"code":`...)
+	b = append(b, jsonQuote(code)...)
+	b = append(b, `,"message":`...)
+	b = append(b, jsonQuote(e.message)...)
+	return append(b, "}}"...)
 }
 
 // abortFrame is the event that ends a stream whose flight ended

@@ -111,6 +111,8 @@ type Config struct {
 	StopTimeout time.Duration
 	// MaxStreams bounds concurrent upstream calls (default 10000); more get 503.
 	MaxStreams int
+	// WS bounds OpenAI's Responses WebSocket mode (ws.go).
+	WS WSConfig
 	// ReadTimeout bounds reading one request (default 60s).
 	ReadTimeout time.Duration
 	// IdleTimeout bounds a keep-alive connection between requests (default 90s).
@@ -264,6 +266,11 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	def(&c.Heartbeat, 15*time.Second)
+	defInt(&c.WS.MaxConns, 1000)
+	defInt(&c.WS.MaxTurns, 1000)
+	defInt(&c.WS.MaxFrameBytes, 16<<20)
+	def(&c.WS.IdleTimeout, 5*time.Minute)
+	def(&c.WS.MaxLifetime, 60*time.Minute)
 	defInt(&c.MaxCredentials, 5)
 	def(&c.MCPDedupeWindow, 10*time.Minute)
 	def(&c.MCPUnknownTTL, 24*time.Hour)

@@ -156,6 +156,8 @@ func (p *Proxy) claimSlot(ctx *fasthttp.RequestCtx, f *cache.Flight) bool {
 		return true
 	}
 	f.Fail(causes[causeMaxStreams].state, causeMaxStreams.String(), nil)
-	p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+	if ctx != nil { // nil: a WebSocket turn's, refused with an error frame
+		p.refuse(ctx, causeMaxStreams, fmt.Sprintf("%d calls", p.cfg.MaxStreams))
+	}
 	return false
 }

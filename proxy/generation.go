@@ -138,7 +138,12 @@ func (g *gen) finish() {
 // read. It releases req.
 func (g *gen) call(up *upstream.Upstream, req *fasthttp.Request) (*fasthttp.Response, error) {
 	resp := fasthttp.AcquireResponse()
-	err := up.Do(req, resp, g.req.Stream)
+	var err error
+	if g.kind.send != nil {
+		err = g.kind.send(g, req, resp)
+	} else {
+		err = up.Do(req, resp, g.req.Stream)
+	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

@@ -101,6 +101,12 @@ type hooks struct {
 	// tool: an MCP tool call was decided kind; suppressed: it was
 	// answered without running the tool again.
 	tool func(kind string, suppressed bool)
+	// wsConnection: a Responses WebSocket connection opened (delta 1) or
+	// closed (-1).
+	wsConnection func(delta int)
+	// wsTurn: a WebSocket turn was decided label; a keyed one's decision
+	// is d (decisionNone for the others).
+	wsTurn func(label string, d decision)
 	// stopped: a tenant's stop of a live generation was answered, with
 	// result (stop.go: stopped, unconfirmed, ended, not_found).
 	stopped func(result string)
@@ -142,6 +148,8 @@ func nopHooks() hooks {
 		clientGone:        func(bool) {},
 		acceptError:       func() {},
 		tool:              func(string, bool) {},
+		wsConnection:      func(int) {},
+		wsTurn:            func(string, decision) {},
 		stopped:           func(string) {},
 	}
 }
@@ -196,6 +204,8 @@ func compose(a, b hooks) hooks {
 		clientGone:   func(slow bool) { a.clientGone(slow); b.clientGone(slow) },
 		acceptError:  func() { a.acceptError(); b.acceptError() },
 		tool:         func(kind string, suppressed bool) { a.tool(kind, suppressed); b.tool(kind, suppressed) },
+		wsConnection: func(delta int) { a.wsConnection(delta); b.wsConnection(delta) },
+		wsTurn:       func(label string, d decision) { a.wsTurn(label, d); b.wsTurn(label, d) },
 		stopped:      func(result string) { a.stopped(result); b.stopped(result) },
 	}
 }

@@ -61,6 +61,13 @@ type kind struct {
 	// failed is the state a failed end for c leaves, when the kind decides
 	// it (ok); otherwise gen.failState's rules do.
 	failed func(c cause) (state cache.State, ok bool)
+	// send, when set, makes the call instead of an HTTP round trip (a
+	// WebSocket turn: its frame on the connection's upstream socket), and
+	// gives resp the head and body of its answer, as the upstream's Do.
+	send func(g *gen, req *fasthttp.Request, resp *fasthttp.Response) error
+	// once: the call is sent at most once, whatever its failure's verdict
+	// (a WebSocket turn: the protocol has no way to tell a repeat apart).
+	once bool
 	// perCall, when set, is the histogram of the upstream calls one call
 	// of the kind made, observed at its end (a model's are observed per
 	// success: ssegate_upstream_attempts_per_success).

@@ -41,6 +41,8 @@ type metrics struct {
 	originHandoffs prometheus.Counter
 	clientsGone    prometheus.Counter
 	commitUnknowns prometheus.Counter
+	wsConns        prometheus.Gauge
+	wsTurns        *prometheus.CounterVec
 	stops          *prometheus.CounterVec
 	timeouts       *prometheus.CounterVec
 	resumes        *prometheus.CounterVec
@@ -103,6 +105,9 @@ func newMetrics(p *Proxy) *metrics {
 	m.timeouts = cv("upstream_timeouts_total", "Upstream connections cut by a time budget: head (-head-timeout), attempt (-attempt-timeout), idle (-upstream-idle-timeout).", "budget")
 	m.resumes = cv("upstream_resumes_total", "Reconnects of background Responses streams whose upstream connection broke mid-stream, by outcome: resumed, refused (the upstream answered otherwise), failed (no reconnect got through).", "outcome")
 	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): each is waited out and the accept tried again.")
+	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ssegate_ws_connections", Help: "Responses WebSocket connections open (-ws-max-conns)."})
+	f(m.wsConns)
+	m.wsTurns = cv("ws_turns_total", "Responses WebSocket turns (response.create frames) by decision: relay (unkeyed), miss, join, hit, conflict, unknown, gone, cancelled, invalid, refused.", "decision")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	m.stops = cv("stops_total", "Stops of live generations by their tenant (DELETE /streams/{key}, POST /v1/responses/{id}/cancel), by result: stopped (it ended cancelled), unconfirmed (not seen to end within -stop-timeout), ended (it had ended otherwise), not_found.", "result")
 	for _, r := range stopResults {
@@ -278,6 +283,11 @@ func (m *metrics) hooks() hooks {
 		if suppressed {
 			m.toolSuppressed.Inc()
 		}
+	}
+	h.wsConnection = func(delta int) { m.wsConns.Add(float64(delta)) }
+	h.wsTurn = func(label string, d decision) {
+		m.wsTurns.WithLabelValues(label).Inc()
+		m.decided(d)
 	}
 	return h
 }

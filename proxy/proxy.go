@@ -40,6 +40,7 @@ type Proxy struct {
 	draining atomic.Bool // set by Drain: /readyz answers 503
 
 	streams atomic.Int64 // upstream calls in progress, bounded by MaxStreams
+	wsConns atomic.Int64 // Responses WebSocket connections open, bounded by WS.MaxConns
 
 	// done is closed by Abort: every live generation and follower ends.
 	done      chan struct{}

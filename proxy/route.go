@@ -225,6 +225,10 @@ func (p *Proxy) Handler(ctx *fasthttp.RequestCtx) {
 		p.serveMCP(ctx)
 		return
 	}
+	if isWebSocket(ctx) {
+		p.serveWebSocket(ctx)
+		return
+	}
 	if underPath(ctx, "/streams") {
 		p.serveStreams(ctx)
 		return

@@ -64,6 +64,7 @@ type options struct {
 	mcpPaths      listFlag
 	mcpDedupe     listFlag
 	mcpWindow     time.Duration
+	ws            proxy.WSConfig
 	mcpUnknownTTL time.Duration
 	upstreams     listFlag
 	retry         proxy.RetryConfig
@@ -135,6 +136,12 @@ func flagSet(o *options) *flag.FlagSet {
 	fs.Var(&o.tenantHeaders, "tenant-header", "a header that is part of the tenant besides the credentials (Authorization, x-api-key, api-key, x-goog-api-key, ?key=), e.g. a user or organization header set by an authenticating layer in front; repeatable")
 	fs.Var(&o.mcpPaths, "mcp-path", "a path (e.g. /mcp) on which requests are MCP streamable HTTP: a tools/call with a key (Idempotency-Key, or params._meta[\"ssegate/idempotency-key\"]) runs once, its re-issues join or replay it under their own JSON-RPC id; everything else there is relayed untouched. Repeatable or comma-separated; default none")
 	fs.Var(&o.mcpDedupe, "mcp-dedupe", "a tool (or * for all) whose calls without a key get one derived from the tenant, the tool's name and its arguments, standing for -mcp-dedupe-window; repeatable or comma-separated")
+	fs.IntVar(&o.ws.MaxConns, "ws-max-conns", d.WS.MaxConns, "Responses WebSocket connections open at once (a handshake past it gets 503 capacity_exceeded)")
+	fs.IntVar(&o.ws.MaxTurns, "ws-max-turns", d.WS.MaxTurns, "response.create frames one WebSocket connection may send (one past it gets an error frame, code max_turns)")
+	fs.IntVar(&o.ws.MaxFrameBytes, "ws-max-frame-bytes", d.WS.MaxFrameBytes, "largest WebSocket frame a client may send (the connection closes with 1009 above)")
+	fs.DurationVar(&o.ws.IdleTimeout, "ws-idle-timeout", d.WS.IdleTimeout, "a WebSocket connection that sent nothing and runs no turn for this long is closed (1000)")
+	fs.DurationVar(&o.ws.MaxLifetime, "ws-max-lifetime", d.WS.MaxLifetime, "longest WebSocket connection (closed with 1001 after; the API's own bound is 60 minutes)")
+	fs.DurationVar(&o.ws.DedupeWindow, "ws-dedupe-window", d.WS.DedupeWindow, "when positive, a WebSocket turn without metadata.ssegate_idempotency_key is keyed by its tenant and canonical response.create body for this long: an unmodified client's re-send after a drop joins or replays the first (0: off)")
 	fs.DurationVar(&o.mcpWindow, "mcp-dedupe-window", d.MCPDedupeWindow, "how long a derived tool-call key (-mcp-dedupe) stands: an agent unsure a write ran calls it again within its turn; a deliberate repeat comes later")
 	fs.DurationVar(&o.mcpUnknownTTL, "mcp-unknown-ttl", d.MCPUnknownTTL, "how long a tool call whose outcome is unknown (the server may have run it) answers its re-issues with the outcome-unknown error rather than running again; DELETE /keys/{key} clears it sooner")
 	fs.StringVar(&o.accountHeader, "account-header", "", "a header that an authenticating layer in front sets (and clients cannot) naming the customer, where one upstream API key serves many: a request carrying it is counted by every per-tenant bound against its value instead of its credentials, and it is part of the tenant; default none (bounds count credential values)")
@@ -417,7 +424,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		AmbiguousStatus: o.ambigStatuses,
 		Fallbacks:       o.fallbacks.rules, FallbackOnCodes: o.fallbackCodes,
 		RelayWhenStoreDown: o.redis.down == "relay",
-		MCPPaths:           o.mcpPaths, MCPDedupe: o.mcpDedupe, MCPDedupeWindow: o.mcpWindow, MCPUnknownTTL: o.mcpUnknownTTL,
+		WS:                 o.ws, MCPPaths: o.mcpPaths, MCPDedupe: o.mcpDedupe, MCPDedupeWindow: o.mcpWindow, MCPUnknownTTL: o.mcpUnknownTTL,
 		TenantHeaders: o.tenantHeaders, AccountHeader: o.accountHeader, AnonymousKeys: proxy.Anonymous(o.anonymousKeys), MaxCredentials: o.maxCreds, Secret: secret,
 		MetricsModels: models, Tracer: tracer,
 	})

@@ -40,6 +40,10 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	case "/v1/messages":
 		ep = messagesEndpoint
 	case "/v1/responses":
+		if isWebSocket(ctx) {
+			s.serveWebSocket(ctx)
+			return
+		}
 		ep = responsesEndpoint
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {

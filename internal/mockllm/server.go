@@ -51,6 +51,7 @@ type Server struct {
 	generations atomic.Int64 // answers begun: calls that were not refused
 	resumes     atomic.Int64 // GET /v1/responses/{id}?stream=true served
 	kept        keptResponses
+	ws          wsState
 
 	modelMu     sync.Mutex // guards modelFaults and modelCalls
 	modelFaults map[string]fault

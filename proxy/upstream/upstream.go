@@ -236,6 +236,17 @@ func URLForLog(u *url.URL) string {
 	return c.Redacted()
 }
 
+// WebSocketURL is the upstream's WebSocket URL for pathAndQuery (a
+// request's path and query, under the base URL's path): ws, or wss for
+// an https upstream.
+func (u *Upstream) WebSocketURL(pathAndQuery string) string {
+	scheme := "ws"
+	if u.base.Scheme == "https" {
+		scheme = "wss"
+	}
+	return scheme + "://" + u.base.Host + u.prefix + pathAndQuery
+}
+
 // Name is the upstream's base URL as logs and metrics show it (URLForLog).
 func (u *Upstream) Name() string { return u.name }
 

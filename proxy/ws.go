@@ -1,0 +1,468 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fasthttp/websocket"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/proxy/upstream"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// WSConfig bounds OpenAI's Responses WebSocket mode. Its zero value takes
+// the defaults.
+type WSConfig struct {
+	// MaxConns bounds the WebSocket connections open at once (default
+	// 1000); a handshake past it gets 503 capacity_exceeded.
+	MaxConns int
+	// MaxTurns bounds the response.create frames one connection may send
+	// (default 1000); one past it gets an error frame.
+	MaxTurns int
+	// MaxFrameBytes bounds a client's frame (default 16 MiB); a larger
+	// one closes the connection with 1009.
+	MaxFrameBytes int
+	// IdleTimeout closes a connection that sent nothing and has no turn
+	// running for this long (default 5m).
+	IdleTimeout time.Duration
+	// MaxLifetime closes a connection this long after it opened (default
+	// 60m, the API's own bound).
+	MaxLifetime time.Duration
+	// DedupeWindow, when positive, keys a turn without
+	// metadata.ssegate_idempotency_key by its tenant and canonical create
+	// body for this long (off by default).
+	DedupeWindow time.Duration
+}
+
+// A WebSocket connection on the Responses path (GET /v1/responses with
+// Upgrade: websocket) is relayed to the upstream's WebSocket: one upstream
+// socket per client socket, opened before the client's is upgraded, with
+// the handshake's path, query, credentials and OpenAI-Beta; a refused
+// upstream handshake is answered with its status and body. Frames go both
+// ways in order. A turn is one response.create frame; the upstream
+// answers each with the events of a Responses stream, one JSON text
+// frame each, on the turn's lane (its stream_id; lanes run side by side,
+// the turns of one lane one after another). An unkeyed turn's frames go
+// to the client as they come. A keyed turn (wsturn.go) is a call of the
+// one engine: its events are journaled as a Responses SSE stream's, and
+// its callers are delivered from the journal.
+
+var wsUpgrader = websocket.FastHTTPUpgrader{
+	CheckOrigin:     func(*fasthttp.RequestCtx) bool { return true },
+	ReadBufferSize:  4 << 10,
+	WriteBufferSize: 4 << 10,
+}
+
+// wsHandshakeHeaders are the client handshake's headers that are its own,
+// not the upstream's.
+var wsHandshakeHeaders = []string{
+	"Host", "Upgrade", "Connection", "Sec-Websocket-Key", "Sec-Websocket-Version",
+	"Sec-Websocket-Extensions", "Sec-Websocket-Protocol", "Content-Length", "Accept-Encoding",
+}
+
+// isWebSocket reports whether ctx is a Responses WebSocket handshake.
+func isWebSocket(ctx *fasthttp.RequestCtx) bool {
+	return ctx.IsGet() && isResponsesPath(ctx.Path()) && websocket.FastHTTPIsWebSocketUpgrade(ctx)
+}
+
+// serveWebSocket answers a Responses WebSocket handshake: it opens the
+// upstream's socket, then upgrades the client's.
+func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
+	cfg := &p.cfg.WS
+	if p.draining.Load() {
+		p.refuse(ctx, causeShutdown, "")
+		return
+	}
+	if p.wsConns.Add(1) > int64(cfg.MaxConns) {
+		p.wsConns.Add(-1)
+		p.refuse(ctx, causeWSMaxConns, "")
+		return
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			p.wsConns.Add(-1)
+		}
+	}()
+	sc, ok := p.scope(ctx, "")
+	if !ok {
+		return
+	}
+	up := p.ups[0]
+	target := string(ctx.URI().PathOriginal())
+	if q := ctx.URI().QueryString(); len(q) > 0 {
+		target += "?" + string(q)
+	}
+	target = up.WebSocketURL(target)
+	hdr := http.Header{}
+	for k, v := range ctx.Request.Header.All() {
+		name := string(k)
+		skip := slices.ContainsFunc(wsHandshakeHeaders, func(h string) bool { return strings.EqualFold(name, h) }) ||
+			slices.ContainsFunc(upstream.HopHeaders, func(h string) bool { return strings.EqualFold(name, h) })
+		if !skip {
+			hdr.Add(name, string(v))
+		}
+	}
+	d := websocket.Dialer{HandshakeTimeout: p.cfg.UpstreamConnectTimeout, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
+	upc, resp, err := d.Dial(target, hdr)
+	if err != nil {
+		if resp != nil {
+			// The upstream refused the handshake: its status (426 tells
+			// Codex to fall back to HTTP), and its error body.
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close() //nolint:errcheck // read
+			ctx.SetStatusCode(resp.StatusCode)
+			if ct := resp.Header.Get("Content-Type"); ct != "" {
+				ctx.SetContentType(ct)
+			}
+			ctx.SetBody(body)
+			p.log.Info("websocket refused by upstream", "status", resp.StatusCode, "tenant", sc.Tenant)
+			return
+		}
+		p.log.Warn("websocket upstream dial failed", "err", err.Error(), "tenant", sc.Tenant)
+		p.writeError(ctx, causeConnectError.err(""))
+		return
+	}
+	c := &wsConn{p: p, sc: sc, up: upc, path: string(ctx.URI().PathOriginal()),
+		lanes: map[string][]*wsLaneTurn{}, gone: make(chan struct{})}
+	p.clients.Add(1)
+	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
+		defer p.clients.Done()
+		defer p.wsConns.Add(-1)
+		p.hooks.wsConnection(1)
+		defer p.hooks.wsConnection(-1)
+		c.clMu.Lock()
+		c.cl = cl
+		c.clMu.Unlock()
+		c.run()
+	})
+	if err != nil {
+		p.clients.Done()
+		upc.Close() //nolint:errcheck // unused
+		return
+	}
+	opened = true
+}
+
+// wsConn is one client socket and its upstream socket.
+type wsConn struct {
+	p    *Proxy
+	sc   cache.Scope // the tenant and accounts of the handshake; Key is set per turn
+	path string
+	cl   *websocket.Conn // written under clMu
+	up   *websocket.Conn // written under upMu
+
+	clMu   sync.Mutex // guards writes to cl and clDead
+	clDead bool
+
+	// upMu guards writes to up, lanes and upDead: a create is written and
+	// queued on its lane in one hold, so the queue's order is the wire's.
+	upMu   sync.Mutex
+	lanes  map[string][]*wsLaneTurn // the turns sent on each lane, not yet ended
+	upDead bool
+
+	turns     int            // creates the client sent (the read loop's)
+	keyed     sync.WaitGroup // keyed turns still running upstream
+	delivered sync.WaitGroup // deliveries to this client still running
+	gone      chan struct{}  // closed when the client's socket is done
+}
+
+// wsLaneTurn is a turn sent on the upstream socket: its frames go to the
+// client (t nil) or into a keyed turn's journal.
+type wsLaneTurn struct {
+	t       *wsTurn
+	created bool // response.created came
+}
+
+// run serves the connection until the client's socket ends; the upstream
+// socket then stays open until its keyed turns end (within the
+// connection's lifetime), and closes.
+func (c *wsConn) run() {
+	p := c.p
+	life := time.AfterFunc(p.cfg.WS.MaxLifetime, func() {
+		c.closeClient(websocket.CloseGoingAway, "connection lifetime reached")
+		c.up.Close() //nolint:errcheck // the lifetime is over
+	})
+	defer life.Stop()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-p.done:
+			c.closeClient(websocket.CloseGoingAway, "shutting down")
+			c.up.Close() //nolint:errcheck // shutting down
+		case <-stop:
+		}
+	}()
+	upDone := make(chan struct{})
+	go func() {
+		defer close(upDone)
+		c.readUpstream()
+	}()
+	c.readClient()
+	close(c.gone)
+	c.delivered.Wait()
+	// A keyed turn runs to its end without its client, and is stored.
+	c.keyed.Wait()
+	c.up.Close() //nolint:errcheck // the client is gone
+	<-upDone
+	c.closeClient(websocket.CloseNormalClosure, "")
+}
+
+// readClient reads the client's frames until its socket ends.
+func (c *wsConn) readClient() {
+	p, cfg := c.p, &c.p.cfg.WS
+	c.cl.SetReadLimit(int64(cfg.MaxFrameBytes))
+	last := time.Now() // the last frame read; written under clMu
+	go func() {
+		// Looked at every second at most: a drain closes a connection
+		// that runs no turn (1001), so that it does not hold the
+		// shutdown; -ws-idle-timeout closes one idle that long (1000).
+		tick := min(cfg.IdleTimeout, time.Second)
+		t := time.NewTimer(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-c.gone:
+				return
+			case <-t.C:
+			}
+			c.clMu.Lock()
+			quiet := time.Since(last)
+			c.clMu.Unlock()
+			switch {
+			case c.busy():
+			case p.draining.Load():
+				c.closeClient(websocket.CloseGoingAway, "shutting down")
+				return
+			case quiet >= cfg.IdleTimeout:
+				c.closeClient(websocket.CloseNormalClosure, "idle for -ws-idle-timeout")
+				return
+			}
+			t.Reset(tick)
+		}
+	}()
+	for {
+		typ, msg, err := c.cl.ReadMessage()
+		if err != nil {
+			if errors.Is(err, websocket.ErrReadLimit) {
+				c.closeClient(websocket.CloseMessageTooBig, "frame larger than -ws-max-frame-bytes")
+			}
+			c.markClientDead()
+			return
+		}
+		c.clMu.Lock()
+		last = time.Now()
+		c.clMu.Unlock()
+		if typ != websocket.TextMessage {
+			c.errorFrame("", causeWSBinaryFrame.err(""))
+			continue
+		}
+		if !gjson.ValidBytes(msg) || !gjson.ParseBytes(msg).IsObject() {
+			c.errorFrame("", causeWSNotJSON.err(""))
+			continue
+		}
+		lane := gjson.GetBytes(msg, "stream_id").String()
+		if t := gjson.GetBytes(msg, "type").String(); t != "response.create" {
+			c.errorFrame(lane, causeWSUnknownFrame.err(jsonQuote(t)))
+			continue
+		}
+		if p.draining.Load() {
+			c.errorFrame(lane, causeShutdown.err(""))
+			continue
+		}
+		if c.turns++; c.turns > cfg.MaxTurns {
+			c.errorFrame(lane, causeWSMaxTurns.err(""))
+			continue
+		}
+		if createEmpty(msg) {
+			c.errorFrame(lane, causeWSEmptyCreate.err(""))
+			continue
+		}
+		p.wsCreate(c, lane, msg)
+	}
+}
+
+// busy reports whether a turn is running on the connection.
+func (c *wsConn) busy() bool {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	for _, q := range c.lanes {
+		if len(q) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// relay sends an unkeyed turn upstream as it came.
+func (c *wsConn) relay(lane string, msg []byte) {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	if c.upDead {
+		c.errorFrame(lane, causeWSUpstreamGone.err(""))
+		return
+	}
+	if err := c.up.WriteMessage(websocket.TextMessage, msg); err != nil {
+		return // the upstream reader sees the socket end
+	}
+	c.lanes[lane] = append(c.lanes[lane], &wsLaneTurn{})
+}
+
+// sendKeyed sends the keyed turn t upstream and queues it on its lane.
+func (c *wsConn) sendKeyed(t *wsTurn) error {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	if c.upDead {
+		return errWSUpstreamGone
+	}
+	if err := c.up.WriteMessage(websocket.TextMessage, t.frame); err != nil {
+		return err
+	}
+	c.lanes[t.lane] = append(c.lanes[t.lane], &wsLaneTurn{t: t})
+	return nil
+}
+
+var errWSUpstreamGone = errors.New("the upstream WebSocket is closed")
+
+// readUpstream reads the upstream's frames and routes each to the turn at
+// the head of its lane; a terminal event ends that turn. When the socket
+// ends, every keyed turn still running is cut (commit_unknown) and the
+// client's socket is closed once told.
+func (c *wsConn) readUpstream() {
+	for {
+		typ, msg, err := c.up.ReadMessage()
+		if err != nil {
+			break
+		}
+		if typ != websocket.TextMessage {
+			continue
+		}
+		lane := gjson.GetBytes(msg, "stream_id").String()
+		et := gjson.GetBytes(msg, "type").String()
+		c.upMu.Lock()
+		var t *wsTurn
+		end := false
+		if q := c.lanes[lane]; len(q) > 0 {
+			lt := q[0]
+			t = lt.t
+			if et == "response.created" {
+				lt.created = true
+			}
+			// An error before response.created is the API's refusal of
+			// the create: it ends the turn. One after it is followed by
+			// response.failed.
+			if end = wsTerminal(et) || (et == "error" && !lt.created); end {
+				if c.lanes[lane] = q[1:]; len(q) == 1 {
+					delete(c.lanes, lane)
+				}
+			}
+		}
+		c.upMu.Unlock()
+		if t != nil {
+			t.feed(et, msg, end)
+		} else {
+			c.toClient(msg)
+		}
+	}
+	c.upMu.Lock()
+	c.upDead = true
+	var cut []*wsTurn
+	for _, q := range c.lanes {
+		for _, lt := range q {
+			if lt.t != nil {
+				cut = append(cut, lt.t)
+			}
+		}
+	}
+	c.lanes = map[string][]*wsLaneTurn{}
+	c.upMu.Unlock()
+	for _, t := range cut {
+		t.cut()
+	}
+	select {
+	case <-c.gone:
+		return
+	default:
+	}
+	// The client's keyed turns end with an error frame that says their
+	// outcome is unknown (their deliveries), then its socket closes.
+	go func() {
+		c.delivered.Wait()
+		c.closeClient(websocket.CloseInternalServerErr, "the upstream connection was lost")
+	}()
+}
+
+// wsTerminal reports whether a Responses event of type et ends its turn.
+func wsTerminal(et string) bool {
+	return et == "response.completed" || et == "response.failed" || et == "response.incomplete"
+}
+
+// toClient writes one text frame to the client; a client that is gone is
+// not written again.
+func (c *wsConn) toClient(msg []byte) bool {
+	c.clMu.Lock()
+	defer c.clMu.Unlock()
+	if c.clDead || c.cl == nil {
+		return false
+	}
+	c.cl.SetWriteDeadline(time.Now().Add(c.p.cfg.SlowClientTimeout)) //nolint:errcheck // a deadline
+	if err := c.cl.WriteMessage(websocket.TextMessage, msg); err != nil {
+		c.clDead = true
+		c.cl.Close() //nolint:errcheck // the client cannot be written
+		return false
+	}
+	return true
+}
+
+func (c *wsConn) markClientDead() {
+	c.clMu.Lock()
+	c.clDead = true
+	c.clMu.Unlock()
+}
+
+// closeClient sends a close frame with code and reason, and closes the
+// client's socket.
+func (c *wsConn) closeClient(code int, reason string) {
+	c.clMu.Lock()
+	defer c.clMu.Unlock()
+	if c.cl == nil {
+		return
+	}
+	if !c.clDead {
+		c.cl.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second)) //nolint:errcheck // closing
+	}
+	c.clDead = true
+	c.cl.Close() //nolint:errcheck // closing
+}
+
+// errorFrame writes the client e as an error event on lane, as the API
+// answers a frame it refuses, and logs it.
+func (c *wsConn) errorFrame(lane string, e *apiError) {
+	c.toClient(e.wsFrame(lane))
+	c.p.log.Info("websocket frame refused", "tenant", c.sc.Tenant, "reason", causes[e.cause].name, "msg", e.message)
+}
+
+// createEmpty reports whether a response.create has nothing besides its
+// type and lane.
+func createEmpty(msg []byte) bool {
+	empty := true
+	gjson.ParseBytes(msg).ForEach(func(k, _ gjson.Result) bool {
+		empty = k.Str == "type" || k.Str == "stream_id"
+		return empty
+	})
+	return empty
+}
+
+// jsonQuote is s as a JSON string.
+func jsonQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

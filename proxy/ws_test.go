@@ -1,0 +1,482 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fasthttp/websocket"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/redistest"
+	"github.com/tidwall/gjson"
+)
+
+// wsDial opens a Responses WebSocket through the proxy at base with the
+// official client.
+func wsDial(t *testing.T, base, apiKey string, opts ...option.RequestOption) *responses.ResponseConnection {
+	t.Helper()
+	cl := openai.NewClient(append([]option.RequestOption{option.WithBaseURL(base + "/v1/"), option.WithAPIKey(apiKey), option.WithMaxRetries(0)}, opts...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := cl.Responses.Connect(ctx, responses.ResponseConnectionOptions{})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(conn.Abort)
+	return conn
+}
+
+// wsCreate is a response.create with input in, under key (none: "").
+func wsCreate(in, key, lane string) responses.ResponsesClientEventResponseCreateParam {
+	p := responses.ResponsesClientEventResponseCreateParam{
+		Model: "gpt-test",
+		Input: responses.ResponsesClientEventResponseCreateInputUnionParam{OfString: openai.String(in)},
+	}
+	if key != "" {
+		p.Metadata = map[string]string{"ssegate_idempotency_key": key}
+	}
+	if lane != "" {
+		p.StreamID = openai.String(lane)
+	}
+	return p
+}
+
+// wsTurnEvents reads one turn's events on conn: their types, the terminal
+// included, or the error event that ended it.
+func wsTurnEvents(t *testing.T, recv func(context.Context) (responses.ResponsesServerEventUnion, error)) (types []string, raw []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		ev, err := recv(ctx)
+		if err != nil {
+			t.Fatalf("recv after %v: %v", types, err)
+		}
+		types = append(types, ev.Type)
+		raw = append(raw, ev.RawJSON())
+		if wsTerminal(ev.Type) || ev.Type == "error" {
+			return types, raw
+		}
+	}
+}
+
+// wantWholeTurn checks that types is a whole turn: response.created first,
+// response.completed last, every event once.
+func wantWholeTurn(t *testing.T, types []string, tokens int) {
+	t.Helper()
+	if len(types) != tokens+8 || types[0] != "response.created" || types[len(types)-1] != "response.completed" {
+		t.Fatalf("turn events = %v; want %d events from response.created to response.completed", types, tokens+8)
+	}
+}
+
+func TestWSRelay(t *testing.T) {
+	e := newEnv(t)
+	conn := wsDial(t, e.url, "sk-a", option.WithHeader("OpenAI-Beta", "responses_websockets=2026-02-06"))
+	ctx := context.Background()
+	if beta, auth := e.mock.WebSocketHandshake(); beta != "responses_websockets=2026-02-06" || auth != "Bearer sk-a" {
+		t.Errorf("upstream handshake: OpenAI-Beta %q, Authorization %q; want the client's", beta, auth)
+	}
+	for i := range 2 { // two turns on one socket, chained
+		if err := conn.Create(ctx, wsCreate("hello", "", "")); err != nil {
+			t.Fatal(err)
+		}
+		types, _ := wsTurnEvents(t, conn.Recv)
+		wantWholeTurn(t, types, 16)
+		wantCount(t, "mock websocket turns", e.mock.WebSocketTurns(), int64(i+1))
+	}
+	// Lanes: two turns side by side, each on its own lane.
+	a, err := conn.Lane("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := conn.Lane("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Create(ctx, wsCreate("one", "", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Create(ctx, wsCreate("two", "", "b")); err != nil {
+		t.Fatal(err)
+	}
+	ta, _ := wsTurnEvents(t, a.Recv)
+	tb, _ := wsTurnEvents(t, b.Recv)
+	wantWholeTurn(t, ta, 16)
+	wantWholeTurn(t, tb, 16)
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_ws_connections`:                   1,
+		`ssegate_ws_turns_total{decision="relay"}`: 4,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
+	}
+	// The upstream socket ends with its client.
+	if got := e.mock.WebSocketConns(); got != 1 {
+		t.Fatalf("upstream sockets: got %d; want 1 for the one client socket", got)
+	}
+	conn.Close() //nolint:errcheck // closing
+	waitFor(t, func() bool { return e.mock.WebSocketConns() == 0 })
+}
+
+func TestWSHandshakeRefused(t *testing.T) {
+	e := newEnv(t)
+	cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0),
+		option.WithHeader("X-Mock-WS-Status", "426"))
+	_, err := cl.Responses.Connect(context.Background(), responses.ResponseConnectionOptions{})
+	if err == nil || !strings.Contains(err.Error(), "got 426") {
+		t.Fatalf("connect error = %v; want the upstream's 426", err)
+	}
+}
+
+// A keyed turn whose client socket is cut mid-way, re-sent on a new
+// socket, is delivered whole, once, from one upstream generation.
+func TestWSKeyedResendNewSocket(t *testing.T) {
+	e := newEnv(t, slowMock(20*time.Millisecond, 16))
+	key := newKey("ws")
+	first := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	if err := first.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := first.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.Abort() // the client's socket drops mid-turn
+	second := wsDial(t, e.url, "sk-a")
+	if err := second.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	// Re-sent after its end: replayed from the store.
+	if err := second.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ = wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	// Another body under the key: a conflict.
+	if err := second.Create(ctx, wsCreate("other", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	_, raw := wsTurnEvents(t, second.Recv)
+	if !strings.Contains(raw[0], `"idempotency_conflict"`) {
+		t.Fatalf("got %s; want an idempotency_conflict error frame", raw[0])
+	}
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	for series, want := range map[string]float64{
+		`ssegate_ws_turns_total{decision="miss"}`:     1,
+		`ssegate_ws_turns_total{decision="join"}`:     1,
+		`ssegate_ws_turns_total{decision="hit"}`:      1,
+		`ssegate_ws_turns_total{decision="conflict"}`: 1,
+		`ssegate_requests_total{decision="join"}`:     1,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s: got %v; want %v", series, got, want)
+		}
+	}
+}
+
+// A client socket dropped mid-turn does not stop the turn: it runs to its
+// end upstream and is stored.
+func TestWSClientDropStores(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16))
+	key := newKey("ws")
+	conn := wsDial(t, e.url, "sk-a")
+	if err := conn.Create(context.Background(), wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	conn.Abort()
+	if got := e.mock.WebSocketConns(); got != 1 {
+		t.Errorf("upstream sockets right after the client's dropped: got %d; want 1 until the keyed turn ends", got)
+	}
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	waitFor(t, func() bool { return e.mock.WebSocketConns() == 0 }) // then it closes
+}
+
+// 16 concurrent re-sends of one keyed turn, each on its own socket and
+// lane, cost one generation; each gets the whole turn under its own lane.
+func TestWSConcurrentResends(t *testing.T) {
+	e := newEnv(t, slowMock(5*time.Millisecond, 16))
+	key := newKey("ws")
+	var wg sync.WaitGroup
+	for i := range 16 {
+		conn := wsDial(t, e.url, "sk-a")
+		lane := "lane-" + string(rune('a'+i))
+		l, err := conn.Lane(lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := conn.Create(context.Background(), wsCreate("hello", key, lane)); err != nil {
+				t.Error(err)
+				return
+			}
+			types, raw := wsTurnEvents(t, l.Recv)
+			wantWholeTurn(t, types, 16)
+			for _, r := range raw {
+				if !strings.Contains(r, `"stream_id":"`+lane+`"`) {
+					t.Errorf("frame %s; want stream_id %q", r, lane)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+}
+
+// The upstream socket dropped mid-turn: the turn is commit_unknown, its
+// caller gets an error frame saying so, and a re-send is not sent again.
+func TestWSUpstreamDrop(t *testing.T) {
+	e := newEnv(t)
+	e.mock.DropWebSocketAfter(6)
+	key := newKey("ws")
+	conn := wsDial(t, e.url, "sk-a")
+	if err := conn.Create(context.Background(), wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, raw := wsTurnEvents(t, conn.Recv)
+	if last := raw[len(raw)-1]; types[len(types)-1] != "error" || !strings.Contains(last, `"commit_unknown"`) {
+		t.Fatalf("turn ended with %s; want a commit_unknown error frame", last)
+	}
+	e.waitState(key, "Bearer sk-a", cache.StateCommitUnknown)
+	again := wsDial(t, e.url, "sk-a")
+	if err := again.Create(context.Background(), wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	_, raw = wsTurnEvents(t, again.Recv)
+	if !strings.Contains(raw[0], `"commit_unknown"`) {
+		t.Fatalf("re-send got %s; want a commit_unknown error frame", raw[0])
+	}
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+}
+
+// Bad input: a binary frame, a frame that is not JSON, an unknown frame
+// type and a response.create without a body each get an error frame, and
+// the connection goes on to serve a turn; a frame past -ws-max-frame-bytes
+// closes the connection with 1009.
+func TestWSBadInput(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxFrameBytes = 4 << 10 }))
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/responses"
+	hdr := http.Header{"Authorization": {"Bearer sk-a"}}
+	c, _, err := websocket.DefaultDialer.Dial(u, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a bound
+	for _, f := range []struct {
+		typ  int
+		msg  string
+		code string
+	}{
+		{websocket.BinaryMessage, `{"type":"response.create"}`, "invalid_frame"},
+		{websocket.TextMessage, `not json`, "invalid_json"},
+		{websocket.TextMessage, `{"type":"session.update"}`, "unknown_frame_type"},
+		{websocket.TextMessage, `{"type":"response.create"}`, "empty_create"},
+		{websocket.TextMessage, `{"type":"response.create","model":"m","metadata":{"ssegate_idempotency_key":"bad key\u0001"}}`, "invalid_idempotency_key"},
+	} {
+		if err := c.WriteMessage(f.typ, []byte(f.msg)); err != nil {
+			t.Fatal(err)
+		}
+		_, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gjson.GetBytes(got, "type").String() != "error" || gjson.GetBytes(got, "error.code").String() != f.code {
+			t.Errorf("%q got %s; want an error frame with code %s", f.msg, got, f.code)
+		}
+	}
+	// The connection still serves a turn.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"response.create","model":"m","input":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatalf("turn after bad frames: %v", err)
+		}
+		if gjson.GetBytes(got, "type").String() == "response.completed" {
+			break
+		}
+	}
+	// A frame past the bound closes the connection with 1009.
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`{"type":"response.create","input":"`+strings.Repeat("x", 5<<10)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = c.ReadMessage()
+	if !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("after a frame past -ws-max-frame-bytes: %v; want close 1009", err)
+	}
+}
+
+// -ws-max-turns: the turn past it gets an error frame; -ws-max-conns: the
+// connection past it gets 503.
+func TestWSBounds(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxTurns = 1; c.WS.MaxConns = 1 }))
+	conn := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	if err := conn.Create(ctx, wsCreate("one", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, conn.Recv)
+	wantWholeTurn(t, types, 16)
+	if err := conn.Create(ctx, wsCreate("two", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	_, raw := wsTurnEvents(t, conn.Recv)
+	if !strings.Contains(raw[0], `"max_turns"`) {
+		t.Fatalf("turn past -ws-max-turns got %s; want a max_turns error frame", raw[0])
+	}
+	cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0))
+	_, err := cl.Responses.Connect(ctx, responses.ResponseConnectionOptions{})
+	if err == nil || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("connection past -ws-max-conns: %v; want 503", err)
+	}
+}
+
+// A keyed turn re-sent on the same socket while it runs joins it, on the
+// re-send's lane; a turn's response id resumes over HTTP.
+func TestWSJoinSameSocketAndHTTPResume(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16))
+	key := newKey("ws")
+	conn := wsDial(t, e.url, "sk-a")
+	second, err := conn.Lane("again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := conn.Recv(ctx)
+	if err != nil || ev.Type != "response.created" {
+		t.Fatalf("first event %v, %v; want response.created", ev.Type, err)
+	}
+	if err := conn.Create(ctx, wsCreate("hello", key, "again")); err != nil {
+		t.Fatal(err)
+	}
+	joined, _ := wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, joined, 16)
+	rest, _ := wsTurnEvents(t, conn.Recv)
+	wantWholeTurn(t, append([]string{ev.Type}, rest...), 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	// GET /v1/responses/{id}?stream=true&starting_after=N, as for an SSE turn.
+	id := gjson.Get(ev.RawJSON(), "response.id").String()
+	got := e.fetch(req{method: "GET", auth: "Bearer sk-a", path: "/v1/responses/" + id + "?stream=true&starting_after=20"})
+	if got.status != 200 || len(got.events) != 3 || got.events[2].Type != "response.completed" {
+		t.Fatalf("HTTP resume of %s: %d, %d events; want 200 with the 3 events after 20", id, got.status, len(got.events))
+	}
+	wantCount(t, "upstream generations", e.mock.Generations(), 1)
+}
+
+// -ws-dedupe-window keys an unkeyed turn by its tenant and body: an
+// unmodified client's re-send after a drop joins the first.
+func TestWSDedupeWindow(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16), withConfig(func(c *Config) { c.WS.DedupeWindow = time.Minute }))
+	first := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	if err := first.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first.Abort()
+	second := wsDial(t, e.url, "sk-a")
+	if err := second.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, second.Recv)
+	wantWholeTurn(t, types, 16)
+	// Another tenant's identical turn is its own.
+	other := wsDial(t, e.url, "sk-b")
+	if err := other.Create(ctx, wsCreate("hello", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ = wsTurnEvents(t, other.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 2)
+}
+
+// Two replicas sharing Redis: a keyed turn started on one and re-sent on
+// the other joins it from the shared journal, with no generation on the
+// second replica's upstream; after its end, the second replays it.
+func TestWSTwoReplicasRedis(t *testing.T) {
+	var logs gatetest.LogBuffer
+	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
+	secret := withConfig(func(c *Config) { c.Secret = []byte("ws-replicas-share-this-secret") })
+	a, _ := replicaEnv(t, addr, prefix, &logs, slowMock(20*time.Millisecond, 16), secret)
+	b, _ := replicaEnv(t, addr, prefix, &logs, secret)
+	key := newKey("ws")
+	ctx := context.Background()
+	onA := wsDial(t, a.url, "sk-a")
+	if err := onA.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := onA.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onA.Abort()
+	onB := wsDial(t, b.url, "sk-a")
+	if err := onB.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ := wsTurnEvents(t, onB.Recv)
+	wantWholeTurn(t, types, 16)
+	a.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	if err := onB.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, _ = wsTurnEvents(t, onB.Recv)
+	wantWholeTurn(t, types, 16)
+	wantCount(t, "generations on replica a's upstream", a.mock.WebSocketTurns(), 1)
+	wantCount(t, "generations on replica b's upstream", b.mock.WebSocketTurns(), 0)
+}
+
+// -ws-idle-timeout closes a connection that sent nothing and runs no
+// turn (1000); a drain closes one that runs no turn (1001).
+func TestWSIdleAndDrain(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.WS.IdleTimeout = 300 * time.Millisecond }))
+	dial := func() *websocket.Conn {
+		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(e.url, "http")+"/v1/responses",
+			http.Header{"Authorization": {"Bearer sk-a"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck // a bound
+		return c
+	}
+	idle := dial()
+	if _, _, err := idle.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+		t.Fatalf("idle connection: %v; want close 1000", err)
+	}
+	e = newEnv(t) // idle far off: only the drain closes it
+	draining := dial()
+	e.proxy.Drain()
+	if _, _, err := draining.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+		t.Fatalf("connection at a drain: %v; want close 1001", err)
+	}
+}
