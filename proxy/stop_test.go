@@ -380,3 +380,41 @@ func TestStopBackgroundResponse(t *testing.T) {
 	wantCancelled(t, "the client", client)
 	e.waitState(key, "Bearer sk-bg", cache.StateCancelled)
 }
+
+// TestStopWebSocketTurn: a keyed WebSocket turn is a keyed stream like
+// any other: DELETE /streams/{key} stops it, its caller gets the error
+// event with code cancelled, the key is cancelled, and a re-send of the
+// turn gets the stream_cancelled error, with no second generation.
+func TestStopWebSocketTurn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
+	key := newKey("stop-ws")
+	conn := wsDial(t, e.url, "sk-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 4; n++ { // into the turn's output
+		if _, err := conn.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-a"})
+	if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+		t.Fatalf("DELETE: got %d %s; want 200, cancelled", r.status, r.raw)
+	}
+	types, raw := wsTurnEvents(t, conn.Recv)
+	if types[len(types)-1] != "error" || !strings.Contains(raw[len(raw)-1], "cancelled") {
+		t.Fatalf("the turn's end: got %v, last %s; want an error event with code cancelled", types[len(types)-1], raw[len(raw)-1])
+	}
+	e.waitState(key, "Bearer sk-a", cache.StateCancelled)
+	if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+		t.Fatal(err)
+	}
+	types, raw = wsTurnEvents(t, conn.Recv)
+	if len(types) != 1 || types[0] != "error" || !strings.Contains(raw[0], "stream_cancelled") {
+		t.Fatalf("re-send of the cancelled turn: got %v %v; want the stream_cancelled error", types, raw)
+	}
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+}
