@@ -366,8 +366,11 @@ func TestClientLeavesMidStream(t *testing.T) {
 					// which a loaded machine takes seconds to fill.
 					t.Fatalf("upstream stream still written %v after the client left; want it ended", time.Since(left))
 				}
-				if !within(time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
-					t.Fatalf("live generations: got %d a second after the stream ended; want 0", e.proxy.streams.Load())
+				if !within(5*time.Second, func() bool { return e.proxy.streams.Load() == 0 }) {
+					// Its state is committed before the generation
+					// releases its slot: on a loaded machine, with
+					// Redis, that has taken over a second.
+					t.Fatalf("live generations: got %d five seconds after the stream ended; want 0", e.proxy.streams.Load())
 				}
 				var replay result
 				if c.keyed {
