@@ -76,7 +76,7 @@ func TestTimeBudgets(t *testing.T) {
 	// tests' load would skew. Its cases run at once: each only waits on a
 	// silent upstream of its own.
 	const (
-		head    = 200 * time.Millisecond
+		head = 200 * time.Millisecond
 		idle = 800 * time.Millisecond
 		// Far above head and idle: a cut by either, late on a loaded
 		// machine (a race build on two busy cores has taken 1.7 s to
