@@ -70,15 +70,28 @@ func ServerKind(tb testing.TB) Kind {
 // its INFO is asked once per test binary.
 var sharedChecked sync.Map // address → struct{}
 
+// perTest holds, without SSEGATE_REDIS_ADDR, the server Shared started
+// for a test that is still running.
+var perTest sync.Map // testing.TB → address
+
 // Shared returns the address of a Redis the test may share with other
 // tests and packages running at the same time: it must keep to keys of
 // its own (a prefix of its own) and never stop the server. The server at
 // SSEGATE_REDIS_ADDR must be of the kind SSEGATE_REDIS_SERVER names.
+// Without SSEGATE_REDIS_ADDR, a server is started for the test, once:
+// its every call of Shared gets that one, as two replicas of one store
+// must.
 func Shared(tb testing.TB) string {
 	tb.Helper()
 	addr := os.Getenv(EnvAddr)
 	if addr == "" {
-		return Start(tb).Addr
+		if a, ok := perTest.Load(tb); ok {
+			return a.(string)
+		}
+		addr = Start(tb).Addr
+		perTest.Store(tb, addr)
+		tb.Cleanup(func() { perTest.Delete(tb) })
+		return addr
 	}
 	if _, ok := sharedChecked.Load(addr); !ok {
 		checkKind(tb, addr, ServerKind(tb))
