@@ -608,7 +608,7 @@ func wholeBy(r result, model string) string {
 	return ""
 }
 
-// TestOutageAnsweredByFallback: the primary model answers 503 for 60 s
+// TestOutageAnsweredByFallback: the primary model answers 503 for 21 s
 // while another model's 429s spend the retry budget. Every request for the
 // primary, a keyed and an unkeyed one every 3 s, is answered whole by the
 // fallback; once its circuit is open the primary sees at most its probe,
@@ -619,7 +619,9 @@ func TestOutageAnsweredByFallback(t *testing.T) {
 	t.Parallel()
 	e := outageEnv(t)
 	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
-	const outage, step = 60 * time.Second, 3 * time.Second
+	// Eight ticks, each three times -breaker-open-max: the circuit opens
+	// within the first, and the rest show it probing, not retrying.
+	const outage, step = 21 * time.Second, 3 * time.Second
 	body := modelBody("primary")
 
 	// Retries to a rate-limited model, as other tenants would make them.
