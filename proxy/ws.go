@@ -214,6 +214,12 @@ func (c *wsConn) run() {
 	c.up.Close() //nolint:errcheck // the client is gone
 	<-upDone
 	c.closeClient(websocket.CloseNormalClosure, "")
+	// The handler returns the hijacked connection to the server next,
+	// which releases it: a late closeClient (the lifetime's timer, a
+	// shutdown, racing this return) must not touch it.
+	c.clMu.Lock()
+	c.cl = nil
+	c.clMu.Unlock()
 }
 
 // readClient reads the client's frames until its socket ends.

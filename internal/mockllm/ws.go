@@ -97,8 +97,11 @@ type wsSession struct {
 	c    *websocket.Conn
 	opts options
 
-	wmu    sync.Mutex // guards writes to c, and dead
-	dead   bool
+	wmu  sync.Mutex // guards writes to c, dead and ended
+	dead bool
+	// ended: run's read loop is over, and the handler is about to return
+	// the hijacked connection to the server: kill no longer touches it.
+	ended  bool
 	lmu    sync.Mutex // guards lanes
 	lanes  map[string]chan []byte
 	wg     sync.WaitGroup
@@ -109,6 +112,9 @@ type wsSession struct {
 func (w *wsSession) run() {
 	w.closed = make(chan struct{})
 	defer func() {
+		w.wmu.Lock()
+		w.ended = true
+		w.wmu.Unlock()
 		close(w.closed)
 		w.lmu.Lock()
 		for _, q := range w.lanes {
@@ -257,7 +263,9 @@ func (w *wsSession) errorFrame(id, code, msg string) {
 // handler returns (a hijacked connection's Close is the server's).
 func (w *wsSession) kill() {
 	w.wmu.Lock()
+	defer w.wmu.Unlock()
 	w.dead = true
-	w.wmu.Unlock()
-	_ = w.c.UnderlyingConn().SetReadDeadline(time.Unix(1, 0))
+	if !w.ended {
+		_ = w.c.UnderlyingConn().SetReadDeadline(time.Unix(1, 0))
+	}
 }
