@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -424,6 +426,7 @@ type shardRow struct {
 	Server    string `json:"server"` // redis-server or valkey-server, with version
 	IOThreads int    `json:"io_threads"`
 	Streams   int    `json:"streams"`
+	Follow    num    `json:"follow"` // the share followed
 	Procs     int    `json:"driver_processes"`
 	WindowSec num    `json:"window_s"`
 	Claims    int64  `json:"claims"`
@@ -449,8 +452,13 @@ type shardRow struct {
 	InBytesPerStream  num `json:"net_input_bytes_per_stream"`
 	ScriptsPerStream  num `json:"script_calls_per_stream"`
 	ScriptUSPerCall   num `json:"script_usec_per_call"`
-	// ServerUSPerStream is redis-server's CPU per stream.
+	// ServerUSPerStream is redis-server's CPU per stream. IdleCPU is an
+	// idle server's CPU (a second one started beside it, measured over
+	// the same window: its cron) as a share of one core, and
+	// NetUSPerStream the CPU per stream net of it.
 	ServerUSPerStream num            `json:"server_cpu_us_per_stream"`
+	IdleCPU           num            `json:"idle_server_cpu_core_share"`
+	NetUSPerStream    num            `json:"server_cpu_us_per_stream_net_of_idle"`
 	Calls             map[string]cmd `json:"commandstats"`
 	Store             redis.Stats    `json:"store"`
 	ClaimP50us        num            `json:"claim_p50_us"`
@@ -508,9 +516,11 @@ func (x serverReading) sub(b serverReading) serverWindow {
 		calls: diffCommands(x.calls, b.calls), reads: x.reads - b.reads, inBytes: x.inBytes - b.inBytes}
 }
 
-// serverWindow is what the server did over the steady window.
+// serverWindow is what the server did over the steady window; idle is
+// what an idle server's process spent over the same window.
 type serverWindow struct {
 	wall, cpu, main time.Duration
+	idle            time.Duration
 	calls           map[string]cmd
 	reads, inBytes  int64
 }
@@ -636,6 +646,8 @@ func (row *shardRow) fill(res []*shardDriverResult, w serverWindow) {
 	row.ScriptsPerStream = num(ratio(float64(scripts), streams))
 	row.ScriptUSPerCall = num(ratio(scriptUS, float64(scripts)))
 	row.ServerUSPerStream = num(ratio(us(cpu), streams))
+	row.IdleCPU = share(w.idle)
+	row.NetUSPerStream = num(ratio(us(cpu)-us(w.idle), streams))
 	row.ReadsPerStream = num(ratio(float64(w.reads), streams))
 	row.InBytesPerStream = num(ratio(float64(w.inBytes), streams))
 	row.ClaimP50us, row.ClaimP99us = pctUS(claim, 50), pctUS(claim, 99)
@@ -721,8 +733,15 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	}
 	defer rs.stop()
 	pid := rs.cmd.Process.Pid
+	// An idle server beside it, measured over the same window, says what
+	// the server spends on its own (its cron) under the machine's load.
+	idle, err := r.env.startRedis(bin, extra...)
+	if err != nil {
+		return nil, err
+	}
+	defer idle.stop()
 	procs := o.procsFor(n)
-	row := &shardRow{Server: label, IOThreads: o.ioThreads, Streams: n, Procs: procs}
+	row := &shardRow{Server: label, IOThreads: o.ioThreads, Streams: n, Follow: num(o.follow), Procs: procs}
 	start := time.Now().Add(time.Second) // the drivers' start-up
 	ws := start.Add(o.streamDur + time.Second)
 	we := ws.Add(o.window)
@@ -760,10 +779,18 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("measure the server: %w", err)
 	}
+	idleFrom, err := cpuTime([]int{idle.cmd.Process.Pid})
+	if err != nil {
+		return nil, fmt.Errorf("measure the idle server: %w", err)
+	}
 	time.Sleep(time.Until(we))
 	to, err := readServer(rs.addr, pid)
 	if err != nil {
 		return nil, fmt.Errorf("measure the server: %w", err)
+	}
+	idleTo, err := cpuTime([]int{idle.cmd.Process.Pid})
+	if err != nil {
+		return nil, fmt.Errorf("measure the idle server: %w", err)
 	}
 	res := make([]*shardDriverResult, procs)
 	for p, c := range cmds {
@@ -775,7 +802,9 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 			return nil, fmt.Errorf("driver %d: result: %w", p, err)
 		}
 	}
-	row.fill(res, to.sub(from))
+	w := to.sub(from)
+	w.idle = idleTo - idleFrom
+	row.fill(res, w)
 	row.PaceUS = num(o.streamDur.Microseconds() / int64(o.events))
 	row.DriverBound = row.driverBound()
 	row.Knee = row.knee(o)
@@ -801,6 +830,7 @@ func (rep *report) writeShard(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "### (shard) Concurrent streams one Redis shard holds\n\n%s\n\n", shardAbout)
 	head := []string{"server", "streams", "drivers", "server CPU % core (main thread)", "server CPU µs / stream", "round trips / stream", "commands / stream", "script calls / stream", "µs / script call",
+		"idle server CPU % core", "server CPU µs / stream net of idle",
 		"claim p50 / p99 ms", "commit p50 / p99 ms", "join wait p50 / p99 ms (n)", "driver CPU % core (busiest)", "driver lag p99 ms", "errors"}
 	cols := make([]column, len(head))
 	for i, h := range head {
@@ -817,12 +847,14 @@ func (rep *report) writeShard(b *strings.Builder) {
 		cells := []string{srv, strconv.Itoa(r.Streams), strconv.Itoa(r.Procs),
 			fmtNum(100*float64(r.ServerCPU), 1) + " (" + fmtNum(100*float64(r.ServerMainCPU), 1) + ")",
 			fmtNum(float64(r.ServerUSPerStream), 1), fmtNum(float64(r.ReadsPerStream), 2), fmtNum(float64(r.CommandsPerStream), 2), fmtNum(float64(r.ScriptsPerStream), 2), fmtNum(float64(r.ScriptUSPerCall), 1),
+			fmtNum(100*float64(r.IdleCPU), 1), fmtNum(float64(r.NetUSPerStream), 1),
 			ms(r.ClaimP50us) + " / " + ms(r.ClaimP99us), ms(r.CommitP50us) + " / " + ms(r.CommitP99us),
 			ms(r.JoinP50us) + " / " + ms(r.JoinP99us) + fmt.Sprintf(" (%d)", r.JoinSamples),
 			fmtNum(100*float64(r.DriverCPU), 0) + " (" + fmtNum(100*float64(r.DriverMaxCPU), 0) + ")", ms(r.LagP99us), strconv.FormatInt(r.Errors, 10)}
 		fmt.Fprintf(b, "| %s |\n", strings.Join(cells, " | "))
 	}
 	b.WriteString("\n")
+	writeShardCommands(b, rep.Shard)
 	for _, r := range rep.Shard {
 		var calls []string
 		for name, c := range r.Calls {
@@ -840,6 +872,32 @@ func (rep *report) writeShard(b *strings.Builder) {
 		for _, e := range r.ErrorSamples {
 			fmt.Fprintf(b, "- %d streams: error: %s\n", r.Streams, e)
 		}
+	}
+	b.WriteString("\n")
+}
+
+// shardCommandsAbout says what writeShardCommands's table holds.
+const shardCommandsAbout = "Where the server's time goes, per stream (per commit in the window), by command (INFO commandstats): calls, µs per call and µs per stream. " +
+	"A script's µs (evalsha) include those of the commands it calls, which are listed under their own names too; so the sum of the column exceeds the commands' time. " +
+	"Beside the commands, the server spends its time reading and writing sockets (a round trip each) and on its own cron: " +
+	"the idle server's CPU over the same window is subtracted in *net of idle*."
+
+// writeShardCommands writes, per step, the server's time by command.
+func writeShardCommands(b *strings.Builder, rows []*shardRow) {
+	fmt.Fprintf(b, "#### (shard) Where the server's time goes, per stream\n\n%s\n\n", shardCommandsAbout)
+	writeHead(b, []column{{head: "server", align: "---"}, {head: "streams", align: "---:"}, {head: "follow", align: "---:"}, {head: "command", align: "---"},
+		{head: "calls / stream", align: "---:"}, {head: "µs / call", align: "---:"}, {head: "µs / stream", align: "---:"}})
+	for _, r := range rows {
+		names := slices.Collect(maps.Keys(r.Calls))
+		slices.SortFunc(names, func(x, y string) int { return cmp.Compare(r.Calls[y].USec, r.Calls[x].USec) })
+		streams := float64(r.Commits)
+		for _, name := range names {
+			c := r.Calls[name]
+			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s |\n", r.Server, r.Streams, fmtNum(float64(r.Follow), 2), name,
+				fmtNum(ratio(float64(c.Calls), streams), 2), fmtNum(ratio(c.USec, float64(c.Calls)), 1), fmtNum(ratio(c.USec, streams), 1))
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | **server CPU** (idle server's, net of idle) | | | %s (%s, %s) |\n", r.Server, r.Streams, fmtNum(float64(r.Follow), 2),
+			fmtNum(float64(r.ServerUSPerStream), 1), fmtNum(float64(r.ServerUSPerStream-r.NetUSPerStream), 1), fmtNum(float64(r.NetUSPerStream), 1))
 	}
 	b.WriteString("\n")
 }

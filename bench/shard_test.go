@@ -60,7 +60,7 @@ func TestShardArithmetic(t *testing.T) {
 	}
 	w := serverWindow{wall: 2 * time.Second, cpu: time.Second, main: 800 * time.Millisecond,
 		calls: map[string]cmd{"evalsha": {Calls: 200, USec: 4000}, "hset": {Calls: 300, USec: 300}, "xread": {Calls: 100, USec: 100}},
-		reads: 250, inBytes: 100_000}
+		reads: 250, inBytes: 100_000, idle: 100 * time.Millisecond}
 	row := &shardRow{IOThreads: 1}
 	row.fill(res, w)
 	for _, c := range []struct {
@@ -73,6 +73,7 @@ func TestShardArithmetic(t *testing.T) {
 		{"commands/stream", float64(row.CommandsPerStream), 6}, {"script calls/stream", float64(row.ScriptsPerStream), 2},
 		{"µs/script call", float64(row.ScriptUSPerCall), 20}, {"round trips/stream", float64(row.ReadsPerStream), 2.5},
 		{"input bytes/stream", float64(row.InBytesPerStream), 1000}, {"server µs/stream", float64(row.ServerUSPerStream), 10000},
+		{"idle server share", float64(row.IdleCPU), 0.05}, {"server µs/stream net of idle", float64(row.NetUSPerStream), 9000},
 		{"claim p99", float64(row.ClaimP99us), 60000}, {"commit p50", float64(row.CommitP50us), 300},
 		{"join p50", float64(row.JoinP50us), 1000}, {"store claims", float64(row.Store.Claims), 101},
 	} {
@@ -199,6 +200,9 @@ func TestShardScenario(t *testing.T) {
 			t.Errorf("%d streams: %d errors (%v), knee %q, %d drivers, %d of %d streams committed, %d claims and %d commits in the window; want none, none, 2, all, some",
 				r.Streams, r.Errors, r.ErrorSamples, r.Knee, r.Procs, r.Kept, r.Begun, r.Claims, r.Commits)
 		}
+		if !(r.IdleCPU >= 0) || r.Calls["evalsha"].Calls == 0 {
+			t.Errorf("%d streams: idle server CPU %v, evalsha %+v; want a number, calls", r.Streams, r.IdleCPU, r.Calls["evalsha"])
+		}
 		if !(r.ServerCPU >= 0) || !(r.ReadsPerStream > 0) || !(r.CommandsPerStream > 0) || !(r.ClaimP99us > 0) || !(r.DriverCPU >= 0) || r.JoinSamples == 0 {
 			t.Errorf("%d streams: CPU %v, %v round trips and %v commands per stream, claim p99 %v, driver CPU %v, %d joins; want numbers",
 				r.Streams, r.ServerCPU, r.ReadsPerStream, r.CommandsPerStream, r.ClaimP99us, r.DriverCPU, r.JoinSamples)
@@ -206,5 +210,8 @@ func TestShardScenario(t *testing.T) {
 	}
 	if !strings.Contains(stdout, "### (shard) Concurrent streams one Redis shard holds") {
 		t.Error("the report has no shard table")
+	}
+	if !strings.Contains(stdout, "#### (shard) Where the server's time goes, per stream") || !strings.Contains(stdout, "| evalsha |") {
+		t.Error("the report has no table of the server's time by command")
 	}
 }
