@@ -59,6 +59,7 @@ type shardOptions struct {
 	kneeCPU    float64
 	kneeP99    time.Duration
 	tenants    int
+	tailBatch  time.Duration
 }
 
 // register declares scenario shard's flags on fs and returns the
@@ -76,6 +77,7 @@ func (o *shardOptions) register(fs *flag.FlagSet) *string {
 	fs.IntVar(&o.perProc, "shard-per-proc", 25000, "scenario shard: streams one driver process drives, when -shard-procs is 0")
 	fs.Float64Var(&o.kneeCPU, "shard-knee-cpu", 0.90, "scenario shard: the knee: redis-server CPU, as a share of one core, past which no larger step runs")
 	fs.DurationVar(&o.kneeP99, "shard-knee-p99", 50*time.Millisecond, "scenario shard: the knee: claim or commit p99 past which no larger step runs")
+	fs.DurationVar(&o.tailBatch, "shard-tail-batch", 0, "scenario shard: the followers' store's -redis-tail-batch (0: its default; negative: a blocking XREAD per followed stream)")
 	fs.IntVar(&o.tenants, "shard-tenants", 64, "scenario shard: tenants the streams are spread over")
 	return steps
 }
@@ -139,6 +141,7 @@ type shardDriverConfig struct {
 	Follow     float64       `json:"follow"`
 	EventBytes int           `json:"event_bytes"`
 	Tenants    int           `json:"tenants"`
+	TailBatch  time.Duration `json:"tail_batch_ns"`
 	// Start is when the slots' offsets count from; the steady window is
 	// [WindowStart, WindowEnd); no stream starts at or after WindowEnd.
 	Start       time.Time `json:"start"`
@@ -224,7 +227,7 @@ func driveShard(cfg shardDriverConfig) (*shardDriverResult, error) {
 		return redis.New(redis.Config{URL: cfg.URL, Prefix: cfg.Prefix,
 			// Committed results need not outlive the run.
 			TTL: time.Minute, FailedTTL: time.Minute,
-			MaxKeys: 100_000_000,
+			MaxKeys: 100_000_000, TailBatch: cfg.TailBatch,
 			Limits: cache.Limits{MaxLiveBytes: 1 << 40, MaxLiveBytesPerTenant: 1 << 40,
 				MaxKeysPerTenant: 100_000_000, MaxStrangerKeys: 100_000_000},
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
@@ -749,7 +752,7 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	outs := make([]*bytes.Buffer, procs)
 	for p := range procs {
 		cfg := shardDriverConfig{URL: "redis://" + rs.addr + "/0", Prefix: "shard", Proc: p, Procs: procs, Streams: n,
-			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants,
+			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch,
 			Start: start, WindowStart: ws, WindowEnd: we}
 		arg, _ := json.Marshal(cfg)
 		c := exec.Command(r.env.self, shardCommand, string(arg))

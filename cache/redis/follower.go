@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"github.com/ssegate/ssegate/cache"
@@ -70,12 +69,8 @@ func (fl *follower) tail() {
 			f.Fail(cache.StateFailedRetryable, cache.ReasonShutdown, nil)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, r.idle+r.cfg.Timeout)
-		r.reads.Add(1)
-		m, err := r.c.Do(ctx, r.c.B().Xread().Count(256).Block(r.idle.Milliseconds()).
-			Streams().Key(fl.k.j).Id(last).Build()).AsXRead()
-		cancel()
-		if rueidis.IsRedisNil(err) {
+		es, err := r.readTail(fl.k.j, last)
+		if errors.Is(err, errTailIdle) {
 			var stop bool
 			if stop, err = fl.poll(&ended); err == nil {
 				if stop {
@@ -107,7 +102,7 @@ func (fl *follower) tail() {
 			continue
 		}
 		downSince, backoff, ended = time.Time{}, 5*time.Millisecond, 0
-		for _, e := range m[fl.k.j] {
+		for _, e := range es {
 			if fl.apply(e, &next) {
 				return
 			}

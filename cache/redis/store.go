@@ -57,6 +57,12 @@ type Config struct {
 	// MaxCacheBytes bounds the local copy of committed results (default
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
+	// TailBatch is how often, at most, a replica reads the journals it
+	// follows on a standalone Redis: one XREAD over all of them, which
+	// waits for entries up to TailBatch (default 5ms). It adds up to
+	// TailBatch and a round trip to a follower's events; negative: each
+	// tail reads its own journal with a blocking XREAD (as on a Cluster).
+	TailBatch time.Duration
 	// MaxAbandoning bounds the claims whose reply was lost that this
 	// replica is ending at once in the background (default 1024; a Redis
 	// that times out every claim makes one per keyed request). Past it,
@@ -105,6 +111,9 @@ func (c *Config) setDefaults() {
 	def(&c.TTL, 24*time.Hour)
 	def(&c.FailedTTL, 5*time.Minute)
 	def(&c.LiveTTL, time.Hour)
+	if c.TailBatch == 0 {
+		c.TailBatch = 5 * time.Millisecond
+	}
 	if c.MaxCacheBytes <= 0 {
 		c.MaxCacheBytes = 64 << 20
 	}
@@ -195,6 +204,7 @@ type Store struct {
 	setRenewals setRenewals
 
 	appends appendBatcher // owners' appends on a standalone Redis
+	tailr   tailReader    // followers' reads on a standalone Redis (tails.go)
 
 	pipe      scriptPipe   // claims and commits, sent together (pipeline.go)
 	pipelines atomic.Int64 // pipelines of several calls scriptPipe sent
