@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,6 +61,8 @@ type shardOptions struct {
 	kneeP99    time.Duration
 	tenants    int
 	tailBatch  time.Duration
+	profile    string // a directory for the drivers' CPU profiles; "" for none
+	chunk      time.Duration
 }
 
 // register declares scenario shard's flags on fs and returns the
@@ -78,6 +81,8 @@ func (o *shardOptions) register(fs *flag.FlagSet) *string {
 	fs.Float64Var(&o.kneeCPU, "shard-knee-cpu", 0.90, "scenario shard: the knee: redis-server CPU, as a share of one core, past which no larger step runs")
 	fs.DurationVar(&o.kneeP99, "shard-knee-p99", 50*time.Millisecond, "scenario shard: the knee: claim or commit p99 past which no larger step runs")
 	fs.DurationVar(&o.tailBatch, "shard-tail-batch", 0, "scenario shard: the followers' store's -redis-tail-batch (0: its default; negative: a blocking XREAD per followed stream)")
+	fs.DurationVar(&o.chunk, "shard-local-chunk", time.Second, "scenario shard: an unfollowed stream's events, which Redis never sees one by one (only their count, in the renewals, and the result, in the commit), are appended in chunks of those due every this long, to spare the drivers' CPU; a followed stream's go at the pace (0: every stream at the pace)")
+	fs.StringVar(&o.profile, "shard-profile", "", "scenario shard: a directory for each driver process's CPU profile of a step (shard-STREAMS-PROC.cpu.pprof)")
 	fs.IntVar(&o.tenants, "shard-tenants", 64, "scenario shard: tenants the streams are spread over")
 	return steps
 }
@@ -116,6 +121,8 @@ func (o *shardOptions) parse(steps string) error {
 		return errors.New("-shard-knee-cpu and -shard-knee-p99 must be positive")
 	case o.tenants < 1:
 		return errors.New("-shard-tenants must be at least 1")
+	case o.chunk < 0:
+		return errors.New("-shard-local-chunk must not be negative")
 	}
 	return nil
 }
@@ -142,6 +149,11 @@ type shardDriverConfig struct {
 	EventBytes int           `json:"event_bytes"`
 	Tenants    int           `json:"tenants"`
 	TailBatch  time.Duration `json:"tail_batch_ns"`
+	// Chunk: an unfollowed stream appends the events due every Chunk
+	// at once (0: at the pace).
+	Chunk time.Duration `json:"chunk_ns"`
+	// Profile is a file for the process's CPU profile; "" for none.
+	Profile string `json:"profile,omitempty"`
 	// Start is when the slots' offsets count from; the steady window is
 	// [WindowStart, WindowEnd); no stream starts at or after WindowEnd.
 	Start       time.Time `json:"start"`
@@ -196,6 +208,10 @@ type shardDriver struct {
 	res shardDriverResult
 
 	claims, commits, followers, errs, begun, kept atomic.Int64
+	// live counts the streams begun (claim sent) and not yet ended; the
+	// wheel's loop stops once it is 0 after the window.
+	live  atomic.Int64
+	wheel *shardWheel
 }
 
 // fail counts an error, keeping a few samples.
@@ -253,9 +269,14 @@ func driveShard(cfg shardDriverConfig) (*shardDriverResult, error) {
 		time.Sleep(time.Until(cfg.WindowEnd))
 		after, cpuAfter = sumStats(owner.Stats(), follow.Stats()), selfCPU()
 	})
+	pace := cfg.StreamDur / time.Duration(cfg.Events)
+	w := &shardWheel{tick: min(shardTick, max(pace/2, time.Millisecond)), base: cfg.Start, chunk: min(cfg.Chunk, cfg.StreamDur), streamDur: cfg.StreamDur}
+	w.slots = make([][]*liveStream, int(max(pace, w.chunk)/w.tick)+2)
+	d.wheel = w
 	for i := cfg.Proc; i < cfg.Streams; i += cfg.Procs {
-		wg.Go(func() { d.slot(i) })
+		d.start(w, i, 0, slotStart(cfg.Start, i, cfg.Streams, cfg.StreamDur))
 	}
+	wg.Go(func() { d.run(w) })
 	wg.Wait()
 	d.res.Claims, d.res.Commits, d.res.Followers, d.res.Errors = d.claims.Load(), d.commits.Load(), d.followers.Load(), d.errs.Load()
 	d.res.Begun, d.res.Kept = d.begun.Load(), d.kept.Load()
@@ -270,69 +291,175 @@ func selfCPU() time.Duration {
 	return t
 }
 
-// slot runs slot i's streams one after another, each a new key, until
-// the window ends.
-func (d *shardDriver) slot(i int) {
-	cfg := d.cfg
-	t0 := slotStart(cfg.Start, i, cfg.Streams, cfg.StreamDur)
-	for n := 0; t0.Before(cfg.WindowEnd); n++ {
-		time.Sleep(time.Until(t0))
-		d.stream(i, n, t0, followed(i, cfg.Follow))
-		t0 = t0.Add(cfg.StreamDur)
-		if now := time.Now(); t0.Before(now) {
-			t0 = now
+// shardTick is the driver's clock: every tick, one loop appends the
+// events that fell due, for all the streams of the process (shardWheel),
+// rather than a timer and a wake-up per event.
+const shardTick = 2 * time.Millisecond
+
+// liveStream is one stream of a slot from its claim to its last event.
+type liveStream struct {
+	slot, n int
+	sc      cache.Scope
+	t0      time.Time // its events are due at t0 + k × pace, k = 1..Events
+	f       *cache.Flight
+	follow  bool
+	next    int           // events appended
+	due     time.Time     // when the wheel is to take it next
+	lag     time.Duration // how late the wheel took it at its most belated
+	fw      sync.WaitGroup
+}
+
+// shardWheel is a timing wheel of the live streams by their next event's
+// tick; its loop (run) owns it, and takes new streams from incoming.
+type shardWheel struct {
+	tick time.Duration
+	// chunk and streamDur: unfollowed streams are taken at the end of
+	// each chunk of their events (shardDriverConfig.Chunk).
+	chunk, streamDur time.Duration
+	base             time.Time
+	slots            [][]*liveStream
+	done             int64 // the last tick run
+
+	mu       sync.Mutex // guards incoming
+	incoming []*liveStream
+}
+
+// at returns the tick at which t falls due: the first at or after it.
+func (w *shardWheel) at(t time.Time) int64 {
+	return int64((t.Sub(w.base) + w.tick - 1) / w.tick)
+}
+
+// place puts s on the wheel for the tick of its next event, due at t
+// (for an unfollowed stream appended in chunks, the end of t's chunk):
+// the next tick to run at the earliest.
+func (w *shardWheel) place(s *liveStream, t time.Time) {
+	if !s.follow && w.chunk > 0 {
+		c := (t.Sub(s.t0) + w.chunk - 1) / w.chunk * w.chunk
+		t = s.t0.Add(min(c, w.streamDur))
+	}
+	s.due = t
+	k := max(w.at(t), w.done+1)
+	i := k % int64(len(w.slots))
+	w.slots[i] = append(w.slots[i], s)
+}
+
+// add hands a claimed stream to the wheel's loop.
+func (w *shardWheel) add(s *liveStream) {
+	w.mu.Lock()
+	w.incoming = append(w.incoming, s)
+	w.mu.Unlock()
+}
+
+// run ticks the wheel until the window ended and no stream is left live.
+func (d *shardDriver) run(w *shardWheel) {
+	pace := d.cfg.StreamDur / time.Duration(d.cfg.Events)
+	t := time.NewTicker(w.tick)
+	defer t.Stop()
+	for now := range t.C {
+		w.mu.Lock()
+		in := w.incoming
+		w.incoming = nil
+		w.mu.Unlock()
+		for _, s := range in {
+			w.place(s, s.t0.Add(time.Duration(s.next+1)*pace))
+		}
+		for k := w.done + 1; k <= w.at(now); k++ {
+			i := k % int64(len(w.slots))
+			due := w.slots[i]
+			w.slots[i] = nil
+			w.done = k
+			for _, s := range due {
+				d.step(w, s, now, pace)
+			}
+		}
+		if now.After(d.cfg.WindowEnd) && d.live.Load() == 0 {
+			return
 		}
 	}
 }
 
-// stream runs one stream of slot i: claim, events at the pace, commit;
-// and a follower on the other instance when follow is set. A claim,
-// commit or join counts in the window when it began in it.
-func (d *shardDriver) stream(i, n int, t0 time.Time, follow bool) {
-	cfg := d.cfg
-	sc := cache.Scope{Tenant: "t" + strconv.Itoa(i%cfg.Tenants), Key: fmt.Sprintf("p%d-s%d-n%d", cfg.Proc, i, n)}
-	start := time.Now()
-	b, err := d.owner.Begin(sc, "fp")
-	if err != nil {
-		d.fail("claim %s: %v", sc.Key, err)
-		return
-	}
-	if b.Decision != cache.Miss {
-		d.fail("claim %s: decision %d; want a miss", sc.Key, b.Decision)
-		return
-	}
-	d.begun.Add(1)
-	if d.inWindow(start) {
-		d.claims.Add(1)
-		d.sample(&d.res.ClaimUS, time.Since(start))
-	}
-	f := b.Flight
-	f.Mark(cache.StateExecutionStarted, 1, 200)
-	f.SetHead(cache.Head{Status: 200, ContentType: "text/event-stream", Stream: true})
-	pace := cfg.StreamDur / time.Duration(cfg.Events)
-	var fw sync.WaitGroup
-	var lag time.Duration
-	for e := 0; e < cfg.Events; e++ {
-		at := t0.Add(time.Duration(e+1) * pace)
-		time.Sleep(time.Until(at))
-		lag = max(lag, time.Since(at))
-		if _, err := f.Append("", d.data); err != nil {
-			d.fail("append %s #%d: %v", sc.Key, e+1, err)
-			f.Fail(cache.StateFailedRetryable, "bench", nil)
-			fw.Wait()
+// step appends s's events due by now and puts it back on the wheel for
+// its next; after its last, it commits it on a goroutine of its own.
+func (d *shardDriver) step(w *shardWheel, s *liveStream, now time.Time, pace time.Duration) {
+	s.lag = max(s.lag, time.Since(s.due))
+	for s.next < d.cfg.Events {
+		at := s.t0.Add(time.Duration(s.next+1) * pace)
+		if at.After(now) {
+			w.place(s, at)
 			return
 		}
-		if e == 0 && follow {
-			fw.Go(func() { d.follower(sc) })
+		if _, err := s.f.Append("", d.data); err != nil {
+			d.fail("append %s #%d: %v", s.sc.Key, s.next+1, err)
+			s.f.Fail(cache.StateFailedRetryable, "bench", nil)
+			go d.end(s)
+			return
+		}
+		s.next++
+		if s.next == 1 && s.follow {
+			s.fw.Go(func() { d.follower(s.sc) })
 		}
 	}
-	if d.inWindow(t0) {
-		d.sample(&d.res.LagUS, lag)
+	go d.commit(s)
+}
+
+// start claims slot i's stream n at t0 on a goroutine of its own, then
+// hands it to the wheel; no stream starts at or after the window's end.
+func (d *shardDriver) start(w *shardWheel, i, n int, t0 time.Time) {
+	cfg := d.cfg
+	if !t0.Before(cfg.WindowEnd) {
+		return
 	}
-	start = time.Now()
-	if !f.Commit(nil) {
-		state, reason, _ := f.Outcome()
-		d.fail("commit %s: not kept (%s, %s)", sc.Key, state, reason)
+	d.live.Add(1)
+	go func() {
+		time.Sleep(time.Until(t0))
+		s := &liveStream{slot: i, n: n, t0: t0, follow: followed(i, cfg.Follow),
+			sc: cache.Scope{Tenant: "t" + strconv.Itoa(i%cfg.Tenants), Key: "p" + strconv.Itoa(cfg.Proc) + "-s" + strconv.Itoa(i) + "-n" + strconv.Itoa(n)}}
+		begun := time.Now()
+		b, err := d.owner.Begin(s.sc, "fp")
+		switch {
+		case err != nil:
+			d.fail("claim %s: %v", s.sc.Key, err)
+		case b.Decision != cache.Miss:
+			d.fail("claim %s: decision %d; want a miss", s.sc.Key, b.Decision)
+		default:
+			d.begun.Add(1)
+			if d.inWindow(begun) {
+				d.claims.Add(1)
+				d.sample(&d.res.ClaimUS, time.Since(begun))
+			}
+			s.f = b.Flight
+			s.f.Mark(cache.StateExecutionStarted, 1, 200)
+			s.f.SetHead(cache.Head{Status: 200, ContentType: "text/event-stream", Stream: true})
+			w.add(s)
+			return
+		}
+		// The slot goes on with its next stream, as it would have after
+		// this one.
+		d.start(w, i, n+1, d.nextStart(t0))
+		d.live.Add(-1)
+	}()
+}
+
+// nextStart returns when the stream after one begun at t0 starts: a
+// stream's length later, or now if that has passed.
+func (d *shardDriver) nextStart(t0 time.Time) time.Time {
+	t := t0.Add(d.cfg.StreamDur)
+	if now := time.Now(); t.Before(now) {
+		t = now
+	}
+	return t
+}
+
+// commit commits s, waits for its follower, and starts the slot's next
+// stream. A commit counts in the window when it began in it.
+func (d *shardDriver) commit(s *liveStream) {
+	if d.inWindow(s.t0) {
+		d.sample(&d.res.LagUS, s.lag)
+	}
+	start := time.Now()
+	if !s.f.Commit(nil) {
+		state, reason, _ := s.f.Outcome()
+		d.fail("commit %s: not kept (%s, %s)", s.sc.Key, state, reason)
 	} else {
 		d.kept.Add(1)
 		if d.inWindow(start) {
@@ -340,7 +467,14 @@ func (d *shardDriver) stream(i, n int, t0 time.Time, follow bool) {
 			d.sample(&d.res.CommitUS, time.Since(start))
 		}
 	}
-	fw.Wait()
+	d.end(s)
+}
+
+// end waits for s's follower and starts the slot's next stream.
+func (d *shardDriver) end(s *liveStream) {
+	s.fw.Wait()
+	d.start(d.wheel, s.slot, s.n+1, d.nextStart(s.t0))
+	d.live.Add(-1)
 }
 
 // follower joins sc's live generation on the other instance, waits for
@@ -416,6 +550,17 @@ func serveShardDriver(arg string) error {
 	var cfg shardDriverConfig
 	if err := json.Unmarshal([]byte(arg), &cfg); err != nil {
 		return fmt.Errorf("config: %w", err)
+	}
+	if cfg.Profile != "" {
+		f, err := os.Create(cfg.Profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	res, err := driveShard(cfg)
 	if err != nil {
@@ -752,8 +897,11 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	outs := make([]*bytes.Buffer, procs)
 	for p := range procs {
 		cfg := shardDriverConfig{URL: "redis://" + rs.addr + "/0", Prefix: "shard", Proc: p, Procs: procs, Streams: n,
-			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch,
+			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch, Chunk: o.chunk,
 			Start: start, WindowStart: ws, WindowEnd: we}
+		if o.profile != "" {
+			cfg.Profile = filepath.Join(o.profile, fmt.Sprintf("shard-%d-%d.cpu.pprof", n, p))
+		}
 		arg, _ := json.Marshal(cfg)
 		c := exec.Command(r.env.self, shardCommand, string(arg))
 		outs[p] = &bytes.Buffer{}
