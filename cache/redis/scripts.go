@@ -459,7 +459,9 @@ func (a abandonArgs) keysArgs() ([]string, []string) {
 //
 // And journalAppend(st, j, gen, prev, head, argv, from), the append of
 // the appendScript and finishScript: unless the journal ends at prev (it
-// returns where it ends then, writing nothing), it appends argv's id,
+// returns where it ends then, writing nothing; past the first batch an
+// XLEN tells, and journalEnd's XREVRANGE runs only when it does not
+// match), it appends argv's id,
 // event pairs from from on (the event of seq 1 with the head), deleting
 // an earlier generation's entries first; the first batch makes the
 // journal, which expires with st. It returns nil and the last id.
@@ -472,7 +474,16 @@ local function journalEnd(j, gen)
   return gen .. '-0', true
 end
 local function journalAppend(st, j, gen, prev, head, argv, from)
-  local lastId, stale = journalEnd(j, gen)
+  local lastId, stale = prev, false
+  -- Past the first batch, the journal holds this generation's entries
+  -- 1..n alone (the first batch deleted any other's; a later claim or a
+  -- reap fails the check of st before this; a failover loses a suffix):
+  -- it ends at prev, <gen>-n, when it holds n entries, which XLEN says
+  -- without reading the last entry.
+  local n = string.sub(prev, 1, #gen + 1) == gen .. '-' and tonumber(string.sub(prev, #gen + 2))
+  if not n or n == 0 or redis.call('XLEN', j) ~= n then
+    lastId, stale = journalEnd(j, gen)
+  end
   if lastId ~= prev then return lastId end
   if stale then redis.call('DEL', j) end
   local first = lastId == gen .. '-0'
