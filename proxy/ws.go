@@ -162,11 +162,17 @@ type wsConn struct {
 	clMu   sync.Mutex // guards writes to cl and clDead
 	clDead bool
 
-	// upMu guards writes to up, lanes and upDead: a create is written and
-	// queued on its lane in one hold, so the queue's order is the wire's.
+	// upMu guards writes to up, lanes, upDead, retiring and stopped: a
+	// create is written and queued on its lane in one hold, so the
+	// queue's order is the wire's.
 	upMu   sync.Mutex
 	lanes  map[string][]*wsLaneTurn // the turns sent on each lane, not yet ended
 	upDead bool
+	// retiring: a turn on the upstream socket was stopped while others
+	// ran on it; the socket takes no new turn, and closes once the
+	// others ended (stopTurn).
+	retiring bool
+	stopped  bool // the upstream socket was closed to stop a turn
 
 	turns     int            // creates the client sent (the read loop's)
 	keyed     sync.WaitGroup // keyed turns still running upstream
@@ -179,6 +185,7 @@ type wsConn struct {
 type wsLaneTurn struct {
 	t       *wsTurn
 	created bool // response.created came
+	stopped bool // the turn was stopped: its frames are no one's
 }
 
 // run serves the connection until the client's socket ends; the upstream
@@ -284,6 +291,10 @@ func (c *wsConn) readClient() {
 			c.errorFrame(lane, causeShutdown.err(""))
 			continue
 		}
+		if c.isRetiring() {
+			c.errorFrame(lane, causeWSUpstreamGone.err(wsRetiring))
+			continue
+		}
 		if c.turns++; c.turns > cfg.MaxTurns {
 			c.errorFrame(lane, causeWSMaxTurns.err(""))
 			continue
@@ -308,12 +319,28 @@ func (c *wsConn) busy() bool {
 	return false
 }
 
+// wsRetiring is what a turn sent on a connection whose upstream socket is
+// closing, to stop a turn (stopTurn), is told.
+const wsRetiring = "a turn of this connection was stopped, which closes its upstream socket (the protocol cannot cancel one turn): open a new connection"
+
+// isRetiring reports whether the upstream socket takes no new turn: it
+// closes, or will once its running turns end, to stop one.
+func (c *wsConn) isRetiring() bool {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	return c.retiring
+}
+
 // relay sends an unkeyed turn upstream as it came.
 func (c *wsConn) relay(lane string, msg []byte) {
 	c.upMu.Lock()
 	defer c.upMu.Unlock()
-	if c.upDead {
-		c.errorFrame(lane, causeWSUpstreamGone.err(""))
+	if c.upDead || c.retiring {
+		detail := ""
+		if c.retiring {
+			detail = wsRetiring
+		}
+		c.errorFrame(lane, causeWSUpstreamGone.err(detail))
 		return
 	}
 	if err := c.up.WriteMessage(websocket.TextMessage, msg); err != nil {
@@ -326,7 +353,7 @@ func (c *wsConn) relay(lane string, msg []byte) {
 func (c *wsConn) sendKeyed(t *wsTurn) error {
 	c.upMu.Lock()
 	defer c.upMu.Unlock()
-	if c.upDead {
+	if c.upDead || c.retiring {
 		return errWSUpstreamGone
 	}
 	if err := c.up.WriteMessage(websocket.TextMessage, t.frame); err != nil {
@@ -337,6 +364,71 @@ func (c *wsConn) sendKeyed(t *wsTurn) error {
 }
 
 var errWSUpstreamGone = errors.New("the upstream WebSocket is closed")
+
+// stopTurn stops the keyed turn t upstream, once its stream was ended (a
+// stop of its tenant, -max-stream-duration, a shutdown). The Responses
+// WebSocket protocol has no cancel of one turn (response.cancel is the
+// Realtime API's): the provider generates a turn until it ends or its
+// socket closes. So when t is the only turn running on the upstream
+// socket, the socket is closed now, and the provider stops; the client's
+// socket is then closed too (1000, once what is being delivered to it
+// went), as the API closes one at the end of its lifetime, so that the
+// client opens a new connection for its next turn: a transparent new
+// upstream socket would lose the connection-local cache that a
+// store=false continuation (previous_response_id) needs, and the client
+// would be told previous_response_not_found instead. When other turns
+// run on the socket, they are not harmed: t's frames are no longer
+// relayed (its stream has ended), the socket takes no new turn
+// (wsRetiring), and it closes as soon as the others ended.
+func (c *wsConn) stopTurn(t *wsTurn) {
+	c.upMu.Lock()
+	if c.upDead {
+		c.upMu.Unlock()
+		return
+	}
+	found, others := false, false
+	for _, q := range c.lanes {
+		for _, lt := range q {
+			switch {
+			case lt.t == t:
+				lt.stopped, found = true, true
+			case !lt.stopped:
+				others = true
+			}
+		}
+	}
+	if !found {
+		c.upMu.Unlock()
+		return // not sent, or ended meanwhile
+	}
+	c.retiring = true
+	closeNow := !others
+	if closeNow {
+		c.stopped = true
+	}
+	c.upMu.Unlock()
+	c.p.log.Info("websocket turn stopped upstream", "key", t.key, "tenant", c.sc.Tenant, "lane", t.lane, "socket_closed", closeNow)
+	if closeNow {
+		c.up.Close() //nolint:errcheck // stopping the provider's generation
+	}
+}
+
+// retireIfIdle closes the upstream socket of a retiring connection once no
+// turn but stopped ones runs on it. Called under upMu.
+func (c *wsConn) retireIfIdle() {
+	if !c.retiring || c.stopped {
+		return
+	}
+	for _, q := range c.lanes {
+		for _, lt := range q {
+			if !lt.stopped {
+				return
+			}
+		}
+	}
+	c.stopped = true
+	c.up.Close() //nolint:errcheck // the stopped turn's generation ends with it
+}
 
 // readUpstream reads the upstream's frames and routes each to the turn at
 // the head of its lane; a terminal event ends that turn. When the socket
@@ -369,6 +461,7 @@ func (c *wsConn) readUpstream() {
 				if c.lanes[lane] = q[1:]; len(q) == 1 {
 					delete(c.lanes, lane)
 				}
+				c.retireIfIdle()
 			}
 		}
 		c.upMu.Unlock()
@@ -389,6 +482,7 @@ func (c *wsConn) readUpstream() {
 		}
 	}
 	c.lanes = map[string][]*wsLaneTurn{}
+	stopped := c.stopped
 	c.upMu.Unlock()
 	for _, t := range cut {
 		t.cut()
@@ -399,9 +493,15 @@ func (c *wsConn) readUpstream() {
 	default:
 	}
 	// The client's keyed turns end with an error frame that says their
-	// outcome is unknown (their deliveries), then its socket closes.
+	// outcome is unknown (their deliveries), or, when the socket was
+	// closed to stop a turn, that it was cancelled; then its socket
+	// closes.
 	go func() {
 		c.delivered.Wait()
+		if stopped {
+			c.closeClient(websocket.CloseNormalClosure, "a turn was stopped, which closed the upstream socket: open a new connection")
+			return
+		}
 		c.closeClient(websocket.CloseInternalServerErr, "the upstream connection was lost")
 	}()
 }

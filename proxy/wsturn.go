@@ -126,7 +126,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			c.errorFrame(lane, causeMaxStreams.err(""))
 			break
 		}
-		t := &wsTurn{c: c, lane: lane, frame: up, ended: make(chan struct{})}
+		t := &wsTurn{c: c, key: k, lane: lane, frame: up, ended: make(chan struct{})}
 		t.pr, t.pw = io.Pipe()
 		req := sse.Request{Model: gjson.GetBytes(msg, "model").String(), Stream: true, N: 1}
 		g := p.newGen(b.Flight, req, wsKind(t))
@@ -172,6 +172,7 @@ func canonicalJSON(body []byte) ([]byte, error) {
 // from, as the events of a Responses stream.
 type wsTurn struct {
 	c     *wsConn
+	key   string
 	lane  string
 	frame []byte
 	pr    *io.PipeReader
@@ -212,8 +213,9 @@ func (t *wsTurn) send(g *gen, _ *fasthttp.Request, resp *fasthttp.Response) erro
 	resp.SetBodyStream(t.pr, -1)
 	go func() {
 		select {
-		case <-g.stop: // a shutdown, -max-stream-duration
+		case <-g.stop: // a stop, a shutdown, -max-stream-duration
 			t.end(errWSCut)
+			t.c.stopTurn(t) // and the provider's generation (ws.go)
 		case <-t.ended:
 		}
 	}()
