@@ -15,7 +15,9 @@ import (
 // DELETE /streams/{key}, or POST /v1/responses/{id}/cancel for a
 // Responses stream's id (an alias of its key, as GET /v1/responses/{id}
 // resolves it). The generation's upstream call is cut (gen.Stop: the
-// connection is closed under its read), every client of its flight gets
+// connection is closed under its read, its head awaited included,
+// upstream.Call; a keyed WebSocket turn's upstream socket is closed,
+// wsConn.stopTurn), every client of its flight gets
 // stream_aborted with code cancelled, nothing is stored, and the key is
 // left cancelled: held, so that a repeat of it is refused (409
 // stream_cancelled) rather than paid for again, until DELETE /keys/{key}

@@ -510,3 +510,67 @@ func TestStopWebSocketTurnAmongOthers(t *testing.T) {
 	e.waitState(key, "Bearer sk-a", cache.StateCancelled)
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 2)
 }
+
+// TestStopWhileHeadAwaited: a stop that comes while the upstream's head
+// is awaited (the mock holds it back) takes effect within a second, not
+// when the head comes (within -head-timeout, 30 s here): the awaiting
+// call is woken and its upstream connection or socket closed, the
+// client is answered, and the key is cancelled. For an SSE (HTTP) call
+// and for a keyed WebSocket turn.
+func TestStopWhileHeadAwaited(t *testing.T) {
+	t.Parallel()
+	t.Run("sse", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		key := newKey("stop-head")
+		answered := make(chan result, 1)
+		go func() {
+			answered <- e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody,
+				header: map[string]string{"X-Mock-Fault": "hang"}})
+		}()
+		waitFor(t, func() bool { return e.mock.Calls() == 1 && e.mock.Active() == 1 })
+		stopped := time.Now()
+		r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-one"})
+		if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+			t.Fatalf("DELETE while the head is awaited: got %d %s after %v; want 200, cancelled", r.status, r.raw, time.Since(stopped).Round(time.Millisecond))
+		}
+		wantUpstreamStops(t, e, stopped)
+		select {
+		case res := <-answered:
+			if res.status == http.StatusOK && !res.aborted {
+				t.Fatalf("the client: got a whole %d answer; want the stop's", res.status)
+			}
+			t.Logf("the client was answered %d %s %v after the stop", res.status, res.errType, time.Since(stopped).Round(time.Millisecond))
+		case <-time.After(time.Second - time.Since(stopped)):
+			t.Fatal("the client was not answered within a second of the stop")
+		}
+		e.waitState(key, "Bearer sk-one", cache.StateCancelled)
+		e.wantCalls(1)
+	})
+	t.Run("websocket", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, slowMock(5*time.Second, 16)) // the first frame comes after 5 s
+		key := newKey("stop-ws-head")
+		conn := wsDial(t, e.url, "sk-a")
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return e.mock.WebSocketLiveTurns() == 1 })
+		stopped := time.Now()
+		r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-a"})
+		if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+			t.Fatalf("DELETE while the first frame is awaited: got %d %s; want 200, cancelled", r.status, r.raw)
+		}
+		wantWSUpstreamStops(t, e, stopped, 1)
+		types, raw := wsTurnEvents(t, conn.Recv)
+		if len(types) != 1 || types[0] != "error" || !strings.Contains(raw[0], "cancelled") {
+			t.Fatalf("the turn: got %v %v; want only the error event with code cancelled", types, raw)
+		}
+		if since := time.Since(stopped); since > time.Second {
+			t.Fatalf("the client was told %v after the stop; want within a second", since)
+		}
+		e.waitState(key, "Bearer sk-a", cache.StateCancelled)
+	})
+}
