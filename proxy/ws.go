@@ -131,7 +131,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	c := &wsConn{p: p, sc: sc, up: upc, path: string(ctx.URI().PathOriginal()),
-		lanes: map[string][]*wsLaneTurn{}, gone: make(chan struct{})}
+		lanes: map[string][]*wsLaneTurn{}, following: map[string]int{}, gone: make(chan struct{})}
 	p.clients.Add(1)
 	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
 		defer p.clients.Done()
@@ -173,6 +173,12 @@ type wsConn struct {
 	// others ended (stopTurn).
 	retiring bool
 	stopped  bool // the upstream socket was closed to stop a turn
+
+	// fmu guards following: the keyed turns being delivered to the
+	// client, counted by lane and key (wsLaneKey), so that a re-send of
+	// a turn on the lane it is delivered on is not delivered again.
+	fmu       sync.Mutex
+	following map[string]int
 
 	turns     int            // creates the client sent (the read loop's)
 	keyed     sync.WaitGroup // keyed turns still running upstream

@@ -480,3 +480,50 @@ func TestWSIdleAndDrain(t *testing.T) {
 		t.Fatalf("connection at a drain: %v; want close 1001", err)
 	}
 }
+
+// A keyed turn re-sent on the same socket and the same lane while it runs
+// is a no-op: the caller already gets that turn's frames on that lane,
+// each once (a re-send on another lane joins under its own, as
+// TestWSJoinSameSocketAndHTTPResume shows). The next turn's frames follow
+// the turn's end with nothing of the turn repeated.
+func TestWSResendSameLane(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16))
+	conn := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	for _, lane := range []string{"", "a"} {
+		key := newKey("ws-same-lane")
+		recv := conn.Recv
+		if lane != "" {
+			l, err := conn.Lane(lane)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recv = l.Recv
+		}
+		if err := conn.Create(ctx, wsCreate("hello", key, lane)); err != nil {
+			t.Fatal(err)
+		}
+		ev, err := recv(ctx)
+		if err != nil || ev.Type != "response.created" {
+			t.Fatalf("lane %q: first event %v, %v; want response.created", lane, ev.Type, err)
+		}
+		for range 2 { // re-sent while it runs, twice
+			if err := conn.Create(ctx, wsCreate("hello", key, lane)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rest, _ := wsTurnEvents(t, recv)
+		wantWholeTurn(t, append([]string{ev.Type}, rest...), 16)
+		// The next turn on the lane: its own response.created comes next.
+		if err := conn.Create(ctx, wsCreate("next", "", lane)); err != nil {
+			t.Fatal(err)
+		}
+		next, _ := wsTurnEvents(t, recv)
+		wantWholeTurn(t, next, 16)
+	}
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 4)
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	if got := metricValue(t, m, `ssegate_ws_turns_total{decision="duplicate"}`); got != 4 {
+		t.Errorf(`ssegate_ws_turns_total{decision="duplicate"}: got %v; want 4`, got)
+	}
+}

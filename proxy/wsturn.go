@@ -88,6 +88,14 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		return
 	}
 	d := "miss"
+	lk := wsLaneKey(lane, k)
+	if (b.Decision == cache.Join || b.Decision == cache.Hit) && c.delivering(lk) {
+		// A re-send on the lane the turn is being delivered on: the
+		// client gets its frames there already, each once.
+		p.hooks.wsTurn("duplicate", decisionJoin)
+		p.log.Info("websocket turn", "decision", "duplicate", "key", k, "tenant", sc.Tenant, "lane", lane)
+		return
+	}
 	switch b.Decision {
 	case cache.Conflict:
 		d = "conflict"
@@ -106,8 +114,10 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		p.hooks.saved(b.Result.Usage)
 		data, _ := b.Result.After(0)
 		c.delivered.Add(1)
+		c.startDelivery(lk)
 		go func() {
 			defer c.delivered.Done()
+			defer c.endDelivery(lk)
 			c.deliverJournal(data, lane)
 		}()
 	case cache.Join:
@@ -119,7 +129,8 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			break
 		}
 		c.delivered.Add(1)
-		go c.follow(b.Flight, sub, lane)
+		c.startDelivery(lk)
+		go c.follow(b.Flight, sub, lane, lk)
 	case cache.Miss:
 		if !p.claimSlot(nil, b.Flight) {
 			d = "refused"
@@ -142,7 +153,8 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			t.end(nil)
 		}()
 		c.delivered.Add(1)
-		go c.follow(b.Flight, g.o.sub, lane) // the origin's place, taken before the generation starts
+		c.startDelivery(lk)
+		go c.follow(b.Flight, g.o.sub, lane, lk) // the origin's place, taken before the generation starts
 		g.launch(tmpl)
 	}
 	p.hooks.wsTurn(d, wsDecisions[d])
@@ -263,10 +275,37 @@ func (t *wsTurn) end(err error) {
 	})
 }
 
+// wsLaneKey names the delivery of the turn under key k on lane.
+func wsLaneKey(lane, k string) string { return lane + "\x00" + k }
+
+// delivering reports whether the turn lk names is being delivered to the
+// client on its lane.
+func (c *wsConn) delivering(lk string) bool {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	return c.following[lk] > 0
+}
+
+// startDelivery and endDelivery count a delivery of the turn lk names.
+func (c *wsConn) startDelivery(lk string) {
+	c.fmu.Lock()
+	c.following[lk]++
+	c.fmu.Unlock()
+}
+
+func (c *wsConn) endDelivery(lk string) {
+	c.fmu.Lock()
+	if c.following[lk]--; c.following[lk] <= 0 {
+		delete(c.following, lk)
+	}
+	c.fmu.Unlock()
+}
+
 // follow delivers the flight f, from sub, to the client on lane, until
-// f ends or the client is gone.
-func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane string) {
+// f ends or the client is gone; lk names the delivery (startDelivery).
+func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane, lk string) {
 	defer c.delivered.Done()
+	defer c.endDelivery(lk)
 	defer sub.Close()
 	terminal := false
 	for {
