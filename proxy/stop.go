@@ -66,7 +66,7 @@ func (p *Proxy) serveStreamStop(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p.stop(ctx, sc, 0, func(ki cache.KeyInfo) []byte {
-		b, _ := json.Marshal(keyInfo{Key: sc.Key, KeyInfo: ki})
+		b, _ := json.Marshal(newKeyInfo(sc.Key, ki))
 		return b
 	})
 }
@@ -124,7 +124,7 @@ func (p *Proxy) serveResponseCancel(ctx *fasthttp.RequestCtx, id string) {
 		if ki.State.Live() {
 			status = "in_progress"
 		}
-		b, _ := json.Marshal(responseStopped{ID: id, Object: "response", Status: status, Key: keyInfo{Key: sc.Key, KeyInfo: ki}})
+		b, _ := json.Marshal(responseStopped{ID: id, Object: "response", Status: status, Key: newKeyInfo(sc.Key, ki)})
 		return b
 	})
 }

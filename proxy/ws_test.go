@@ -161,6 +161,11 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 	wantWholeTurn(t, types, 16)
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
 	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	// GET /keys/{key} shows the key as a WebSocket turn, not a tool call.
+	info := e.fetch(req{method: http.MethodGet, path: "/keys/" + key, auth: "Bearer sk-a"})
+	if kind := gjson.GetBytes(info.raw, "kind").Str; kind != "websocket_turn" || gjson.GetBytes(info.raw, "tool").Exists() {
+		t.Fatalf("GET /keys/{key}: %s; want kind websocket_turn and no tool", info.raw)
+	}
 	// Re-sent after its end: replayed from the store.
 	if err := second.Create(ctx, wsCreate("hello", key, "")); err != nil {
 		t.Fatal(err)

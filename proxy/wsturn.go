@@ -19,6 +19,12 @@ import (
 // wsKeyField is where a response.create carries its idempotency key.
 const wsKeyField = "metadata.ssegate_idempotency_key"
 
+// wsTurnTool is the name a keyed WebSocket turn is held under as a tool
+// call (cache.Tool.Name), which GET /keys/{key} shows as the turn's kind
+// (newKeyInfo). The colon is outside the characters of MCP's tool names,
+// so no tool call is taken for a turn.
+const wsTurnTool = "websocket:response.create"
+
 // A keyed WebSocket turn is a response.create whose metadata carries
 // ssegate_idempotency_key (or, under -ws-dedupe-window, any turn, keyed
 // by its tenant and canonical create body). It is one intent, decided as
@@ -73,7 +79,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	// does (cache.Tool): a re-send is told so, and never sent again.
 	var b cache.Begun
 	if ts, ok := p.store.(ToolStore); ok {
-		tool := cache.Tool{Name: "response.create", UnknownTTL: p.cfg.MCPUnknownTTL}
+		tool := cache.Tool{Name: wsTurnTool, UnknownTTL: p.cfg.MCPUnknownTTL}
 		if !key.Exists() {
 			tool.Keep = window
 		}
