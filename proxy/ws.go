@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -95,12 +96,10 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	up := p.ups[0]
 	target := string(ctx.URI().PathOriginal())
 	if q := ctx.URI().QueryString(); len(q) > 0 {
 		target += "?" + string(q)
 	}
-	target = up.WebSocketURL(target)
 	hdr := http.Header{}
 	for k, v := range ctx.Request.Header.All() {
 		name := string(k)
@@ -110,30 +109,26 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 			hdr.Add(name, string(v))
 		}
 	}
-	d := websocket.Dialer{HandshakeTimeout: p.cfg.UpstreamConnectTimeout, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
-	upc, resp, err := d.Dial(target, hdr)
-	if err != nil {
-		if resp != nil {
+	upc, refused, why := p.dialWebSocket(target, hdr, sc)
+	if upc == nil {
+		if refused != nil {
 			// The upstream refused the handshake: its status (426 tells
 			// Codex to fall back to HTTP), and its error body.
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close() //nolint:errcheck // read
-			ctx.SetStatusCode(resp.StatusCode)
-			if ct := resp.Header.Get("Content-Type"); ct != "" {
-				ctx.SetContentType(ct)
+			ctx.SetStatusCode(refused.status)
+			if refused.contentType != "" {
+				ctx.SetContentType(refused.contentType)
 			}
-			ctx.SetBody(body)
-			p.log.Info("websocket refused by upstream", "status", resp.StatusCode, "tenant", sc.Tenant)
+			ctx.SetBody(refused.body)
+			p.log.Info("websocket refused by upstream", "status", refused.status, "tenant", sc.Tenant)
 			return
 		}
-		p.log.Warn("websocket upstream dial failed", "err", err.Error(), "tenant", sc.Tenant)
-		p.writeError(ctx, causeConnectError.err(""))
+		p.writeError(ctx, why.err(""))
 		return
 	}
 	c := &wsConn{p: p, sc: sc, up: upc, path: string(ctx.URI().PathOriginal()),
 		lanes: map[string][]*wsLaneTurn{}, following: map[string]int{}, gone: make(chan struct{})}
 	p.clients.Add(1)
-	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
+	err := wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
 		defer p.clients.Done()
 		defer p.wsConns.Add(-1)
 		p.hooks.wsConnection(1)
@@ -149,6 +144,95 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	opened = true
+}
+
+// wsRefusal is an upstream's answer to a handshake it refused.
+type wsRefusal struct {
+	status      int
+	contentType string
+	body        []byte
+}
+
+// dialWebSocket opens the upstream socket of a client's handshake, to
+// path (and query) with the handshake's headers hdr, failing over as an
+// HTTP call that sent nothing does: the upstreams in order, through their
+// circuits (upstream.Pick), within -retry-attempts, -retry-max-elapsed
+// and the retry budget, with the same backoff. A handshake runs no
+// generation, so what the retry rules take as safe (a connect failure, no
+// answer to the handshake, 429, 500, 502, 503, 504) is tried on the next
+// upstream; any other refusal (401, 426) is the answer. It returns the
+// socket, or the refusal to pass back (the last one, when every
+// upstream failed so), or the cause of the failure.
+func (p *Proxy) dialWebSocket(path string, hdr http.Header, sc cache.Scope) (*websocket.Conn, *wsRefusal, cause) {
+	rc := &p.cfg.Retry
+	d := websocket.Dialer{HandshakeTimeout: p.cfg.UpstreamConnectTimeout, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
+	jitter := upstream.NewFullJitter(rc.BaseBackoff, rc.MaxBackoff)
+	start := time.Now()
+	p.budget.Request(start)
+	var last *wsRefusal
+	c := causeConnectError
+	for n, next := 1, 0; ; n++ {
+		up, idx, done, ok := upstream.Pick(p.ups, next, "")
+		if !ok {
+			if last == nil && n == 1 {
+				c = causeUpstreamUnavailable
+			}
+			return nil, last, c
+		}
+		upc, resp, err := d.Dial(up.WebSocketURL(path), hdr)
+		if err == nil {
+			done(nil)
+			return upc, nil, causeNone
+		}
+		retryAfter := time.Duration(0)
+		switch {
+		case resp == nil:
+			var oe *net.OpError
+			if errors.As(err, &oe) && oe.Op == "dial" {
+				err = upstream.ConnectFailed(err)
+			}
+			done(err)
+			c = causeConnectError
+			p.log.Warn("websocket upstream dial failed", "err", err.Error(), "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+		default:
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close() //nolint:errcheck // read
+			r := &wsRefusal{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: body}
+			if upstream.StatusVerdict(r.status) != upstream.Safe {
+				done(nil) // an answer: the upstream is up
+				return nil, r, causeNone
+			}
+			done(health(r.status, false))
+			last = r
+			retryAfter = upstream.RetryAfter([]byte(resp.Header.Get("Retry-After")), time.Now())
+			p.log.Warn("websocket upstream handshake failed", "status", r.status, "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+		}
+		wait := max(jitter.Next(), retryAfter)
+		why := ""
+		switch {
+		case n >= rc.Attempts:
+			why = "attempts"
+		case retryAfter > rc.RetryAfterMax:
+			why = "retry_after_too_long"
+		case time.Since(start)+wait > rc.MaxElapsed:
+			why = "max_elapsed"
+		case !p.budget.Retry(time.Now()):
+			why = "budget"
+		}
+		if why != "" {
+			p.hooks.retryRefused(why)
+			p.log.Warn("no websocket handshake retry", "why", why, "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+			return nil, last, c
+		}
+		next = idx + 1
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.done:
+			t.Stop()
+			return nil, last, causeShutdown
+		}
+	}
 }
 
 // wsConn is one client socket and its upstream socket.

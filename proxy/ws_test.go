@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/tidwall/gjson"
 )
@@ -530,5 +533,72 @@ func TestWSResendSameLane(t *testing.T) {
 	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
 	if got := metricValue(t, m, `ssegate_ws_turns_total{decision="duplicate"}`); got != 4 {
 		t.Errorf(`ssegate_ws_turns_total{decision="duplicate"}: got %v; want 4`, got)
+	}
+}
+
+// A WebSocket handshake fails over as an HTTP call that sent nothing
+// does: with the first upstream down (its connection refused) or
+// answering 503, the second takes the socket, and its turn runs there; a
+// 4xx (426, 401) from the first is passed back, and the second never
+// sees the handshake.
+func TestWSFailover(t *testing.T) {
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	downURL := "http://" + down.Addr().String()
+	down.Close() // its connections are refused
+	for _, c := range []struct {
+		name   string
+		status int // the first upstream's answer to the handshake; 0: it is down
+		pass   bool
+	}{
+		{name: "refused", status: 0},
+		{name: "503", status: http.StatusServiceUnavailable},
+		{name: "426", status: http.StatusUpgradeRequired, pass: true},
+		{name: "401", status: http.StatusUnauthorized, pass: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			first := downURL
+			var firstCalls func() int64
+			if c.status != 0 {
+				fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(c.status)
+					w.Write([]byte(`{"error":{"message":"no","type":"test"}}`)) //nolint:errcheck // the test's answer
+				})
+				first, firstCalls = fs.url, fs.calls.Load
+			}
+			mock, second := startMock(t, mockllm.Config{Tokens: 16})
+			e := newEnvUpstream(t, second, mock, Config{Upstreams: []string{first, second},
+				Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}, cache.Config{})
+			cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			conn, err := cl.Responses.Connect(ctx, responses.ResponseConnectionOptions{})
+			if c.pass {
+				if err == nil || !strings.Contains(err.Error(), strconv.Itoa(c.status)) {
+					t.Fatalf("connect: %v; want the first upstream's %d", err, c.status)
+				}
+				if _, auth := mock.WebSocketHandshake(); auth != "" {
+					t.Fatalf("the second upstream saw a handshake (Authorization %q); want the %d passed back", auth, c.status)
+				}
+				wantCount(t, "handshakes at the first upstream", firstCalls(), 1)
+				return
+			}
+			if err != nil {
+				t.Fatalf("connect with the first upstream %s: %v; want the second to take the socket", c.name, err)
+			}
+			t.Cleanup(conn.Abort)
+			if err := conn.Create(ctx, wsCreate("hello", newKey("ws-failover"), "")); err != nil {
+				t.Fatal(err)
+			}
+			types, _ := wsTurnEvents(t, conn.Recv)
+			wantWholeTurn(t, types, 16)
+			wantCount(t, "turns at the second upstream", mock.WebSocketTurns(), 1)
+			if firstCalls != nil {
+				wantCount(t, "handshakes at the first upstream", firstCalls(), 1)
+			}
+		})
 	}
 }
