@@ -504,17 +504,29 @@ func (c *wsConn) stopTurn(t *wsTurn) {
 }
 
 // retireIfIdle closes the upstream socket of a retiring connection once no
-// turn but stopped ones runs on it. Called under upMu.
+// turn but stopped ones runs on it; when the stopped turns ended by
+// themselves meanwhile, there is nothing left to stop, and the socket
+// takes turns again. Called under upMu.
 func (c *wsConn) retireIfIdle() {
 	if !c.retiring || c.stopped {
 		return
 	}
+	stopped, others := 0, 0
 	for _, q := range c.lanes {
 		for _, lt := range q {
-			if !lt.stopped {
-				return
+			if lt.stopped {
+				stopped++
+			} else {
+				others++
 			}
 		}
+	}
+	switch {
+	case stopped == 0:
+		c.retiring = false
+		return
+	case others > 0:
+		return
 	}
 	c.stopped = true
 	c.up.Close() //nolint:errcheck // the stopped turn's generation ends with it
