@@ -120,11 +120,11 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		p.hooks.saved(b.Result.Usage)
 		data, _ := b.Result.After(0)
 		c.delivered.Add(1)
-		c.startDelivery(lk)
+		dl := c.startDelivery(lk)
 		go func() {
 			defer c.delivered.Done()
-			defer c.endDelivery(lk)
-			c.deliverJournal(data, lane)
+			defer dl.end()
+			c.deliverJournal(data, lane, dl)
 		}()
 	case cache.Join:
 		d = "join"
@@ -135,8 +135,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			break
 		}
 		c.delivered.Add(1)
-		c.startDelivery(lk)
-		go c.follow(b.Flight, sub, lane, lk)
+		go c.follow(b.Flight, sub, lane, c.startDelivery(lk))
 	case cache.Miss:
 		if !p.claimSlot(nil, b.Flight) {
 			d = "refused"
@@ -159,8 +158,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			t.end(nil)
 		}()
 		c.delivered.Add(1)
-		c.startDelivery(lk)
-		go c.follow(b.Flight, g.o.sub, lane, lk) // the origin's place, taken before the generation starts
+		go c.follow(b.Flight, g.o.sub, lane, c.startDelivery(lk)) // the origin's place, taken before the generation starts
 		g.launch(tmpl)
 	}
 	p.hooks.wsTurn(d, wsDecisions[d])
@@ -292,38 +290,57 @@ func (c *wsConn) delivering(lk string) bool {
 	return c.following[lk] > 0
 }
 
-// startDelivery and endDelivery count a delivery of the turn lk names.
-func (c *wsConn) startDelivery(lk string) {
+// wsDelivery is one delivery of a keyed turn to the client, counted in
+// wsConn.following from startDelivery until end. It is used by the one
+// goroutine that delivers.
+type wsDelivery struct {
+	c     *wsConn
+	lk    string
+	ended bool
+}
+
+// startDelivery counts a delivery of the turn lk names.
+func (c *wsConn) startDelivery(lk string) *wsDelivery {
 	c.fmu.Lock()
 	c.following[lk]++
 	c.fmu.Unlock()
+	return &wsDelivery{c: c, lk: lk}
 }
 
-func (c *wsConn) endDelivery(lk string) {
+// end ends the count of the delivery, once: before its last frame is
+// written, so that a client that re-sends the turn as soon as it saw
+// that frame is answered (a replay), not taken for a duplicate.
+func (d *wsDelivery) end() {
+	if d.ended {
+		return
+	}
+	d.ended = true
+	c := d.c
 	c.fmu.Lock()
-	if c.following[lk]--; c.following[lk] <= 0 {
-		delete(c.following, lk)
+	if c.following[d.lk]--; c.following[d.lk] <= 0 {
+		delete(c.following, d.lk)
 	}
 	c.fmu.Unlock()
 }
 
 // follow delivers the flight f, from sub, to the client on lane, until
-// f ends or the client is gone; lk names the delivery (startDelivery).
-func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane, lk string) {
+// f ends or the client is gone, as the delivery dl.
+func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane string, dl *wsDelivery) {
 	defer c.delivered.Done()
-	defer c.endDelivery(lk)
+	defer dl.end()
 	defer sub.Close()
 	terminal := false
 	for {
 		var at [maxParts][]byte
 		spans, ended := sub.ReadSpans(at[:0])
 		for _, s := range spans {
-			if !c.frames(s, lane, &terminal) {
+			if !c.frames(s, lane, &terminal, dl) {
 				return
 			}
 		}
 		if ended {
 			if state, reason, _ := f.Outcome(); state != cache.StateCommitted && !terminal {
+				dl.end()
 				c.endFrame(lane, state, reason)
 			}
 			return
@@ -339,16 +356,18 @@ func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane, lk string) {
 	}
 }
 
-// deliverJournal delivers a stored turn's journal to the client on lane.
-func (c *wsConn) deliverJournal(data []byte, lane string) {
+// deliverJournal delivers a stored turn's journal to the client on lane,
+// as the delivery dl.
+func (c *wsConn) deliverJournal(data []byte, lane string, dl *wsDelivery) {
 	terminal := false
-	c.frames(data, lane, &terminal)
+	c.frames(data, lane, &terminal, dl)
 }
 
 // frames writes the client the events of the journal span s as frames
-// under lane; terminal is set once a terminal event went. It reports
-// whether the client took them.
-func (c *wsConn) frames(s []byte, lane string, terminal *bool) bool {
+// under lane, as the delivery dl (ended before the turn's terminal event
+// goes); terminal is set once a terminal event went. It reports whether
+// the client took them.
+func (c *wsConn) frames(s []byte, lane string, terminal *bool, dl *wsDelivery) bool {
 	sc := sse.NewScanner(bytes.NewReader(s), len(s)+1)
 	for sc.Next() {
 		ev := sc.Event()
@@ -362,6 +381,9 @@ func (c *wsConn) frames(s []byte, lane string, terminal *bool) bool {
 			msg, _ = sjson.SetBytes(msg, "stream_id", lane)
 		}
 		*terminal = *terminal || wsTerminal(ev.Type) || ev.Type == "error"
+		if wsTerminal(ev.Type) {
+			dl.end()
+		}
 		if !c.toClient(msg) {
 			return false
 		}
