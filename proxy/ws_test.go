@@ -601,4 +601,22 @@ func TestWSFailover(t *testing.T) {
 			}
 		})
 	}
+	// The circuits: once the first upstream failed -breaker-failures
+	// handshakes in a row, its circuit is open and the next handshake
+	// goes straight to the second.
+	t.Run("circuit", func(t *testing.T) {
+		fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		mock, second := startMock(t, mockllm.Config{Tokens: 16})
+		e := newEnvUpstream(t, second, mock, Config{Upstreams: []string{fs.url, second},
+			Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, BreakerFailures: 2, BreakerOpen: time.Minute}}, cache.Config{})
+		for i := range 3 {
+			conn := wsDial(t, e.url, "sk-a")
+			conn.Abort()
+			if want := int64(min(i+1, 2)); fs.calls.Load() != want {
+				t.Fatalf("handshake %d: the first upstream got %d; want %d", i+1, fs.calls.Load(), want)
+			}
+		}
+	})
 }
