@@ -270,10 +270,9 @@ func (g *gen) callFailed(err error, done func(error)) attempt {
 		done(nil) // the upstream answered; whether well is not known
 		return attempt{cause: g.cutShort()}
 	}
-	done(err)
 	a := attempt{cause: causeUpstreamReset}
 	switch {
-	case upstream.IsDial(err):
+	case upstream.IsDial(err), upstream.IsInterrupted(err):
 		a.cause = causeConnectError
 	case upstream.IsStale(err):
 		a.cause = causeStaleConnection
@@ -282,14 +281,18 @@ func (g *gen) callFailed(err error, done func(error)) attempt {
 	}
 	g.p.hooks.attemptEnded(g, a.cause.String())
 	if cut := g.cutShort(); cut != causeNone {
-		// Cut short while it waited (Abort closed its connection): the
-		// cut ends the flight, commit_unknown when the request may have
-		// gone out.
+		// Cut short while it waited (a stop, Abort or the generation's
+		// own bound closed its connection, or kept its request from
+		// being written): the cut ends the flight, commit_unknown when
+		// the request may have gone out. The circuits do not hear of
+		// it: the proxy, not the upstream, ended the call.
+		done(upstream.ErrNotCalled)
 		if a.unknown() {
 			g.mayRun = true
 		}
 		return attempt{cause: cut}
 	}
+	done(err)
 	return a
 }
 

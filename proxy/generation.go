@@ -42,6 +42,9 @@ type gen struct {
 	cause    cause         // why the generation was cut short, if it was
 	stop     chan struct{} // closed by cancel
 	start    time.Time
+	// upCall interrupts the upstream call in progress, also while it
+	// awaits its head, when resp is not there yet (cancel).
+	upCall upstream.Call
 
 	// Owned by the generation's goroutine.
 	ai         genAIOp         // the GenAI metrics' labels
@@ -86,6 +89,10 @@ func (g *gen) cancel(c cause) {
 	close(g.stop)
 	if g.resp != nil {
 		upstream.Interrupt(g.resp)
+	} else {
+		// A call that awaits its head: its connection is closed now,
+		// not once the head came (within -head-timeout).
+		g.upCall.Interrupt()
 	}
 }
 
@@ -142,7 +149,7 @@ func (g *gen) call(up *upstream.Upstream, req *fasthttp.Request) (*fasthttp.Resp
 	if g.kind.send != nil {
 		err = g.kind.send(g, req, resp)
 	} else {
-		err = up.Do(req, resp, g.req.Stream)
+		err = up.DoCall(req, resp, g.req.Stream, &g.upCall)
 	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {

@@ -206,11 +206,11 @@ func TestToolReissueAfterCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ki cache.KeyInfo
+	var ki keyInfo
 	json.NewDecoder(resp.Body).Decode(&ki) //nolint:errcheck // checked below
 	resp.Body.Close()
-	if ki.Tool != "write" || ki.State != cache.StateCommitted {
-		t.Fatalf("GET /keys: %+v; want the tool write, committed", ki)
+	if ki.Tool != "write" || ki.Kind != "tool_call" || ki.State != cache.StateCommitted {
+		t.Fatalf("GET /keys: %+v; want the tool write, a tool_call, committed", ki)
 	}
 }
 

@@ -107,7 +107,7 @@ func newMetrics(p *Proxy) *metrics {
 	m.acceptErrors = c("accept_errors_total", "Connections the listener could not take for want of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): each is waited out and the accept tried again.")
 	m.wsConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ssegate_ws_connections", Help: "Responses WebSocket connections open (-ws-max-conns)."})
 	f(m.wsConns)
-	m.wsTurns = cv("ws_turns_total", "Responses WebSocket turns (response.create frames) by decision: relay (unkeyed), miss, join, hit, conflict, unknown, gone, cancelled, invalid, refused.", "decision")
+	m.wsTurns = cv("ws_turns_total", "Responses WebSocket turns (response.create frames) by decision: relay (unkeyed), miss, join, duplicate (a re-send on the lane the turn is delivered on: nothing more is sent), hit, conflict, unknown, gone, cancelled, invalid, refused.", "decision")
 	m.commitUnknowns = c("commit_unknown_total", "Generations that ended with an unknowable outcome (state commit_unknown).")
 	m.stops = cv("stops_total", "Stops of live generations by their tenant (DELETE /streams/{key}, POST /v1/responses/{id}/cancel), by result: stopped (it ended cancelled), unconfirmed (not seen to end within -stop-timeout), ended (it had ended otherwise), not_found.", "result")
 	for _, r := range stopResults {

@@ -206,7 +206,32 @@ func (p *Proxy) attachError(ctx *fasthttp.RequestCtx, sc cache.Scope, err error,
 // keyInfo is the JSON answer of GET /keys/{key}.
 type keyInfo struct {
 	Key string `json:"key"`
+	// Kind is what the key names: a keyed request, an MCP tool call
+	// (its name in KeyInfo.Tool) or a WebSocket turn.
+	Kind string `json:"kind"`
 	cache.KeyInfo
+}
+
+// The kinds of key keyInfo shows.
+const (
+	keyKindRequest = "request"
+	keyKindTool    = "tool_call"
+	keyKindWSTurn  = "websocket_turn"
+)
+
+// newKeyInfo is the answer about key, from what the store knows of it. A
+// keyed WebSocket turn is held as a tool call is (BeginTool, under
+// wsTurnTool): it is shown as the turn it is.
+func newKeyInfo(key string, ki cache.KeyInfo) keyInfo {
+	kind := keyKindRequest
+	switch ki.Tool {
+	case "":
+	case wsTurnTool:
+		kind, ki.Tool = keyKindWSTurn, ""
+	default:
+		kind = keyKindTool
+	}
+	return keyInfo{Key: key, Kind: kind, KeyInfo: ki}
 }
 
 // serveKeyInfo serves GET /keys/{key}: what the store knows of the key.
@@ -224,7 +249,7 @@ func (p *Proxy) serveKeyInfo(ctx *fasthttp.RequestCtx) {
 		p.writeError(ctx, causeKeyNotFound.err(""))
 		return
 	}
-	b, _ := json.Marshal(keyInfo{Key: sc.Key, KeyInfo: ki})
+	b, _ := json.Marshal(newKeyInfo(sc.Key, ki))
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }

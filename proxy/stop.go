@@ -15,7 +15,9 @@ import (
 // DELETE /streams/{key}, or POST /v1/responses/{id}/cancel for a
 // Responses stream's id (an alias of its key, as GET /v1/responses/{id}
 // resolves it). The generation's upstream call is cut (gen.Stop: the
-// connection is closed under its read), every client of its flight gets
+// connection is closed under its read, its head awaited included,
+// upstream.Call; a keyed WebSocket turn's upstream socket is closed,
+// wsConn.stopTurn), every client of its flight gets
 // stream_aborted with code cancelled, nothing is stored, and the key is
 // left cancelled: held, so that a repeat of it is refused (409
 // stream_cancelled) rather than paid for again, until DELETE /keys/{key}
@@ -64,7 +66,7 @@ func (p *Proxy) serveStreamStop(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p.stop(ctx, sc, 0, func(ki cache.KeyInfo) []byte {
-		b, _ := json.Marshal(keyInfo{Key: sc.Key, KeyInfo: ki})
+		b, _ := json.Marshal(newKeyInfo(sc.Key, ki))
 		return b
 	})
 }
@@ -122,7 +124,7 @@ func (p *Proxy) serveResponseCancel(ctx *fasthttp.RequestCtx, id string) {
 		if ki.State.Live() {
 			status = "in_progress"
 		}
-		b, _ := json.Marshal(responseStopped{ID: id, Object: "response", Status: status, Key: keyInfo{Key: sc.Key, KeyInfo: ki}})
+		b, _ := json.Marshal(responseStopped{ID: id, Object: "response", Status: status, Key: newKeyInfo(sc.Key, ki)})
 		return b
 	})
 }

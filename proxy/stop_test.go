@@ -384,7 +384,12 @@ func TestStopBackgroundResponse(t *testing.T) {
 // TestStopWebSocketTurn: a keyed WebSocket turn is a keyed stream like
 // any other: DELETE /streams/{key} stops it, its caller gets the error
 // event with code cancelled, the key is cancelled, and a re-send of the
-// turn gets the stream_cancelled error, with no second generation.
+// turn gets the stream_cancelled error, with no second generation. The
+// turn was the only one on its upstream socket, so that socket is closed
+// within a second of the stop, which ends the provider's generation (the
+// protocol has no cancel of a turn): the mock's turn is cut by the close.
+// The client's socket then closes with 1000, and the client sends its next
+// turn on a new one.
 func TestStopWebSocketTurn(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
@@ -400,21 +405,172 @@ func TestStopWebSocketTurn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	stopped := time.Now()
 	r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-a"})
 	if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
 		t.Fatalf("DELETE: got %d %s; want 200, cancelled", r.status, r.raw)
 	}
+	wantWSUpstreamStops(t, e, stopped, 1)
 	types, raw := wsTurnEvents(t, conn.Recv)
 	if types[len(types)-1] != "error" || !strings.Contains(raw[len(raw)-1], "cancelled") {
 		t.Fatalf("the turn's end: got %v, last %s; want an error event with code cancelled", types[len(types)-1], raw[len(raw)-1])
 	}
+	if _, err := conn.Recv(ctx); err == nil || !strings.Contains(err.Error(), "StatusNormalClosure") {
+		t.Fatalf("the client's socket after the stopped turn: %v; want it closed with 1000", err)
+	}
 	e.waitState(key, "Bearer sk-a", cache.StateCancelled)
-	if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+	again := wsDial(t, e.url, "sk-a")
+	if err := again.Create(ctx, wsCreate("hello", key, "")); err != nil {
 		t.Fatal(err)
 	}
-	types, raw = wsTurnEvents(t, conn.Recv)
+	types, raw = wsTurnEvents(t, again.Recv)
 	if len(types) != 1 || types[0] != "error" || !strings.Contains(raw[0], "stream_cancelled") {
 		t.Fatalf("re-send of the cancelled turn: got %v %v; want the stream_cancelled error", types, raw)
 	}
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
+}
+
+// wantWSUpstreamStops checks that, within a second of the stop, the mock
+// generates no WebSocket turn and has no socket open, and that cut turns
+// were cut by their socket's close.
+func wantWSUpstreamStops(t *testing.T, e *env, stopped time.Time, cut int64) {
+	t.Helper()
+	if !within(time.Second-time.Since(stopped), func() bool {
+		return e.mock.WebSocketLiveTurns() == 0 && e.mock.WebSocketConns() == 0
+	}) {
+		t.Fatalf("a second after the stop the upstream still generates %d turns on %d sockets; want none",
+			e.mock.WebSocketLiveTurns(), e.mock.WebSocketConns())
+	}
+	t.Logf("upstream socket closed %v after the stop", time.Since(stopped).Round(time.Millisecond))
+	wantCount(t, "upstream turns cut by their socket's close", e.mock.WebSocketTurnsCut(), cut)
+}
+
+// TestStopWebSocketTurnAmongOthers: a keyed turn stopped while another turn
+// runs on the same upstream socket (on another lane). The other turn is
+// not harmed: it runs to its end, whole. The stopped turn's caller gets
+// the cancelled error and none of its frames after it; the connection
+// takes no new turn meanwhile (upstream_socket_closed, telling the client
+// to open a new connection); once the other turn ended, the upstream
+// socket closes within a second, which ends the stopped turn's
+// generation, and the client's socket closes with 1000.
+func TestStopWebSocketTurnAmongOthers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(20*time.Millisecond, 2000))
+	key := newKey("stop-ws-others")
+	conn := wsDial(t, e.url, "sk-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	a, _ := conn.Lane("a")
+	b, _ := conn.Lane("b")
+	c, _ := conn.Lane("c")
+	if err := conn.Create(ctx, wsCreate("hello", key, "a")); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 4; n++ {
+		if _, err := a.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := wsCreate("other", "", "b")
+	other.MaxOutputTokens = openai.Int(40)
+	if err := conn.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	first, err := b.Recv(ctx)
+	if err != nil || first.Type != "response.created" {
+		t.Fatalf("the other turn's first event: %v %v; want response.created", first.Type, err)
+	}
+	r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-a"})
+	if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+		t.Fatalf("DELETE: got %d %s; want 200, cancelled", r.status, r.raw)
+	}
+	types, raw := wsTurnEvents(t, a.Recv)
+	if types[len(types)-1] != "error" || !strings.Contains(raw[len(raw)-1], "cancelled") {
+		t.Fatalf("the stopped turn's end: got %v, last %s; want an error event with code cancelled", types[len(types)-1], raw[len(raw)-1])
+	}
+	if err := conn.Create(ctx, wsCreate("third", "", "c")); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := c.Recv(ctx); err != nil || !strings.Contains(ev.RawJSON(), `"upstream_socket_closed"`) || !strings.Contains(ev.RawJSON(), "open a new connection") {
+		t.Fatalf("a turn sent after the stop: got %s, %v; want upstream_socket_closed, open a new connection", ev.RawJSON(), err)
+	}
+	rest, _ := wsTurnEvents(t, b.Recv)
+	types = append([]string{first.Type}, rest...)
+	if len(types) != 40+8 || types[len(types)-1] != "response.incomplete" {
+		t.Fatalf("the other turn: %d events ending %s; want its 48 to response.incomplete", len(types), types[len(types)-1])
+	}
+	ended := time.Now()
+	wantWSUpstreamStops(t, e, ended, 1)
+	if ev, err := a.Recv(ctx); err == nil {
+		t.Fatalf("the stopped turn's lane after its error: got %s; want nothing more", ev.RawJSON())
+	}
+	if _, err := conn.Recv(ctx); err == nil || !strings.Contains(err.Error(), "StatusNormalClosure") {
+		t.Fatalf("the client's socket: %v; want it closed with 1000", err)
+	}
+	e.waitState(key, "Bearer sk-a", cache.StateCancelled)
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 2)
+}
+
+// TestStopWhileHeadAwaited: a stop that comes while the upstream's head
+// is awaited (the mock holds it back) takes effect within a second, not
+// when the head comes (within -head-timeout, 30 s here): the awaiting
+// call is woken and its upstream connection or socket closed, the
+// client is answered, and the key is cancelled. For an SSE (HTTP) call
+// and for a keyed WebSocket turn.
+func TestStopWhileHeadAwaited(t *testing.T) {
+	t.Parallel()
+	t.Run("sse", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		key := newKey("stop-head")
+		answered := make(chan result, 1)
+		go func() {
+			answered <- e.fetch(req{path: "/v1/responses", key: key, auth: "Bearer sk-one", body: stopBody,
+				header: map[string]string{"X-Mock-Fault": "hang"}})
+		}()
+		waitFor(t, func() bool { return e.mock.Calls() == 1 && e.mock.Active() == 1 })
+		stopped := time.Now()
+		r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-one"})
+		if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+			t.Fatalf("DELETE while the head is awaited: got %d %s after %v; want 200, cancelled", r.status, r.raw, time.Since(stopped).Round(time.Millisecond))
+		}
+		wantUpstreamStops(t, e, stopped)
+		select {
+		case res := <-answered:
+			if res.status == http.StatusOK && !res.aborted {
+				t.Fatalf("the client: got a whole %d answer; want the stop's", res.status)
+			}
+			t.Logf("the client was answered %d %s %v after the stop", res.status, res.errType, time.Since(stopped).Round(time.Millisecond))
+		case <-time.After(time.Second - time.Since(stopped)):
+			t.Fatal("the client was not answered within a second of the stop")
+		}
+		e.waitState(key, "Bearer sk-one", cache.StateCancelled)
+		e.wantCalls(1)
+	})
+	t.Run("websocket", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, slowMock(5*time.Second, 16)) // the first frame comes after 5 s
+		key := newKey("stop-ws-head")
+		conn := wsDial(t, e.url, "sk-a")
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := conn.Create(ctx, wsCreate("hello", key, "")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return e.mock.WebSocketLiveTurns() == 1 })
+		stopped := time.Now()
+		r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-a"})
+		if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+			t.Fatalf("DELETE while the first frame is awaited: got %d %s; want 200, cancelled", r.status, r.raw)
+		}
+		wantWSUpstreamStops(t, e, stopped, 1)
+		types, raw := wsTurnEvents(t, conn.Recv)
+		if len(types) != 1 || types[0] != "error" || !strings.Contains(raw[0], "cancelled") {
+			t.Fatalf("the turn: got %v %v; want only the error event with code cancelled", types, raw)
+		}
+		if since := time.Since(stopped); since > time.Second {
+			t.Fatalf("the client was told %v after the stop; want within a second", since)
+		}
+		e.waitState(key, "Bearer sk-a", cache.StateCancelled)
+	})
 }

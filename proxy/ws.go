@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -95,12 +96,10 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	up := p.ups[0]
 	target := string(ctx.URI().PathOriginal())
 	if q := ctx.URI().QueryString(); len(q) > 0 {
 		target += "?" + string(q)
 	}
-	target = up.WebSocketURL(target)
 	hdr := http.Header{}
 	for k, v := range ctx.Request.Header.All() {
 		name := string(k)
@@ -110,30 +109,26 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 			hdr.Add(name, string(v))
 		}
 	}
-	d := websocket.Dialer{HandshakeTimeout: p.cfg.UpstreamConnectTimeout, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
-	upc, resp, err := d.Dial(target, hdr)
-	if err != nil {
-		if resp != nil {
+	upc, refused, why := p.dialWebSocket(target, hdr, sc)
+	if upc == nil {
+		if refused != nil {
 			// The upstream refused the handshake: its status (426 tells
 			// Codex to fall back to HTTP), and its error body.
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close() //nolint:errcheck // read
-			ctx.SetStatusCode(resp.StatusCode)
-			if ct := resp.Header.Get("Content-Type"); ct != "" {
-				ctx.SetContentType(ct)
+			ctx.SetStatusCode(refused.status)
+			if refused.contentType != "" {
+				ctx.SetContentType(refused.contentType)
 			}
-			ctx.SetBody(body)
-			p.log.Info("websocket refused by upstream", "status", resp.StatusCode, "tenant", sc.Tenant)
+			ctx.SetBody(refused.body)
+			p.log.Info("websocket refused by upstream", "status", refused.status, "tenant", sc.Tenant)
 			return
 		}
-		p.log.Warn("websocket upstream dial failed", "err", err.Error(), "tenant", sc.Tenant)
-		p.writeError(ctx, causeConnectError.err(""))
+		p.writeError(ctx, why.err(""))
 		return
 	}
 	c := &wsConn{p: p, sc: sc, up: upc, path: string(ctx.URI().PathOriginal()),
-		lanes: map[string][]*wsLaneTurn{}, gone: make(chan struct{})}
+		lanes: map[string][]*wsLaneTurn{}, following: map[string]int{}, gone: make(chan struct{})}
 	p.clients.Add(1)
-	err = wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
+	err := wsUpgrader.Upgrade(ctx, func(cl *websocket.Conn) {
 		defer p.clients.Done()
 		defer p.wsConns.Add(-1)
 		p.hooks.wsConnection(1)
@@ -151,6 +146,95 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx) {
 	opened = true
 }
 
+// wsRefusal is an upstream's answer to a handshake it refused.
+type wsRefusal struct {
+	status      int
+	contentType string
+	body        []byte
+}
+
+// dialWebSocket opens the upstream socket of a client's handshake, to
+// path (and query) with the handshake's headers hdr, failing over as an
+// HTTP call that sent nothing does: the upstreams in order, through their
+// circuits (upstream.Pick), within -retry-attempts, -retry-max-elapsed
+// and the retry budget, with the same backoff. A handshake runs no
+// generation, so what the retry rules take as safe (a connect failure, no
+// answer to the handshake, 429, 500, 502, 503, 504) is tried on the next
+// upstream; any other refusal (401, 426) is the answer. It returns the
+// socket, or the refusal to pass back (the last one, when every
+// upstream failed so), or the cause of the failure.
+func (p *Proxy) dialWebSocket(path string, hdr http.Header, sc cache.Scope) (*websocket.Conn, *wsRefusal, cause) {
+	rc := &p.cfg.Retry
+	d := websocket.Dialer{HandshakeTimeout: p.cfg.UpstreamConnectTimeout, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10}
+	jitter := upstream.NewFullJitter(rc.BaseBackoff, rc.MaxBackoff)
+	start := time.Now()
+	p.budget.Request(start)
+	var last *wsRefusal
+	c := causeConnectError
+	for n, next := 1, 0; ; n++ {
+		up, idx, done, ok := upstream.Pick(p.ups, next, "")
+		if !ok {
+			if last == nil && n == 1 {
+				c = causeUpstreamUnavailable
+			}
+			return nil, last, c
+		}
+		upc, resp, err := d.Dial(up.WebSocketURL(path), hdr)
+		if err == nil {
+			done(nil)
+			return upc, nil, causeNone
+		}
+		retryAfter := time.Duration(0)
+		switch {
+		case resp == nil:
+			var oe *net.OpError
+			if errors.As(err, &oe) && oe.Op == "dial" {
+				err = upstream.ConnectFailed(err)
+			}
+			done(err)
+			c = causeConnectError
+			p.log.Warn("websocket upstream dial failed", "err", err.Error(), "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+		default:
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close() //nolint:errcheck // read
+			r := &wsRefusal{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: body}
+			if upstream.StatusVerdict(r.status) != upstream.Safe {
+				done(nil) // an answer: the upstream is up
+				return nil, r, causeNone
+			}
+			done(health(r.status, false))
+			last = r
+			retryAfter = upstream.RetryAfter([]byte(resp.Header.Get("Retry-After")), time.Now())
+			p.log.Warn("websocket upstream handshake failed", "status", r.status, "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+		}
+		wait := max(jitter.Next(), retryAfter)
+		why := ""
+		switch {
+		case n >= rc.Attempts:
+			why = "attempts"
+		case retryAfter > rc.RetryAfterMax:
+			why = "retry_after_too_long"
+		case time.Since(start)+wait > rc.MaxElapsed:
+			why = "max_elapsed"
+		case !p.budget.Retry(time.Now()):
+			why = "budget"
+		}
+		if why != "" {
+			p.hooks.retryRefused(why)
+			p.log.Warn("no websocket handshake retry", "why", why, "upstream", up.Name(), "attempt", n, "tenant", sc.Tenant)
+			return nil, last, c
+		}
+		next = idx + 1
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.done:
+			t.Stop()
+			return nil, last, causeShutdown
+		}
+	}
+}
+
 // wsConn is one client socket and its upstream socket.
 type wsConn struct {
 	p    *Proxy
@@ -162,11 +246,23 @@ type wsConn struct {
 	clMu   sync.Mutex // guards writes to cl and clDead
 	clDead bool
 
-	// upMu guards writes to up, lanes and upDead: a create is written and
-	// queued on its lane in one hold, so the queue's order is the wire's.
+	// upMu guards writes to up, lanes, upDead, retiring and stopped: a
+	// create is written and queued on its lane in one hold, so the
+	// queue's order is the wire's.
 	upMu   sync.Mutex
 	lanes  map[string][]*wsLaneTurn // the turns sent on each lane, not yet ended
 	upDead bool
+	// retiring: a turn on the upstream socket was stopped while others
+	// ran on it; the socket takes no new turn, and closes once the
+	// others ended (stopTurn).
+	retiring bool
+	stopped  bool // the upstream socket was closed to stop a turn
+
+	// fmu guards following: the keyed turns being delivered to the
+	// client, counted by lane and key (wsLaneKey), so that a re-send of
+	// a turn on the lane it is delivered on is not delivered again.
+	fmu       sync.Mutex
+	following map[string]int
 
 	turns     int            // creates the client sent (the read loop's)
 	keyed     sync.WaitGroup // keyed turns still running upstream
@@ -179,6 +275,7 @@ type wsConn struct {
 type wsLaneTurn struct {
 	t       *wsTurn
 	created bool // response.created came
+	stopped bool // the turn was stopped: its frames are no one's
 }
 
 // run serves the connection until the client's socket ends; the upstream
@@ -284,6 +381,10 @@ func (c *wsConn) readClient() {
 			c.errorFrame(lane, causeShutdown.err(""))
 			continue
 		}
+		if c.isRetiring() {
+			c.errorFrame(lane, causeWSUpstreamGone.err(wsRetiring))
+			continue
+		}
 		if c.turns++; c.turns > cfg.MaxTurns {
 			c.errorFrame(lane, causeWSMaxTurns.err(""))
 			continue
@@ -308,12 +409,28 @@ func (c *wsConn) busy() bool {
 	return false
 }
 
+// wsRetiring is what a turn sent on a connection whose upstream socket is
+// closing, to stop a turn (stopTurn), is told.
+const wsRetiring = "a turn of this connection was stopped, which closes its upstream socket (the protocol cannot cancel one turn): open a new connection"
+
+// isRetiring reports whether the upstream socket takes no new turn: it
+// closes, or will once its running turns end, to stop one.
+func (c *wsConn) isRetiring() bool {
+	c.upMu.Lock()
+	defer c.upMu.Unlock()
+	return c.retiring
+}
+
 // relay sends an unkeyed turn upstream as it came.
 func (c *wsConn) relay(lane string, msg []byte) {
 	c.upMu.Lock()
 	defer c.upMu.Unlock()
-	if c.upDead {
-		c.errorFrame(lane, causeWSUpstreamGone.err(""))
+	if c.upDead || c.retiring {
+		detail := ""
+		if c.retiring {
+			detail = wsRetiring
+		}
+		c.errorFrame(lane, causeWSUpstreamGone.err(detail))
 		return
 	}
 	if err := c.up.WriteMessage(websocket.TextMessage, msg); err != nil {
@@ -326,7 +443,7 @@ func (c *wsConn) relay(lane string, msg []byte) {
 func (c *wsConn) sendKeyed(t *wsTurn) error {
 	c.upMu.Lock()
 	defer c.upMu.Unlock()
-	if c.upDead {
+	if c.upDead || c.retiring {
 		return errWSUpstreamGone
 	}
 	if err := c.up.WriteMessage(websocket.TextMessage, t.frame); err != nil {
@@ -337,6 +454,83 @@ func (c *wsConn) sendKeyed(t *wsTurn) error {
 }
 
 var errWSUpstreamGone = errors.New("the upstream WebSocket is closed")
+
+// stopTurn stops the keyed turn t upstream, once its stream was ended (a
+// stop of its tenant, -max-stream-duration, a shutdown). The Responses
+// WebSocket protocol has no cancel of one turn (response.cancel is the
+// Realtime API's): the provider generates a turn until it ends or its
+// socket closes. So when t is the only turn running on the upstream
+// socket, the socket is closed now, and the provider stops; the client's
+// socket is then closed too (1000, once what is being delivered to it
+// went), as the API closes one at the end of its lifetime, so that the
+// client opens a new connection for its next turn: a transparent new
+// upstream socket would lose the connection-local cache that a
+// store=false continuation (previous_response_id) needs, and the client
+// would be told previous_response_not_found instead. When other turns
+// run on the socket, they are not harmed: t's frames are no longer
+// relayed (its stream has ended), the socket takes no new turn
+// (wsRetiring), and it closes as soon as the others ended.
+func (c *wsConn) stopTurn(t *wsTurn) {
+	c.upMu.Lock()
+	if c.upDead {
+		c.upMu.Unlock()
+		return
+	}
+	found, others := false, false
+	for _, q := range c.lanes {
+		for _, lt := range q {
+			switch {
+			case lt.t == t:
+				lt.stopped, found = true, true
+			case !lt.stopped:
+				others = true
+			}
+		}
+	}
+	if !found {
+		c.upMu.Unlock()
+		return // not sent, or ended meanwhile
+	}
+	c.retiring = true
+	closeNow := !others
+	if closeNow {
+		c.stopped = true
+	}
+	c.upMu.Unlock()
+	c.p.log.Info("websocket turn stopped upstream", "key", t.key, "tenant", c.sc.Tenant, "lane", t.lane, "socket_closed", closeNow)
+	if closeNow {
+		c.up.Close() //nolint:errcheck // stopping the provider's generation
+	}
+}
+
+// retireIfIdle closes the upstream socket of a retiring connection once no
+// turn but stopped ones runs on it; when the stopped turns ended by
+// themselves meanwhile, there is nothing left to stop, and the socket
+// takes turns again. Called under upMu.
+func (c *wsConn) retireIfIdle() {
+	if !c.retiring || c.stopped {
+		return
+	}
+	stopped, others := 0, 0
+	for _, q := range c.lanes {
+		for _, lt := range q {
+			if lt.stopped {
+				stopped++
+			} else {
+				others++
+			}
+		}
+	}
+	switch {
+	case stopped == 0:
+		c.retiring = false
+		return
+	case others > 0:
+		return
+	}
+	c.stopped = true
+	c.up.Close() //nolint:errcheck // the stopped turn's generation ends with it
+}
 
 // readUpstream reads the upstream's frames and routes each to the turn at
 // the head of its lane; a terminal event ends that turn. When the socket
@@ -369,6 +563,7 @@ func (c *wsConn) readUpstream() {
 				if c.lanes[lane] = q[1:]; len(q) == 1 {
 					delete(c.lanes, lane)
 				}
+				c.retireIfIdle()
 			}
 		}
 		c.upMu.Unlock()
@@ -389,6 +584,7 @@ func (c *wsConn) readUpstream() {
 		}
 	}
 	c.lanes = map[string][]*wsLaneTurn{}
+	stopped := c.stopped
 	c.upMu.Unlock()
 	for _, t := range cut {
 		t.cut()
@@ -399,9 +595,15 @@ func (c *wsConn) readUpstream() {
 	default:
 	}
 	// The client's keyed turns end with an error frame that says their
-	// outcome is unknown (their deliveries), then its socket closes.
+	// outcome is unknown (their deliveries), or, when the socket was
+	// closed to stop a turn, that it was cancelled; then its socket
+	// closes.
 	go func() {
 		c.delivered.Wait()
+		if stopped {
+			c.closeClient(websocket.CloseNormalClosure, "a turn was stopped, which closed the upstream socket: open a new connection")
+			return
+		}
 		c.closeClient(websocket.CloseInternalServerErr, "the upstream connection was lost")
 	}()
 }

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/gatetest"
+	"github.com/ssegate/ssegate/internal/mockllm"
 	"github.com/ssegate/ssegate/internal/redistest"
 	"github.com/tidwall/gjson"
 )
@@ -161,6 +164,11 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 	wantWholeTurn(t, types, 16)
 	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 1)
 	e.waitState(key, "Bearer sk-a", cache.StateCommitted)
+	// GET /keys/{key} shows the key as a WebSocket turn, not a tool call.
+	info := e.fetch(req{method: http.MethodGet, path: "/keys/" + key, auth: "Bearer sk-a"})
+	if kind := gjson.GetBytes(info.raw, "kind").Str; kind != "websocket_turn" || gjson.GetBytes(info.raw, "tool").Exists() {
+		t.Fatalf("GET /keys/{key}: %s; want kind websocket_turn and no tool", info.raw)
+	}
 	// Re-sent after its end: replayed from the store.
 	if err := second.Create(ctx, wsCreate("hello", key, "")); err != nil {
 		t.Fatal(err)
@@ -479,4 +487,136 @@ func TestWSIdleAndDrain(t *testing.T) {
 	if _, _, err := draining.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseGoingAway) {
 		t.Fatalf("connection at a drain: %v; want close 1001", err)
 	}
+}
+
+// A keyed turn re-sent on the same socket and the same lane while it runs
+// is a no-op: the caller already gets that turn's frames on that lane,
+// each once (a re-send on another lane joins under its own, as
+// TestWSJoinSameSocketAndHTTPResume shows). The next turn's frames follow
+// the turn's end with nothing of the turn repeated.
+func TestWSResendSameLane(t *testing.T) {
+	e := newEnv(t, slowMock(10*time.Millisecond, 16))
+	conn := wsDial(t, e.url, "sk-a")
+	ctx := context.Background()
+	for _, lane := range []string{"", "a"} {
+		key := newKey("ws-same-lane")
+		recv := conn.Recv
+		if lane != "" {
+			l, err := conn.Lane(lane)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recv = l.Recv
+		}
+		if err := conn.Create(ctx, wsCreate("hello", key, lane)); err != nil {
+			t.Fatal(err)
+		}
+		ev, err := recv(ctx)
+		if err != nil || ev.Type != "response.created" {
+			t.Fatalf("lane %q: first event %v, %v; want response.created", lane, ev.Type, err)
+		}
+		for range 2 { // re-sent while it runs, twice
+			if err := conn.Create(ctx, wsCreate("hello", key, lane)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rest, _ := wsTurnEvents(t, recv)
+		wantWholeTurn(t, append([]string{ev.Type}, rest...), 16)
+		// The next turn on the lane: its own response.created comes next.
+		if err := conn.Create(ctx, wsCreate("next", "", lane)); err != nil {
+			t.Fatal(err)
+		}
+		next, _ := wsTurnEvents(t, recv)
+		wantWholeTurn(t, next, 16)
+	}
+	wantCount(t, "upstream generations", e.mock.WebSocketTurns(), 4)
+	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	if got := metricValue(t, m, `ssegate_ws_turns_total{decision="duplicate"}`); got != 4 {
+		t.Errorf(`ssegate_ws_turns_total{decision="duplicate"}: got %v; want 4`, got)
+	}
+}
+
+// A WebSocket handshake fails over as an HTTP call that sent nothing
+// does: with the first upstream down (its connection refused) or
+// answering 503, the second takes the socket, and its turn runs there; a
+// 4xx (426, 401) from the first is passed back, and the second never
+// sees the handshake.
+func TestWSFailover(t *testing.T) {
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	downURL := "http://" + down.Addr().String()
+	down.Close() // its connections are refused
+	for _, c := range []struct {
+		name   string
+		status int // the first upstream's answer to the handshake; 0: it is down
+		pass   bool
+	}{
+		{name: "refused", status: 0},
+		{name: "503", status: http.StatusServiceUnavailable},
+		{name: "426", status: http.StatusUpgradeRequired, pass: true},
+		{name: "401", status: http.StatusUnauthorized, pass: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			first := downURL
+			var firstCalls func() int64
+			if c.status != 0 {
+				fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(c.status)
+					w.Write([]byte(`{"error":{"message":"no","type":"test"}}`)) //nolint:errcheck // the test's answer
+				})
+				first, firstCalls = fs.url, fs.calls.Load
+			}
+			mock, second := startMock(t, mockllm.Config{Tokens: 16})
+			e := newEnvUpstream(t, second, mock, Config{Upstreams: []string{first, second},
+				Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}}, cache.Config{})
+			cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			conn, err := cl.Responses.Connect(ctx, responses.ResponseConnectionOptions{})
+			if c.pass {
+				if err == nil || !strings.Contains(err.Error(), strconv.Itoa(c.status)) {
+					t.Fatalf("connect: %v; want the first upstream's %d", err, c.status)
+				}
+				if _, auth := mock.WebSocketHandshake(); auth != "" {
+					t.Fatalf("the second upstream saw a handshake (Authorization %q); want the %d passed back", auth, c.status)
+				}
+				wantCount(t, "handshakes at the first upstream", firstCalls(), 1)
+				return
+			}
+			if err != nil {
+				t.Fatalf("connect with the first upstream %s: %v; want the second to take the socket", c.name, err)
+			}
+			t.Cleanup(conn.Abort)
+			if err := conn.Create(ctx, wsCreate("hello", newKey("ws-failover"), "")); err != nil {
+				t.Fatal(err)
+			}
+			types, _ := wsTurnEvents(t, conn.Recv)
+			wantWholeTurn(t, types, 16)
+			wantCount(t, "turns at the second upstream", mock.WebSocketTurns(), 1)
+			if firstCalls != nil {
+				wantCount(t, "handshakes at the first upstream", firstCalls(), 1)
+			}
+		})
+	}
+	// The circuits: once the first upstream failed -breaker-failures
+	// handshakes in a row, its circuit is open and the next handshake
+	// goes straight to the second.
+	t.Run("circuit", func(t *testing.T) {
+		fs := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		mock, second := startMock(t, mockllm.Config{Tokens: 16})
+		e := newEnvUpstream(t, second, mock, Config{Upstreams: []string{fs.url, second},
+			Retry: RetryConfig{BaseBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, BreakerFailures: 2, BreakerOpen: time.Minute}}, cache.Config{})
+		for i := range 3 {
+			conn := wsDial(t, e.url, "sk-a")
+			conn.Abort()
+			if want := int64(min(i+1, 2)); fs.calls.Load() != want {
+				t.Fatalf("handshake %d: the first upstream got %d; want %d", i+1, fs.calls.Load(), want)
+			}
+		}
+	})
 }

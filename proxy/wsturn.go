@@ -19,6 +19,12 @@ import (
 // wsKeyField is where a response.create carries its idempotency key.
 const wsKeyField = "metadata.ssegate_idempotency_key"
 
+// wsTurnTool is the name a keyed WebSocket turn is held under as a tool
+// call (cache.Tool.Name), which GET /keys/{key} shows as the turn's kind
+// (newKeyInfo). The colon is outside the characters of MCP's tool names,
+// so no tool call is taken for a turn.
+const wsTurnTool = "websocket:response.create"
+
 // A keyed WebSocket turn is a response.create whose metadata carries
 // ssegate_idempotency_key (or, under -ws-dedupe-window, any turn, keyed
 // by its tenant and canonical create body). It is one intent, decided as
@@ -73,7 +79,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 	// does (cache.Tool): a re-send is told so, and never sent again.
 	var b cache.Begun
 	if ts, ok := p.store.(ToolStore); ok {
-		tool := cache.Tool{Name: "response.create", UnknownTTL: p.cfg.MCPUnknownTTL}
+		tool := cache.Tool{Name: wsTurnTool, UnknownTTL: p.cfg.MCPUnknownTTL}
 		if !key.Exists() {
 			tool.Keep = window
 		}
@@ -88,6 +94,14 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		return
 	}
 	d := "miss"
+	lk := wsLaneKey(lane, k)
+	if (b.Decision == cache.Join || b.Decision == cache.Hit) && c.delivering(lk) {
+		// A re-send on the lane the turn is being delivered on: the
+		// client gets its frames there already, each once.
+		p.hooks.wsTurn("duplicate", decisionJoin)
+		p.log.Info("websocket turn", "decision", "duplicate", "key", k, "tenant", sc.Tenant, "lane", lane)
+		return
+	}
 	switch b.Decision {
 	case cache.Conflict:
 		d = "conflict"
@@ -106,9 +120,11 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 		p.hooks.saved(b.Result.Usage)
 		data, _ := b.Result.After(0)
 		c.delivered.Add(1)
+		dl := c.startDelivery(lk)
 		go func() {
 			defer c.delivered.Done()
-			c.deliverJournal(data, lane)
+			defer dl.end()
+			c.deliverJournal(data, lane, dl)
 		}()
 	case cache.Join:
 		d = "join"
@@ -119,14 +135,14 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			break
 		}
 		c.delivered.Add(1)
-		go c.follow(b.Flight, sub, lane)
+		go c.follow(b.Flight, sub, lane, c.startDelivery(lk))
 	case cache.Miss:
 		if !p.claimSlot(nil, b.Flight) {
 			d = "refused"
 			c.errorFrame(lane, causeMaxStreams.err(""))
 			break
 		}
-		t := &wsTurn{c: c, lane: lane, frame: up, ended: make(chan struct{})}
+		t := &wsTurn{c: c, key: k, lane: lane, frame: up, ended: make(chan struct{})}
 		t.pr, t.pw = io.Pipe()
 		req := sse.Request{Model: gjson.GetBytes(msg, "model").String(), Stream: true, N: 1}
 		g := p.newGen(b.Flight, req, wsKind(t))
@@ -142,7 +158,7 @@ func (p *Proxy) wsCreate(c *wsConn, lane string, msg []byte) {
 			t.end(nil)
 		}()
 		c.delivered.Add(1)
-		go c.follow(b.Flight, g.o.sub, lane) // the origin's place, taken before the generation starts
+		go c.follow(b.Flight, g.o.sub, lane, c.startDelivery(lk)) // the origin's place, taken before the generation starts
 		g.launch(tmpl)
 	}
 	p.hooks.wsTurn(d, wsDecisions[d])
@@ -172,6 +188,7 @@ func canonicalJSON(body []byte) ([]byte, error) {
 // from, as the events of a Responses stream.
 type wsTurn struct {
 	c     *wsConn
+	key   string
 	lane  string
 	frame []byte
 	pr    *io.PipeReader
@@ -212,8 +229,9 @@ func (t *wsTurn) send(g *gen, _ *fasthttp.Request, resp *fasthttp.Response) erro
 	resp.SetBodyStream(t.pr, -1)
 	go func() {
 		select {
-		case <-g.stop: // a shutdown, -max-stream-duration
+		case <-g.stop: // a stop, a shutdown, -max-stream-duration
 			t.end(errWSCut)
+			t.c.stopTurn(t) // and the provider's generation (ws.go)
 		case <-t.ended:
 		}
 	}()
@@ -261,22 +279,68 @@ func (t *wsTurn) end(err error) {
 	})
 }
 
+// wsLaneKey names the delivery of the turn under key k on lane.
+func wsLaneKey(lane, k string) string { return lane + "\x00" + k }
+
+// delivering reports whether the turn lk names is being delivered to the
+// client on its lane.
+func (c *wsConn) delivering(lk string) bool {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	return c.following[lk] > 0
+}
+
+// wsDelivery is one delivery of a keyed turn to the client, counted in
+// wsConn.following from startDelivery until end. It is used by the one
+// goroutine that delivers.
+type wsDelivery struct {
+	c     *wsConn
+	lk    string
+	ended bool
+}
+
+// startDelivery counts a delivery of the turn lk names.
+func (c *wsConn) startDelivery(lk string) *wsDelivery {
+	c.fmu.Lock()
+	c.following[lk]++
+	c.fmu.Unlock()
+	return &wsDelivery{c: c, lk: lk}
+}
+
+// end ends the count of the delivery, once: before its last frame is
+// written, so that a client that re-sends the turn as soon as it saw
+// that frame is answered (a replay), not taken for a duplicate.
+func (d *wsDelivery) end() {
+	if d.ended {
+		return
+	}
+	d.ended = true
+	c := d.c
+	c.fmu.Lock()
+	if c.following[d.lk]--; c.following[d.lk] <= 0 {
+		delete(c.following, d.lk)
+	}
+	c.fmu.Unlock()
+}
+
 // follow delivers the flight f, from sub, to the client on lane, until
-// f ends or the client is gone.
-func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane string) {
+// f ends or the client is gone, as the delivery dl.
+func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane string, dl *wsDelivery) {
 	defer c.delivered.Done()
+	defer dl.end()
 	defer sub.Close()
 	terminal := false
 	for {
 		var at [maxParts][]byte
 		spans, ended := sub.ReadSpans(at[:0])
 		for _, s := range spans {
-			if !c.frames(s, lane, &terminal) {
+			if !c.frames(s, lane, &terminal, dl) {
 				return
 			}
 		}
 		if ended {
 			if state, reason, _ := f.Outcome(); state != cache.StateCommitted && !terminal {
+				dl.end()
 				c.endFrame(lane, state, reason)
 			}
 			return
@@ -292,16 +356,18 @@ func (c *wsConn) follow(f *cache.Flight, sub *cache.Sub, lane string) {
 	}
 }
 
-// deliverJournal delivers a stored turn's journal to the client on lane.
-func (c *wsConn) deliverJournal(data []byte, lane string) {
+// deliverJournal delivers a stored turn's journal to the client on lane,
+// as the delivery dl.
+func (c *wsConn) deliverJournal(data []byte, lane string, dl *wsDelivery) {
 	terminal := false
-	c.frames(data, lane, &terminal)
+	c.frames(data, lane, &terminal, dl)
 }
 
 // frames writes the client the events of the journal span s as frames
-// under lane; terminal is set once a terminal event went. It reports
-// whether the client took them.
-func (c *wsConn) frames(s []byte, lane string, terminal *bool) bool {
+// under lane, as the delivery dl (ended before the turn's terminal event
+// goes); terminal is set once a terminal event went. It reports whether
+// the client took them.
+func (c *wsConn) frames(s []byte, lane string, terminal *bool, dl *wsDelivery) bool {
 	sc := sse.NewScanner(bytes.NewReader(s), len(s)+1)
 	for sc.Next() {
 		ev := sc.Event()
@@ -315,6 +381,9 @@ func (c *wsConn) frames(s []byte, lane string, terminal *bool) bool {
 			msg, _ = sjson.SetBytes(msg, "stream_id", lane)
 		}
 		*terminal = *terminal || wsTerminal(ev.Type) || ev.Type == "error"
+		if wsTerminal(ev.Type) {
+			dl.end()
+		}
 		if !c.toClient(msg) {
 			return false
 		}

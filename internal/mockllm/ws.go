@@ -21,6 +21,10 @@ import (
 // The handshake takes the X-Mock-* headers of a POST (delay, tokens); X-
 // Mock-WS-Status: N refuses it with status N. DropWebSocketAfter has the
 // next turn close its socket, without a close frame, after n events.
+//
+// A turn whose socket the client closes ends there, as the API's does
+// (its generation stops with its connection: the protocol has no cancel
+// of a turn): WebSocketLiveTurns falls, and WebSocketTurnsCut counts it.
 
 // wsState is the mock's WebSocket knobs and counters.
 type wsState struct {
@@ -29,6 +33,8 @@ type wsState struct {
 	auth  atomic.Value // string: the Authorization header of the last handshake
 	conns atomic.Int64 // sockets open now
 	drop  atomic.Int64 // the next turn's socket closes after drop-1 events; 0: none
+	live  atomic.Int64 // turns being generated now
+	cut   atomic.Int64 // turns ended by their socket's close before their last event
 }
 
 // WebSocketTurns reports how many WebSocket turns the mock began to
@@ -42,6 +48,14 @@ func (s *Server) WebSocketHandshake() (beta, auth string) {
 	auth, _ = s.ws.auth.Load().(string)
 	return beta, auth
 }
+
+// WebSocketLiveTurns reports how many WebSocket turns are being
+// generated now.
+func (s *Server) WebSocketLiveTurns() int64 { return s.ws.live.Load() }
+
+// WebSocketTurnsCut reports how many WebSocket turns stopped generating
+// because the client closed their socket before their last event.
+func (s *Server) WebSocketTurnsCut() int64 { return s.ws.cut.Load() }
 
 // WebSocketConns reports how many WebSocket connections are open.
 func (s *Server) WebSocketConns() int64 { return s.ws.conns.Load() }
@@ -190,6 +204,8 @@ func (w *wsSession) turn(id string, msg []byte) {
 	w.s.model(req.Model) // counted for CallsFor; a model's fault is a POST's
 	w.s.generations.Add(1)
 	w.s.ws.turns.Add(1)
+	w.s.ws.live.Add(1)
+	defer w.s.ws.live.Add(-1)
 	drop := w.s.ws.drop.Swap(0) - 1
 	r := newResponses(newCompletion(msg, model, w.opts.tokens, req.MaxOutputTokens, w.opts.chunkBytes), req.MaxOutputTokens)
 	var ev []byte
@@ -204,11 +220,13 @@ func (w *wsSession) turn(id string, msg []byte) {
 			case <-t.C:
 			case <-w.closed:
 				t.Stop()
+				w.s.ws.cut.Add(1)
 				return
 			}
 		}
 		ev = r.appendEvent(ev[:0], i)
 		if !w.write(frameOf(ev, id)) {
+			w.s.ws.cut.Add(1)
 			return
 		}
 	}

@@ -126,6 +126,11 @@ type dialError struct{ err error }
 
 func (e *dialError) Error() string { return "connect: " + e.err.Error() }
 
+// ConnectFailed is err, the failure to connect to the upstream of a call
+// made outside its client (a WebSocket's dial), as its circuits and
+// IsDial take the client's own: nothing reached the upstream.
+func ConnectFailed(err error) error { return &dialError{err: err} }
+
 func (e *dialError) Unwrap() error { return e.err }
 
 // Conn holds an upstream connection to the proxy's time budgets,

@@ -136,6 +136,7 @@ func New(raw string, cfg *Config, changed func(CircuitChange), timedOut OnTimeou
 			// upstream closed while idle (errStale) is passed over for
 			// another, at once (up to MaxIdemponentCallAttempts, 5).
 			RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) { return false, IsStale(err) },
+			Transport:  callTransport{},
 			Dial: func(addr string) (net.Conn, error) {
 				c, err := dial(addr, connect, tlsCfg)
 				if err != nil {
@@ -162,11 +163,28 @@ func New(raw string, cfg *Config, changed func(CircuitChange), timedOut OnTimeou
 // a streamed answer) and returns when the answer's head is read, or the
 // call failed.
 func (u *Upstream) Do(req *fasthttp.Request, resp *fasthttp.Response, stream bool) error {
+	return u.DoCall(req, resp, stream, nil)
+}
+
+// DoCall is Do for a call that call may interrupt while it runs, its
+// wait for the head included (Call). A request without a body cannot be
+// interrupted before its head came.
+func (u *Upstream) DoCall(req *fasthttp.Request, resp *fasthttp.Response, stream bool, call *Call) error {
 	hc := u.whole
 	if stream {
 		hc = u.stream
 	}
-	return hc.Do(req, resp)
+	if call == nil || len(req.Body()) == 0 || req.IsBodyStream() {
+		return hc.Do(req, resp)
+	}
+	b := &call.body
+	b.call, b.resp = call, resp
+	data := append(b.data[:0], req.Body()...) // the request's buffer goes back to its pool
+	b.set(req, data)
+	err := hc.Do(req, resp)
+	call.unbind()
+	b.resp = nil
+	return err
 }
 
 // Pick returns the first upstream from index start on (wrapping) whose
