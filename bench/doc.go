@@ -199,13 +199,22 @@
 // apart), INFO commandstats and INFO stats (reads of client sockets: round
 // trips) per stream committed in the window, claim and commit latency
 // p50/p99 and the followers' join wait (of those begun in the window),
-// the stores' counters, and the drivers' own CPU and pace lag. A step with
+// the stores' counters, and the drivers' own CPU and pace lag; beside it
+// an idle server, started with the measured one and read over the same
+// window, whose CPU (the cron) is subtracted, and the server's time by
+// command per stream. A step with
 // errors fails and stops the scenario, as does the knee: server CPU above
 // -shard-knee-cpu (90 % of a core) or claim or commit p99 above
 // -shard-knee-p99 (50 ms). The streams are driven by child processes of
 // the bench binary, one per -shard-per-proc streams (25,000) unless
-// -shard-procs says; a driver whose CPU nears a core, or whose lag grows,
-// means the step needs more of them (the table shows both).
+// -shard-procs says, each stepping all its streams from one timing wheel
+// (2 ms ticks); an unfollowed stream's events, which Redis sees only as
+// counts in the renewals and as the result in the commit, are appended in
+// chunks of those due every -shard-local-chunk (1 s). A driver whose CPU
+// nears a core, or whose lag grows, means the step needs more of them
+// (the table shows both); -shard-profile DIR writes each driver's CPU
+// profile. -shard-tail-batch sets the following store's
+// -redis-tail-batch.
 // -quick runs steps of 200 and 500 streams of 40 events over 2 s.
 //
 // # Board
