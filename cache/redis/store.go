@@ -58,10 +58,10 @@ type Config struct {
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
 	// TailBatch is how often, at most, a replica reads the journals it
-	// follows on a standalone Redis: one XREAD over all of them, which
-	// waits for entries up to TailBatch (default 5ms). It adds up to
-	// TailBatch and a round trip to a follower's events; negative: each
-	// tail reads its own journal with a blocking XREAD (as on a Cluster).
+	// follows on a standalone Redis: one non-blocking XREAD over all of
+	// them (default 5ms, at most maxTailBatch). It adds up to TailBatch
+	// and a round trip to a follower's events; negative: each tail reads
+	// its own journal with a blocking XREAD (as on a Cluster).
 	TailBatch time.Duration
 	// MaxAbandoning bounds the claims whose reply was lost that this
 	// replica is ending at once in the background (default 1024; a Redis
@@ -227,6 +227,9 @@ func New(cfg Config) (*Store, error) {
 	cfg.setDefaults()
 	if cfg.URL == "" {
 		return nil, errors.New("redis: no URL")
+	}
+	if cfg.TailBatch > maxTailBatch {
+		return nil, fmt.Errorf("redis: tail batch %v is past its bound, %v: followers' events would wait that long", cfg.TailBatch, maxTailBatch)
 	}
 	opt, err := rueidis.ParseURL(cfg.URL)
 	if err != nil {

@@ -16,6 +16,10 @@ const (
 	maxTailEntries = 256
 )
 
+// maxTailBatch bounds Config.TailBatch: the wait it adds to a follower's
+// events.
+const maxTailBatch = time.Second
+
 // errTailIdle is readTail's answer when the journal gave nothing within
 // the tail's idle interval.
 var errTailIdle = errors.New("journal idle")

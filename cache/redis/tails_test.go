@@ -4,6 +4,7 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,5 +75,15 @@ func TestRedisTailsShareReads(t *testing.T) {
 				t.Errorf("the follower's XREADs: got %d for %d streams of %d events; want %s", reads, streams, events, c.want)
 			}
 		})
+	}
+}
+
+// TestRedisTailBatchBound: a tail batch past its bound is refused at
+// New, not left to hold every follower's events that long.
+func TestRedisTailBatchBound(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{URL: "redis://127.0.0.1:1", TailBatch: maxTailBatch + time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "tail batch") {
+		t.Fatalf("New with a tail batch of %v: got error %v; want one naming the tail batch", maxTailBatch+time.Millisecond, err)
 	}
 }

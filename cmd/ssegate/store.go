@@ -29,7 +29,7 @@ func (ro *redisOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ro.lease, "redis-lease", rd.Lease, "with -redis: owner lease; a replica that dies leaves its streams to be aborted and its keys freed after about this long")
 	fs.StringVar(&ro.down, "redis-down", "reject", "with -redis, while Redis is unreachable: reject keyed requests (503 store_unavailable with Retry-After) or relay them unprotected (no deduplication)")
 	fs.DurationVar(&ro.timeout, "redis-timeout", rd.Timeout, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
-	fs.DurationVar(&ro.tails, "redis-tail-batch", rd.TailBatch, "with -redis: how often, at most, this replica reads the streams it follows from other replicas, one read for all of them; adds up to this to a follower's events (negative: a blocking read per stream)")
+	fs.DurationVar(&ro.tails, "redis-tail-batch", rd.TailBatch, "with -redis: how often, at most, this replica reads the streams it follows from other replicas, one read for all of them; adds up to this to a follower's events (at most 1s; negative: a blocking read per stream)")
 	fs.IntVar(&ro.abandon, "redis-abandon-max", rd.MaxAbandoning, "with -redis: claims whose reply was lost past -redis-timeout that this replica ends at once, in the background, so that their duplicates need not wait a lease; past it, such a key waits for its lease")
 }
 
@@ -44,9 +44,8 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 		return m, m.Close, nil
 	}
 	r, err := redis.New(redis.Config{
-		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon,
-		TailBatch: ro.tails,
-		TTL:       mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
+		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon, TailBatch: ro.tails,
+		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
 		MissingBody: mem.MissingBody, Logger: log,
 	})
 	if err != nil {
