@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +64,7 @@ type shardOptions struct {
 	tailBatch  time.Duration
 	profile    string // a directory for the drivers' CPU profiles; "" for none
 	chunk      time.Duration
+	failover   bool
 }
 
 // register declares scenario shard's flags on fs and returns the
@@ -82,6 +84,7 @@ func (o *shardOptions) register(fs *flag.FlagSet) *string {
 	fs.DurationVar(&o.kneeP99, "shard-knee-p99", 50*time.Millisecond, "scenario shard: the knee: claim or commit p99 past which no larger step runs")
 	fs.DurationVar(&o.tailBatch, "shard-tail-batch", 0, "scenario shard: the followers' store's -redis-tail-batch (0: its default; negative: a blocking XREAD per followed stream)")
 	fs.DurationVar(&o.chunk, "shard-local-chunk", time.Second, "scenario shard: an unfollowed stream's events, which Redis never sees one by one (only their count, in the renewals, and the result, in the commit), are appended in chunks of those due every this long, to spare the drivers' CPU; a followed stream's go at the pace (0: every stream at the pace)")
+	fs.BoolVar(&o.failover, "shard-failover", false, "scenario shard: each step's server gets a replica, and in the middle of the window the primary is SIGKILLed and the replica promoted (the drivers reach the server through a forwarder that then points at it); the drivers count what their streams got and claim every key again after the run (a committed key that does not replay would be paid for twice)")
 	fs.StringVar(&o.profile, "shard-profile", "", "scenario shard: a directory for each driver process's CPU profile of a step (shard-STREAMS-PROC.cpu.pprof)")
 	fs.IntVar(&o.tenants, "shard-tenants", 64, "scenario shard: tenants the streams are spread over")
 	return steps
@@ -154,6 +157,8 @@ type shardDriverConfig struct {
 	Chunk time.Duration `json:"chunk_ns"`
 	// Profile is a file for the process's CPU profile; "" for none.
 	Profile string `json:"profile,omitempty"`
+	// Recheck: after the run, claim every key again (-shard-failover).
+	Recheck bool `json:"recheck,omitempty"`
 	// Start is when the slots' offsets count from; the steady window is
 	// [WindowStart, WindowEnd); no stream starts at or after WindowEnd.
 	Start       time.Time `json:"start"`
@@ -189,12 +194,28 @@ type shardDriverResult struct {
 	Kept  int64 `json:"kept"`
 	// LagUS: per stream begun in the window, how late its most belated
 	// event was appended: the driver's own lag behind the pace.
-	LagUS        []int64  `json:"lag_us"`
-	Errors       int64    `json:"errors"`
-	ErrorSamples []string `json:"error_samples,omitempty"`
-	CPUns        int64    `json:"cpu_ns"` // the driver process's CPU over the window
+	LagUS        []int64          `json:"lag_us"`
+	Errors       int64            `json:"errors"`
+	ErrorKinds   map[string]int64 `json:"error_kinds,omitempty"`
+	ErrorSamples []string         `json:"error_samples,omitempty"`
+	CPUns        int64            `json:"cpu_ns"` // the driver process's CPU over the window
+	// Recheck (-shard-failover): every key claimed again after the run,
+	// by what its stream got: committed keys answered by a replay, or
+	// not (Lost: a retry would pay for it twice); keys that did not
+	// commit, answered by a new generation (Retried) or otherwise.
+	Recheck shardRecheck `json:"recheck"`
 	// Store counters over the window, both instances summed.
 	Store redis.Stats `json:"store"`
+}
+
+// shardRecheck counts the keys claimed again after a failover run.
+type shardRecheck struct {
+	Committed int64 `json:"committed"` // keys whose commit was taken
+	Replayed  int64 `json:"replayed"`  // of them, answered by the replay
+	Lost      int64 `json:"lost"`      // of them, a new generation: a retry pays twice
+	Aborted   int64 `json:"aborted"`   // keys whose stream did not commit
+	Retried   int64 `json:"retried"`   // of them, a new generation (the retry runs once)
+	Other     int64 `json:"other"`     // any other answer, or an error
 }
 
 // shardDriver runs one driver process's slots.
@@ -212,12 +233,81 @@ type shardDriver struct {
 	// wheel's loop stops once it is 0 after the window.
 	live  atomic.Int64
 	wheel *shardWheel
+
+	// With Recheck, the keys of the streams that ended, committed or not.
+	keysMu            sync.Mutex
+	committed, failed []cache.Scope
 }
 
-// fail counts an error, keeping a few samples.
+// ended notes the key of a stream that ended, for the recheck.
+func (d *shardDriver) ended(sc cache.Scope, kept bool) {
+	if !d.cfg.Recheck {
+		return
+	}
+	d.keysMu.Lock()
+	if kept {
+		d.committed = append(d.committed, sc)
+	} else {
+		d.failed = append(d.failed, sc)
+	}
+	d.keysMu.Unlock()
+}
+
+// recheck claims every key again: a committed one must replay, one that
+// did not commit gets a new generation, which it fails at once.
+func (d *shardDriver) recheck() {
+	rc := &d.res.Recheck
+	var mu sync.Mutex
+	check := func(sc cache.Scope, kept bool) {
+		b, err := d.owner.Begin(sc, "fp")
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			rc.Other++
+		case kept && b.Decision == cache.Hit:
+			rc.Replayed++
+		case b.Decision == cache.Miss:
+			if kept {
+				rc.Lost++
+			} else {
+				rc.Retried++
+			}
+			b.Flight.Fail(cache.StateFailedRetryable, "bench", nil)
+		default:
+			rc.Other++
+		}
+	}
+	rc.Committed, rc.Aborted = int64(len(d.committed)), int64(len(d.failed))
+	work := make(chan func())
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for f := range work {
+				f()
+			}
+		})
+	}
+	for _, sc := range d.committed {
+		work <- func() { check(sc, true) }
+	}
+	for _, sc := range d.failed {
+		work <- func() { check(sc, false) }
+	}
+	close(work)
+	wg.Wait()
+}
+
+// fail counts an error, by its kind (the format's first word: claim,
+// append, commit, join), keeping a few samples.
 func (d *shardDriver) fail(format string, args ...any) {
 	d.errs.Add(1)
+	kind, _, _ := strings.Cut(format, " ")
 	d.mu.Lock()
+	if d.res.ErrorKinds == nil {
+		d.res.ErrorKinds = map[string]int64{}
+	}
+	d.res.ErrorKinds[kind]++
 	if len(d.res.ErrorSamples) < 5 {
 		d.res.ErrorSamples = append(d.res.ErrorSamples, fmt.Sprintf(format, args...))
 	}
@@ -278,6 +368,9 @@ func driveShard(cfg shardDriverConfig) (*shardDriverResult, error) {
 	}
 	wg.Go(func() { d.run(w) })
 	wg.Wait()
+	if cfg.Recheck {
+		d.recheck()
+	}
 	d.res.Claims, d.res.Commits, d.res.Followers, d.res.Errors = d.claims.Load(), d.commits.Load(), d.followers.Load(), d.errs.Load()
 	d.res.Begun, d.res.Kept = d.begun.Load(), d.kept.Load()
 	d.res.CPUns = int64(cpuAfter - cpuBefore)
@@ -391,6 +484,7 @@ func (d *shardDriver) step(w *shardWheel, s *liveStream, now time.Time, pace tim
 		if _, err := s.f.Append("", d.data); err != nil {
 			d.fail("append %s #%d: %v", s.sc.Key, s.next+1, err)
 			s.f.Fail(cache.StateFailedRetryable, "bench", nil)
+			d.ended(s.sc, false)
 			go d.end(s)
 			return
 		}
@@ -460,7 +554,9 @@ func (d *shardDriver) commit(s *liveStream) {
 	if !s.f.Commit(nil) {
 		state, reason, _ := s.f.Outcome()
 		d.fail("commit %s: not kept (%s, %s)", s.sc.Key, state, reason)
+		d.ended(s.sc, false)
 	} else {
+		d.ended(s.sc, true)
 		d.kept.Add(1)
 		if d.inWindow(start) {
 			d.commits.Add(1)
@@ -575,14 +671,20 @@ type shardRow struct {
 	IOThreads int    `json:"io_threads"`
 	Streams   int    `json:"streams"`
 	Follow    num    `json:"follow"` // the share followed
-	Procs     int    `json:"driver_processes"`
-	WindowSec num    `json:"window_s"`
-	Claims    int64  `json:"claims"`
-	Commits   int64  `json:"commits"`
-	Followers int64  `json:"followers_whole"`
-	Begun     int64  `json:"streams_begun"` // over the whole step, as Kept
-	Kept      int64  `json:"streams_committed"`
-	Errors    int64  `json:"errors"`
+	// Failover: the primary was killed mid-window and its replica
+	// promoted (-shard-failover); ErrorKinds and Recheck say what the
+	// streams got.
+	Failover   bool             `json:"failover,omitempty"`
+	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
+	Recheck    shardRecheck     `json:"recheck"`
+	Procs      int              `json:"driver_processes"`
+	WindowSec  num              `json:"window_s"`
+	Claims     int64            `json:"claims"`
+	Commits    int64            `json:"commits"`
+	Followers  int64            `json:"followers_whole"`
+	Begun      int64            `json:"streams_begun"` // over the whole step, as Kept
+	Kept       int64            `json:"streams_committed"`
+	Errors     int64            `json:"errors"`
 	// CPU as a share of one core over the window: redis-server's process
 	// (every thread) and its main thread; the drivers' together, and the
 	// busiest driver's.
@@ -765,6 +867,15 @@ func (row *shardRow) fill(res []*shardDriverResult, w serverWindow) {
 		row.Begun += r.Begun
 		row.Kept += r.Kept
 		row.Errors += r.Errors
+		for k, v := range r.ErrorKinds {
+			if row.ErrorKinds == nil {
+				row.ErrorKinds = map[string]int64{}
+			}
+			row.ErrorKinds[k] += v
+		}
+		rc := &row.Recheck
+		rc.Committed, rc.Replayed, rc.Lost = rc.Committed+r.Recheck.Committed, rc.Replayed+r.Recheck.Replayed, rc.Lost+r.Recheck.Lost
+		rc.Aborted, rc.Retried, rc.Other = rc.Aborted+r.Recheck.Aborted, rc.Retried+r.Recheck.Retried, rc.Other+r.Recheck.Other
 		for _, e := range r.ErrorSamples {
 			if len(row.ErrorSamples) < 5 {
 				row.ErrorSamples = append(row.ErrorSamples, e)
@@ -880,7 +991,7 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 		return nil, err
 	}
 	defer rs.stop()
-	pid := rs.cmd.Process.Pid
+	pid, primary := rs.cmd.Process.Pid, rs
 	// An idle server beside it, measured over the same window, says what
 	// the server spends on its own (its cron) under the machine's load.
 	idle, err := r.env.startRedis(bin, extra...)
@@ -888,15 +999,33 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 		return nil, err
 	}
 	defer idle.stop()
+	url := "redis://" + rs.addr + "/0"
+	var replica *server
+	var fw *forwarder
+	if o.failover {
+		_, port, _ := net.SplitHostPort(rs.addr)
+		if replica, err = r.env.startRedis(bin, append(extra, "--replicaof", "127.0.0.1", port)...); err != nil {
+			return nil, err
+		}
+		defer replica.stop()
+		if err := waitReplica(replica.addr, 10*time.Second); err != nil {
+			return nil, err
+		}
+		if fw, err = newForwarder(rs.addr); err != nil {
+			return nil, err
+		}
+		defer fw.close()
+		url = "redis://" + fw.addr() + "/0"
+	}
 	procs := o.procsFor(n)
-	row := &shardRow{Server: label, IOThreads: o.ioThreads, Streams: n, Follow: num(o.follow), Procs: procs}
+	row := &shardRow{Server: label, IOThreads: o.ioThreads, Streams: n, Follow: num(o.follow), Procs: procs, Failover: o.failover}
 	start := time.Now().Add(time.Second) // the drivers' start-up
 	ws := start.Add(o.streamDur + time.Second)
 	we := ws.Add(o.window)
 	cmds := make([]*exec.Cmd, procs)
 	outs := make([]*bytes.Buffer, procs)
 	for p := range procs {
-		cfg := shardDriverConfig{URL: "redis://" + rs.addr + "/0", Prefix: "shard", Proc: p, Procs: procs, Streams: n,
+		cfg := shardDriverConfig{URL: url, Recheck: o.failover, Prefix: "shard", Proc: p, Procs: procs, Streams: n,
 			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch, Chunk: o.chunk,
 			Start: start, WindowStart: ws, WindowEnd: we}
 		if o.profile != "" {
@@ -926,6 +1055,11 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	}()
 	r.logf("  %d streams: %d driver process(es), ramp until %s, window until %s", n, procs, ws.Format("15:04:05"), we.Format("15:04:05"))
 	time.Sleep(time.Until(ws))
+	if o.failover {
+		// The figures of the window are the replica's, which is the
+		// primary after the failover.
+		rs, pid = replica, replica.cmd.Process.Pid
+	}
 	from, err := readServer(rs.addr, pid)
 	if err != nil {
 		return nil, fmt.Errorf("measure the server: %w", err)
@@ -933,6 +1067,13 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	idleFrom, err := cpuTime([]int{idle.cmd.Process.Pid})
 	if err != nil {
 		return nil, fmt.Errorf("measure the idle server: %w", err)
+	}
+	if o.failover {
+		time.Sleep(time.Until(ws.Add(o.window / 2)))
+		if err := failover(primary, replica, fw); err != nil {
+			return nil, err
+		}
+		r.logf("  %d streams: the primary SIGKILLed and its replica promoted at %s", n, time.Now().Format("15:04:05.000"))
 	}
 	time.Sleep(time.Until(we))
 	to, err := readServer(rs.addr, pid)
@@ -1016,6 +1157,11 @@ func (rep *report) writeShard(b *strings.Builder) {
 			r.Streams, r.Claims, r.Commits, float64(r.WindowSec), r.Store.Claims, r.Store.Batches, r.Store.Renewals, r.Store.Asks, r.Store.Reads, strings.Join(calls, ", "))
 		if r.DriverBound != "" {
 			fmt.Fprintf(b, "- %d streams: the drivers may not have kept the pace (%s): run the step from more processes (-shard-procs)\n", r.Streams, r.DriverBound)
+		}
+		if r.Failover {
+			rc := r.Recheck
+			fmt.Fprintf(b, "- %d streams, failover (the primary SIGKILLed mid-window, its replica promoted; the server's figures are the replica's): %d streams begun, %d committed; errors by kind %v; claimed again after: %d committed keys replayed, %d not (a retry would pay twice), %d that did not commit got a new generation, %d other\n",
+				r.Streams, r.Begun, r.Kept, r.ErrorKinds, rc.Replayed, rc.Lost, rc.Retried, rc.Other)
 		}
 		if r.Knee != "" {
 			fmt.Fprintf(b, "- %d streams: the knee: %s\n", r.Streams, r.Knee)

@@ -215,3 +215,38 @@ func TestShardScenario(t *testing.T) {
 		t.Error("the report has no table of the server's time by command")
 	}
 }
+
+// TestShardFailover runs scenario shard's failover at a small step: the
+// primary is killed mid-window and its replica promoted; every key the
+// drivers saw committed replays afterwards (none would be paid twice),
+// and the report says so. It is skipped without redis-server on PATH,
+// unless $CI is set.
+func TestShardFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes and runs load")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skip("redis-server is not on PATH")
+		}
+		t.Fatal("redis-server is not on PATH, and $CI is set")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, stdout, _ := runQuick(t, "-scenarios", "shard", "-peers", "ssegate", "-ssegate", self, "-shard-steps", "40",
+		"-shard-stream", "500ms", "-shard-window", "1s", "-shard-events", "10", "-shard-follow", "0.2", "-shard-failover",
+		"-shard-knee-p99", "1m", "-shard-knee-cpu", "64")
+	if len(rep.Shard) != 1 {
+		t.Fatalf("%d shard rows; want 1", len(rep.Shard))
+	}
+	r := rep.Shard[0]
+	rc := r.Recheck
+	if !r.Failover || rc.Committed == 0 || rc.Replayed != rc.Committed || rc.Lost != 0 {
+		t.Errorf("failover %v: %d keys committed, %d replayed, %d lost; want a failover, every committed key replayed, none lost", r.Failover, rc.Committed, rc.Replayed, rc.Lost)
+	}
+	if !strings.Contains(stdout, "failover (the primary SIGKILLed mid-window") {
+		t.Error("the report does not say what the failover did")
+	}
+}
