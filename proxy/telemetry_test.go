@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -389,12 +388,8 @@ func TestTokensLostOnce(t *testing.T) {
 	start := whole[:strings.Index(whole, "\n\n")+2]
 	overloaded := start + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
 	ms := newModelServer(t, func(_ string, _ int64, w http.ResponseWriter) { writeSSE(w, overloaded) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	down, _ := refusedAddr(t)
+	dead := "http://" + down
 	e := retryEnv(t, []string{ms.url, dead}, func(pc *Config) { pc.Retry.Attempts = 2 })
 	e.fetch(req{path: "/v1/messages", key: newKey("once"), body: anthropicBody("claude-a")})
 	wantCount(t, "upstream calls", ms.total(), 1)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -542,12 +541,10 @@ func TestWSResendSameLane(t *testing.T) {
 // 4xx (426, 401) from the first is passed back, and the second never
 // sees the handshake.
 func TestWSFailover(t *testing.T) {
-	down, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	downURL := "http://" + down.Addr().String()
-	down.Close() // its connections are refused
+	// Its connections are refused; its port stays held, so that no other
+	// test's upstream takes it and counts these handshakes and turns.
+	down, _ := refusedAddr(t)
+	downURL := "http://" + down
 	for _, c := range []struct {
 		name   string
 		status int // the first upstream's answer to the handshake; 0: it is down

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -68,9 +69,9 @@ func Binary(tb testing.TB) string {
 }
 
 // FreePort returns a loopback address (127.0.0.1:port) that was free a
-// moment ago. The binary needs its addresses on the command line, so they
-// are picked here and released for it; another process may take one
-// meanwhile ([Config.Start] retries when that happens to -listen).
+// moment ago, for an address a test must name on a command line (such as
+// -admin-listen); another process may take it meanwhile. [Config.Start]
+// needs none for -listen.
 func FreePort(tb testing.TB) string {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -102,19 +103,19 @@ type Config struct {
 
 // Start and stop timing.
 const (
-	startAttempts = 3                // tries of a fresh port when -listen was taken meanwhile
-	upLimit       = 10 * time.Second // for the process to answer its Probe
-	probeTimeout  = time.Second      // for one probe request
+	upLimit      = 10 * time.Second // for the process to answer its Probe
+	probeTimeout = time.Second      // for one probe request
 )
 
-// Start runs the built binary with -listen on a free loopback port
-// followed by args, and waits until it answers HTTP. Its stdout and
-// stderr are kept (see [Process.Logs]). It fails the test if the process
-// exits or does not answer within 10 seconds, showing the process's
-// output; it retries on a fresh port, up to 3 times, when the output says
-// the address was already in use. The process is stopped when the test
-// ends, as c.Grace says, unless it has exited by then; its output is
-// printed if the test failed.
+// Start runs the built binary with -listen 127.0.0.1:0 followed by args,
+// learns the port the process bound from its "ssegate listening" log
+// line, and waits until it answers HTTP there. Its stdout and stderr are
+// kept (see [Process.Logs]). It fails the test if the process exits or
+// does not answer within 10 seconds, showing the process's output. No
+// port is picked for it beforehand, so no other process can take it
+// meanwhile and answer the probe in its place. The process is stopped
+// when the test ends, as c.Grace says, unless it has exited by then; its
+// output is printed if the test failed.
 func (c Config) Start(tb testing.TB, args ...string) *Process {
 	tb.Helper()
 	name := c.Name
@@ -126,36 +127,31 @@ func (c Config) Start(tb testing.TB, args ...string) *Process {
 		probe = "/healthz"
 	}
 	bin := Binary(tb)
-	var last string
-	for range startAttempts {
-		addr := FreePort(tb)
-		p := &Process{Name: name, Addr: addr, URL: "http://" + addr, logs: &LogBuffer{}, done: make(chan struct{})}
-		p.cmd = exec.Command(bin, append([]string{"-listen", addr}, args...)...)
-		p.cmd.Env = append(hermeticEnv(), c.Env...)
-		p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-		if err := p.cmd.Start(); err != nil {
-			tb.Fatal(err)
-		}
-		go func() {
-			p.err = p.cmd.Wait()
-			close(p.done)
-		}()
-		if p.waitUp(probe) {
-			tb.Cleanup(func() {
-				tb.Helper()
-				p.stop(tb, c.Grace)
-			})
-			return p
-		}
-		p.Kill()
-		last = p.logs.String()
-		if !strings.Contains(last, "address already in use") {
-			tb.Fatalf("%s did not start; its output:\n%s", name, last)
-		}
+	p := &Process{Name: name, logs: &LogBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	p.cmd.Env = append(hermeticEnv(), c.Env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatalf("%s did not start: its address was in use %d times; its last output:\n%s", name, startAttempts, last)
-	return nil
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	if !p.waitUp(probe) {
+		p.Kill()
+		tb.Fatalf("%s did not start; its output:\n%s", name, p.logs.String())
+	}
+	tb.Cleanup(func() {
+		tb.Helper()
+		p.stop(tb, c.Grace)
+	})
+	return p
 }
+
+// listening finds the address in the process's "ssegate listening" log
+// line, text (addr=host:port) or JSON ("addr":"host:port").
+var listening = regexp.MustCompile(`ssegate listening"?[ ,]+"?addr"?[=:]"?([^" ]+)`)
 
 // hermeticEnv is the test's environment without SSEGATE_* variables, which
 // the binary would read as flags.
@@ -172,7 +168,7 @@ func hermeticEnv() []string {
 // Process is one running ssegate process, started by [Config.Start].
 type Process struct {
 	Name string // as in its Config
-	Addr string // host:port it listens on (-listen)
+	Addr string // host:port it listens on (-listen), from its log
 	URL  string // http://Addr
 
 	cmd  *exec.Cmd
@@ -181,8 +177,9 @@ type Process struct {
 	err  error         // the result of Wait; read only after done
 }
 
-// waitUp polls until the process answers any HTTP request to probe, or
-// exits.
+// waitUp waits for the process's listening line, sets its Addr and URL
+// from it, and polls until the process answers any HTTP request to probe
+// there; false if it exits first or the limit passes.
 func (p *Process) waitUp(probe string) bool {
 	c := &http.Client{Timeout: probeTimeout}
 	exited := false
@@ -192,6 +189,13 @@ func (p *Process) waitUp(probe string) bool {
 			exited = true
 			return true
 		default:
+		}
+		if p.Addr == "" {
+			m := listening.FindStringSubmatch(p.logs.String())
+			if m == nil {
+				return false
+			}
+			p.Addr, p.URL = m[1], "http://"+m[1]
 		}
 		resp, err := c.Get(p.URL + probe)
 		if err == nil {
