@@ -1194,3 +1194,67 @@ func benchStream200(b *testing.B, lim Limits) {
 		b.StartTimer()
 	}
 }
+
+// TestCommitEndsFirst: the in-memory store ends a flight, so that its
+// subscribers see the end, before it packs the journal and records the
+// commit (CommitThen); a repeat of the key or a look at it in that window
+// waits for the record and gets what it would a moment later: a hit with
+// the whole answer, the state committed.
+func TestCommitEndsFirst(t *testing.T) {
+	t.Parallel()
+	m := newMemory(t, Config{})
+	sc := Scope{Tenant: "tenant", Key: "ends-first"}
+	f := claim(t, m, sc, "a")
+	f.SetHead(streamHead)
+	want := appendN(t, f, 1, 5)
+	sub, err := f.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	type begun struct {
+		b   Begun
+		err error
+	}
+	repeat := make(chan begun, 1)
+	info := make(chan KeyInfo, 1)
+	var inWindow bool
+	stored := f.CommitThen(nil, func() {
+		select {
+		case <-f.Done():
+			inWindow = true
+		default:
+		}
+		if state, _, _ := f.Outcome(); state != StateCommitted {
+			t.Errorf("in the window: flight state %v; want committed", state)
+		}
+		m.mu.RLock()
+		e := m.keys[sc.ID()]
+		live := e != nil && e.state.Live() && e.flight == f
+		m.mu.RUnlock()
+		if !live {
+			t.Error("in the window: the ledger does not hold the flight as the key's live one; want it to until the commit is recorded")
+		}
+		go func() {
+			b, err := m.Begin(sc, "a")
+			repeat <- begun{b, err}
+		}()
+		go func() {
+			ki, _ := m.Info(sc)
+			info <- ki
+		}()
+	})
+	if !stored || !inWindow {
+		t.Fatalf("CommitThen: stored %v, end seen in the callback %v; want both", stored, inWindow)
+	}
+	r := <-repeat
+	if r.err != nil || r.b.Decision != Hit || r.b.Result == nil || !bytes.Equal(r.b.Result.Data, want) {
+		t.Fatalf("a repeat in the window: got %v, %v; want a hit with the whole answer", r.b.Decision, r.err)
+	}
+	if ki := <-info; ki.State != StateCommitted || !ki.BodyStored {
+		t.Fatalf("Info in the window: got %v (body stored %v); want committed and stored", ki.State, ki.BodyStored)
+	}
+	if got, ended := readAll(sub); !ended || !bytes.Equal(got, want) {
+		t.Fatalf("the subscriber: got %q, ended %v; want the whole journal and its end", got, ended)
+	}
+}

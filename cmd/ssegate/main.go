@@ -50,6 +50,7 @@ func main() {
 type options struct {
 	listen        string
 	adminListen   string
+	listenFile    string
 	keyHeaders    listFlag
 	tenantHeaders listFlag
 	accountHeader string
@@ -126,6 +127,7 @@ func flagSet(o *options) *flag.FlagSet {
 	cd := cache.DefaultConfig()
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	fs.StringVar(&o.adminListen, "admin-listen", "", "address for /metrics, /healthz and /readyz alone (empty: serve them on -listen)")
+	fs.StringVar(&o.listenFile, "listen-file", "", "write the address -listen bound (host:port) to this file once ssegate serves, and remove it at exit: how a supervisor or a test learns the port of -listen 127.0.0.1:0 (empty: none)")
 	fs.Var(&o.retryAmbig, "retry-ambiguous", "an upstream (as given to -upstream, or * for all) known to deduplicate on Idempotency-Key, such as another ssegate: a keyed request whose call to it failed after the request was sent is tried again; repeatable. Default none: a repeat to a provider could be a second paid generation")
 	fs.StringVar(&o.ambigStatus, "ambiguous-status", statuses(d.AmbiguousStatus), "upstream statuses (5xx, comma-separated, or none) that say the request may be running or have run behind the upstream (a gateway that timed out waiting for it): never retried nor fallen back from, the key ends commit_unknown, and the client gets the answer with Ssegate-Outcome: unknown; -retry-ambiguous still retries them to an upstream that deduplicates. An answer carrying Ssegate-Outcome: unknown is ambiguous whatever its status, and never retried")
 	fs.Var(&o.fallbacks, "fallback", "FROM=TO[,TO...]: when model FROM cannot answer (429, 5xx, connect errors or an error event before any other, after -retry-attempts; its circuits open; or a 400 naming a -fallback-on-code), the request goes to model TO, then the next, on the same upstreams and path; FROM * is every model without a rule of its own. Repeatable; SSEGATE_FALLBACK takes rules separated by semicolons. Never after the first event, nor after a failure that may have left a generation running")
@@ -458,6 +460,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		defer admin.Shutdown() //nolint:errcheck // the process is ending
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
+	if o.listenFile != "" {
+		if err := writeListenFile(o.listenFile, ln.Addr().String()); err != nil {
+			return fmt.Errorf("-listen-file: %w", err)
+		}
+		defer os.Remove(o.listenFile) //nolint:errcheck // the process is ending
+	}
 	log.Info("ssegate listening", "addr", ln.Addr().String(), "upstreams", upstreamsForLog(o.upstreams),
 		"gc_percent", gcPercent(), "memory_limit", memoryLimit())
 	if ready != nil {
@@ -569,4 +577,15 @@ func upstreamsForLog(ups []string) string {
 		out[i] = s
 	}
 	return strings.Join(out, ",")
+}
+
+// writeListenFile writes addr and a newline to path whole or not at all
+// (a file beside it, renamed), so that whoever waits for it never reads
+// half an address.
+func writeListenFile(path, addr string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"flag"
 	"math"
+	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -290,5 +292,41 @@ func TestFallbackFlag(t *testing.T) {
 		if _, err := parseFlags([]string{"-upstream", "mock", "-fallback", bad}, env(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "-fallback") {
 			t.Errorf("-fallback %q: got %v; want an error naming -fallback", bad, err)
 		}
+	}
+}
+
+// TestListenFile: with -listen 127.0.0.1:0, -listen-file holds the
+// address the process bound once it serves, and is gone after it exits.
+func TestListenFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "listen")
+	var logs gatetest.LogBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-listen-file", path, "-upstream", "mock"}, env(nil), &logs, ready)
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("run: %v", err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || string(b) != addr+"\n" || strings.HasSuffix(addr, ":0") {
+		t.Fatalf("-listen-file: got %q, %v; want the bound address %q and a newline", b, err, addr)
+	}
+	resp, err := http.Get("http://" + strings.TrimSpace(string(b)) + "/healthz")
+	if err != nil {
+		t.Fatalf("GET /healthz at the file's address: %v", err)
+	}
+	resp.Body.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("-listen-file after exit: %v; want it removed", err)
 	}
 }

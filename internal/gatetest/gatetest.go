@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -108,14 +107,14 @@ const (
 )
 
 // Start runs the built binary with -listen 127.0.0.1:0 followed by args,
-// learns the port the process bound from its "ssegate listening" log
-// line, and waits until it answers HTTP there. Its stdout and stderr are
-// kept (see [Process.Logs]). It fails the test if the process exits or
-// does not answer within 10 seconds, showing the process's output. No
-// port is picked for it beforehand, so no other process can take it
-// meanwhile and answer the probe in its place. The process is stopped
-// when the test ends, as c.Grace says, unless it has exited by then; its
-// output is printed if the test failed.
+// learns the port the process bound from its -listen-file, and waits
+// until it answers HTTP there. Its stdout and stderr are kept (see
+// [Process.Logs]). It fails the test if the process exits or does not
+// answer within 10 seconds, showing the process's output. No port is
+// picked for it beforehand, so no other process can take it meanwhile and
+// answer the probe in its place. The process is stopped when the test
+// ends, as c.Grace says, unless it has exited by then; its output is
+// printed if the test failed.
 func (c Config) Start(tb testing.TB, args ...string) *Process {
 	tb.Helper()
 	name := c.Name
@@ -128,7 +127,8 @@ func (c Config) Start(tb testing.TB, args ...string) *Process {
 	}
 	bin := Binary(tb)
 	p := &Process{Name: name, logs: &LogBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, append([]string{"-listen", "127.0.0.1:0"}, args...)...)
+	p.listenFile = filepath.Join(tb.TempDir(), "listen")
+	p.cmd = exec.Command(bin, append([]string{"-listen", "127.0.0.1:0", "-listen-file", p.listenFile}, args...)...)
 	p.cmd.Env = append(hermeticEnv(), c.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -149,10 +149,6 @@ func (c Config) Start(tb testing.TB, args ...string) *Process {
 	return p
 }
 
-// listening finds the address in the process's "ssegate listening" log
-// line, text (addr=host:port) or JSON ("addr":"host:port").
-var listening = regexp.MustCompile(`ssegate listening"?[ ,]+"?addr"?[=:]"?([^" ]+)`)
-
 // hermeticEnv is the test's environment without SSEGATE_* variables, which
 // the binary would read as flags.
 func hermeticEnv() []string {
@@ -171,13 +167,14 @@ type Process struct {
 	Addr string // host:port it listens on (-listen), from its log
 	URL  string // http://Addr
 
-	cmd  *exec.Cmd
-	logs *LogBuffer
-	done chan struct{} // closed when the process has exited
-	err  error         // the result of Wait; read only after done
+	cmd        *exec.Cmd
+	listenFile string // where it writes the address it bound (-listen-file)
+	logs       *LogBuffer
+	done       chan struct{} // closed when the process has exited
+	err        error         // the result of Wait; read only after done
 }
 
-// waitUp waits for the process's listening line, sets its Addr and URL
+// waitUp waits for the process's -listen-file, sets its Addr and URL
 // from it, and polls until the process answers any HTTP request to probe
 // there; false if it exits first or the limit passes.
 func (p *Process) waitUp(probe string) bool {
@@ -191,11 +188,12 @@ func (p *Process) waitUp(probe string) bool {
 		default:
 		}
 		if p.Addr == "" {
-			m := listening.FindStringSubmatch(p.logs.String())
-			if m == nil {
+			b, err := os.ReadFile(p.listenFile) // written whole, once it serves
+			if err != nil {
 				return false
 			}
-			p.Addr, p.URL = m[1], "http://"+m[1]
+			p.Addr = strings.TrimSpace(string(b))
+			p.URL = "http://" + p.Addr
 		}
 		resp, err := c.Get(p.URL + probe)
 		if err == nil {
