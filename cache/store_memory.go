@@ -687,6 +687,11 @@ func (m *Memory) DropBody(sc Scope) {
 // memoryBackend is Memory as the Backend of its flights.
 type memoryBackend Memory
 
+var (
+	_ Backend          = (*memoryBackend)(nil)
+	_ endsBeforeCommit = (*memoryBackend)(nil)
+)
+
 func (b *memoryBackend) Reserve(f *Flight, n int) error { return b.journals.Reserve(f, n) }
 func (b *memoryBackend) Release(f *Flight, n int)       { b.journals.Release(f, n) }
 

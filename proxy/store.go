@@ -45,7 +45,11 @@ var (
 	_ passiveStore = (*cache.Memory)(nil)
 	_ pinger       = (*redis.Store)(nil)
 	_ redisStore   = (*redis.Store)(nil)
+	_ stopStore    = (*redis.Store)(nil)
 )
+
+// A generation is what a stop of its tenant ends (Flight.SetStopper).
+var _ cache.Stopper = (*gen)(nil)
 
 // The metrics read a Memory store's counters through this (storeCollector).
 var _ interface{ Stats() cache.Stats } = (*cache.Memory)(nil)

@@ -12,6 +12,13 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// The two Backends of the flights a Redis store makes: the owner's of a
+// generation this replica runs, and the follower's of one it mirrors.
+var (
+	_ cache.Backend = (*owner)(nil)
+	_ cache.Backend = (*follower)(nil)
+)
+
 // follower is the backend of a flight that copies a generation another
 // replica owns. Its tail is the only writer of the flight, so the flight's
 // journal code serves local clients exactly as it does on the owner.
