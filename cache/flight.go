@@ -49,16 +49,11 @@ type Flight struct {
 	// journal ends with its clean end, a non-streaming body was read
 	// whole). A flight that then ended uncommitted (the store refused the
 	// commit) is Unstored: its clients get the answer, not an abort.
-	whole bool
-	// recorded: the store recorded the commit of a flight that ended
-	// before it did (CommitThen); recordedC, made by the first repeat
-	// that waits for it (Recording), is closed then.
-	recorded  bool
-	recordedC chan struct{}
-	usage     Usage
-	first     time.Time // when the first event was journaled
-	model     string
-	fallback  []Fallback
+	whole    bool
+	usage    Usage
+	first    time.Time // when the first event was journaled
+	model    string
+	fallback []Fallback
 	// The journal's read blocks are sealed while sealNow is set. It is
 	// decided again each time a block fills (asked: the number of blocks
 	// when it last was).
@@ -334,29 +329,20 @@ func (f *Flight) signalLocked() {
 // Commit ends the flight as committed: for a stream, its journal is the
 // result; for a non-streaming answer, body is. It reports whether the body
 // store kept the result (the ledger records the commit either way).
-func (f *Flight) Commit(body []byte) (stored bool) { return f.CommitThen(body, nil) }
-
-// CommitThen is Commit, which calls ended, when not nil, as soon as the
-// flight's subscribers can see its end: the generation writes its own
-// client's end there. A repeat of the key that the client sends once it
-// saw the end must find the result. So where a store's ledger holds the
-// flight as live until its commit is recorded (the in-memory store: a
-// repeat meanwhile joins the flight, which has the whole answer), the
-// flight ends first and the journal's packing and the store's work come
-// after the end is on its way; in every other store the commit is
-// recorded before the end, as a repeat may reach another replica.
-func (f *Flight) CommitThen(body []byte, ended func()) (stored bool) {
-	_, first := f.be.(endsBeforeCommit)
+func (f *Flight) Commit(body []byte) (stored bool) {
 	f.mu.Lock()
 	if f.ended {
 		f.mu.Unlock()
 		return false
 	}
 	res := &Result{Scope: f.Scope, Gen: f.Gen, Head: f.head, Usage: f.usage, Trace: f.Trace()}
-	stream := f.head.Stream
-	if stream {
-		if !first {
-			f.packLocked(res)
+	if f.head.Stream {
+		if !f.j.discard { // a flight no store records keeps no result
+			res.packed, res.size = f.j.frames(), f.j.size
+			res.Ends = f.j.ends[:len(f.j.ends):len(f.j.ends)]
+			if f.j.pooled {
+				f.frames = res.packed
+			}
 		}
 	} else {
 		res.Data = body
@@ -365,74 +351,12 @@ func (f *Flight) CommitThen(body []byte, ended func()) (stored bool) {
 	f.whole = true
 	f.mu.Unlock()
 
-	if first {
-		f.end(StateCommitted, "")
-		if ended != nil {
-			ended()
-		}
-		if stream {
-			f.mu.Lock()
-			f.packLocked(res)
-			f.freeLocked() // the end could not: nothing was packed yet
-			f.mu.Unlock()
-		}
-		stored = f.be.Commit(f, res)
-		f.mu.Lock()
-		f.recorded = true
-		c := f.recordedC
-		f.mu.Unlock()
-		if c != nil {
-			close(c)
-		}
-		return stored
-	}
 	// The ledger and body store learn of the commit before any subscriber
-	// sees the end.
+	// sees the end: a client that saw its stream end and repeats the
+	// request at once must find the result.
 	stored = f.be.Commit(f, res)
 	f.end(StateCommitted, "")
-	if ended != nil {
-		ended()
-	}
 	return stored
-}
-
-// Recording returns, for a flight that ended committed before its store
-// recorded the commit (CommitThen), a channel closed once the store has:
-// a repeat of the key that finds the flight meanwhile waits for it and
-// decides again, a hit as it would be a moment later. Nil for any other
-// flight.
-func (f *Flight) Recording() <-chan struct{} {
-	if _, first := f.be.(endsBeforeCommit); !first {
-		return nil
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.ended || f.state != StateCommitted || f.recorded {
-		return nil
-	}
-	if f.recordedC == nil {
-		f.recordedC = make(chan struct{})
-	}
-	return f.recordedC
-}
-
-// endsBeforeCommit is a Backend whose ledger holds a flight as live until
-// its Commit returns, so that the flight may end before it (CommitThen).
-type endsBeforeCommit interface{ endsBeforeCommit() }
-
-// packLocked puts the journal, packed, in res as the flight's result, and
-// keeps the packed frames of a pooled journal, from which it is read once
-// its blocks are given back (freeLocked). A flight no store records keeps
-// no result.
-func (f *Flight) packLocked(res *Result) {
-	if f.j.discard {
-		return
-	}
-	res.packed, res.size = f.j.frames(), f.j.size
-	res.Ends = f.j.ends[:len(f.j.ends):len(f.j.ends)]
-	if f.j.pooled {
-		f.frames = res.packed
-	}
 }
 
 // Fail ends the flight without a result. body, when not nil, is the

@@ -338,12 +338,6 @@ func (m *Memory) beginTool(sc Scope, fp string, t *Tool) (Begun, error) {
 	var gone uint64 // a committed generation found without its body
 	for {
 		b, hit, err := m.begin(id, sc, fp, gone, t)
-		if b.Decision == Join {
-			if c := b.Flight.Recording(); c != nil {
-				<-c // its commit is microseconds from the ledger
-				continue
-			}
-		}
 		if hit == 0 {
 			return b, err
 		}
@@ -612,27 +606,13 @@ func (*Memory) EndsNoFlight() {}
 
 // Info returns what the ledger knows of a key.
 func (m *Memory) Info(sc Scope) (KeyInfo, bool) {
-	for {
-		ki, f, ok := m.info(sc)
-		if f != nil {
-			if c := f.Recording(); c != nil {
-				<-c // its commit is microseconds from the ledger: say committed
-				continue
-			}
-		}
-		return ki, ok
-	}
-}
-
-// info is Info's look at the ledger, with the key's live flight.
-func (m *Memory) info(sc Scope) (KeyInfo, *Flight, bool) {
 	now := m.cfg.Now()
 	id := sc.ID()
 	m.mu.RLock()
 	e := m.knownLocked(id, now)
 	if e == nil {
 		m.mu.RUnlock()
-		return KeyInfo{}, nil, false
+		return KeyInfo{}, false
 	}
 	ki := KeyInfo{
 		State: e.state, Generation: e.gen, Attempts: e.attempts, LastStatus: e.lastStatus,
@@ -648,7 +628,7 @@ func (m *Memory) info(sc Scope) (KeyInfo, *Flight, bool) {
 		b, ok := m.bodies.Get(id)
 		ki.BodyStored = ok && b.gen == ki.Generation && b.sc.Same(sc)
 	}
-	return ki, f, true
+	return ki, true
 }
 
 // Stats returns the store's counters.
@@ -687,17 +667,10 @@ func (m *Memory) DropBody(sc Scope) {
 // memoryBackend is Memory as the Backend of its flights.
 type memoryBackend Memory
 
-var (
-	_ Backend          = (*memoryBackend)(nil)
-	_ endsBeforeCommit = (*memoryBackend)(nil)
-)
+var _ Backend = (*memoryBackend)(nil)
 
 func (b *memoryBackend) Reserve(f *Flight, n int) error { return b.journals.Reserve(f, n) }
 func (b *memoryBackend) Release(f *Flight, n int)       { b.journals.Release(f, n) }
-
-// endsBeforeCommit: a flight stays the key's live one in the ledger until
-// commit records it, so a repeat meanwhile joins it.
-func (b *memoryBackend) endsBeforeCommit() {}
 func (b *memoryBackend) Commit(f *Flight, res *Result) bool {
 	return (*Memory)(b).commit(f, res)
 }

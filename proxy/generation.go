@@ -342,7 +342,7 @@ func (g *gen) giveUp(t tries) {
 // flight ends (TestOneWayToEnd), as singleflight's doCall is the only
 // way a call ends.
 func (g *gen) commit(body []byte) {
-	g.skipped(g.f.CommitThen(body, g.o.push)) // the client's end first, where the store allows
+	g.skipped(g.f.Commit(body))
 	g.p.hooks.ended(g, "", false)
 	g.logEnd()
 }

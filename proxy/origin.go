@@ -243,7 +243,7 @@ func (o *origin) push() {
 	}
 	o.mu.Unlock()
 	if rest {
-		o.p.work.run(o.answerRest) // on a kept goroutine: the generation never waits for its client
+		go o.answerRest()
 	}
 }
 
