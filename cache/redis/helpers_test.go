@@ -2,10 +2,7 @@ package redis
 
 import (
 	"context"
-	stdflag "flag" // this package has a flag of its own
 	"log/slog"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,19 +17,6 @@ import (
 // The Redis store's tests run against a real
 // redis-server: the one CI starts (SSEGATE_REDIS_ADDR) or one of their
 // own. Two stores on one Redis are two replicas in one process.
-
-// TestMain runs four parallel tests a core unless -test.parallel says
-// otherwise (as proxy's do): they mostly wait, on Redis and on their
-// leases' timers.
-func TestMain(m *testing.M) {
-	stdflag.Parse()
-	set := false
-	stdflag.Visit(func(f *stdflag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		stdflag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))) //nolint:errcheck // a valid number
-	}
-	os.Exit(m.Run())
-}
 
 // testLease is their stores' lease: short, so that a lease lapses within
 // a test.
