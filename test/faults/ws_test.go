@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/internal/mockllm"
+	"github.com/ssegate/ssegate/internal/poll"
 	"github.com/ssegate/ssegate/proxy"
 	"github.com/tidwall/gjson"
 )
@@ -164,15 +165,12 @@ func wsRound(t *testing.T, seed int64) {
 	// Every key's turn ends, its callers gone or not.
 	deadline := time.Now().Add(10 * time.Second)
 	for _, key := range keyList(cs, func(c *caller) string { return c.key }) {
-		for {
-			st := keyState(t, base, key)
-			if st == cache.StateCommitted || st == cache.StateCommitUnknown || st == cache.StateFailedRetryable {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("seed %d: key %s did not end: %s", seed, key, st)
-			}
-			time.Sleep(10 * time.Millisecond) // the store's state has no signal to wait on
+		var st cache.State
+		if !poll.Until(time.Until(deadline), func() bool { // the store's state has no signal to wait on
+			st = keyState(t, base, key)
+			return st == cache.StateCommitted || st == cache.StateCommitUnknown || st == cache.StateFailedRetryable
+		}) {
+			t.Fatalf("seed %d: key %s did not end: %s", seed, key, st)
 		}
 	}
 	for _, c := range cs {
