@@ -186,7 +186,13 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 	if !strings.Contains(raw[0], `"idempotency_conflict"`) {
 		t.Fatalf("got %s; want an idempotency_conflict error frame", raw[0])
 	}
-	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	// A turn's decision is counted once its frame is sent: the conflict's
+	// may be counted just after the client read it.
+	var m string
+	waitFor(t, func() bool {
+		m = string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+		return strings.Contains(m, `ssegate_ws_turns_total{decision="conflict"} `)
+	})
 	for series, want := range map[string]float64{
 		`ssegate_ws_turns_total{decision="miss"}`:     1,
 		`ssegate_ws_turns_total{decision="join"}`:     1,
