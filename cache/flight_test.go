@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"errors"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"reflect"
 	"strconv"
 	"sync"
@@ -58,7 +59,7 @@ func TestJournalSubscribers(t *testing.T) {
 			mu.Unlock()
 			wg.Go(func() {
 				defer s.Close()
-				fl.got, fl.ended = follow(s, 30*time.Second)
+				fl.got, fl.ended = wiretest.Follow(s, 30*time.Second)
 			})
 		}
 
@@ -125,7 +126,7 @@ func TestJournalSubscribers(t *testing.T) {
 			if !fl.ended {
 				t.Fatalf("got ended=false after %d bytes; want true after Commit", len(fl.got))
 			}
-			checkSeq(t, parseWire(t, fl.got), gen, fl.after, total)
+			wiretest.CheckSeq(t, wiretest.ParseWire(t, fl.got), gen, fl.after, total)
 			want, err := res.After(fl.after)
 			if err != nil || !bytes.Equal(fl.got, want) {
 				t.Errorf("got %d bytes; want the result's %d bytes after %d (err %v)", len(fl.got), len(want), fl.after, err)
@@ -178,7 +179,7 @@ func TestIdleSubscribersDoNotBlockAppend(t *testing.T) {
 				t.Fatalf("idle subscriber %d: got ended=false; want true", i)
 			}
 			if i == 0 || i == len(subs)-1 {
-				checkSeq(t, parseWire(t, p), f.Gen, 0, total)
+				wiretest.CheckSeq(t, wiretest.ParseWire(t, p), f.Gen, 0, total)
 			}
 		}
 	})
@@ -220,7 +221,7 @@ func TestSubscribe(t *testing.T) {
 					t.Fatalf("Read: got nothing; want events after %d", tt.after)
 				}
 			} else {
-				checkSeq(t, parseWire(t, p), f.Gen, tt.after, 3)
+				wiretest.CheckSeq(t, wiretest.ParseWire(t, p), f.Gen, tt.after, 3)
 			}
 			if got := s.Position(); got != 3 {
 				t.Errorf("Position: got %d; want 3", got)
@@ -247,7 +248,7 @@ func TestSubscribe(t *testing.T) {
 		if !ended {
 			t.Error("Read: got ended=false; want true")
 		}
-		checkSeq(t, parseWire(t, p), g.Gen, 1, 2)
+		wiretest.CheckSeq(t, wiretest.ParseWire(t, p), g.Gen, 1, 2)
 	})
 }
 
@@ -326,7 +327,7 @@ func BenchmarkAppend(b *testing.B) {
 	m := newMemory(b, Config{})
 	var f *Flight
 	b.ReportAllocs()
-	b.SetBytes(int64(len(chatChunk)))
+	b.SetBytes(int64(len(wiretest.ChatChunk)))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%per == 0 {
@@ -338,7 +339,7 @@ func BenchmarkAppend(b *testing.B) {
 			f.SetHead(streamHead)
 			b.StartTimer()
 		}
-		if _, err := f.Append("", chatChunk); err != nil {
+		if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -350,7 +351,7 @@ func BenchmarkFanout(b *testing.B) {
 	const subs, per = 64, 8192
 	m := newMemory(b, Config{Limits: Limits{MaxSubscribers: subs}})
 	b.ReportAllocs()
-	b.SetBytes(int64(len(chatChunk)))
+	b.SetBytes(int64(len(wiretest.ChatChunk)))
 	b.ResetTimer()
 	for n, round := 0, 0; n < b.N; round++ {
 		f := claim(b, m, Scope{Tenant: "t", Key: strconv.Itoa(round)}, "fp")
@@ -372,7 +373,7 @@ func BenchmarkFanout(b *testing.B) {
 		}
 		k := min(per, b.N-n)
 		for range k {
-			if _, err := f.Append("", chatChunk); err != nil {
+			if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 				b.Fatal(err)
 			}
 		}

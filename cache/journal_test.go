@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"github.com/ssegate/ssegate/sse"
 )
 
@@ -285,7 +286,7 @@ func TestAppendLine(t *testing.T) {
 	m := newMemory(t, Config{})
 	keyed := claim(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	keyed.SetHead(streamHead)
-	for _, data := range []string{"", "x", chatChunk, strings.Repeat("y", 5000)} {
+	for _, data := range []string{"", "x", wiretest.ChatChunk, strings.Repeat("y", 5000)} {
 		for _, typ := range []string{"", "delta", "a\rb"} {
 			var a, b journal
 			if _, err := a.appendEvent(sse.ID{Gen: 7, Seq: 1}, typ, data, 1<<30); err != nil {

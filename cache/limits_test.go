@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"testing"
 	"time"
 )
@@ -89,7 +90,7 @@ func (x *sealFixture) check() {
 		if err != nil {
 			x.t.Fatal(err)
 		}
-		checkSeq(x.t, parseWire(x.t, keepUp(late)), x.f.Gen, after, last)
+		wiretest.CheckSeq(x.t, wiretest.ParseWire(x.t, keepUp(late)), x.f.Gen, after, last)
 		late.Close()
 	}
 }
@@ -209,7 +210,7 @@ func TestSealBehindSlowReader(t *testing.T) {
 	if x.f.j.sealed != sealed {
 		t.Fatalf("%d blocks sealed; want %d: the slow reader has read none past them", x.f.j.sealed, sealed)
 	}
-	checkSeq(t, parseWire(t, keepUp(slow)), x.f.Gen, from, uint64(x.seq-1))
+	wiretest.CheckSeq(t, wiretest.ParseWire(t, keepUp(slow)), x.f.Gen, from, uint64(x.seq-1))
 	slow.Close()
 	x.fillBlock()
 	x.allSealed("once the slow reader caught up")

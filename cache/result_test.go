@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"testing"
 )
 
@@ -12,7 +13,7 @@ func TestResultAfter(t *testing.T) {
 	_, all := commitStream(t, m, Scope{Tenant: "t", Key: "k"}, "fp", 4)
 	b := begin(t, m, Scope{Tenant: "t", Key: "k"}, "fp")
 	r := b.Result
-	evs := parseWire(t, all)
+	evs := wiretest.ParseWire(t, all)
 	for seq := uint64(0); seq <= 5; seq++ {
 		t.Run(fmt.Sprint(seq), func(t *testing.T) {
 			got, err := r.After(seq)
@@ -25,7 +26,7 @@ func TestResultAfter(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got %v; want none", err)
 			}
-			checkSeq(t, parseWire(t, got), evs[0].ID.Gen, seq, 4)
+			wiretest.CheckSeq(t, wiretest.ParseWire(t, got), evs[0].ID.Gen, seq, 4)
 		})
 	}
 }

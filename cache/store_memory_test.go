@@ -16,6 +16,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"github.com/ssegate/ssegate/sse"
 )
 
@@ -224,7 +225,7 @@ func TestBounds(t *testing.T) {
 		if p, _ := s.Read(); len(p) != 0 {
 			t.Errorf("subscriber after refused Append: got %q; want nothing new", p)
 		}
-		evs := parseWire(t, before)
+		evs := wiretest.ParseWire(t, before)
 		if len(evs) != n {
 			t.Errorf("journal parses to %d events; want %d", len(evs), n)
 		}
@@ -1089,7 +1090,7 @@ func BenchmarkReplay(b *testing.B) {
 	f := claim(b, m, sc, "fp")
 	f.SetHead(streamHead)
 	for range 200 {
-		if _, err := f.Append("", chatChunk); err != nil {
+		if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -1169,7 +1170,7 @@ func BenchmarkStream200Sealing(b *testing.B) { benchStream200(b, Limits{SealStre
 func benchStream200(b *testing.B, lim Limits) {
 	m := newMemory(b, Config{Limits: lim})
 	b.ReportAllocs()
-	b.SetBytes(200 * int64(len(chatChunk)))
+	b.SetBytes(200 * int64(len(wiretest.ChatChunk)))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -1181,7 +1182,7 @@ func benchStream200(b *testing.B, lim Limits) {
 		}
 		b.StartTimer()
 		for range 200 {
-			if _, err := f.Append("", chatChunk); err != nil {
+			if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 				b.Fatal(err)
 			}
 			if p, _ := s.Read(); len(p) == 0 {

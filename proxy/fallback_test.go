@@ -567,13 +567,13 @@ func TestDuplicateMembers(t *testing.T) {
 // fails as the test sets it, and "limited" always answers 429 with
 // Retry-After: 1, so that its requests are retried and spend the retry
 // budget every model shares.
-func outageEnv(t *testing.T) *env {
+func outageEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
-	return newEnv(t, func(pc *Config, _ *cache.Config, mc *mockllm.Config) {
+	return newEnv(t, append([]envOption{func(pc *Config, _ *cache.Config, mc *mockllm.Config) {
 		pc.Fallbacks = map[string][]string{"primary": {"fb"}}
 		mc.ModelFaults = map[string]string{"limited": "status=429"}
 		mc.Tokens = 8
-	})
+	}}, opts...)...)
 }
 
 // post sends body with key (none when empty) from any goroutine, and
@@ -608,20 +608,22 @@ func wholeBy(r result, model string) string {
 	return ""
 }
 
-// TestOutageAnsweredByFallback: the primary model answers 503 for 21 s
+// TestOutageAnsweredByFallback: the primary model answers 503 for 10.5 s
 // while another model's 429s spend the retry budget. Every request for the
-// primary, a keyed and an unkeyed one every 3 s, is answered whole by the
+// primary, a keyed and an unkeyed one every 1.5 s, is answered whole by the
 // fallback; once its circuit is open the primary sees at most its probe,
-// one call per -breaker-open-max, never a retry; and after it recovers,
-// requests are back on it within about a second (-breaker-open-max's
-// default), although it recovers just after a failed probe.
+// one call per -breaker-open-max (500ms here), never a retry; and after it
+// recovers, requests are back on it within about -breaker-open-max,
+// although it recovers just after a failed probe.
 func TestOutageAnsweredByFallback(t *testing.T) {
 	t.Parallel()
-	e := outageEnv(t)
+	const openMax = 500 * time.Millisecond
+	e := outageEnv(t, withConfig(func(pc *Config) { pc.Retry.BreakerOpenMax = openMax }))
 	e.mock.SetModelFault("primary", "status=503") //nolint:errcheck // a valid spec
 	// Eight ticks, each three times -breaker-open-max: the circuit opens
 	// within the first, and the rest show it probing, not retrying.
-	const outage, step = 21 * time.Second, 3 * time.Second
+	const step = 3 * openMax
+	const outage = 7 * step
 	body := modelBody("primary")
 
 	// Retries to a rate-limited model, as other tenants would make them.
@@ -696,7 +698,7 @@ func TestOutageAnsweredByFallback(t *testing.T) {
 		t.Fatal("the primary's circuit never opened")
 	}
 	// Each tick after the opening probes the primary at most once (its
-	// -breaker-open-max is 1s, a tick 3s): no retries, and one of each
+	// -breaker-open-max is a third of a tick): no retries, and one of each
 	// tick's two requests goes to the fallback with no call at all.
 	if probes, limit := primaryDuring-callsAtOpen, int64(ticks); probes > limit {
 		t.Errorf("primary calls while its circuit was open: got %d; want at most %d (one probe a tick)", probes, limit)
@@ -721,8 +723,8 @@ func TestOutageAnsweredByFallback(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if backOn < 0 || backOn > 1500*time.Millisecond {
-		t.Fatalf("the first request served by the primary was sent %v after its recovery; want within about a second", backOn)
+	if backOn < 0 || backOn > openMax+500*time.Millisecond {
+		t.Fatalf("the first request served by the primary was sent %v after its recovery; want within about -breaker-open-max (%v)", backOn, openMax)
 	}
 	t.Logf("%d requests over the outage; primary calls %d (%d before its circuit opened); back on the primary %v after its recovery",
 		2*ticks, primaryDuring, callsAtOpen, backOn)

@@ -208,8 +208,18 @@ func TestStreamJoinersWaitingForHead(t *testing.T) {
 	for i := range joiners {
 		joiners[i], _ = send()
 	}
-	// A joiner past the bound is refused, once the others are counted
-	// (each one's place is taken as its request is decided).
+	// Each one's place is taken as its request is decided, before it
+	// waits for the head: once all of them wait, they are counted. A
+	// probe sent before that could take a place, and a joiner come after
+	// it be refused in its stead.
+	if !within(10*time.Second, func() bool {
+		_, stacks := goroutines()
+		return waitingForFlight(stacks) == maxFollowers
+	}) {
+		_, stacks := goroutines()
+		t.Fatalf("%d of %d joiners waiting for the head after 10s; want all\n%s", waitingForFlight(stacks), maxFollowers, stacks)
+	}
+	// A joiner past the bound is refused.
 	if !within(10*time.Second, refused) {
 		t.Fatalf("a joiner past -max-followers %d, with %d streaming joiners waiting for the head: never refused within 10s; want 503 capacity_exceeded",
 			maxFollowers, maxFollowers)
@@ -248,6 +258,20 @@ func TestStreamJoinersWaitingForHead(t *testing.T) {
 		}
 	}
 	wantCount(t, "upstream calls", up.calls.Load(), 1)
+}
+
+// waitingForFlight counts the goroutines in stacks (ownGoroutines') of
+// clients that wait for a flight they joined (Proxy.waitFlight).
+func waitingForFlight(stacks string) (n int) {
+	for _, group := range strings.Split(stacks, "\n\n") {
+		if !strings.Contains(group, "(*Proxy).waitFlight") { // inlined, under its caller's name
+			continue
+		}
+		count, _, _ := strings.Cut(group, " @ ")
+		c, _ := strconv.Atoi(count)
+		n += c
+	}
+	return n
 }
 
 // proxySockets counts the TCP sockets on local port port (the proxy's

@@ -68,6 +68,7 @@ func wantWholeResponses(t *testing.T, got result, events int) {
 // generation (one call, one resume), and the heal is counted. The same
 // holds for a request without a key.
 func TestHealBackground(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	events := 16 + 8 // the mock's 16 tokens, and Responses' 8 other events
 	key := newKey("heal")
@@ -97,6 +98,7 @@ func TestHealBackground(t *testing.T) {
 // TestHealIdleTimeout: a background stream that goes silent past
 // -upstream-idle-timeout after 5 events is resumed like a reset one.
 func TestHealIdleTimeout(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(pc *Config) { pc.UpstreamIdleTimeout = 300 * time.Millisecond }))
 	key := newKey("heal-idle")
 	got := e.fetch(req{path: "/v1/responses", key: key, body: bgBody, header: map[string]string{"X-Mock-Fault": "hang-after=5"}})
@@ -127,6 +129,7 @@ func abortCode(t *testing.T, got result) string {
 // has no resume: reset mid-stream, it aborts as before, and nothing is
 // resumed.
 func TestHealNotBackground(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	key := newKey("heal-fg")
 	got := e.fetch(req{path: "/v1/responses", key: key, body: fgBody, header: map[string]string{"X-Mock-Fault": resetAfter}})
@@ -142,6 +145,7 @@ func TestHealNotBackground(t *testing.T) {
 // to the resume), the stream aborts with heal_refused and the key is
 // free.
 func TestHealRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	key := newKey("heal-refused")
 	resp := e.do(req{path: "/v1/responses", key: key, body: bgBody,
@@ -177,6 +181,7 @@ func TestHealRefused(t *testing.T) {
 // TestHealNeverChat: a chat completion stream has no provider-side
 // resume and is never healed, "background" or not.
 func TestHealNeverChat(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	body := `{"model":"gpt-4o-mini","stream":true,"background":true,"messages":[{"role":"user","content":"hi"}]}`
 	got := e.fetch(req{body: body, header: map[string]string{"X-Mock-Fault": resetAfter}})
@@ -231,6 +236,7 @@ func bgScript(breaks ...int) func(n int64, w http.ResponseWriter, r *http.Reques
 // OpenAI's), and without its body headers; a stream dropped twice is
 // healed twice, contiguous, and the key then replays it with no call.
 func TestHealRequest(t *testing.T) {
+	t.Parallel()
 	for _, cred := range []struct{ name, value, query string }{
 		{"Authorization", "Bearer sk-test", ""},
 		{"x-api-key", "k-test", ""},
@@ -289,6 +295,7 @@ func TestHealRequest(t *testing.T) {
 // TestHealUpstreamError: a resume answered 500 aborts the stream with
 // heal_refused, after the events journaled before the drop.
 func TestHealUpstreamError(t *testing.T) {
+	t.Parallel()
 	fs := newFaultServer(t, nil)
 	script := bgScript(3)
 	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
@@ -313,6 +320,7 @@ func TestHealUpstreamError(t *testing.T) {
 // before its head), the stream aborts with the drop's own cause after
 // the bounded attempts.
 func TestHealReconnectFails(t *testing.T) {
+	t.Parallel()
 	fs := newFaultServer(t, nil)
 	script := bgScript(3)
 	fs.set(func(n int64, w http.ResponseWriter, r *http.Request) {
@@ -341,6 +349,7 @@ func TestHealReconnectFails(t *testing.T) {
 // upstream got one POST (one paid generation) and one resume, never a
 // second generation.
 func TestHealClientLeaves(t *testing.T) {
+	t.Parallel()
 	for _, keyed := range []bool{false, true} {
 		for _, how := range []string{"close", "reset"} {
 			for _, refuse := range []bool{false, true} {
@@ -463,6 +472,7 @@ func rawResponses(t *testing.T, addr, key string) *net.TCPConn {
 // it is neither healed nor repeated (one upstream request), the client
 // gets 502, and the key ends commit_unknown.
 func TestHealNotBeforeFirstEvent(t *testing.T) {
+	t.Parallel()
 	headThenDrop := func(_ int64, w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)

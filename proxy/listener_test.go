@@ -29,6 +29,7 @@ func (l *failingListener) Accept() (net.Conn, error) {
 // counted, and the next connection taken; any other accept error ends
 // Accept at once, as it did.
 func TestListenerWaitsOut(t *testing.T) {
+	t.Parallel()
 	p, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}})
 	if err != nil {
 		t.Fatal(err)

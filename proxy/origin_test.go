@@ -156,6 +156,7 @@ func TestShortStreamsAreWhole(t *testing.T) {
 // look at the flight (Flight.HeadEnded), so there is no moment between
 // two looks for the head and the end to come in.
 func TestHeadAndEndDuringTakeOver(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, func(pc *Config, _ *cache.Config, _ *mockllm.Config) {
 		pc.SlowClientTimeout = 2 * time.Second
 	})
@@ -319,6 +320,7 @@ type originMove struct {
 // mode to the one the row says; the final modes stay put under push and
 // beat; and the rows tested here are the rows of the table.
 func TestOriginTransitions(t *testing.T) {
+	t.Parallel()
 	big := strings.Repeat("x", 64<<10)
 	cases := []struct {
 		name  string
@@ -529,6 +531,7 @@ func originTable(t *testing.T) map[originMove]bool {
 
 // TestOriginModeString: each mode has its name.
 func TestOriginModeString(t *testing.T) {
+	t.Parallel()
 	want := []string{"waiting", "attached", "direct", "follower", "other", "over"}
 	for m, name := range want {
 		if got := originMode(m).String(); got != name {

@@ -377,6 +377,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 // with a store that may end it itself: the Redis store may, the
 // in-memory store never does.
 func TestPassiveStores(t *testing.T) {
+	t.Parallel()
 	if _, ok := any((*redis.Store)(nil)).(passiveStore); ok {
 		t.Error("the Redis store is a passiveStore; want one that ends flights (it fences them)")
 	}

@@ -183,6 +183,7 @@ func TestMalformedRequestHidesCredential(t *testing.T) {
 // when its handler returns) streams whole answers, keyed and not, and
 // keeps the connection alive for the next request; Shutdown then drains.
 func TestHandlerUnderAnyServer(t *testing.T) {
+	t.Parallel()
 	mock, upURL := startMock(t, mockllm.Config{Tokens: 8, Delay: time.Millisecond})
 	store := memoryStore(t, cache.Config{})
 	p, err := New(Config{Upstreams: []string{upURL}, Store: store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -140,7 +140,11 @@ func TestResumeTokenOneSpelling(t *testing.T) {
 	type alteration struct{ pos, c int }
 	work := make(chan alteration)
 	var wg sync.WaitGroup
-	for range 4 {
+	const workers = 4
+	// Each worker keeps its connection: a new one per request costs more
+	// than the request.
+	e.client.Transport.(*http.Transport).MaxIdleConnsPerHost = workers
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

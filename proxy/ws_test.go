@@ -79,6 +79,7 @@ func wantWholeTurn(t *testing.T, types []string, tokens int) {
 }
 
 func TestWSRelay(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	conn := wsDial(t, e.url, "sk-a", option.WithHeader("OpenAI-Beta", "responses_websockets=2026-02-06"))
 	ctx := context.Background()
@@ -130,6 +131,7 @@ func TestWSRelay(t *testing.T) {
 }
 
 func TestWSHandshakeRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cl := openai.NewClient(option.WithBaseURL(e.url+"/v1/"), option.WithAPIKey("sk-a"), option.WithMaxRetries(0),
 		option.WithHeader("X-Mock-WS-Status", "426"))
@@ -142,6 +144,7 @@ func TestWSHandshakeRefused(t *testing.T) {
 // A keyed turn whose client socket is cut mid-way, re-sent on a new
 // socket, is delivered whole, once, from one upstream generation.
 func TestWSKeyedResendNewSocket(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(20*time.Millisecond, 16))
 	key := newKey("ws")
 	first := wsDial(t, e.url, "sk-a")
@@ -183,7 +186,13 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 	if !strings.Contains(raw[0], `"idempotency_conflict"`) {
 		t.Fatalf("got %s; want an idempotency_conflict error frame", raw[0])
 	}
-	m := string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+	// A turn's decision is counted once its frame is sent: the conflict's
+	// may be counted just after the client read it.
+	var m string
+	waitFor(t, func() bool {
+		m = string(e.fetch(req{method: http.MethodGet, path: "/metrics"}).raw)
+		return strings.Contains(m, `ssegate_ws_turns_total{decision="conflict"} `)
+	})
 	for series, want := range map[string]float64{
 		`ssegate_ws_turns_total{decision="miss"}`:     1,
 		`ssegate_ws_turns_total{decision="join"}`:     1,
@@ -200,6 +209,7 @@ func TestWSKeyedResendNewSocket(t *testing.T) {
 // A client socket dropped mid-turn does not stop the turn: it runs to its
 // end upstream and is stored.
 func TestWSClientDropStores(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 16))
 	key := newKey("ws")
 	conn := wsDial(t, e.url, "sk-a")
@@ -221,6 +231,7 @@ func TestWSClientDropStores(t *testing.T) {
 // 16 concurrent re-sends of one keyed turn, each on its own socket and
 // lane, cost one generation; each gets the whole turn under its own lane.
 func TestWSConcurrentResends(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(5*time.Millisecond, 16))
 	key := newKey("ws")
 	var wg sync.WaitGroup
@@ -253,6 +264,7 @@ func TestWSConcurrentResends(t *testing.T) {
 // The upstream socket dropped mid-turn: the turn is commit_unknown, its
 // caller gets an error frame saying so, and a re-send is not sent again.
 func TestWSUpstreamDrop(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.mock.DropWebSocketAfter(6)
 	key := newKey("ws")
@@ -281,6 +293,7 @@ func TestWSUpstreamDrop(t *testing.T) {
 // the connection goes on to serve a turn; a frame past -ws-max-frame-bytes
 // closes the connection with 1009.
 func TestWSBadInput(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxFrameBytes = 4 << 10 }))
 	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/responses"
 	hdr := http.Header{"Authorization": {"Bearer sk-a"}}
@@ -338,6 +351,7 @@ func TestWSBadInput(t *testing.T) {
 // -ws-max-turns: the turn past it gets an error frame; -ws-max-conns: the
 // connection past it gets 503.
 func TestWSBounds(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(c *Config) { c.WS.MaxTurns = 1; c.WS.MaxConns = 1 }))
 	conn := wsDial(t, e.url, "sk-a")
 	ctx := context.Background()
@@ -363,6 +377,7 @@ func TestWSBounds(t *testing.T) {
 // A keyed turn re-sent on the same socket while it runs joins it, on the
 // re-send's lane; a turn's response id resumes over HTTP.
 func TestWSJoinSameSocketAndHTTPResume(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 16))
 	key := newKey("ws")
 	conn := wsDial(t, e.url, "sk-a")
@@ -399,6 +414,7 @@ func TestWSJoinSameSocketAndHTTPResume(t *testing.T) {
 // -ws-dedupe-window keys an unkeyed turn by its tenant and body: an
 // unmodified client's re-send after a drop joins the first.
 func TestWSDedupeWindow(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 16), withConfig(func(c *Config) { c.WS.DedupeWindow = time.Minute }))
 	first := wsDial(t, e.url, "sk-a")
 	ctx := context.Background()
@@ -429,6 +445,7 @@ func TestWSDedupeWindow(t *testing.T) {
 // the other joins it from the shared journal, with no generation on the
 // second replica's upstream; after its end, the second replays it.
 func TestWSTwoReplicasRedis(t *testing.T) {
+	t.Parallel()
 	var logs gatetest.LogBuffer
 	addr, prefix := redistest.Shared(t), redistest.Prefix(t)
 	secret := withConfig(func(c *Config) { c.Secret = []byte("ws-replicas-share-this-secret") })
@@ -465,6 +482,7 @@ func TestWSTwoReplicasRedis(t *testing.T) {
 // -ws-idle-timeout closes a connection that sent nothing and runs no
 // turn (1000); a drain closes one that runs no turn (1001).
 func TestWSIdleAndDrain(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, withConfig(func(c *Config) { c.WS.IdleTimeout = 300 * time.Millisecond }))
 	dial := func() *websocket.Conn {
 		c, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(e.url, "http")+"/v1/responses",
@@ -494,6 +512,7 @@ func TestWSIdleAndDrain(t *testing.T) {
 // TestWSJoinSameSocketAndHTTPResume shows). The next turn's frames follow
 // the turn's end with nothing of the turn repeated.
 func TestWSResendSameLane(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, slowMock(10*time.Millisecond, 16))
 	conn := wsDial(t, e.url, "sk-a")
 	ctx := context.Background()
@@ -541,6 +560,7 @@ func TestWSResendSameLane(t *testing.T) {
 // 4xx (426, 401) from the first is passed back, and the second never
 // sees the handshake.
 func TestWSFailover(t *testing.T) {
+	t.Parallel()
 	// Its connections are refused; its port stays held, so that no other
 	// test's upstream takes it and counts these handshakes and turns.
 	down, _ := refusedAddr(t)

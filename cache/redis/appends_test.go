@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"strconv"
 	"sync"
 	"testing"
@@ -231,7 +232,7 @@ func TestRedisAppendsTogether(t *testing.T) {
 				t.Errorf("stream %d: Commit: got false", i)
 				return
 			}
-			if got, ended := storetest.Follow(subs[i], 5*time.Second); !ended || !bytes.Equal(got, wants[i]) {
+			if got, ended := wiretest.Follow(subs[i], 5*time.Second); !ended || !bytes.Equal(got, wants[i]) {
 				t.Errorf("stream %d: the follower got %d bytes (ended %v); want the owner's %d", i, len(got), ended, len(wants[i]))
 			}
 		})
@@ -366,7 +367,7 @@ func BenchmarkRedisFollowed(b *testing.B) {
 			sc := cache.Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}
 			fs[i] = rbegin(b, rs[0], sc, "fp").Flight
 			storetest.StartStream(b, fs[i])
-			if _, err := fs[i].Append("", storetest.ChatChunk); err != nil {
+			if _, err := fs[i].Append("", wiretest.ChatChunk); err != nil {
 				b.Fatal(err)
 			}
 			j := rbegin(b, rs[1], sc, "fp")
@@ -378,7 +379,7 @@ func BenchmarkRedisFollowed(b *testing.B) {
 		for range events - 1 {
 			time.Sleep(pace)
 			for _, f := range fs {
-				if _, err := f.Append("", storetest.ChatChunk); err != nil {
+				if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -390,7 +391,7 @@ func BenchmarkRedisFollowed(b *testing.B) {
 				if !f.Commit(nil) {
 					b.Error("Commit: got false")
 				}
-				if _, ended := storetest.Follow(subs[i], 5*time.Second); !ended {
+				if _, ended := wiretest.Follow(subs[i], 5*time.Second); !ended {
 					b.Error("a follower did not end")
 				}
 			})

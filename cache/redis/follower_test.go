@@ -4,6 +4,7 @@ import (
 	"errors"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -37,7 +38,7 @@ func TestRedisTailNoGap(t *testing.T) {
 			}
 			if f == nil { // a late client: the stream was committed already
 				p, _ := res.After(after)
-				storetest.CheckSeq(t, storetest.ParseWire(t, p), owner.Gen, after, n)
+				wiretest.CheckSeq(t, wiretest.ParseWire(t, p), owner.Gen, after, n)
 				return
 			}
 			s, err := f.Subscribe(after)
@@ -45,12 +46,12 @@ func TestRedisTailNoGap(t *testing.T) {
 				errs <- err
 				return
 			}
-			p, ended := storetest.Follow(s, 5*time.Second)
+			p, ended := wiretest.Follow(s, 5*time.Second)
 			if !ended {
 				errs <- errors.New("stream did not end")
 				return
 			}
-			storetest.CheckSeq(t, storetest.ParseWire(t, p), owner.Gen, after, n)
+			wiretest.CheckSeq(t, wiretest.ParseWire(t, p), owner.Gen, after, n)
 		})
 	}
 	for i := 1; i <= n; i++ {
@@ -93,8 +94,8 @@ func TestRedisReap(t *testing.T) {
 		t.Fatalf("duplicate: got %v; want join", j.Decision)
 	}
 	sub, _ := j.Flight.Subscribe(0)
-	if p, _ := storetest.Follow(sub, 300*time.Millisecond); len(storetest.ParseWire(t, p)) != 10 {
-		t.Fatalf("follower: got %d events before the crash; want 10", len(storetest.ParseWire(t, p)))
+	if p, _ := wiretest.Follow(sub, 300*time.Millisecond); len(wiretest.ParseWire(t, p)) != 10 {
+		t.Fatalf("follower: got %d events before the crash; want 10", len(wiretest.ParseWire(t, p)))
 	}
 	died := time.Now()
 	a.Backend().(*owner).shutdown() // the owner's process is gone: no renewals, no writes
@@ -143,8 +144,8 @@ func TestRedisFollowerOfFailure(t *testing.T) {
 			t.Fatalf("duplicate: got %v; want join", j.Decision)
 		}
 		sub, _ := j.Flight.Subscribe(0)
-		if p, _ := storetest.Follow(sub, 300*time.Millisecond); len(storetest.ParseWire(t, p)) != 5 {
-			t.Fatalf("follower: got %d events; want 5", len(storetest.ParseWire(t, p)))
+		if p, _ := wiretest.Follow(sub, 300*time.Millisecond); len(wiretest.ParseWire(t, p)) != 5 {
+			t.Fatalf("follower: got %d events; want 5", len(wiretest.ParseWire(t, p)))
 		}
 		storetest.AppendN(t, a, 6, 3)
 		a.Fail(cache.StateFailedRetryable, "error_event", nil)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"reflect"
 	"slices"
 	"strconv"
@@ -102,7 +103,7 @@ func TestRedisMirrorOnlyWhenAsked(t *testing.T) {
 	if full, _ := res.After(0); !bytes.Equal(full, want) || len(p) == 0 {
 		t.Fatal("the committed result differs from the events journaled")
 	}
-	storetest.CheckSeq(t, storetest.ParseWire(t, p), f.Gen, 100, 300)
+	wiretest.CheckSeq(t, wiretest.ParseWire(t, p), f.Gen, 100, 300)
 }
 
 // TestRedisFollowerAsks: followers on another replica join generations at
@@ -161,7 +162,7 @@ func TestRedisFollowerAsks(t *testing.T) {
 			}
 			want = append(want, storetest.AppendN(t, f, held+1, after)...)
 			f.Commit(nil)
-			p, _ := storetest.Follow(sub, 3*lease)
+			p, _ := wiretest.Follow(sub, 3*lease)
 			got = append(got, p...)
 			if waitDone(t, j.Flight, 3*lease) != cache.StateCommitted || !bytes.Equal(got, want) {
 				t.Errorf("stream %d: the follower did not end committed with every event", i)
@@ -196,7 +197,7 @@ func TestRedisFollowAfterUnmirroredCommit(t *testing.T) {
 	fl := rs[1].follow(sc, rs[1].keys(sc), f.Gen, "fp")
 	sub, _ := fl.Subscribe(0)
 	defer sub.Close()
-	got, ended := storetest.Follow(sub, 3*testLease)
+	got, ended := wiretest.Follow(sub, 3*testLease)
 	if !ended || waitDone(t, fl, time.Second) != cache.StateCommitted || !bytes.Equal(got, want) {
 		t.Fatalf("late follower: ended %v with %d bytes of %d; want committed with every event", ended, len(got), len(want))
 	}
@@ -322,7 +323,7 @@ func TestRedisStaleJournal(t *testing.T) {
 	if !f.Commit(nil) {
 		t.Fatal("Commit: got false")
 	}
-	got, _ := storetest.Follow(sub, 3*testLease)
+	got, _ := wiretest.Follow(sub, 3*testLease)
 	if waitDone(t, j.Flight, 3*testLease) != cache.StateCommitted || !bytes.Equal(got, want) {
 		t.Fatalf("the follower: %d bytes of %d; want committed with every event", len(got), len(want))
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,7 +74,7 @@ func TestRedisFencing(t *testing.T) {
 		if state := waitDone(t, a, 2*testLease); state != cache.StateCommitUnknown {
 			t.Fatalf("stale owner: state %v; want commit_unknown", state)
 		}
-		if _, ended := storetest.Follow(sub, time.Second); !ended {
+		if _, ended := wiretest.Follow(sub, time.Second); !ended {
 			t.Fatal("stale owner's client: stream did not end")
 		}
 		if rs[0].Stats().Fenced != 1 {

@@ -3,6 +3,7 @@ package redis
 import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"strconv"
 	"sync"
 	"testing"
@@ -37,7 +38,7 @@ func costStream(b *testing.B, r *Store, key string) {
 	}
 	storetest.StartStream(b, f)
 	for range costEvents {
-		if _, err := f.Append("", storetest.ChatChunk); err != nil {
+		if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -65,7 +66,7 @@ func BenchmarkRedisStreams(b *testing.B) {
 				f := rbegin(b, r, cache.Scope{Tenant: "t", Key: strconv.Itoa(n) + "-" + strconv.Itoa(i)}, "fp").Flight
 				storetest.StartStream(b, f)
 				for range costEvents {
-					if _, err := f.Append("", storetest.ChatChunk); err != nil {
+					if _, err := f.Append("", wiretest.ChatChunk); err != nil {
 						b.Error(err)
 						return
 					}

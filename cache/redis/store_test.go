@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"github.com/ssegate/ssegate/internal/doctable"
 	"strconv"
 	"strings"
@@ -71,7 +72,7 @@ func TestRedisClaimAtomic(t *testing.T) {
 		t.Fatalf("Commit: got false; want the result kept")
 	}
 	for i, s := range subs {
-		p, ended := storetest.Follow(s, 5*time.Second)
+		p, ended := wiretest.Follow(s, 5*time.Second)
 		if !ended || !bytes.Equal(p, want) {
 			t.Fatalf("join %d: got %d bytes (ended %v); want the owner's %d bytes", i, len(p), ended, len(want))
 		}
@@ -109,7 +110,7 @@ func TestRedisReplay(t *testing.T) {
 		t.Fatalf("Attach after commit: %v", err)
 	}
 	p, _ := res.After(25)
-	storetest.CheckSeq(t, storetest.ParseWire(t, p), a.Gen, 25, 40)
+	wiretest.CheckSeq(t, wiretest.ParseWire(t, p), a.Gen, 25, 40)
 	if !bytes.Equal(res.Data, want) || res.Head.Header[0].Value != "req-1" {
 		t.Fatal("result on the other replica: not the owner's bytes and head")
 	}

@@ -3,6 +3,7 @@ package redis
 import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,11 +59,11 @@ func TestRedisTailsShareReads(t *testing.T) {
 				})
 				wg.Go(func() {
 					defer s.Close()
-					got, ended := storetest.Follow(s, 5*time.Second)
+					got, ended := wiretest.Follow(s, 5*time.Second)
 					if !ended {
 						t.Errorf("%s: the follower's stream did not end", sc.Key)
 					}
-					storetest.CheckSeq(t, storetest.ParseWire(t, got), owner.Gen, 0, uint64(events))
+					wiretest.CheckSeq(t, wiretest.ParseWire(t, got), owner.Gen, 0, uint64(events))
 					if st := waitDone(t, b.Flight, 5*time.Second); st != cache.StateCommitted {
 						t.Errorf("%s: the follower's flight ended %s; want committed", sc.Key, st)
 					}
