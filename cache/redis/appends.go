@@ -100,7 +100,7 @@ func (r *Store) sendAppends() {
 		b.mu.Unlock()
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 		alone := func(q *appendReq) {
-			a, err := parseWriteAnswer(appendScript.Exec(ctx, r.c, q.item.keys, q.item.args))
+			a, err := parseWriteAnswer(exec(ctx, r.c, appendScript, q.item.keys, q.item.args))
 			q.done <- appendAnswer{a, err}
 		}
 		switch {

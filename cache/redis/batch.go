@@ -105,7 +105,7 @@ func (s batchScript) exec(ctx context.Context, c rueidis.Client, items []batchIt
 // error when the call as a whole failed (whether any item ran is then
 // unknown) or did not answer each item.
 func execItems(ctx context.Context, c rueidis.Client, lua *rueidis.Lua, keys, args []string, n int) ([]rueidis.RedisMessage, error) {
-	out, err := lua.Exec(ctx, c, keys, args).ToArray()
+	out, err := exec(ctx, c, lua, keys, args).ToArray()
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,7 @@ func (r *Store) runPiped(ctx context.Context, s *rueidis.Lua, a scriptArgs) ruei
 		// what queues meanwhile goes once it is answered.
 		b.calls++
 		b.mu.Unlock()
-		res := s.Exec(ctx, r.c, keys, args)
+		res := exec(ctx, r.c, s, keys, args)
 		b.mu.Lock()
 		if len(b.queue) > 0 {
 			r.wg.Go(r.sendPiped)
@@ -128,23 +128,33 @@ func (r *Store) pipeline(batch []*pipedCall) {
 	defer cancel()
 	if len(batch) == 1 {
 		q := batch[0]
-		q.done <- q.s.Exec(ctx, r.c, q.keys, q.args)
+		q.done <- exec(ctx, r.c, q.s, q.keys, q.args)
 		return
 	}
 	r.pipelines.Add(1)
-	cmds := make(rueidis.Commands, len(batch))
-	for i, q := range batch {
+	c := current(r.c) // built and sent on one client (exec)
+	cmds := make(rueidis.Commands, 0, len(batch))
+	sent := batch[:0:0]
+	for _, q := range batch {
+		if !fitsClient(c, q.keys) {
+			q.done <- rueidis.NewErrorResult(errClientChanged)
+			continue
+		}
 		info := scriptInfoOf(q.s)
-		cmd := r.c.B().Evalsha().Sha1(info.sha).Numkeys(int64(len(q.keys))).Key(q.keys...).Arg(q.args...).Build()
+		cmd := c.B().Evalsha().Sha1(info.sha).Numkeys(int64(len(q.keys))).Key(q.keys...).Arg(q.args...).Build()
 		if info.retryable {
 			cmd = cmd.ToRetryable()
 		}
-		cmds[i] = cmd
+		cmds = append(cmds, cmd)
+		sent = append(sent, q)
 	}
-	for i, res := range r.c.DoMulti(ctx, cmds...) {
-		q := batch[i]
+	if len(cmds) == 0 {
+		return
+	}
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		q := sent[i]
 		if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
-			res = q.s.Exec(ctx, r.c, q.keys, q.args)
+			res = exec(ctx, c, q.s, q.keys, q.args)
 		}
 		q.done <- res
 	}

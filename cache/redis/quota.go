@@ -672,7 +672,7 @@ return redis.call('ZCOUNT', KEYS[1], now(), '+inf')
 func (r *Store) UnknownKeys() (int64, error) {
 	ctx, cancel := r.opCtx()
 	defer cancel()
-	n, err := unknownScript.Exec(ctx, r.c, r.globalKeys()[2:], nil).AsInt64()
+	n, err := exec(ctx, r.c, unknownScript, r.globalKeys()[2:], nil).AsInt64()
 	if err != nil {
 		return 0, fmt.Errorf("redis commit_unknown keys: %w: %w", cache.ErrUnavailable, err)
 	}

@@ -77,7 +77,7 @@ type scriptArgs interface {
 // run runs s with a's keys and arguments.
 func run(ctx context.Context, c rueidis.Client, s *rueidis.Lua, a scriptArgs) rueidis.RedisResult {
 	keys, argv := a.keysArgs()
-	return s.Exec(ctx, c, keys, argv)
+	return exec(ctx, c, s, keys, argv)
 }
 
 // flag is the scripts' word for a boolean argument: "1" or "0".

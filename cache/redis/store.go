@@ -712,6 +712,9 @@ func (r *Store) abandon(sc cache.Scope, k rkeys, tok string, sent time.Time, err
 	if _, ok := rueidis.IsRedisErr(err); ok {
 		return false // Redis answered: the script did not run
 	}
+	if errors.Is(err, errClientChanged) {
+		return false // not sent: its keys were a standalone Redis's (exec)
+	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		return false // not sent: no connection

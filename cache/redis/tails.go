@@ -137,11 +137,15 @@ func (r *Store) readTails() {
 		for k, q := range byKey {
 			keys, ids = append(keys, k), append(ids, q.last)
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
-		r.reads.Add(1)
-		m, err := r.c.Do(ctx, r.c.B().Xread().Count(maxTailEntries).
-			Streams().Key(keys...).Id(ids...).Build()).AsXRead()
-		cancel()
+		var m map[string][]rueidis.XRangeEntry
+		err := errClientChanged // the journals' slots differ on a Cluster (exec)
+		if c := current(r.c); fitsClient(c, keys) {
+			ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
+			r.reads.Add(1)
+			m, err = c.Do(ctx, c.B().Xread().Count(maxTailEntries).
+				Streams().Key(keys...).Id(ids...).Build()).AsXRead()
+			cancel()
+		}
 		if rueidis.IsRedisNil(err) {
 			continue
 		}
