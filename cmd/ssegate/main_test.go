@@ -230,25 +230,34 @@ func TestStartupLogHidesCredentials(t *testing.T) {
 	}
 }
 
+// startRun runs ssegate with args until it listens, and returns the
+// address it bound, what it logs, and stop, which ends the run and
+// returns its error. The test fails if run ends before it listens.
+func startRun(t *testing.T, args []string, getenv func(string) string) (addr string, logs *gatetest.LogBuffer, stop func() error) {
+	t.Helper()
+	logs = &gatetest.LogBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, getenv, logs, ready) }()
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("run: %v", err)
+	}
+	return addr, logs, func() error { cancel(); return <-done }
+}
+
 // startupLog runs ssegate with args until it listens, stops it, and
 // returns what it logged.
 func startupLog(t *testing.T, args []string, getenv func(string) string) *gatetest.LogBuffer {
 	t.Helper()
-	var logs gatetest.LogBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, getenv, &logs, ready) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("run: %v", err)
-	}
-	cancel()
-	if err := <-done; err != nil {
+	_, logs, stop := startRun(t, args, getenv)
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	return &logs
+	return logs
 }
 
 // TestStartupLogMemoryLimit: the start-up log says "none" when no memory
@@ -299,20 +308,7 @@ func TestFallbackFlag(t *testing.T) {
 // address the process bound once it serves, and is gone after it exits.
 func TestListenFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "listen")
-	var logs gatetest.LogBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-listen-file", path, "-upstream", "mock"}, env(nil), &logs, ready)
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("run: %v", err)
-	}
+	addr, _, stop := startRun(t, []string{"-listen", "127.0.0.1:0", "-listen-file", path, "-upstream", "mock"}, env(nil))
 	b, err := os.ReadFile(path)
 	if err != nil || string(b) != addr+"\n" || strings.HasSuffix(addr, ":0") {
 		t.Fatalf("-listen-file: got %q, %v; want the bound address %q and a newline", b, err, addr)
@@ -322,8 +318,7 @@ func TestListenFile(t *testing.T) {
 		t.Fatalf("GET /healthz at the file's address: %v", err)
 	}
 	resp.Body.Close()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssegate/ssegate/internal/gatetest"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -93,20 +91,7 @@ func TestTracesFlushedAtShutdown(t *testing.T) {
 	sink := newOTLPSink(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
-	var logs gatetest.LogBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-upstream", "mock", "-mock-delay", "1ms", "-traces", "otlp"}, env(nil), &logs, ready)
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("run: %v", err)
-	}
+	addr, _, stop := startRun(t, []string{"-listen", "127.0.0.1:0", "-upstream", "mock", "-mock-delay", "1ms", "-traces", "otlp"}, env(nil))
 	rq, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions",
 		bytes.NewReader([]byte(`{"model":"gpt-4o-mini","stream":true,"messages":[]}`)))
 	rq.Header.Set("Idempotency-Key", "flush-1")
@@ -120,8 +105,7 @@ func TestTracesFlushedAtShutdown(t *testing.T) {
 	sink.mu.Lock()
 	before := len(sink.spans)
 	sink.mu.Unlock()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	sink.mu.Lock()
