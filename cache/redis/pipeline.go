@@ -132,11 +132,11 @@ func (r *Store) pipeline(batch []*pipedCall) {
 		return
 	}
 	r.pipelines.Add(1)
-	c := current(r.c) // built and sent on one client (exec)
+	c, swapped := current(r.c) // built and sent on one client (exec)
 	cmds := make(rueidis.Commands, 0, len(batch))
 	sent := batch[:0:0]
 	for _, q := range batch {
-		if !fitsClient(c, q.keys) {
+		if swapped && !fitsClient(c, q.keys) {
 			q.done <- rueidis.NewErrorResult(errClientChanged)
 			continue
 		}

@@ -59,11 +59,14 @@ func TestKeySlot(t *testing.T) {
 	if fitsClient(r.c, cross) {
 		t.Fatalf("keys %v fit a cluster client; want them in more than one slot", cross)
 	}
-	if err := exec(ctx, r.c, unknownScript, cross, nil).Error(); !errors.Is(err, errClientChanged) {
-		t.Fatalf("exec across slots on a Cluster: got %v; want errClientChanged", err)
+	// A store that started without Redis holds its client in a
+	// swapClient; this one now holds the Cluster's.
+	swapped := newSwapClient(r.c)
+	if err := exec(ctx, swapped, unknownScript, cross, nil).Error(); !errors.Is(err, errClientChanged) {
+		t.Fatalf("exec across slots on a swapped-in Cluster client: got %v; want errClientChanged", err)
 	}
 	same := []string{"{t}a", "{t}b", "{t}c"}
-	if err := exec(ctx, r.c, unknownScript, same, nil).Error(); err != nil {
+	if err := exec(ctx, swapped, unknownScript, same, nil).Error(); err != nil {
 		t.Fatalf("exec on one slot: got %v; want it run", err)
 	}
 }

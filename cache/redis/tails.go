@@ -139,7 +139,7 @@ func (r *Store) readTails() {
 		}
 		var m map[string][]rueidis.XRangeEntry
 		err := errClientChanged // the journals' slots differ on a Cluster (exec)
-		if c := current(r.c); fitsClient(c, keys) {
+		if c, swapped := current(r.c); !swapped || fitsClient(c, keys) {
 			ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 			r.reads.Add(1)
 			m, err = c.Do(ctx, c.B().Xread().Count(maxTailEntries).
