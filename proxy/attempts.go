@@ -69,8 +69,7 @@ func (g *gen) attempts(tmpl *fasthttp.Request, model string, more bool, calls in
 			t.end = settled
 			return t
 		case a.raw:
-			p.hooks.passedRaw(g, a.head.Status)
-			g.passRaw()
+			p.hooks.passedRaw(g, a.head.Status) // run then hands the answer to the origin (passRaw)
 			t.end = passedRaw
 			return t
 		}

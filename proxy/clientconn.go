@@ -619,22 +619,45 @@ func unwrap(c net.Conn) net.Conn {
 }
 
 // copyBody relays a body that is not an event stream, flushing whatever
-// arrives so a slow upstream's bytes are not held back. It reports false
-// when the client went away or the body was cut short (a reset, a
-// timeout): then the client's answer must end without its last chunk, so
-// that it is not taken for a whole one.
-func copyBody(c *clientConn, r io.Reader) bool {
-	buf := make([]byte, 16<<10)
+// arrives so a slow upstream's bytes are not held back, and ends the
+// answer. It reports false when the client went away or the body was cut
+// short (a reset, a timeout): then the client's answer ends without its
+// last chunk, so that it is not taken for a whole one. A body of known
+// size (n ≥ 0) has its last bytes go out with the end of the answer, in
+// one write: a short answer is one write for its head, body and end.
+func copyBody(c *clientConn, r io.Reader, n int) bool {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	read := 0
 	for {
-		n, err := r.Read(buf)
-		if n > 0 && c.write(buf[:n]) != nil {
+		k, err := r.Read(buf)
+		read += k
+		if err == nil && n >= 0 && read >= n && k < len(buf) {
+			// All the length said: the stream answers its end without a
+			// read of the connection, and must be read to it, or its
+			// connection is not pooled again.
+			var more int
+			more, err = r.Read(buf[k:])
+			k += more
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			if k > 0 {
+				c.write(buf[:k]) //nolint:errcheck // the answer is cut either way
+			}
 			return false
 		}
 		if err != nil {
-			return errors.Is(err, io.EOF)
+			return c.send(true, buf[:k]) == nil
+		}
+		if k > 0 && c.write(buf[:k]) != nil {
+			return false
 		}
 	}
 }
+
+// copyBufs holds copyBody's buffers.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // maxParts bounds the journal spans one write to a client gathers.
 const maxParts = 4

@@ -234,10 +234,15 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 	rawPassed := false
 	defer func() {
 		fasthttp.ReleaseRequest(tmpl)
-		if !rawPassed {
-			g.o.push() // the end of the answer, to the client the generation writes
-			g.finish()
+		if rawPassed {
+			// Last, once the run's end is counted (runEnded): the
+			// origin relays the body on this goroutine, and ends the
+			// generation with it.
+			g.passRaw()
+			return
 		}
+		g.o.push() // the end of the answer, to the client the generation writes
+		g.finish()
 	}()
 	p, f := g.p, g.f
 	p.budget.Request(g.start)

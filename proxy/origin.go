@@ -202,7 +202,7 @@ func (o *origin) answerRest() {
 		if g.kind.raw {
 			stop = cancelOnDeparture(c, resp)
 		}
-		ok := copyBody(c, bodyOf(resp)) && c.end() == nil
+		ok := copyBody(c, bodyOf(resp), resp.Header.ContentLength())
 		if stop != nil {
 			ok = !stop() && ok
 		}
@@ -241,8 +241,14 @@ func (o *origin) push() {
 	case originDirect:
 		o.flushLocked()
 	}
+	raw := o.raw != nil
 	o.mu.Unlock()
-	if rest {
+	switch {
+	case rest && raw:
+		// The generation handed its end over with the answer
+		// (answerRaw): nothing is left for it but to relay it.
+		o.answerRest()
+	case rest:
 		go o.answerRest()
 	}
 }
