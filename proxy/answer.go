@@ -136,10 +136,27 @@ func skipResponseHeader(name string) bool {
 }
 
 // readBody reads a non-streamed answer up to limit bytes.
+// A body whose length the head says is read into one buffer of that
+// size (and a byte to meet its end), not grown as it comes.
 func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(bodyOf(resp), int64(limit)+1))
-	if err != nil {
-		return nil, err
+	r := io.LimitReader(bodyOf(resp), int64(limit)+1)
+	size := 512
+	if n := resp.Header.ContentLength(); n >= 0 && n <= limit {
+		size = n + 1
+	}
+	body := make([]byte, 0, size)
+	for {
+		if len(body) == cap(body) {
+			body = append(body, 0)[:len(body)] // more room
+		}
+		n, err := r.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if len(body) > limit {
 		return nil, errBodyTooLarge

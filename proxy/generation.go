@@ -241,8 +241,13 @@ func (g *gen) run(tmpl *fasthttp.Request) {
 			g.passRaw()
 			return
 		}
-		g.o.push() // the end of the answer, to the client the generation writes
+		rest := g.o.advance() // the end of the answer, to the client the generation writes
 		g.finish()
+		if rest {
+			// An answer that is not a stream, written whole once the
+			// generation is over, on its goroutine rather than a new one.
+			g.o.answerRest()
+		}
 	}()
 	p, f := g.p, g.f
 	p.budget.Request(g.start)

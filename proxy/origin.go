@@ -231,10 +231,20 @@ func (o *origin) answerRaw(resp *fasthttp.Response) {
 
 // push writes what the flight journaled since the last push. The
 // generation calls it before each read of the upstream's socket
-// (pumping.read) and after the flight ended.
+// (pumping.read); an answer that is not a stream, once known, is written
+// on a goroutine of its own.
 func (o *origin) push() {
+	if o.advance() {
+		go o.answerRest()
+	}
+}
+
+// advance is push, except that an answer known not to be a stream is
+// left to the caller, to write with answerRest, and reported; but the
+// upstream's answer relayed raw, which the generation handed over with
+// its end (answerRaw), is relayed here.
+func (o *origin) advance() (rest bool) {
 	o.mu.Lock()
-	rest := false
 	switch o.mode {
 	case originAttached:
 		rest = o.advanceLocked()
@@ -243,14 +253,11 @@ func (o *origin) push() {
 	}
 	raw := o.raw != nil
 	o.mu.Unlock()
-	switch {
-	case rest && raw:
-		// The generation handed its end over with the answer
-		// (answerRaw): nothing is left for it but to relay it.
+	if rest && raw {
 		o.answerRest()
-	case rest:
-		go o.answerRest()
+		return false
 	}
+	return rest
 }
 
 // flushLocked writes the client everything it has not had yet, and the
