@@ -139,27 +139,38 @@ func skipResponseHeader(name string) bool {
 // A body whose length the head says is read into one buffer of that
 // size (and a byte to meet its end), not grown as it comes.
 func readBody(resp *fasthttp.Response, limit int) ([]byte, error) {
-	r := io.LimitReader(bodyOf(resp), int64(limit)+1)
-	size := 512
-	if n := resp.Header.ContentLength(); n >= 0 && n <= limit {
-		size = n + 1
+	body, err := readUpTo(bodyOf(resp), resp.Header.ContentLength(), limit)
+	if err != nil {
+		return nil, err
 	}
-	body := make([]byte, 0, size)
+	return body, nil
+}
+
+// readUpTo reads r to its end, up to limit bytes (more is errBodyTooLarge),
+// into a buffer of size bytes when size is known (n ≥ 0). With an error it
+// returns what it read before it.
+func readUpTo(r io.Reader, size, limit int) ([]byte, error) {
+	r = io.LimitReader(r, int64(limit)+1)
+	n := 512
+	if size >= 0 && size <= limit {
+		n = size + 1 // and a byte to meet its end
+	}
+	body := make([]byte, 0, n)
 	for {
 		if len(body) == cap(body) {
 			body = append(body, 0)[:len(body)] // more room
 		}
-		n, err := r.Read(body[len(body):cap(body)])
-		body = body[:len(body)+n]
+		k, err := r.Read(body[len(body):cap(body)])
+		body = body[:len(body)+k]
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return nil, err
+			return body, err
 		}
 	}
 	if len(body) > limit {
-		return nil, errBodyTooLarge
+		return body, errBodyTooLarge
 	}
 	return body, nil
 }

@@ -243,6 +243,15 @@ func resultEnded(r *cache.Result, body []byte) finalAnswer {
 func (p *Proxy) answerEnded(c *clientConn, e finalAnswer, tc *toolCaller) (refused *apiError) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
+	refused = fillEnded(resp, e, tc, c.replayed, c.resumeURL, false)
+	c.finish(c.answerWhole(resp) == nil, nil)
+	return refused
+}
+
+// fillEnded puts the answer answerEnded writes into resp, and returns the
+// failure's answer when it is one. With copied, resp holds a copy of the
+// body, not the body itself.
+func fillEnded(resp *fasthttp.Response, e finalAnswer, tc *toolCaller, replayed bool, resume string, copied bool) (refused *apiError) {
 	switch {
 	case tc != nil && e.state == cache.StateCommitUnknown:
 		fillUnknown(resp, tc)
@@ -257,14 +266,17 @@ func (p *Proxy) answerEnded(c *clientConn, e finalAnswer, tc *toolCaller) (refus
 				body, _ = tc.message(body)
 			}
 		}
-		setHead(&resp.Header, h, c.replayed)
+		setHead(&resp.Header, h, replayed)
 		outcomeHead(&resp.Header, e.state, e.unstored)
-		if c.resumeURL != "" && e.state == cache.StateCommitted {
-			resp.Header.Set(resumeURLHeader, c.resumeURL)
+		if resume != "" && e.state == cache.StateCommitted {
+			resp.Header.Set(resumeURLHeader, resume)
 		}
-		resp.SetBodyRaw(body) // the body is not changed, only written
+		if copied {
+			resp.SetBody(body)
+		} else {
+			resp.SetBodyRaw(body) // the body is not changed, only written
+		}
 	}
-	c.finish(c.answerWhole(resp) == nil, nil)
 	return refused
 }
 

@@ -65,6 +65,9 @@ type gen struct {
 func (p *Proxy) newGen(f *cache.Flight, req sse.Request, k *kind) *gen {
 	g := &gen{p: p, f: f, req: req, kind: k, stop: make(chan struct{}), start: time.Now()}
 	g.o = &origin{p: p, g: g, f: f, sub: f.SubscribeOrigin()}
+	if !req.Stream && !k.raw {
+		g.o.known = make(chan struct{}) // its answer may be written by its handler (answerInHandler)
+	}
 	f.SetStopper(g)
 	p.gens.Add(1)
 	p.liveMu.Lock()

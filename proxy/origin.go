@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"io"
 	"strconv"
 	"sync"
 	"time"
@@ -34,6 +35,14 @@ type origin struct {
 	// The origin's place in f, taken by newGen before the generation
 	// starts (cache.Flight.SubscribeOrigin); never written again.
 	sub *cache.Sub
+	// Made by newGen for a request that is not a stream's, of a kind
+	// whose answers are not all relayed raw, never written again: closed
+	// by answerRaw, so that its handler, waiting for the answer
+	// (answerInHandler), learns of one relayed raw.
+	known chan struct{}
+	// Written by the request's handler (relayInHandler), before the
+	// take-over: the rest of a raw answer whose read it began.
+	rawRest io.Reader
 	// Written by the request's handler (serveOrigin), before the take-over.
 	method, path string // of the request, for the log of a refusal
 	// Written once, by the take-over (attach).
@@ -54,6 +63,9 @@ type origin struct {
 //
 //	from      to        on                                        by
 //	waiting   attached  the connection is taken over              the take-over
+//	waiting   other     the answer to a request that is not a     the request's handler
+//	                    stream's is whole and small: it goes out
+//	                    as the server's own (answerInHandler)
 //	attached  direct    the flight has the head of a stream       the take-over or the generation
 //	attached  follower  the same, on a connection without         the take-over or the generation
 //	                    writes that never wait
@@ -100,15 +112,126 @@ func (m originMode) String() string {
 	return "originMode(" + strconv.Itoa(int(m)) + ")"
 }
 
-// serveOrigin answers the request that started g: its connection is
-// taken over now, before the upstream answers. Its place in the flight
-// was taken before the generation started (newGen): nothing can refuse it.
+// serveOrigin answers the request that started g. A stream's takes its
+// connection over now, before the upstream answers. One that is not a
+// stream's waits for its answer on the request's own goroutine, which
+// then answers as the server's own answer when it is whole and small
+// (answerInHandler): no take-over, and the connection's next request is
+// read on the same goroutine; otherwise it is taken over then. Its place
+// in the flight was taken before the generation started (newGen):
+// nothing can refuse it.
 func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 	o := g.o
 	o.mu.Lock()
 	o.method, o.path = string(ctx.Method()), string(ctx.Path())
 	o.mu.Unlock()
+	if o.known != nil && o.answerInHandler(ctx) {
+		return
+	}
 	p.takeOver(ctx, false, o.attach)
+}
+
+// answerInHandler waits until the answer to a request that is not a
+// stream's is known: the flight's head, its end, or the upstream's answer
+// relayed raw (answerRaw). It answers on ctx, and reports true, when the
+// answer is the flight's end with a body of at most writePiece bytes, or
+// a raw answer whose head says a length of at most that (relayInHandler).
+// It reports false, having answered nothing, for a stream (the upstream
+// may answer one to such a request), a raw answer without a length or to
+// a HEAD, and a larger answer: the take-over writes those, as it does a
+// stream's. A kind whose every answer is relayed raw (kind.raw: MCP's)
+// never waits here (newGen makes no known for it): its answer may be a
+// stream, and it watches its client once taken over.
+//
+// The write has one deadline, -slow-client-timeout ahead, as the
+// take-over's has for each writePiece bytes; and a client that goes away
+// meanwhile is noticed at the write, as it is there.
+func (o *origin) answerInHandler(ctx *fasthttp.RequestCtx) bool {
+	f := o.f
+	head := f.HeadReady()
+	for {
+		select {
+		case <-head:
+		case <-f.Done():
+		case <-o.known:
+		}
+		o.mu.Lock()
+		h, hasHead, ended := f.HeadEnded()
+		switch resp := o.raw; {
+		case resp != nil:
+			if ctx.IsHead() || noBody(resp.StatusCode()) ||
+				resp.Header.ContentLength() < 0 || resp.Header.ContentLength() > writePiece {
+				o.mu.Unlock()
+				return false
+			}
+			o.mu.Unlock()
+			return o.relayInHandler(ctx, resp)
+		case hasHead && h.Stream:
+			o.mu.Unlock()
+			return false
+		case ended:
+			e := flightEnded(f)
+			if len(e.body) > writePiece {
+				o.mu.Unlock()
+				return false
+			}
+			o.mode = originOther
+			refused := fillEnded(&ctx.Response, e, nil, false, resumeURL(ctx), true) // a copy: the flight's place is given back
+			o.sub.Close()
+			o.mu.Unlock()
+			o.p.answered(ctx)
+			if refused != nil {
+				o.p.logRefused(refused, o.method, o.path)
+			}
+			return true
+		}
+		o.mu.Unlock()
+		if hasHead {
+			head = nil // a whole answer's head: its end comes next
+		}
+	}
+}
+
+// relayInHandler answers ctx with resp, the upstream's answer relayed
+// raw, read whole first (its head said a length of at most writePiece
+// bytes), and ends the generation. A body cut short of that length is
+// left to the take-over, which relays what came and then ends the
+// connection where it was cut (rawRest); it reports false then.
+func (o *origin) relayInHandler(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) bool {
+	body, err := readUpTo(bodyOf(resp), resp.Header.ContentLength(), writePiece)
+	o.mu.Lock()
+	if err != nil {
+		o.rawRest = io.MultiReader(bytes.NewReader(body), errReader{err})
+		o.mu.Unlock()
+		return false
+	}
+	o.mode = originOther
+	o.sub.Close()
+	o.mu.Unlock()
+	setHead(&ctx.Response.Header, copyHead(resp), false)
+	ctx.Response.SetBodyRaw(body) // read into a buffer of its own
+	o.p.hooks.wrote(len(body))
+	o.p.answered(ctx)
+	resp.CloseBodyStream() //nolint:errcheck // read to its end
+	fasthttp.ReleaseResponse(resp)
+	o.g.finish()
+	return true
+}
+
+// errReader is a reader that fails with its error.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// answered readies the answer set on ctx for the server to write: the
+// write is bounded by -slow-client-timeout, and during a drain the
+// connection closes after it (Handler said so, but a failure's answer
+// starts afresh: fillError).
+func (p *Proxy) answered(ctx *fasthttp.RequestCtx) {
+	if p.draining.Load() {
+		ctx.SetConnectionClose()
+	}
+	ctx.SetWriteDeadline(time.Now().Add(p.cfg.SlowClientTimeout)) //nolint:errcheck // a connection that fails it is gone, and the write says so
 }
 
 // attach is the take-over's callback: the origin's answer starts on c as
@@ -202,7 +325,11 @@ func (o *origin) answerRest() {
 		if g.kind.raw {
 			stop = cancelOnDeparture(c, resp)
 		}
-		ok := copyBody(c, bodyOf(resp), resp.Header.ContentLength())
+		body, size := bodyOf(resp), resp.Header.ContentLength()
+		if o.rawRest != nil {
+			body, size = o.rawRest, -1 // what relayInHandler read, and how its read ended
+		}
+		ok := copyBody(c, body, size)
 		if stop != nil {
 			ok = !stop() && ok
 		}
@@ -226,6 +353,9 @@ func (o *origin) answerRaw(resp *fasthttp.Response) {
 	o.mu.Lock()
 	o.raw = resp
 	o.mu.Unlock()
+	if o.known != nil {
+		close(o.known)
+	}
 	o.push()
 }
 
