@@ -3,6 +3,7 @@ package proxy
 import (
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ssegate/ssegate/cache"
@@ -228,7 +229,9 @@ func isEventStream(ct string) bool {
 // whose "type" is "error" (Anthropic's), as the stream detector reads an
 // event's data.
 func isErrorObject(body []byte) bool {
-	v := gjson.ParseBytes(body)
+	// gjson.ParseBytes would copy the body into a string first; nothing
+	// read from v outlives this call.
+	v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
 	if !v.IsObject() {
 		return false
 	}
