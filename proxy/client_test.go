@@ -54,6 +54,66 @@ func TestKeepAliveAfterStream(t *testing.T) {
 	e.wantCalls(52)
 }
 
+// TestKeepAliveMixed: one connection carries answers written by the
+// server itself (a request that is not a stream's, with a key and
+// without: answerInHandler) and taken-over streams, in every order, sent
+// one by one and pipelined behind each other; each is whole and in its
+// place, and each key is one upstream call.
+func TestKeepAliveMixed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(0, 3))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(conn)
+	request := func(key, body string) string {
+		kh := ""
+		if key != "" {
+			kh = "Idempotency-Key: " + key + "\r\n"
+		}
+		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", kh, len(body), body)
+	}
+	readWhole := func(what string) {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: reading an answer on the kept-alive connection: %v", what, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), `"chat.completion"`) || resp.ContentLength != int64(len(body)) {
+			t.Fatalf("%s: got %d, length %d, %q (%v); want a whole completion with its length", what, resp.StatusCode, resp.ContentLength, body, err)
+		}
+	}
+	calls := int64(0)
+	for i := range 5 {
+		fmt.Fprint(conn, request(fmt.Sprint("mix-w", i), plainBody))
+		readWhole("keyed")
+		fmt.Fprint(conn, request("", plainBody))
+		readWhole("unkeyed")
+		fmt.Fprint(conn, request(fmt.Sprint("mix-s", i), chatBody))
+		readWholeStream(t, br)
+		calls += 3
+	}
+	// Pipelined: a whole answer behind a stream, a stream behind a whole
+	// answer, and two whole answers.
+	fmt.Fprint(conn, request("mix-p1", chatBody)+request("", plainBody)+request("mix-p2", plainBody)+request("mix-p3", chatBody)+request("", plainBody)+request("mix-p4", plainBody))
+	readWholeStream(t, br)
+	readWhole("unkeyed, behind a stream")
+	readWhole("keyed, behind a whole answer")
+	readWholeStream(t, br)
+	readWhole("unkeyed, behind a stream")
+	readWhole("keyed, behind a whole answer")
+	calls += 6
+	// A repeat of a keyed whole answer is its replay: no call.
+	fmt.Fprint(conn, request("mix-w0", plainBody))
+	readWhole("replay")
+	e.wantCalls(calls)
+}
+
 // readWholeStream reads an answer from a kept-alive connection and fails
 // t unless it is a whole stream.
 func readWholeStream(t *testing.T, br *bufio.Reader) {
