@@ -31,13 +31,7 @@ import (
 func TestKeepAliveAfterStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, slowMock(0, 3))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	br := bufio.NewReader(conn)
+	conn, br := dialKept(t, e)
 	request := func(key string) string {
 		return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(chatBody), chatBody)
 	}
@@ -62,13 +56,7 @@ func TestKeepAliveAfterStream(t *testing.T) {
 func TestKeepAliveMixed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, slowMock(0, 3))
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	br := bufio.NewReader(conn)
+	conn, br := dialKept(t, e)
 	request := func(key, body string) string {
 		kh := ""
 		if key != "" {
@@ -112,6 +100,19 @@ func TestKeepAliveMixed(t *testing.T) {
 	fmt.Fprint(conn, request("mix-w0", plainBody))
 	readWhole("replay")
 	e.wantCalls(calls)
+}
+
+// dialKept opens a connection to e's proxy, closed at t's end, for
+// requests written by hand, with its reader; it fails t after 20 s.
+func dialKept(t *testing.T, e *env) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	return conn, bufio.NewReader(conn)
 }
 
 // readWholeStream reads an answer from a kept-alive connection and fails
