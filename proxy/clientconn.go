@@ -357,6 +357,26 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 	case fasthttp.StateHijacked, fasthttp.StateClosed:
 		p.accepted.Delete(conn)
 	}
+	if st != fasthttp.StateNew && st != fasthttp.StateActive {
+		// Idle (the answer is written: the server flushes an answer with
+		// a write deadline before), closed or taken over: an answer
+		// handed to the server is over.
+		if _, ok := p.handed.LoadAndDelete(conn); ok {
+			p.clients.Done()
+		}
+	}
+}
+
+// handing counts the answer the handler waits for, to give the server to
+// write on ctx's connection, among the answers a shutdown waits for,
+// until connState sees the server done with the connection (idle, closed
+// or taken over); only on the proxy's own server, whose connections'
+// states it hears.
+func (p *Proxy) handing(ctx *fasthttp.RequestCtx) {
+	if conn := ctx.Conn(); conn != nil && p.serves(conn) {
+		p.clients.Add(1)
+		p.handed.Store(conn, struct{}{})
+	}
 }
 
 // noBody reports whether an answer with status has no body (RFC 9110

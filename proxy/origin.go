@@ -147,6 +147,10 @@ func (p *Proxy) serveOrigin(ctx *fasthttp.RequestCtx, g *gen) {
 // take-over's has for each writePiece bytes; and a client that goes away
 // meanwhile is noticed at the write, as it is there.
 func (o *origin) answerInHandler(ctx *fasthttp.RequestCtx) bool {
+	// From now until the server is done with the connection, this answer
+	// is one a shutdown waits for: written here, or taken over (whose
+	// count begins before the take-over ends this one).
+	o.p.handing(ctx)
 	f := o.f
 	head := f.HeadReady()
 	for {

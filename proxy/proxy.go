@@ -57,6 +57,11 @@ type Proxy struct {
 	// server Server returns.
 	srv      *fasthttp.Server
 	accepted sync.Map // net.Conn → struct{}: the connections srv accepted and still serves (connState)
+	// handed holds the connections of srv whose answer the handler gave
+	// the server to write (answerInHandler), each counted in clients
+	// until the server is done with it (connState): a shutdown waits for
+	// those writes as it does for taken-over answers.
+	handed sync.Map // net.Conn → struct{}
 
 	readyMu sync.Mutex // guards readyAt and readyOK
 	readyAt time.Time

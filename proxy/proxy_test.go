@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -265,6 +266,36 @@ func TestShutdownAbortsWhatOutlivesTheDrain(t *testing.T) {
 		t.Fatalf("stream after Shutdown ends %q; want stream_aborted with code shutdown", tail(string(rest)))
 	}
 	e.waitState(key, "", cache.StateFailedRetryable)
+}
+
+// TestShutdownAbortAnswersWhole: a keyed request that is not a stream's,
+// whose answer the handler waits for to hand to the server
+// (answerInHandler), gets the outcome-unknown answer when the drain's time
+// is up, and Shutdown returns only once the server is done writing it (a
+// process exits then): the answer is already on the client's socket.
+func TestShutdownAbortAnswersWhole(t *testing.T) {
+	e := newEnv(t, slowMock(50*time.Millisecond, 200)) // a completion of 10 s
+	conn, br := dialKept(t, e)
+	key := newKey("shutdown-whole")
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(plainBody), plainBody)
+	e.waitState(key, "", cache.StateExecutionStarted)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := e.proxy.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown: got nil; want the drain's timeout, since a generation had to be aborted")
+	}
+	conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond)) // written before Shutdown returned: no wait for it
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading the answer right after Shutdown: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode < 500 || resp.Header.Get(outcomeHeader) != "unknown" || !resp.Close {
+		t.Fatalf("got %d, %s %q, close %v, %q (%v); want the outcome-unknown answer whole, and the connection closed after it",
+			resp.StatusCode, outcomeHeader, resp.Header.Get(outcomeHeader), resp.Close, body, err)
+	}
+	e.waitState(key, "", cache.StateCommitUnknown)
 }
 
 func tail(s string) string {
