@@ -661,17 +661,13 @@ func copyBody(c *clientConn, r io.Reader, n int) bool {
 			more, err = r.Read(buf[k:])
 			k += more
 		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			if k > 0 {
-				c.write(buf[:k]) //nolint:errcheck // the answer is cut either way
-			}
-			return false
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, io.EOF):
 			return c.send(true, buf[:k]) == nil
-		}
-		if k > 0 && c.write(buf[:k]) != nil {
+		case k > 0 && c.write(buf[:k]) != nil:
 			return false
+		case err != nil:
+			return false // what came is written; the end is not
 		}
 	}
 }
