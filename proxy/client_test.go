@@ -102,6 +102,27 @@ func TestKeepAliveMixed(t *testing.T) {
 	e.wantCalls(calls)
 }
 
+// TestClientLeavesWholeAnswer: a client whose request is not a stream's
+// closes its connection while its handler waits for the answer
+// (answerInHandler): the keyed generation goes on to its end and is
+// committed, and a repeat of the key is its replay, with no second
+// upstream call.
+func TestClientLeavesWholeAnswer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, slowMock(20*time.Millisecond, 20)) // about 400 ms
+	conn, _ := dialKept(t, e)
+	key := newKey("leaves-whole")
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(plainBody), plainBody)
+	waitFor(t, func() bool { return e.mock.Calls() == 1 })
+	conn.Close()
+	e.waitState(key, "", cache.StateCommitted)
+	r := e.fetch(req{key: key, body: plainBody})
+	if r.status != http.StatusOK || !r.replayed || !strings.Contains(string(r.raw), `"chat.completion"`) {
+		t.Fatalf("the repeat: got %d replayed %v %q; want the stored completion, replayed", r.status, r.replayed, r.raw)
+	}
+	e.wantCalls(1)
+}
+
 // dialKept opens a connection to e's proxy, closed at t's end, for
 // requests written by hand, with its reader; it fails t after 20 s.
 func dialKept(t *testing.T, e *env) (net.Conn, *bufio.Reader) {

@@ -209,12 +209,12 @@ func TestUpstreamMarkersNotKept(t *testing.T) {
 // fetchAwaitingHead sends a keyed request through a proxy on up (tuned
 // by tune, if not nil) and returns once up has read it and awaits its
 // head: the proxy, the key, and where the client's result comes.
-func fetchAwaitingHead(t *testing.T, up *rawUpstream, name string, tune func(*Config)) (*env, string, chan result) {
+func fetchAwaitingHead(t *testing.T, up *rawUpstream, name, body string, tune func(*Config)) (*env, string, chan result) {
 	t.Helper()
 	e := retryEnv(t, []string{up.url}, tune)
 	key := newKey(name)
 	done := make(chan result, 1)
-	go func() { done <- e.fetch(req{key: key}) }()
+	go func() { done <- e.fetch(req{key: key, body: body}) }()
 	waitFor(t, func() bool { return up.calls.Load() == 1 && e.proxy.liveCount() == 1 })
 	time.Sleep(50 * time.Millisecond) // the request is read by now
 	return e, key, done
@@ -252,7 +252,7 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n") //nolint:errcheck
 			u.stall()
 		})
-		e, key, done := fetchAwaitingHead(t, up, "shutdown", nil)
+		e, key, done := fetchAwaitingHead(t, up, "shutdown", "", nil)
 		e.proxy.Abort() // what Shutdown does once the drain's time is up
 		close(release)
 		got := <-done
@@ -260,23 +260,28 @@ func TestNoRetryAfterTheCall(t *testing.T) {
 		e.waitState(key, "", cache.StateCommitUnknown)
 		wantCount(t, "upstream calls", up.calls.Load(), 1)
 	})
-	t.Run("drain that ends while the head is awaited", func(t *testing.T) {
-		t.Parallel()
-		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
-			readRequest(c)
-			u.stall() // no head, ever
+	// A request that is not a stream's waits for its answer in its
+	// handler (answerInHandler); a stream's connection is taken over at
+	// once: the drain ends either the same way.
+	for _, body := range []struct{ name, body string }{{"stream", chatBody}, {"not a stream", plainBody}} {
+		t.Run("drain that ends while the head is awaited/"+body.name, func(t *testing.T) {
+			t.Parallel()
+			up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+				readRequest(c)
+				u.stall() // no head, ever
+			})
+			e, key, done := fetchAwaitingHead(t, up, "drain", body.body, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			if err := e.proxy.Shutdown(ctx); err == nil {
+				t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
+			}
+			got := <-done
+			unknownAnswer(t, "client", got, 502)
+			e.waitState(key, "", cache.StateCommitUnknown)
+			wantCount(t, "upstream calls", up.calls.Load(), 1)
 		})
-		e, key, done := fetchAwaitingHead(t, up, "drain", nil)
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		defer cancel()
-		if err := e.proxy.Shutdown(ctx); err == nil {
-			t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
-		}
-		got := <-done
-		unknownAnswer(t, "client", got, 502)
-		e.waitState(key, "", cache.StateCommitUnknown)
-		wantCount(t, "upstream calls", up.calls.Load(), 1)
-	})
+	}
 	t.Run("drain that ends between the head and the first event", func(t *testing.T) {
 		t.Parallel()
 		up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {

@@ -271,31 +271,38 @@ func TestAppendReplyLost(t *testing.T) {
 // meanwhile is test/replicas' TestRedisPausedWhileHeadAwaited.)
 func TestRedisDrainWhileHeadAwaited(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	store, err := redis.New(redis.Config{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
-		Lease: time.Second, Timeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
+	// A stream's connection is taken over at once; a request that is not
+	// a stream's waits for its answer in its handler (answerInHandler).
+	for _, body := range []struct{ name, body string }{{"stream", chatBody}, {"not a stream", plainBody}} {
+		t.Run(body.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			store, err := redis.New(redis.Config{URL: "redis://" + srv.Addr, Prefix: redistest.Prefix(t),
+				Lease: time.Second, Timeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(store.Close)
+			up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
+				readRequest(c)
+				u.stall() // no head, ever
+			})
+			e, key, done := fetchAwaitingHead(t, up, "drain", body.body, func(pc *Config) { pc.Store = store })
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			if err := e.proxy.Shutdown(ctx); err == nil {
+				t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
+			}
+			unknownAnswer(t, "client", <-done, 502)
+			sc := cache.Scope{Tenant: e.tenantOf(""), Key: key}
+			var last cache.KeyInfo
+			if !within(10*time.Second, func() bool {
+				last, _ = store.Info(sc)
+				return last.State == cache.StateCommitUnknown
+			}) {
+				t.Fatalf("key in Redis: %+v; want commit_unknown", last)
+			}
+			wantCount(t, "upstream calls", up.calls.Load(), 1)
+		})
 	}
-	t.Cleanup(store.Close)
-	up := newRawUpstream(t, func(u *rawUpstream, c net.Conn) {
-		readRequest(c)
-		u.stall() // no head, ever
-	})
-	e, key, done := fetchAwaitingHead(t, up, "drain", func(pc *Config) { pc.Store = store })
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if err := e.proxy.Shutdown(ctx); err == nil {
-		t.Error("Shutdown with a head still awaited past the drain: got nil; want the drain's error")
-	}
-	unknownAnswer(t, "client", <-done, 502)
-	sc := cache.Scope{Tenant: e.tenantOf(""), Key: key}
-	var last cache.KeyInfo
-	if !within(10*time.Second, func() bool {
-		last, _ = store.Info(sc)
-		return last.State == cache.StateCommitUnknown
-	}) {
-		t.Fatalf("key in Redis: %+v; want commit_unknown", last)
-	}
-	wantCount(t, "upstream calls", up.calls.Load(), 1)
 }

@@ -547,6 +547,35 @@ func TestStopWhileHeadAwaited(t *testing.T) {
 		e.waitState(key, "Bearer sk-one", cache.StateCancelled)
 		e.wantCalls(1)
 	})
+	t.Run("not a stream", func(t *testing.T) {
+		// Its answer is awaited in its handler (answerInHandler), not on
+		// a taken-over connection.
+		t.Parallel()
+		e := newEnv(t)
+		key := newKey("stop-head-whole")
+		answered := make(chan result, 1)
+		go func() {
+			answered <- e.fetch(req{key: key, auth: "Bearer sk-one", body: plainBody,
+				header: map[string]string{"X-Mock-Fault": "hang"}})
+		}()
+		waitFor(t, func() bool { return e.mock.Calls() == 1 && e.mock.Active() == 1 })
+		stopped := time.Now()
+		r := e.fetch(req{method: http.MethodDelete, path: "/streams/" + key, auth: "Bearer sk-one"})
+		if r.status != http.StatusOK || gjson.GetBytes(r.raw, "state").Str != "cancelled" {
+			t.Fatalf("DELETE while the answer is awaited: got %d %s; want 200, cancelled", r.status, r.raw)
+		}
+		wantUpstreamStops(t, e, stopped)
+		select {
+		case res := <-answered:
+			if res.status == http.StatusOK || res.errType == "" {
+				t.Fatalf("the client: got %d %q; want the stop's error answer", res.status, res.raw)
+			}
+		case <-time.After(time.Second - time.Since(stopped)):
+			t.Fatal("the client was not answered within a second of the stop")
+		}
+		e.waitState(key, "Bearer sk-one", cache.StateCancelled)
+		e.wantCalls(1)
+	})
 	t.Run("websocket", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, slowMock(5*time.Second, 16)) // the first frame comes after 5 s
