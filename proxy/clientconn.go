@@ -362,19 +362,19 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 		// a write deadline before), closed or taken over: an answer
 		// handed to the server is over.
 		if _, ok := p.handed.LoadAndDelete(conn); ok {
-			p.clients.Done()
+			p.handedN.Add(-1)
 		}
 	}
 }
 
 // handing counts the answer the handler waits for, to give the server to
-// write on ctx's connection, among the answers a shutdown waits for,
-// until connState sees the server done with the connection (idle, closed
-// or taken over); only on the proxy's own server, whose connections'
-// states it hears.
+// write on ctx's connection, among the answers a shutdown waits for
+// (Wait), until connState sees the server done with the connection
+// (idle, closed or taken over: a take-over counts in clients before);
+// only on the proxy's own server, whose connections' states it hears.
 func (p *Proxy) handing(ctx *fasthttp.RequestCtx) {
 	if conn := ctx.Conn(); conn != nil && p.serves(conn) {
-		p.clients.Add(1)
+		p.handedN.Add(1)
 		p.handed.Store(conn, struct{}{})
 	}
 }

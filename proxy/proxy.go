@@ -57,11 +57,14 @@ type Proxy struct {
 	// server Server returns.
 	srv      *fasthttp.Server
 	accepted sync.Map // net.Conn → struct{}: the connections srv accepted and still serves (connState)
-	// handed holds the connections of srv whose answer the handler gave
-	// the server to write (answerInHandler), each counted in clients
-	// until the server is done with it (connState): a shutdown waits for
-	// those writes as it does for taken-over answers.
-	handed sync.Map // net.Conn → struct{}
+	// handed holds the connections of srv whose answer the handler gives
+	// the server to write (answerInHandler), counted in handedN until the
+	// server is done with them (connState): Wait waits for those writes
+	// as it does for taken-over answers. Not in clients: a WaitGroup's
+	// Add from zero must come before its Wait, and a handler's wait
+	// begins whenever a request comes.
+	handed  sync.Map // net.Conn → struct{}
+	handedN atomic.Int64
 
 	readyMu sync.Mutex // guards readyAt and readyOK
 	readyAt time.Time

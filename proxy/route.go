@@ -195,6 +195,17 @@ func (p *Proxy) Wait(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		p.gens.Wait()
+		// Answers given to the server to write (handing) are counted
+		// atomically, not in a WaitGroup: polled, as fasthttp's own
+		// shutdown polls its connections. One taken over instead counts
+		// in clients before it leaves handedN.
+		if p.handedN.Load() > 0 {
+			t := time.NewTicker(2 * time.Millisecond)
+			for p.handedN.Load() > 0 {
+				<-t.C
+			}
+			t.Stop()
+		}
 		p.clients.Wait()
 		close(done)
 	}()
