@@ -101,13 +101,14 @@ func commits(tb testing.TB, r *Store, sc cache.Scope) int64 {
 type redisCost struct {
 	scripts, commands int64
 	scriptUS, cpuUS   float64
-	calls             map[string]int64 // per command, lower case
+	calls             map[string]int64   // per command, lower case
+	usec              map[string]float64 // the time INFO commandstats counted in each
 }
 
 // readRedisCost reads INFO commandstats and INFO cpu of the server at addr.
 func readRedisCost(tb testing.TB, addr string) redisCost {
 	tb.Helper()
-	c := redisCost{calls: map[string]int64{}}
+	c := redisCost{calls: map[string]int64{}, usec: map[string]float64{}}
 	stats, err := redistest.Command(addr, 5*time.Second, "INFO", "commandstats")
 	if err != nil {
 		tb.Fatalf("INFO commandstats: %v", err)
@@ -131,6 +132,7 @@ func readRedisCost(tb testing.TB, addr string) redisCost {
 		}
 		c.commands += calls
 		c.calls[cmd] = calls
+		c.usec[cmd] = usec
 		if cmd == "evalsha" || cmd == "eval" {
 			c.scripts += calls
 			c.scriptUS += usec

@@ -4,6 +4,8 @@ import (
 	"github.com/ssegate/ssegate/cache"
 	"github.com/ssegate/ssegate/cache/internal/storetest"
 	"github.com/ssegate/ssegate/cache/internal/wiretest"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -23,6 +25,14 @@ func reportRedisCost(b *testing.B, addr string, before redisCost, per int) {
 	b.ReportMetric(float64(after.scripts-before.scripts)/n, "scripts/op")
 	b.ReportMetric((after.scriptUS-before.scriptUS)/n, "script-µs/op")
 	b.ReportMetric((after.cpuUS-before.cpuUS)/n, "redis-cpu-µs/op")
+	// Where the time went, by command (go test -v shows it); a script's
+	// time includes that of the commands it called, listed too.
+	cmds := slices.Sorted(maps.Keys(after.calls))
+	for _, cmd := range cmds {
+		if calls := after.calls[cmd] - before.calls[cmd]; calls > 0 {
+			b.Logf("%-16s %8.3f calls/op %8.2f µs/op", cmd, float64(calls)/n, (after.usec[cmd]-before.usec[cmd])/n)
+		}
+	}
 }
 
 // costEvents is the stream of the cost benchmarks: 200 chat chunks, the
@@ -189,6 +199,34 @@ func BenchmarkRedisCost(b *testing.B) {
 			items[i] = renewItem(k)
 		}
 		renew(items...)
+	})
+	// 64 mirrored owners' appends of one event each in one call, as the
+	// appendBatcher sends a followed stream's events at an LLM's pace:
+	// an op is the 64.
+	mirrored := claimed(64)
+	seqs := make([]int, len(mirrored))
+	bench("appends-64", nil, func(int, rkeys) {
+		items := make([]batchItem, len(mirrored))
+		for i, k := range mirrored {
+			gen, head := k.h, ""
+			if seqs[i] == 0 {
+				head = `{"status":200}`
+			}
+			a := appendArgs{keys: k.journal, tok: "tok", gen: gen, prev: gen + "-" + strconv.Itoa(seqs[i]),
+				mark: markFields{state: cache.StateExecutionStarted, attempts: 1, status: 200}, now: time.Now(), head: head,
+				bytes: int64(len(wiretest.ChatChunk) * (seqs[i] + 1)), from: seqs[i], evs: [][]byte{[]byte(wiretest.ChatChunk)}}
+			items[i].keys, items[i].args = a.keysArgs()
+			seqs[i]++
+		}
+		out, err := appendsScript.exec(ctx, r.c, items)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range out {
+			if a, err := parseWriteStrings(m.AsStrSlice()); err != nil || a.verdict != writeOK {
+				b.Fatalf("append: %v %v", a, err)
+			}
+		}
 	})
 	bench("finish", claimed, func(_ int, k rkeys) {
 		gen := k.h
