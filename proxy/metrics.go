@@ -420,6 +420,8 @@ var (
 	descRRenew   = redisDesc("renewals_total", "Lease renewals of owned generations.")
 	descRAsks    = redisDesc("asks_total", "Signals sent to owner replicas asking for a journal to follow.")
 	descRMirrors = redisDesc("mirrors_total", "Owned generations whose journal was mirrored to Redis because a follower asked.")
+	descRWaits   = redisDesc("waits_total", "WAITs for the Redis server's replicas sent after claims and commits (-redis-wait-replicas).")
+	descRShort   = redisDesc("waits_short_total", "WAITs after claims and commits that timed out or failed with fewer replicas than -redis-wait-replicas: a failover then may lose those writes.")
 )
 
 func (c *redisCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -449,6 +451,8 @@ func (c *redisCollector) Collect(ch chan<- prometheus.Metric) {
 	k(descRRenew, s.Renewals)
 	k(descRAsks, s.Asks)
 	k(descRMirrors, s.Mirrors)
+	k(descRWaits, s.Waits)
+	k(descRShort, s.WaitsShort)
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(s.LiveBytes))
 	ch <- prometheus.MustNewConstMetric(descLiveMax, prometheus.GaugeValue, float64(s.MaxLiveBytes))
 	if n, err := c.unknown(); err == nil {

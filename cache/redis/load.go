@@ -25,6 +25,7 @@ var scripts struct {
 type scriptInfo struct {
 	sha       string
 	retryable bool
+	body      string // for an EVAL where the server lacks it (waited)
 }
 
 func addScript(body string, s *rueidis.Lua, retryable bool) *rueidis.Lua {
@@ -37,7 +38,7 @@ func addScript(body string, s *rueidis.Lua, retryable bool) *rueidis.Lua {
 		scripts.infos = make(map[*rueidis.Lua]scriptInfo)
 	}
 	sum := sha1.Sum([]byte(body))
-	scripts.infos[s] = scriptInfo{sha: hex.EncodeToString(sum[:]), retryable: retryable}
+	scripts.infos[s] = scriptInfo{sha: hex.EncodeToString(sum[:]), retryable: retryable, body: body}
 	return s
 }
 

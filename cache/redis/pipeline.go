@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -57,7 +58,7 @@ func (r *Store) runPiped(ctx context.Context, s *rueidis.Lua, a scriptArgs) ruei
 		// what queues meanwhile goes once it is answered.
 		b.calls++
 		b.mu.Unlock()
-		res := exec(ctx, r.c, s, keys, args)
+		res := r.execPiped(ctx, s, keys, args)
 		b.mu.Lock()
 		if len(b.queue) > 0 {
 			r.wg.Go(r.sendPiped)
@@ -128,11 +129,21 @@ func (r *Store) pipeline(batch []*pipedCall) {
 	defer cancel()
 	if len(batch) == 1 {
 		q := batch[0]
-		q.done <- exec(ctx, r.c, q.s, q.keys, q.args)
+		q.done <- r.execPiped(ctx, q.s, q.keys, q.args)
 		return
 	}
 	r.pipelines.Add(1)
 	c, swapped := current(r.c) // built and sent on one client (exec)
+	if r.cfg.WaitReplicas > 0 && !r.sharedKeys() {
+		// On a Cluster each call's WAIT must follow it to its node, on
+		// its connection: each goes alone.
+		var wg sync.WaitGroup
+		for _, q := range batch {
+			wg.Go(func() { q.done <- r.execPiped(ctx, q.s, q.keys, q.args) })
+		}
+		wg.Wait()
+		return
+	}
 	cmds := make(rueidis.Commands, 0, len(batch))
 	sent := batch[:0:0]
 	for _, q := range batch {
@@ -151,11 +162,79 @@ func (r *Store) pipeline(batch []*pipedCall) {
 	if len(cmds) == 0 {
 		return
 	}
-	for i, res := range c.DoMulti(ctx, cmds...) {
-		q := sent[i]
+	waiting := r.cfg.WaitReplicas > 0
+	if waiting {
+		// A blocking command takes the whole pipeline to one connection
+		// of its own (rueidis's blocking pool), in order: the WAIT
+		// covers every call before it.
+		cmds = append(cmds, r.waitCmd(c))
+	}
+	out := c.DoMulti(ctx, cmds...)
+	if waiting {
+		r.waited(out[len(out)-1])
+	}
+	for i, q := range sent {
+		res := out[i]
 		if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
-			res = exec(ctx, c, q.s, q.keys, q.args)
+			res = r.execPiped(ctx, q.s, q.keys, q.args)
 		}
 		q.done <- res
+	}
+}
+
+// execPiped runs one piped call: as exec does, and with
+// Config.WaitReplicas followed by its WAIT on its connection.
+func (r *Store) execPiped(ctx context.Context, s *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+	if r.cfg.WaitReplicas == 0 {
+		return exec(ctx, r.c, s, keys, args)
+	}
+	c, swapped := current(r.c)
+	if swapped && !fitsClient(c, keys) {
+		return rueidis.NewErrorResult(errClientChanged)
+	}
+	info := scriptInfoOf(s)
+	var res rueidis.RedisResult
+	err := c.Dedicated(func(d rueidis.DedicatedClient) error {
+		// A dedicated connection: on a Cluster, that of the keys' node.
+		call := d.B().Evalsha().Sha1(info.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		out := d.DoMulti(ctx, call, r.waitCmd(d))
+		if err, ok := rueidis.IsRedisErr(out[0].Error()); ok && err.IsNoScript() {
+			call = d.B().Eval().Script(info.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			out = d.DoMulti(ctx, call, r.waitCmd(d))
+		}
+		res = out[0]
+		r.waited(out[1])
+		return nil
+	})
+	if err != nil {
+		return rueidis.NewErrorResult(err)
+	}
+	return res
+}
+
+// waitCmd is the WAIT for Config.WaitReplicas, built by b's builder.
+func (r *Store) waitCmd(b interface{ B() rueidis.Builder }) rueidis.Completed {
+	// WAIT's timeout is in ms, and 0 would block until the replicas come.
+	return b.B().Wait().Numreplicas(int64(r.cfg.WaitReplicas)).Timeout(max(r.cfg.WaitTimeout.Milliseconds(), 1)).Build()
+}
+
+// waited counts a WAIT's answer: short when fewer replicas than asked
+// acknowledged the writes before it (or it failed), logged at most once
+// a minute. The writes stand either way: the claim or commit goes on as
+// it would without the wait.
+func (r *Store) waited(res rueidis.RedisResult) {
+	r.waits.Add(1)
+	n, err := res.AsInt64()
+	if err == nil && n >= int64(r.cfg.WaitReplicas) {
+		return
+	}
+	r.waitsShort.Add(1)
+	now := time.Now().UnixNano()
+	if last := r.waitWarned.Load(); now-last >= int64(time.Minute) && r.waitWarned.CompareAndSwap(last, now) {
+		attrs := []any{"asked", r.cfg.WaitReplicas, "acknowledged", n, "timeout", r.cfg.WaitTimeout.String(), "short_total", r.waitsShort.Load()}
+		if err != nil {
+			attrs = append(attrs, "err", err.Error())
+		}
+		r.cfg.Logger.Warn("redis: claims or commits reached fewer replicas than -redis-wait-replicas asks; a failover now may lose them", attrs...)
 	}
 }

@@ -63,6 +63,18 @@ type Config struct {
 	// and a round trip to a follower's events; negative: each tail reads
 	// its own journal with a blocking XREAD (as on a Cluster).
 	TailBatch time.Duration
+	// WaitReplicas is how many of the server's replicas must have a claim
+	// or a commit before the store acts on it (Redis's WAIT, sent after
+	// the script on its connection): a failover to one of them cannot
+	// lose it, so a duplicate of a claimed key joins rather than calling
+	// the upstream again, and a committed key replays rather than being
+	// generated again. 0 (the default): none, Redis's asynchronous
+	// replication alone (docs/redis.md, Failure cases).
+	WaitReplicas int
+	// WaitTimeout bounds that wait (default 50ms, less than Timeout): a
+	// claim or commit that reached fewer replicas by then goes on, as it
+	// would without the wait, and is counted (Stats.WaitsShort).
+	WaitTimeout time.Duration
 	// MaxAbandoning bounds the claims whose reply was lost that this
 	// replica is ending at once in the background (default 1024; a Redis
 	// that times out every claim makes one per keyed request). Past it,
@@ -126,6 +138,7 @@ func (c *Config) setDefaults() {
 	if c.MaxAbandoning <= 0 {
 		c.MaxAbandoning = 1024
 	}
+	def(&c.WaitTimeout, 50*time.Millisecond)
 	c.Limits.SetDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
@@ -151,6 +164,8 @@ type Stats struct {
 	Mirrors     int64 // owned generations whose journal a follower asked for
 	Unavailable int64 // operations that failed for want of Redis
 	Abandoned   int64 // generations of claims whose reply was lost, ended failed_retryable
+	Waits       int64 // WAITs for replicas sent after claims and commits (Config.WaitReplicas)
+	WaitsShort  int64 // of them, those that timed out or failed with fewer replicas than asked
 	LiveBytes   int64
 	LiveFlights int64
 	// MaxLiveBytes is this replica's bound on LiveBytes (Limits), so that
@@ -209,6 +224,9 @@ type Store struct {
 	pipe      scriptPipe   // claims and commits, sent together (pipeline.go)
 	pipelines atomic.Int64 // pipelines of several calls scriptPipe sent
 
+	waits, waitsShort atomic.Int64 // WAITs for replicas sent, and those short of them (pipeline.go)
+	waitWarned        atomic.Int64 // when a short wait was last logged (unix ns)
+
 	inboxOnce sync.Once // starts inbox and renewLoop at the first owned generation
 
 	abandoned  atomic.Int64 // claims whose reply was lost, ended by abandon
@@ -227,6 +245,12 @@ func New(cfg Config) (*Store, error) {
 	cfg.setDefaults()
 	if cfg.URL == "" {
 		return nil, errors.New("redis: no URL")
+	}
+	if cfg.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redis: %d replicas to wait for: at least 0", cfg.WaitReplicas)
+	}
+	if cfg.WaitReplicas > 0 && cfg.WaitTimeout >= cfg.Timeout {
+		return nil, fmt.Errorf("redis: the wait for replicas (%v) must be shorter than the timeout of an operation (%v)", cfg.WaitTimeout, cfg.Timeout)
 	}
 	if cfg.TailBatch > maxTailBatch {
 		return nil, fmt.Errorf("redis: tail batch %v is past its bound, %v: followers' events would wait that long", cfg.TailBatch, maxTailBatch)
@@ -390,7 +414,7 @@ func (r *Store) Stats() Stats {
 		Commits: r.commits.Load(), Fenced: r.fenced.Load(), Reaped: r.reaped.Load(),
 		Tails: r.tails.Load(), Reads: r.reads.Load(), Unavailable: r.unavailable.Load(),
 		Renewals: r.renewals.Load(), Asks: r.asks.Load(), Mirrors: r.mirrors.Load(),
-		Abandoned: r.abandoned.Load(),
+		Abandoned: r.abandoned.Load(), Waits: r.waits.Load(), WaitsShort: r.waitsShort.Load(),
 		LiveBytes: r.journals.Bytes(), LiveFlights: n, MaxLiveBytes: r.cfg.MaxLiveBytes,
 	}
 }

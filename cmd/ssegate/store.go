@@ -21,6 +21,8 @@ type redisOptions struct {
 	down    string
 	abandon int
 	tails   time.Duration
+	waitN   int
+	waitFor time.Duration
 }
 
 func (ro *redisOptions) register(fs *flag.FlagSet) {
@@ -30,6 +32,8 @@ func (ro *redisOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&ro.down, "redis-down", "reject", "with -redis, while Redis is unreachable: reject keyed requests (503 store_unavailable with Retry-After) or relay them unprotected (no deduplication)")
 	fs.DurationVar(&ro.timeout, "redis-timeout", rd.Timeout, "with -redis: bound on one Redis operation; keyed requests get 503 store_unavailable past it")
 	fs.DurationVar(&ro.tails, "redis-tail-batch", rd.TailBatch, "with -redis: how often, at most, this replica reads the streams it follows from other replicas, one read for all of them; adds up to this to a follower's events (at most 1s; negative: a blocking read per stream)")
+	fs.IntVar(&ro.waitN, "redis-wait-replicas", rd.WaitReplicas, "with -redis: replicas of the Redis server that must have each claim and each commit (WAIT) before this replica acts on it, so that a failover to one of them cannot lose it: a duplicate then never calls the upstream a second time, nor is a committed key generated again (0: none, Redis's asynchronous replication alone)")
+	fs.DurationVar(&ro.waitFor, "redis-wait-timeout", rd.WaitTimeout, "with -redis-wait-replicas: longest wait for those replicas after a claim or commit; one that reached fewer goes on and is counted in ssegate_redis_waits_short_total (less than -redis-timeout)")
 	fs.IntVar(&ro.abandon, "redis-abandon-max", rd.MaxAbandoning, "with -redis: claims whose reply was lost past -redis-timeout that this replica ends at once, in the background, so that their duplicates need not wait a lease; past it, such a key waits for its lease")
 }
 
@@ -45,13 +49,14 @@ func newStore(ro *redisOptions, mem cache.Config, log *slog.Logger) (proxy.Store
 	}
 	r, err := redis.New(redis.Config{
 		URL: ro.url, Lease: ro.lease, Timeout: ro.timeout, MaxAbandoning: ro.abandon, TailBatch: ro.tails,
+		WaitReplicas: ro.waitN, WaitTimeout: ro.waitFor,
 		TTL: mem.TTL, MaxCacheBytes: mem.MaxStoreBytes, Limits: mem.Limits, MaxKeys: mem.MaxKeys,
 		MissingBody: mem.MissingBody, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	log.Info("keys are shared through redis", "lease", ro.lease.String())
+	log.Info("keys are shared through redis", "lease", ro.lease.String(), "wait_replicas", ro.waitN)
 	return r, r.Close, nil
 }
 

@@ -1,0 +1,107 @@
+package redis
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssegate/ssegate/cache"
+	"github.com/ssegate/ssegate/cache/internal/storetest"
+	"github.com/ssegate/ssegate/cache/internal/wiretest"
+	"github.com/ssegate/ssegate/internal/redistest"
+)
+
+// replicated starts a primary and a replica of it, and waits until the
+// replica is in step.
+func replicated(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary, replica = redistest.Start(t), redistest.Start(t)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if _, err := redistest.Command(replica.Addr, time.Second, "REPLICAOF", host, port); err != nil {
+		t.Fatalf("REPLICAOF: %v", err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		info, err := redistest.Command(primary.Addr, time.Second, "INFO", "replication")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "connected_slaves:1") || !strings.Contains(info, "state=online") {
+			return fmt.Errorf("replica not in step: %s", info)
+		}
+		return nil
+	})
+	return primary, replica
+}
+
+// committedStream claims sc on r, streams two events and commits them,
+// and returns how long the claim and the commit took.
+func committedStream(t *testing.T, r *Store, sc cache.Scope) (claim, commit time.Duration) {
+	t.Helper()
+	t0 := time.Now()
+	f := rbegin(t, r, sc, "fp").Flight
+	claim = time.Since(t0)
+	if f == nil {
+		t.Fatalf("%v: not a miss", sc)
+	}
+	storetest.StartStream(t, f)
+	for range 2 {
+		if _, err := f.Append("", wiretest.ChatChunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 = time.Now()
+	if !f.Commit(nil) {
+		t.Fatal("Commit: got false")
+	}
+	return claim, time.Since(t0)
+}
+
+// TestRedisWaitReplicas: with WaitReplicas, a claim and a commit are on
+// the server's replica when the store acts on them (the replica holds
+// the committed result the moment Commit returns), and a replica that
+// stops answering delays each by the wait's timeout at most, counted
+// short, without failing them.
+func TestRedisWaitReplicas(t *testing.T) {
+	t.Parallel()
+	primary, replica := replicated(t)
+	const timeout = 300 * time.Millisecond
+	r := newRedis(t, primary.Addr, "wait", func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, timeout })
+	sc := cache.Scope{Tenant: "t", Key: "in-step"}
+	committedStream(t, r, sc)
+	if got, err := redistest.Command(replica.Addr, time.Second, "EXISTS", r.keys(sc).res); err != nil || got != "1" {
+		t.Fatalf("the replica's copy of the result when Commit returned: EXISTS %q %v; want 1", got, err)
+	}
+	st := r.Stats()
+	if st.Waits < 2 || st.WaitsShort != 0 {
+		t.Fatalf("waits %d, short %d; want a wait each for the claim and the commit, none short", st.Waits, st.WaitsShort)
+	}
+	if b := rbegin(t, r, sc, "fp"); b.Decision != cache.Hit {
+		t.Fatalf("the key again: %v; want a hit", b.Decision)
+	}
+
+	replica.Pause()
+	defer replica.Resume()
+	claim, commit := committedStream(t, r, cache.Scope{Tenant: "t", Key: "replica-paused"})
+	for what, d := range map[string]time.Duration{"claim": claim, "commit": commit} {
+		if d < timeout || d > timeout+time.Second {
+			t.Errorf("%s with the replica paused took %v; want the wait's timeout (%v) and little more", what, d, timeout)
+		}
+	}
+	if short := r.Stats().WaitsShort - st.WaitsShort; short < 2 {
+		t.Fatalf("%d short waits with the replica paused; want one each for the claim and the commit", short)
+	}
+}
+
+// TestRedisWaitReplicasBounds: New refuses a negative count and a wait
+// no shorter than an operation's timeout.
+func TestRedisWaitReplicasBounds(t *testing.T) {
+	for _, cfg := range []Config{
+		{URL: "redis://127.0.0.1:1", WaitReplicas: -1},
+		{URL: "redis://127.0.0.1:1", WaitReplicas: 1, WaitTimeout: time.Second, Timeout: time.Second},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(WaitReplicas %d, WaitTimeout %v, Timeout %v): no error; want one", cfg.WaitReplicas, cfg.WaitTimeout, cfg.Timeout)
+		}
+	}
+}
