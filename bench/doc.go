@@ -214,7 +214,11 @@
 // nears a core, or whose lag grows, means the step needs more of them
 // (the table shows both); -shard-profile DIR writes each driver's CPU
 // profile. -shard-tail-batch sets the following store's
-// -redis-tail-batch.
+// -redis-tail-batch. -shard-replica gives the step's server a replica;
+// -shard-wait-replicas N sets the stores' -redis-wait-replicas (and gives
+// the server its replica); -shard-failover kills the primary mid-window,
+// promotes the replica, and claims every key again after the run: a
+// committed key that does not replay would be paid for twice.
 // -quick runs steps of 200 and 500 streams of 40 events over 2 s.
 //
 // # Board

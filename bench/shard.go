@@ -62,6 +62,8 @@ type shardOptions struct {
 	kneeP99    time.Duration
 	tenants    int
 	tailBatch  time.Duration
+	waitN      int
+	replica    bool
 	profile    string // a directory for the drivers' CPU profiles; "" for none
 	chunk      time.Duration
 	failover   bool
@@ -82,6 +84,8 @@ func (o *shardOptions) register(fs *flag.FlagSet) *string {
 	fs.IntVar(&o.perProc, "shard-per-proc", 25000, "scenario shard: streams one driver process drives, when -shard-procs is 0")
 	fs.Float64Var(&o.kneeCPU, "shard-knee-cpu", 0.90, "scenario shard: the knee: redis-server CPU, as a share of one core, past which no larger step runs")
 	fs.DurationVar(&o.kneeP99, "shard-knee-p99", 50*time.Millisecond, "scenario shard: the knee: claim or commit p99 past which no larger step runs")
+	fs.IntVar(&o.waitN, "shard-wait-replicas", 0, "scenario shard: the stores' -redis-wait-replicas; the step's server then has a replica")
+	fs.BoolVar(&o.replica, "shard-replica", false, "scenario shard: the step's server has a replica (as with -shard-failover, without the kill): the cost of replication, beside -shard-wait-replicas")
 	fs.DurationVar(&o.tailBatch, "shard-tail-batch", 0, "scenario shard: the followers' store's -redis-tail-batch (0: its default; negative: a blocking XREAD per followed stream)")
 	fs.DurationVar(&o.chunk, "shard-local-chunk", time.Second, "scenario shard: an unfollowed stream's events, which Redis never sees one by one (only their count, in the renewals, and the result, in the commit), are appended in chunks of those due every this long, to spare the drivers' CPU; a followed stream's go at the pace (0: every stream at the pace)")
 	fs.BoolVar(&o.failover, "shard-failover", false, "scenario shard: each step's server gets a replica, and in the middle of the window the primary is SIGKILLed and the replica promoted (the drivers reach the server through a forwarder that then points at it); the drivers count what their streams got and claim every key again after the run (a committed key that does not replay would be paid for twice)")
@@ -152,6 +156,8 @@ type shardDriverConfig struct {
 	EventBytes int           `json:"event_bytes"`
 	Tenants    int           `json:"tenants"`
 	TailBatch  time.Duration `json:"tail_batch_ns"`
+	// WaitReplicas is the stores' redis.Config.WaitReplicas.
+	WaitReplicas int `json:"wait_replicas,omitempty"`
 	// Chunk: an unfollowed stream appends the events due every Chunk
 	// at once (0: at the pace).
 	Chunk time.Duration `json:"chunk_ns"`
@@ -329,11 +335,18 @@ func (d *shardDriver) sample(dst *[]int64, v time.Duration) {
 // driveShard runs cfg's slots to the end of the window and returns what
 // they measured.
 func driveShard(cfg shardDriverConfig) (*shardDriverResult, error) {
+	// Committed results need not outlive the run, and its recheck, which
+	// must find every one still there (with -shard-wait-replicas after a
+	// failover each of its claims waits the wait's timeout, for a replica
+	// the new primary lacks: the recheck of 20,000 keys takes 15 s).
+	ttl := time.Minute
+	if cfg.Recheck {
+		ttl = 10 * time.Minute
+	}
 	store := func() (*redis.Store, error) {
 		return redis.New(redis.Config{URL: cfg.URL, Prefix: cfg.Prefix,
-			// Committed results need not outlive the run.
-			TTL: time.Minute, FailedTTL: time.Minute,
-			MaxKeys: 100_000_000, TailBatch: cfg.TailBatch,
+			TTL: ttl, FailedTTL: ttl,
+			MaxKeys: 100_000_000, TailBatch: cfg.TailBatch, WaitReplicas: cfg.WaitReplicas,
 			Limits: cache.Limits{MaxLiveBytes: 1 << 40, MaxLiveBytesPerTenant: 1 << 40,
 				MaxKeysPerTenant: 100_000_000, MaxStrangerKeys: 100_000_000},
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
@@ -627,7 +640,8 @@ func sumStats(a, b redis.Stats) redis.Stats {
 	return redis.Stats{Claims: a.Claims + b.Claims, Batches: a.Batches + b.Batches, Events: a.Events + b.Events,
 		Commits: a.Commits + b.Commits, Fenced: a.Fenced + b.Fenced, Reaped: a.Reaped + b.Reaped, Tails: a.Tails + b.Tails,
 		Reads: a.Reads + b.Reads, Renewals: a.Renewals + b.Renewals, Asks: a.Asks + b.Asks, Mirrors: a.Mirrors + b.Mirrors,
-		Unavailable: a.Unavailable + b.Unavailable, Abandoned: a.Abandoned + b.Abandoned}
+		Unavailable: a.Unavailable + b.Unavailable, Abandoned: a.Abandoned + b.Abandoned,
+		Waits: a.Waits + b.Waits, WaitsShort: a.WaitsShort + b.WaitsShort}
 }
 
 // diffStats returns the cumulative counters of a minus those of b.
@@ -635,7 +649,7 @@ func diffStats(a, b redis.Stats) redis.Stats {
 	neg := func(s redis.Stats) redis.Stats {
 		return redis.Stats{Claims: -s.Claims, Batches: -s.Batches, Events: -s.Events, Commits: -s.Commits, Fenced: -s.Fenced,
 			Reaped: -s.Reaped, Tails: -s.Tails, Reads: -s.Reads, Renewals: -s.Renewals, Asks: -s.Asks, Mirrors: -s.Mirrors,
-			Unavailable: -s.Unavailable, Abandoned: -s.Abandoned}
+			Unavailable: -s.Unavailable, Abandoned: -s.Abandoned, Waits: -s.Waits, WaitsShort: -s.WaitsShort}
 	}
 	return sumStats(a, neg(b))
 }
@@ -961,6 +975,12 @@ func (r *runner) shard() {
 	if v := redisVersion(bin); v != "" {
 		label += " " + v
 	}
+	switch {
+	case o.waitN > 0:
+		label += fmt.Sprintf(", a replica, WAIT %d", o.waitN)
+	case o.replica || o.failover:
+		label += ", a replica"
+	}
 	for _, n := range o.steps {
 		row, err := r.shardStep(bin, label, n)
 		if err != nil {
@@ -1002,7 +1022,7 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	url := "redis://" + rs.addr + "/0"
 	var replica *server
 	var fw *forwarder
-	if o.failover {
+	if o.failover || o.replica || o.waitN > 0 {
 		_, port, _ := net.SplitHostPort(rs.addr)
 		if replica, err = r.env.startRedis(bin, append(extra, "--replicaof", "127.0.0.1", port)...); err != nil {
 			return nil, err
@@ -1026,7 +1046,7 @@ func (r *runner) shardStep(bin, label string, n int) (*shardRow, error) {
 	outs := make([]*bytes.Buffer, procs)
 	for p := range procs {
 		cfg := shardDriverConfig{URL: url, Recheck: o.failover, Prefix: "shard", Proc: p, Procs: procs, Streams: n,
-			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch, Chunk: o.chunk,
+			Events: o.events, StreamDur: o.streamDur, Follow: o.follow, EventBytes: o.eventBytes, Tenants: o.tenants, TailBatch: o.tailBatch, WaitReplicas: o.waitN, Chunk: o.chunk,
 			Start: start, WindowStart: ws, WindowEnd: we}
 		if o.profile != "" {
 			cfg.Profile = filepath.Join(o.profile, fmt.Sprintf("shard-%d-%d.cpu.pprof", n, p))
@@ -1162,6 +1182,10 @@ func (rep *report) writeShard(b *strings.Builder) {
 			rc := r.Recheck
 			fmt.Fprintf(b, "- %d streams, failover (the primary SIGKILLed mid-window, its replica promoted; the server's figures are the replica's): %d streams begun, %d committed; errors by kind %v; claimed again after: %d committed keys replayed, %d not (a retry would pay twice), %d that did not commit got a new generation, %d other\n",
 				r.Streams, r.Begun, r.Kept, r.ErrorKinds, rc.Replayed, rc.Lost, rc.Retried, rc.Other)
+			if r.Store.Waits > 0 {
+				fmt.Fprintf(b, "- %d streams, failover: WAITs for the replica after claims and commits in the window (-shard-wait-replicas): %d, of them short (timed out or failed: after the promotion the new primary has no replica) %d\n",
+					r.Streams, r.Store.Waits, r.Store.WaitsShort)
+			}
 		}
 		if r.Knee != "" {
 			fmt.Fprintf(b, "- %d streams: the knee: %s\n", r.Streams, r.Knee)
