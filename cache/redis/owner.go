@@ -366,7 +366,7 @@ func (o *owner) Fail(f *cache.Flight, state cache.State, reason string) {
 		mirrored: o.mirror.Load(), mark: mk, end: o.r.countEnd(o.k, ttl, false, state == cache.StateCommitUnknown, o.fresh)}
 	for range 2 {
 		shared := o.r.sharedKeys()
-		args.keys = o.r.finishKeys(f.Scope, o.k, shared)
+		args.keys, args.notify = o.r.finishKeys(f.Scope, o.k, shared), shared
 		ctx, cancel := o.r.opCtx()
 		a, err := parseWriteAnswer(run(ctx, o.r.c, finishScript, args))
 		cancel()
@@ -624,7 +624,7 @@ func (o *owner) flush(pos *journalPos, keep int) string {
 			return ""
 		}
 		args := appendArgs{keys: o.k.journal, tok: o.tok, gen: o.gen, prev: pos.prev, mark: mk,
-			now: o.r.cfg.Now(), bytes: pos.bytes + eventBytes(evs), from: pos.flushed, evs: evs}
+			now: o.r.cfg.Now(), bytes: pos.bytes + eventBytes(evs), from: pos.flushed, evs: evs, notify: o.r.sharedKeys()}
 		if pos.flushed == 0 && len(evs) > 0 {
 			args.head = headJSON(h)
 		}
@@ -747,7 +747,7 @@ func (o *owner) finishCommit(pos *journalPos, blob []byte) commitOutcome {
 		args := finishArgs{keys: o.r.finishKeys(o.f.Scope, o.k, shared), tok: o.tok, gen: o.gen, done: true,
 			prev: pos.prev, keep: keep, state: cache.StateCommitted, now: o.r.cfg.Now(), result: blob,
 			events: o.f.Events(), bytes: pos.bytes + eventBytes(evs), firstHead: head, mirrored: mirror, mark: mk,
-			end: o.r.countEnd(o.k, keep, true, false, o.fresh), from: pos.flushed, evs: evs}
+			end: o.r.countEnd(o.k, keep, true, false, o.fresh), from: pos.flushed, evs: evs, notify: shared}
 		if !mirror {
 			args.bytes = o.journalBytes()
 		}

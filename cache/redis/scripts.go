@@ -432,6 +432,7 @@ if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
   'state', 'failed_retryable', 'reason', '` + cache.ReasonStoreUnavailable + `', 'h', '', 'b', '')
+redis.call('PUBLISH', KEYS[3], '') -- for the followers' shared read (tails.go)
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
   'reason', '` + cache.ReasonStoreUnavailable + `', 'updated', now_ms)
 redis.call('PEXPIRE', KEYS[1], st_ttl)
@@ -513,7 +514,9 @@ end
 // ARGV: tok, gen, prev (the id the journal must end with), state,
 // attempts, status, now ms, head (JSON, for the entry of seq 1), bytes
 // (total after this batch), model, fallbacks (JSON; each "" for none),
-// then id, event pairs.
+// notify (1: PUBLISH on the journal's name once events are in, for the
+// followers' shared read, tails.go; on a standalone Redis), then id,
+// event pairs.
 //
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
@@ -527,12 +530,13 @@ var appendsScript = newBatchScript(appendLua)
 const appendLua = journalEndLua + `
 local tok, gen, prev, state = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local attempts, status, now_ms, head = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local bytes, model, fallbacks = ARGV[9], ARGV[10], ARGV[11]
-local first = 12 -- then id, event pairs
+local bytes, model, fallbacks, notify = ARGV[9], ARGV[10], ARGV[11], ARGV[12] == '1'
+local first = 13 -- then id, event pairs
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[1] ~= 'live' or s[2] ~= gen or s[3] ~= tok then return {'fenced'} end
 local ends, lastId = journalAppend(KEYS[1], KEYS[2], gen, prev, head, ARGV, first)
 if ends then return {'prev', ends} end
+if notify and #ARGV >= first then redis.call('PUBLISH', KEYS[2], '') end
 local f = {'state', state, 'attempts', attempts, 'updated', now_ms, 'bytes', bytes}
 if status ~= '0' then table.insert(f, 'status'); table.insert(f, status) end
 if model ~= '' then table.insert(f, 'model'); table.insert(f, model) end
@@ -555,6 +559,7 @@ type appendArgs struct {
 	now      time.Time
 	head     string // the head JSON, for the entry of seq 1; "" when the batch does not start the journal
 	bytes    int64  // the journal's encoded bytes once the batch is in
+	notify   bool   // PUBLISH on the journal's name (a standalone Redis: tails.go)
 	// evs are the encoded events to append, the first of them of seq
 	// from+1.
 	from int
@@ -562,9 +567,10 @@ type appendArgs struct {
 }
 
 func (a appendArgs) keysArgs() ([]string, []string) {
-	argv := make([]string, 0, 11+2*len(a.evs))
+	argv := make([]string, 0, 12+2*len(a.evs))
 	argv = append(argv, a.tok, a.gen, a.prev, string(a.mark.state), strconv.Itoa(a.mark.attempts),
-		strconv.Itoa(a.mark.status), nowMS(a.now), a.head, strconv.FormatInt(a.bytes, 10), a.mark.model, a.mark.fallbacks)
+		strconv.Itoa(a.mark.status), nowMS(a.now), a.head, strconv.FormatInt(a.bytes, 10), a.mark.model, a.mark.fallbacks,
+		flag(a.notify))
 	return a.keys, appendPairs(argv, a.gen, a.from, a.evs)
 }
 
@@ -726,8 +732,9 @@ func renewedFieldsLua() string {
 // owner mirrors its journal), attempts, status, model, fallbacks (each
 // "" or 0 for none), then the count's end: member (the scope's hash),
 // ttl ms, set ttl ms, known (ms to mark the tenant known for; 0: not),
-// committed (1|0), commit_unknown (1|0), fresh (the claim's: 0|1|2); then
-// id, event pairs still to append.
+// committed (1|0), commit_unknown (1|0), fresh (the claim's: 0|1|2),
+// notify (1: PUBLISH on the journal's name once it is written, as
+// appendScript does); then id, event pairs still to append.
 //
 // Returns {"ok"}, {"already"}, {"fenced"}, {"want"} or {"prev", last id}
 // (also when a mirrored commit's journal, with the pairs appended, would
@@ -741,7 +748,8 @@ local bytes, head, mirrored = ARGV[13], ARGV[14], ARGV[15] == '1'
 local attempts, status, model, fallbacks = ARGV[16], ARGV[17], ARGV[18], ARGV[19]
 local member, ttl, set_ttl, known_ms = ARGV[20], tonumber(ARGV[21]), ARGV[22], ARGV[23]
 local committed, ended_unknown, fresh = ARGV[24] == '1', ARGV[25] == '1', ARGV[26]
-local first = 27 -- then id, event pairs
+local notify = ARGV[27] == '1'
+local first = 28 -- then id, event pairs
 local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok', 'want', 'commits')
 if s[2] ~= gen or s[3] ~= tok then return {'fenced'} end
 if s[1] == kind then return {'already'} end
@@ -786,7 +794,10 @@ if model ~= '' then table.insert(f, 'model'); table.insert(f, model) end
 if fallbacks ~= '' then table.insert(f, 'fallbacks'); table.insert(f, fallbacks) end
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('PEXPIRE', KEYS[1], st_ttl)
-if kept then redis.call('PEXPIRE', KEYS[3], journal_ttl) end
+if kept then
+  redis.call('PEXPIRE', KEYS[3], journal_ttl)
+  if notify then redis.call('PUBLISH', KEYS[3], '') end
+end
 -- The lease is left to expire: nothing reads it once phase is not live.
 if #KEYS >= 9 then
   local t = now()
@@ -821,6 +832,7 @@ type finishArgs struct {
 	// the finish appends it.
 	firstHead string
 	mirrored  bool // the owner mirrors its journal
+	notify    bool // PUBLISH on the journal's name once written (a standalone Redis: tails.go)
 	mark      markFields
 	end       countEnd
 	// evs are the encoded events still to append, the first of them of
@@ -834,12 +846,13 @@ func (a finishArgs) keysArgs() ([]string, []string) {
 	if a.done {
 		kind, payload = "done", string(a.result)
 	}
-	argv := make([]string, 0, 26+2*len(a.evs))
+	argv := make([]string, 0, 27+2*len(a.evs))
 	argv = append(argv, a.tok, a.gen, kind, a.prev, ms(a.keep), ms(journalTTL),
 		string(a.state), a.reason, nowMS(a.now), payload, string(a.body), strconv.Itoa(a.events),
 		strconv.FormatInt(a.bytes, 10), a.firstHead, flag(a.mirrored),
 		strconv.Itoa(a.mark.attempts), strconv.Itoa(a.mark.status), a.mark.model, a.mark.fallbacks,
-		a.end.member, ms(a.end.ttl), a.end.setTTL, ms(a.end.knownFor), flag(a.end.committed), flag(a.end.unknown), a.end.fresh)
+		a.end.member, ms(a.end.ttl), a.end.setTTL, ms(a.end.knownFor), flag(a.end.committed), flag(a.end.unknown), a.end.fresh,
+		flag(a.notify))
 	return a.keys, appendPairs(argv, a.gen, a.from, a.evs)
 }
 
@@ -906,6 +919,7 @@ var loseLua = `
 local function lose(st, j, gen, now, reaper, utl, failedTTL)
   if not utl or utl == '0' then utl = '' end
   redis.pcall('XADD', j, gen .. '-' .. '` + maxSeq + `', 't', 'lost', 'by', reaper, 'utl', utl)
+  redis.call('PUBLISH', j, '') -- for the followers' shared read (tails.go)
   redis.call('PEXPIRE', j, '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
   redis.call('HSET', st, 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + cache.ReasonGenerationLost + `', 'updated', now, 'reaper', reaper)
   redis.call('PEXPIRE', st, utl ~= '' and utl or failedTTL)

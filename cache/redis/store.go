@@ -58,8 +58,9 @@ type Config struct {
 	// 64 MiB). Redis holds the truth; this only saves GETs.
 	MaxCacheBytes int64
 	// TailBatch is how often, at most, a replica reads the journals it
-	// follows on a standalone Redis: one non-blocking XREAD over all of
-	// them (default 5ms, at most maxTailBatch). It adds up to TailBatch
+	// follows on a standalone Redis: one non-blocking XREAD over those
+	// notified since their last read, all of them every tailFullEvery
+	// (default 5ms, at most maxTailBatch). It adds up to TailBatch
 	// and a round trip to a follower's events; negative: each tail reads
 	// its own journal with a blocking XREAD (as on a Cluster).
 	TailBatch time.Duration
