@@ -145,6 +145,14 @@ func (r *Store) readTails() {
 	sub := &tailSub{}
 	defer sub.close()
 	for {
+		// At most one call per TailBatch: what is notified meanwhile
+		// waits for the next, and so does the work of choosing it.
+		if wait := r.cfg.TailBatch - time.Since(sent); wait > 0 {
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(wait):
+			}
+		}
 		t.mu.Lock()
 		if len(t.waiting) == 0 || r.ctx.Err() != nil {
 			t.running = false
@@ -216,16 +224,6 @@ func (r *Store) readTails() {
 			}
 			wait.Stop()
 			continue
-		}
-		if wait := r.cfg.TailBatch - time.Since(sent); wait > 0 {
-			select {
-			case <-r.ctx.Done():
-				continue
-			case <-time.After(wait):
-			}
-			if !pollAll {
-				continue // gather what was notified meanwhile
-			}
 		}
 		sent = time.Now()
 		if pollAll {
