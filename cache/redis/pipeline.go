@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -127,6 +128,12 @@ func (b *scriptPipe) take() []*pipedCall {
 func (r *Store) pipeline(batch []*pipedCall) {
 	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Timeout)
 	defer cancel()
+	r.sendBatch(ctx, batch, false)
+}
+
+// sendBatch sends batch as pipeline describes; reloaded: the scripts of
+// its calls were just loaded, after a NOSCRIPT.
+func (r *Store) sendBatch(ctx context.Context, batch []*pipedCall, reloaded bool) {
 	if len(batch) == 1 {
 		q := batch[0]
 		q.done <- r.execPiped(ctx, q.s, q.keys, q.args)
@@ -170,20 +177,47 @@ func (r *Store) pipeline(batch []*pipedCall) {
 		cmds = append(cmds, r.waitCmd(c))
 	}
 	out := c.DoMulti(ctx, cmds...)
-	if waiting {
+	if waiting && slices.ContainsFunc(out[:len(sent)], func(res rueidis.RedisResult) bool { return res.Error() == nil }) {
 		r.waited(out[len(out)-1])
 	}
+	var noScript []*pipedCall
 	for i, q := range sent {
 		res := out[i]
 		if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
-			res = r.execPiped(ctx, q.s, q.keys, q.args)
+			noScript = append(noScript, q)
+			continue
 		}
 		q.done <- res
 	}
+	if len(noScript) == 0 {
+		return
+	}
+	if !waiting || reloaded {
+		// Each alone, at once, not one after another: Lua.Exec sends the
+		// script with the call (EVAL), which loads it.
+		var wg sync.WaitGroup
+		for _, q := range noScript {
+			wg.Go(func() { q.done <- exec(ctx, c, q.s, q.keys, q.args) })
+		}
+		wg.Wait()
+		return
+	}
+	// The server lost the scripts (restarted, or a replica promoted:
+	// Redis does not copy SCRIPT LOAD to replicas). Each is loaded once,
+	// and the calls go again together, behind one more wait.
+	loaded := map[*rueidis.Lua]bool{}
+	for _, q := range noScript {
+		if !loaded[q.s] {
+			loaded[q.s] = true
+			_ = c.Do(ctx, c.B().ScriptLoad().Script(scriptInfoOf(q.s).body).Build()).Error()
+		}
+	}
+	r.sendBatch(ctx, noScript, true)
 }
 
 // execPiped runs one piped call: as exec does, and with
-// Config.WaitReplicas followed by its WAIT on its connection.
+// Config.WaitReplicas followed by its WAIT on its connection (a
+// dedicated one: on a Cluster, that of the keys' node).
 func (r *Store) execPiped(ctx context.Context, s *rueidis.Lua, keys, args []string) rueidis.RedisResult {
 	if r.cfg.WaitReplicas == 0 {
 		return exec(ctx, r.c, s, keys, args)
@@ -193,23 +227,58 @@ func (r *Store) execPiped(ctx context.Context, s *rueidis.Lua, keys, args []stri
 		return rueidis.NewErrorResult(errClientChanged)
 	}
 	info := scriptInfoOf(s)
-	var res rueidis.RedisResult
-	err := c.Dedicated(func(d rueidis.DedicatedClient) error {
-		// A dedicated connection: on a Cluster, that of the keys' node.
-		call := d.B().Evalsha().Sha1(info.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-		out := d.DoMulti(ctx, call, r.waitCmd(d))
-		if err, ok := rueidis.IsRedisErr(out[0].Error()); ok && err.IsNoScript() {
-			call = d.B().Eval().Script(info.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-			out = d.DoMulti(ctx, call, r.waitCmd(d))
+	for attempt := 0; ; attempt++ {
+		var res, wait rueidis.RedisResult
+		err := c.Dedicated(func(d rueidis.DedicatedClient) error {
+			// A built command is spent once sent: each send builds its own.
+			call := func() rueidis.Completed {
+				return d.B().Evalsha().Sha1(info.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			}
+			out := d.DoMulti(ctx, call(), r.waitCmd(d))
+			if rerr, ok := rueidis.IsRedisErr(out[0].Error()); ok && rerr.IsNoScript() {
+				// The server lacks the script (restarted, or failed over:
+				// Redis does not copy SCRIPT LOAD to its replicas). Its
+				// wait is lost time; the call goes again once loaded.
+				if err := d.Do(ctx, d.B().ScriptLoad().Script(info.body).Build()).Error(); err != nil {
+					res = rueidis.NewErrorResult(err)
+					return nil
+				}
+				out = d.DoMulti(ctx, call(), r.waitCmd(d))
+			}
+			res, wait = out[0], out[1]
+			return nil
+		})
+		if err != nil {
+			return rueidis.NewErrorResult(err)
 		}
-		res = out[0]
-		r.waited(out[1])
-		return nil
-	})
-	if err != nil {
-		return rueidis.NewErrorResult(err)
+		if rerr, ok := rueidis.IsRedisErr(res.Error()); ok {
+			if _, moved := rerr.IsMoved(); moved {
+				return r.unwaited(ctx, s, keys, args)
+			}
+			if _, ask := rerr.IsAsk(); ask {
+				return r.unwaited(ctx, s, keys, args)
+			}
+		}
+		if res.Error() == nil {
+			r.waited(wait)
+			return res
+		}
+		// A call cut with its connection: a script safe to repeat (the
+		// claim) goes once more, as rueidis sends it again unwaited.
+		if info.retryable && attempt == 0 && res.NonRedisError() != nil && ctx.Err() == nil {
+			continue
+		}
+		return res
 	}
-	return res
+}
+
+// unwaited runs a call that a Cluster redirected (MOVED, ASK: its slot
+// moves), which a dedicated connection does not follow: without the
+// wait, through the client that does, counted as a short wait.
+func (r *Store) unwaited(ctx context.Context, s *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+	r.waits.Add(1)
+	r.waitsShort.Add(1)
+	return exec(ctx, r.c, s, keys, args)
 }
 
 // waitCmd is the WAIT for Config.WaitReplicas, built by b's builder.

@@ -432,7 +432,7 @@ if s[1] == 'failed' then return 1 end
 if s[1] ~= 'live' then return 0 end
 redis.call('XADD', KEYS[3], s[2] .. '-' .. '` + maxSeq + `', 't', 'failed',
   'state', 'failed_retryable', 'reason', '` + cache.ReasonStoreUnavailable + `', 'h', '', 'b', '')
-redis.call('PUBLISH', KEYS[3], '') -- for the followers' shared read (tails.go)
+redis.pcall('PUBLISH', KEYS[3], '') -- for the followers' shared read (tails.go)
 redis.call('HSET', KEYS[1], 'phase', 'failed', 'state', 'failed_retryable',
   'reason', '` + cache.ReasonStoreUnavailable + `', 'updated', now_ms)
 redis.call('PEXPIRE', KEYS[1], st_ttl)
@@ -516,7 +516,9 @@ end
 // (total after this batch), model, fallbacks (JSON; each "" for none),
 // notify (1: PUBLISH on the journal's name once events are in, for the
 // followers' shared read, tails.go; on a standalone Redis), then id,
-// event pairs.
+// event pairs. Every PUBLISH of the scripts is a pcall: a user whose ACL
+// denies the channel loses the notification (its followers read every
+// tailFullEvery), not the write.
 //
 // Returns {"ok"}, {"fenced"}, or {"prev", last id}: the journal does not
 // end where the owner thinks (a failover lost acknowledged entries), and
@@ -536,7 +538,7 @@ local s = redis.call('HMGET', KEYS[1], 'phase', 'gen', 'tok')
 if s[1] ~= 'live' or s[2] ~= gen or s[3] ~= tok then return {'fenced'} end
 local ends, lastId = journalAppend(KEYS[1], KEYS[2], gen, prev, head, ARGV, first)
 if ends then return {'prev', ends} end
-if notify and #ARGV >= first then redis.call('PUBLISH', KEYS[2], '') end
+if notify and #ARGV >= first then redis.pcall('PUBLISH', KEYS[2], '') end
 local f = {'state', state, 'attempts', attempts, 'updated', now_ms, 'bytes', bytes}
 if status ~= '0' then table.insert(f, 'status'); table.insert(f, status) end
 if model ~= '' then table.insert(f, 'model'); table.insert(f, model) end
@@ -796,7 +798,7 @@ redis.call('HSET', KEYS[1], unpack(f))
 redis.call('PEXPIRE', KEYS[1], st_ttl)
 if kept then
   redis.call('PEXPIRE', KEYS[3], journal_ttl)
-  if notify then redis.call('PUBLISH', KEYS[3], '') end
+  if notify then redis.pcall('PUBLISH', KEYS[3], '') end
 end
 -- The lease is left to expire: nothing reads it once phase is not live.
 if #KEYS >= 9 then
@@ -919,7 +921,7 @@ var loseLua = `
 local function lose(st, j, gen, now, reaper, utl, failedTTL)
   if not utl or utl == '0' then utl = '' end
   redis.pcall('XADD', j, gen .. '-' .. '` + maxSeq + `', 't', 'lost', 'by', reaper, 'utl', utl)
-  redis.call('PUBLISH', j, '') -- for the followers' shared read (tails.go)
+  redis.pcall('PUBLISH', j, '') -- for the followers' shared read (tails.go)
   redis.call('PEXPIRE', j, '` + strconv.FormatInt(journalTTL.Milliseconds(), 10) + `')
   redis.call('HSET', st, 'phase', 'lost', 'state', 'commit_unknown', 'reason', '` + cache.ReasonGenerationLost + `', 'updated', now, 'reaper', reaper)
   redis.call('PEXPIRE', st, utl ~= '' and utl or failedTTL)

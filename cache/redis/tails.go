@@ -142,6 +142,7 @@ func (r *Store) readTails() {
 	defer r.wg.Done()
 	t := &r.tailr
 	var sent, full time.Time
+	waited := time.Now() // when a tail last waited
 	sub := &tailSub{}
 	defer sub.close()
 	for {
@@ -155,18 +156,36 @@ func (r *Store) readTails() {
 		}
 		t.mu.Lock()
 		if len(t.waiting) == 0 || r.ctx.Err() != nil {
+			// Nobody waits: the reader lingers tailUnsubscribeAfter with
+			// its subscription, for the tails between two reads (a lone
+			// follower's, at each event) and those checking their owner.
+			if r.ctx.Err() == nil && time.Since(waited) < tailUnsubscribeAfter {
+				t.mu.Unlock()
+				linger := time.NewTimer(tailUnsubscribeAfter - time.Since(waited))
+				select {
+				case <-r.ctx.Done():
+				case <-t.wake:
+				case <-linger.C:
+				}
+				linger.Stop()
+				continue
+			}
 			t.running = false
 			t.dirty, t.subs = nil, nil
 			t.mu.Unlock()
 			return
 		}
+		waited = time.Now()
 		byKey := make(map[string]*tailReq, min(len(t.waiting), maxTailKeys))
+		var dups []string // journals more than one tail waits for
 		for q := range t.waiting {
 			if len(byKey) == maxTailKeys {
 				break
 			}
 			if _, dup := byKey[q.key]; !dup {
 				byKey[q.key] = q
+			} else {
+				dups = append(dups, q.key)
 			}
 		}
 		now := time.Now()
@@ -251,6 +270,12 @@ func (r *Store) readTails() {
 			continue
 		}
 		t.mu.Lock()
+		// Another tail of a journal read for one of them reads it next.
+		for _, k := range dups {
+			if _, ok := read[k]; ok && t.dirty != nil {
+				t.dirty[k] = struct{}{}
+			}
+		}
 		for k, q := range read {
 			if _, waits := t.waiting[q]; !waits {
 				continue
@@ -315,7 +340,7 @@ func (s *tailSub) sync(r *Store, fresh, stale []string) bool {
 		s.c, s.cancel = d, cancel
 		s.lost = d.SetPubSubHooks(rueidis.PubSubHooks{OnMessage: func(m rueidis.PubSubMessage) {
 			t.mu.Lock()
-			if t.dirty != nil {
+			if _, subscribed := t.subs[m.Channel]; subscribed {
 				t.dirty[m.Channel] = struct{}{}
 			}
 			t.mu.Unlock()

@@ -218,3 +218,34 @@ func TestRedisTailsSubscriptionLost(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestRedisTailsNoChannelRights: a Redis user with the keys of the prefix
+// but no channels (Redis 7's default for a new user: resetchannels)
+// cannot PUBLISH or SUBSCRIBE: a journal's notification is refused, not
+// its write, and the follower reads it without one. The owner commits
+// and the follower gets the whole stream and its end.
+func TestRedisTailsNoChannelRights(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	if _, err := redistest.Command(srv.Addr, time.Second, "ACL", "SETUSER", "keysonly", "on", ">pw", "resetchannels", "~acl:*", "+@all"); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	as := func(c *Config) { c.URL = "redis://keysonly:pw@" + srv.Addr }
+	owner, fr := newRedis(t, srv.Addr, "acl", as), newRedis(t, srv.Addr, "acl", as)
+	f, s := followOne(t, owner, fr, "k")
+	const events = 20
+	go func() {
+		for seq := 2; seq <= events; seq++ {
+			time.Sleep(10 * time.Millisecond)
+			storetest.AppendN(t, f, seq, 1)
+		}
+		if !f.Commit(nil) {
+			t.Error("Commit: got false; want true")
+		}
+	}()
+	got, ended := wiretest.Follow(s, 5*time.Second)
+	if !ended {
+		t.Fatal("the follower's stream did not end")
+	}
+	wiretest.CheckSeq(t, wiretest.ParseWire(t, got), f.Gen, 0, events)
+}

@@ -2,7 +2,10 @@ package redis
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,5 +106,34 @@ func TestRedisWaitReplicasBounds(t *testing.T) {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(WaitReplicas %d, WaitTimeout %v, Timeout %v): no error; want one", cfg.WaitReplicas, cfg.WaitTimeout, cfg.Timeout)
 		}
+	}
+}
+
+// TestRedisWaitReplicasScriptsGone: a server that lost the scripts (Redis
+// does not copy SCRIPT LOAD to its replicas, so a promoted one has none),
+// with no replica to acknowledge, under a burst of claims that queue
+// into pipelines: each claim still gets its answer within the timeout of
+// an operation. The calls a pipeline sends again after NOSCRIPT go
+// together, not one after another behind their waits.
+func TestRedisWaitReplicasScriptsGone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	r := newRedis(t, srv.Addr, "gone", func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, 50*time.Millisecond })
+	rbegin(t, r, cache.Scope{Tenant: "t", Key: "warm"}, "fp")
+	if _, err := redistest.Command(srv.Addr, time.Second, "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 300 {
+		wg.Go(func() {
+			if _, err := r.Begin(cache.Scope{Tenant: "t", Key: "k" + strconv.Itoa(i)}, "fp"); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of 300 claims failed after the scripts were flushed; want none", n)
 	}
 }
