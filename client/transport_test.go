@@ -209,7 +209,13 @@ func TestKeyPinned(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c := &http.Client{Transport: fast()}
+	// A fresh connection per request: a kept-alive one that breaks under
+	// a loaded machine is a transport error, which both net/http (the
+	// request carries an Idempotency-Key) and the Transport retry, so the
+	// server would count a request more than the test makes.
+	tr := fast()
+	tr.Base = &http.Transport{DisableKeepAlives: true}
+	c := &http.Client{Transport: tr}
 	ctx := client.WithIdempotencyKey(t.Context(), "intent-1")
 	do := func(req *http.Request) {
 		t.Helper()
