@@ -731,3 +731,26 @@ func wantDropped(t *testing.T, e *env, dial func() net.Conn, slow time.Duration)
 		t.Fatalf("dropped after %v; want about -slow-client-timeout (%v)", took, slow)
 	}
 }
+
+// TestStreamAnsweredToWholeRequest: an upstream that answers an event
+// stream to a request that asked for none (no "stream": true). A keyed
+// one's generation runs on its handler's goroutine (runsInHandler): its
+// client gets the whole stream, as it came, once it ended, and a repeat
+// is its replay; one without a key is relayed as a stream. One upstream
+// call for each.
+func TestStreamAnsweredToWholeRequest(t *testing.T) {
+	t.Parallel()
+	up := newFaultServer(t, func(_ int64, w http.ResponseWriter, _ *http.Request) { okStream(w) })
+	e := retryEnv(t, []string{up.url}, nil)
+	key := newKey("stream-to-whole")
+	for i, r := range []req{{key: key, body: plainBody}, {key: key, body: plainBody}, {body: plainBody}} {
+		got := e.fetch(r)
+		if !clean(got) || len(got.events) != okEvents+2 || got.aborted {
+			t.Fatalf("answer %d: got %d, %d events, aborted %v, %q; want the whole stream of %d events", i, got.status, len(got.events), got.aborted, got.raw, okEvents+2)
+		}
+		if replay := i == 1; got.replayed != replay {
+			t.Fatalf("answer %d: replayed %v, want %v", i, got.replayed, replay)
+		}
+	}
+	wantCount(t, "upstream calls", up.calls.Load(), 2)
+}

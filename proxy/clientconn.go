@@ -372,10 +372,14 @@ func (p *Proxy) connState(conn net.Conn, st fasthttp.ConnState) {
 // (Wait), until connState sees the server done with the connection
 // (idle, closed or taken over: a take-over counts in clients before);
 // only on the proxy's own server, whose connections' states it hears.
+// An answer is counted once however often its handler says so (a
+// generation run on it says so before it runs: runsInHandler); no state
+// of the connection can be heard meanwhile, its handler running.
 func (p *Proxy) handing(ctx *fasthttp.RequestCtx) {
 	if conn := ctx.Conn(); conn != nil && p.serves(conn) {
-		p.handedN.Add(1)
-		p.handed.Store(conn, struct{}{})
+		if _, had := p.handed.LoadOrStore(conn, struct{}{}); !had {
+			p.handedN.Add(1)
+		}
 	}
 }
 

@@ -227,6 +227,23 @@ func (g *gen) launch(tmpl *fasthttp.Request) {
 	runtime.Gosched()
 }
 
+// runsInHandler reports whether g runs on its request's own goroutine
+// (the handler's) rather than a worker's: a keyed generation of a
+// request that is not a stream's, whose answer that goroutine waits for
+// anyway (answerInHandler), when the store never ends a flight itself.
+// Its client sees the same answer at the same time: a whole answer is
+// written once the generation is over either way, and it is recorded
+// whole, within -max-stream-bytes and -max-live-bytes, either way. What
+// it saves is the hand-off to the worker and back (docs/design.md, A
+// request's own cost). An upstream that answers an event stream to such
+// a request is relayed once that stream ended, rather than as it comes.
+// A store that can end a flight (Redis, a lease it lost) needs its
+// handler free to answer then (attach), so its generations run on a
+// worker; a stream's always do, its client being written as they go.
+func (g *gen) runsInHandler() bool {
+	return g.o.known != nil && g.f.Gen != 0 && !g.p.storeEnds
+}
+
 // run is the generation's goroutine, for every kind of call: call the
 // upstream, retrying where upstream.Verdict and the kind say it is safe and only
 // before any event was journaled, then record the answer into the flight
