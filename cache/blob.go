@@ -89,21 +89,27 @@ func (c *Codec) Encode(r *Result) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One allocation: the blocks are compressed in place (appendBlock),
+	// into room for the largest each can be.
 	frames := r.packed
-	if frames == nil && len(r.Data) > 0 {
-		frames = [][]byte{s2.Encode(nil, r.Data)}
-	}
-	size := len(blobMagic) + 2*binary.MaxVarintLen64 + s2.MaxEncodedLen(len(p))
+	data := frames == nil && len(r.Data) > 0
+	size := len(blobMagic) + 2*binary.MaxVarintLen64 + 4 + s2.MaxEncodedLen(len(p))
 	for _, f := range frames {
 		size += binary.MaxVarintLen64 + len(f)
 	}
-	out := append(make([]byte, 0, size+4), blobMagic...)
+	if data {
+		size += binary.MaxVarintLen64 + s2.MaxEncodedLen(len(r.Data))
+	}
+	out := append(make([]byte, 0, size), blobMagic...)
 	out = binary.AppendUvarint(out, uint64(len(p)+r.dataSize()))
 	sum := len(out)
 	out = append(out, 0, 0, 0, 0)
-	out = appendFrame(out, s2.Encode(nil, p))
+	out = appendBlock(out, p)
 	for _, f := range frames {
 		out = appendFrame(out, f)
+	}
+	if data {
+		out = appendBlock(out, r.Data)
 	}
 	binary.LittleEndian.PutUint32(out[sum:], crc32.Checksum(out[sum+4:], castagnoli))
 	return out, nil
@@ -113,6 +119,23 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func appendFrame(out, f []byte) []byte {
 	return append(binary.AppendUvarint(out, uint64(len(f))), f...)
+}
+
+// appendBlock appends src as a frame of its own, S2-compressed: the
+// frame appendFrame(out, s2.Encode(nil, src)) appends, made without a
+// buffer of its own when out has room for binary.MaxVarintLen64 +
+// s2.MaxEncodedLen(len(src)) bytes more. The block is compressed past the
+// room of the longest length, then moved up to follow its own.
+func appendBlock(out, src []byte) []byte {
+	at := len(out) + binary.MaxVarintLen64
+	room := s2.MaxEncodedLen(len(src))
+	if room < 0 || cap(out)-at < room {
+		return appendFrame(out, s2.Encode(nil, src))
+	}
+	enc := s2.Encode(out[at:at+room], src)
+	out = binary.AppendUvarint(out, uint64(len(enc)))
+	n := copy(out[len(out):cap(out)], enc) // overlapping: copy moves
+	return out[:len(out)+n]
 }
 
 // unframe decompresses the frames of a version 3 blob into one buffer of

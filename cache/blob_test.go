@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 	"github.com/ssegate/ssegate/sse"
 )
@@ -154,6 +155,30 @@ func TestStoredRatioFixtures(t *testing.T) {
 		t.Logf("%s: %d events, %d raw bytes, %d stored: %.3f", name, len(evs), raw, len(b.z), ratio)
 		if raw >= 4<<10 && ratio > maxStoredRatio {
 			t.Errorf("%s: stored %.3f of the raw bytes; want at most %.2f", name, ratio, maxStoredRatio)
+		}
+	}
+}
+
+// TestAppendBlock: a block compressed in place (appendBlock) is the frame
+// of the block compressed on its own, for every size around the s2
+// encoder's own bounds, into any room: enough, too little (it falls back
+// to a buffer of its own), and none.
+func TestAppendBlock(t *testing.T) {
+	t.Parallel()
+	src := []byte(strings.Repeat(`data: {"choices":[{"delta":{"content":"tok"}}]}`+"\n\n", 2000))
+	for i := range src {
+		if i%7 == 0 {
+			src[i] = byte(i) // not all of it repeats
+		}
+	}
+	for _, n := range []int{1, 2, 16, 17, 100, 909, 4096, 65535, 65536, 65537, len(src)} {
+		block := src[:n]
+		want := appendFrame([]byte("prefix"), s2.Encode(nil, block))
+		for _, room := range []int{0, binary.MaxVarintLen64 + s2.MaxEncodedLen(n) - 1, binary.MaxVarintLen64 + s2.MaxEncodedLen(n), 2 * n} {
+			out := append(make([]byte, 0, len("prefix")+room), "prefix"...)
+			if got := appendBlock(out, block); !bytes.Equal(got, want) {
+				t.Fatalf("%d bytes into room for %d: the frame differs from the block compressed on its own", n, room)
+			}
 		}
 	}
 }
