@@ -60,21 +60,21 @@ func (p *Proxy) serveKeyed(ctx *fasthttp.RequestCtx, key string) {
 			g := p.newGen(f, body, llmKind)
 			p.hooks.generationStarted(g, ctx)
 			p.hooks.answerFrom(ctx, f, "", "")
-			if g.runsInHandler() {
+			here := g.runsInHandler()
+			if here {
 				// Its answer is one a shutdown waits for before the
 				// generation ends (Wait: the generations, then these).
 				p.handing(ctx)
-				p.offerResume(ctx, sc, f.Gen)
-				p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
-				g.run(upstream.NewTemplate(ctx))
-				p.serveOrigin(ctx, g)
-				return
+			} else {
+				g.launch(upstream.NewTemplate(ctx))
 			}
-			g.launch(upstream.NewTemplate(ctx))
-			// What the answer's head and the log need is done while the
-			// upstream call is on its way.
+			// What the answer's head and the log need is done before the
+			// call, or while it is on its way.
 			p.offerResume(ctx, sc, f.Gen)
 			p.logDecision(ctx, decisionMiss, sc, fp, "generation", f.Gen, "regenerated", b.Regenerated)
+			if here {
+				g.run(upstream.NewTemplate(ctx))
+			}
 			p.serveOrigin(ctx, g)
 		},
 	})
