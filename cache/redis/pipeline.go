@@ -251,13 +251,8 @@ func (r *Store) execPiped(ctx context.Context, s *rueidis.Lua, keys, args []stri
 		if err != nil {
 			return rueidis.NewErrorResult(err)
 		}
-		if rerr, ok := rueidis.IsRedisErr(res.Error()); ok {
-			if _, moved := rerr.IsMoved(); moved {
-				return r.unwaited(ctx, s, keys, args)
-			}
-			if _, ask := rerr.IsAsk(); ask {
-				return r.unwaited(ctx, s, keys, args)
-			}
+		if rerr, ok := rueidis.IsRedisErr(res.Error()); ok && redirected(rerr) {
+			return r.unwaited(ctx, s, keys, args)
 		}
 		if res.Error() == nil {
 			r.waited(wait)
@@ -270,6 +265,14 @@ func (r *Store) execPiped(ctx context.Context, s *rueidis.Lua, keys, args []stri
 		}
 		return res
 	}
+}
+
+// redirected reports whether a Cluster answered err to send the call to
+// another node (MOVED, or ASK while its slot moves).
+func redirected(err *rueidis.RedisError) bool {
+	_, moved := err.IsMoved()
+	_, ask := err.IsAsk()
+	return moved || ask
 }
 
 // unwaited runs a call that a Cluster redirected (MOVED, ASK: its slot
