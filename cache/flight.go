@@ -20,6 +20,7 @@ type Flight struct {
 	Scope Scope
 	Gen   uint64
 
+	id        string // Scope.ID(), when the store that made it said it (Memory's ledger)
 	fp        string
 	be        Backend
 	maxBytes  int

@@ -15,6 +15,7 @@ func TestZeroAllocs(t *testing.T) {
 	d := NewDetector(Expect{Usage: true})
 	sc := NewScanner(&loop{b: []byte("event: delta\ndata: " + chunk.Data + "\n\ndata: a\ndata: b\n\n: ping\r\n\r\n")}, 0)
 	req := []byte(`{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"n":2,"stream_options":{"include_usage":true}}`)
+	plain := []byte(`{"messages":[{"role":"user","content":"hi"}],"stream":false}`) // no "n", as most requests
 	tests := []struct {
 		name string
 		fn   func()
@@ -38,6 +39,7 @@ func TestZeroAllocs(t *testing.T) {
 			}
 		}},
 		{"ParseRequest without model", func() { _ = ParseRequest(req) }},
+		{"ParseRequest without n", func() { _ = ParseRequest(plain) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -303,8 +303,13 @@ func jsonInt(raw string) int64 {
 }
 
 // intLiteral parses a raw JSON value that is an integer literal (no
-// fraction, no exponent) fitting an int64; anything else is not ok.
+// fraction, no exponent) fitting an int64; anything else is not ok. A
+// value that is not there is told before ParseInt, whose error for it
+// would be an allocation on every request that leaves "n" out.
 func intLiteral(raw string) (int64, bool) {
+	if raw == "" {
+		return 0, false
+	}
 	n, err := strconv.ParseInt(raw, 10, 64)
 	return n, err == nil
 }

@@ -162,6 +162,7 @@ type Conn struct {
 	owner       *connSet    // the upstream's open connections, which this one leaves on Close
 	interrupted atomic.Bool // closed by interrupt: never to be pooled again
 	reused      bool        // a request was written before: the next one's first write checks peerClosed
+	peek        *peeker     // made at the first such check
 	drainUntil  time.Time   // set by DrainBy: what is left of the answer must come by then
 	// holdUntil and onHold, set by HoldBy: a read still waiting at
 	// holdUntil calls onHold, once, and goes on waiting.
@@ -219,7 +220,10 @@ func (c *Conn) Write(p []byte) (int, error) {
 		// read the request and then failed. Looked at now, before a byte
 		// is written, the close proves the request unread.
 		if c.reused {
-			closed := peerClosed(c.Conn)
+			if c.peek == nil {
+				c.peek = newPeeker(c.Conn)
+			}
+			closed := c.peek.peerClosed()
 			c.set = time.Time{} // peerClosed cleared it: the next Read sets it
 			if closed {
 				return 0, errStale

@@ -4,6 +4,10 @@ package upstream
 
 import "net"
 
-// peerClosed cannot look at the socket here: a close while idle is found
-// only by the request's own failure.
-func peerClosed(net.Conn) bool { return false }
+// peeker cannot look at the socket here: a close while idle is found only
+// by the request's own failure.
+type peeker struct{}
+
+func newPeeker(net.Conn) *peeker { return &peeker{} }
+
+func (*peeker) peerClosed() bool { return false }

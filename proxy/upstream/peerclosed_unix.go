@@ -11,38 +11,55 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerClosed reports whether the peer of an idle connection has closed it
-// (or reset it, or sent what no request asked for), by a look at the
-// socket that neither waits nor takes a byte. A TLS connection is looked
-// at below TLS: an alert or a FIN is there before TLS reads it. It clears
-// the connection's read deadline (one left from the last answer would
-// stop the look), so the caller sets the next.
-func peerClosed(c net.Conn) bool {
+// peeker looks at one connection's socket before each request written on
+// it after its first (peerClosed). Its socket handle and its look are
+// made once for the connection, not for every request.
+type peeker struct {
+	c      net.Conn        // below TLS: an alert or a FIN is there before TLS reads it
+	rc     syscall.RawConn // nil: a connection whose socket cannot be looked at
+	look   func(fd uintptr) bool
+	b      [1]byte
+	closed bool
+}
+
+func newPeeker(c net.Conn) *peeker {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
-	if c.SetReadDeadline(time.Time{}) != nil {
+	p := &peeker{c: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			p.rc = rc
+		}
+	}
+	p.look = p.peek
+	return p
+}
+
+// peek takes no byte and never waits. n == 0 with no error is the peer's
+// FIN; bytes on an idle connection are no answer to anything, and an
+// error other than "nothing there" means the connection is broken.
+func (p *peeker) peek(fd uintptr) bool {
+	_, _, err := unix.Recvfrom(int(fd), p.b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	p.closed = err == nil || (err != unix.EAGAIN && err != unix.EINTR)
+	return true // never wait
+}
+
+// peerClosed reports whether the peer of an idle connection has closed it
+// (or reset it, or sent what no request asked for), by a look at the
+// socket that neither waits nor takes a byte. It clears the connection's
+// read deadline (one left from the last answer would stop the look), so
+// the caller sets the next.
+func (p *peeker) peerClosed() bool {
+	if p.c.SetReadDeadline(time.Time{}) != nil {
 		return true
 	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	if p.rc == nil {
 		return false
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	closed := false
-	var b [1]byte
-	if err := rc.Read(func(fd uintptr) bool {
-		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		// n == 0 with no error is the peer's FIN; bytes on an idle
-		// connection are no answer to anything, and an error other than
-		// "nothing there" means the connection is broken.
-		closed = err == nil || (err != unix.EAGAIN && err != unix.EINTR)
-		return true // never wait
-	}); err != nil {
+	p.closed = false
+	if err := p.rc.Read(p.look); err != nil {
 		return true
 	}
-	return closed
+	return p.closed
 }
