@@ -162,3 +162,28 @@ func runScript(tb testing.TB, r *Store, s script, keys, args []string) {
 		tb.Fatal(err)
 	}
 }
+
+// claimReplyCut claims sc on a, through relay, which loses the claim's
+// answer and cuts the connection that carried it (the claim ran on the
+// server). The claim must still come back its own miss: the generation
+// Redis holds (read on b), which a duplicate on b joins.
+func claimReplyCut(t *testing.T, relay *redistest.Relay, a, b *Store, sc cache.Scope) cache.Begun {
+	t.Helper()
+	lost := relay.LoseReply("$4\r\nmiss\r\n", 0)
+	got := rbegin(t, a, sc, "fp")
+	select {
+	case <-lost:
+	default:
+		t.Fatal("no claim's reply was lost")
+	}
+	if got.Decision != cache.Miss || got.Flight == nil {
+		t.Fatalf("got %v; want the claim's own miss", got.Decision)
+	}
+	if ki, _ := b.Info(sc); ki.Generation != got.Flight.Gen || ki.State != cache.StateIntentReceived {
+		t.Fatalf("Redis holds generation %d (%s); want the miss's %d", ki.Generation, ki.State, got.Flight.Gen)
+	}
+	if j := rbegin(t, b, sc, "fp"); j.Decision != cache.Join || j.Flight.Gen != got.Flight.Gen {
+		t.Fatalf("duplicate: got %v; want a join of the claim's generation", j.Decision)
+	}
+	return got
+}

@@ -151,23 +151,7 @@ func TestRedisWaitReplicasClaimCut(t *testing.T) {
 	mod := func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, 300*time.Millisecond }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, primary.Addr, prefix, mod)
-	sc := cache.Scope{Tenant: "t", Key: "cut"}
-	lost := relay.LoseReply("$4\r\nmiss\r\n", 0)
-	got := rbegin(t, a, sc, "fp")
-	select {
-	case <-lost:
-	default:
-		t.Fatal("no claim's reply was lost")
-	}
-	if got.Decision != cache.Miss || got.Flight == nil {
-		t.Fatalf("got %v; want the claim's own miss", got.Decision)
-	}
-	if ki, _ := b.Info(sc); ki.Generation != got.Flight.Gen || ki.State != cache.StateIntentReceived {
-		t.Fatalf("Redis holds generation %d (%s); want the miss's %d", ki.Generation, ki.State, got.Flight.Gen)
-	}
-	if j := rbegin(t, b, sc, "fp"); j.Decision != cache.Join || j.Flight.Gen != got.Flight.Gen {
-		t.Fatalf("duplicate: got %v; want a join of the claim's generation", j.Decision)
-	}
+	got := claimReplyCut(t, relay, a, b, cache.Scope{Tenant: "t", Key: "cut"})
 	if st := a.Stats(); st.Waits < 1 || st.WaitsShort != 0 {
 		t.Fatalf("waits %d, short %d; want the claim sent again waited, not short", st.Waits, st.WaitsShort)
 	}
