@@ -64,12 +64,13 @@ func committedStream(t *testing.T, r *Store, sc cache.Scope) (claim, commit time
 // the server's replica when the store acts on them (the replica holds
 // the committed result the moment Commit returns), and a replica that
 // stops answering delays each by the wait's timeout at most, counted
-// short, without failing them.
+// short, without failing them. The replica in step is given a wait long
+// enough for a loaded machine (a wait that times out is no proof of
+// anything); the paused one a short wait, which is timed.
 func TestRedisWaitReplicas(t *testing.T) {
 	t.Parallel()
 	primary, replica := replicated(t)
-	const timeout = 300 * time.Millisecond
-	r := newRedis(t, primary.Addr, "wait", func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, timeout })
+	r := newRedis(t, primary.Addr, "wait", func(c *Config) { c.WaitReplicas, c.WaitTimeout, c.Timeout = 1, 3*time.Second, 5*time.Second })
 	sc := cache.Scope{Tenant: "t", Key: "in-step"}
 	committedStream(t, r, sc)
 	if got, err := redistest.Command(replica.Addr, time.Second, "EXISTS", r.keys(sc).res); err != nil || got != "1" {
@@ -83,15 +84,17 @@ func TestRedisWaitReplicas(t *testing.T) {
 		t.Fatalf("the key again: %v; want a hit", b.Decision)
 	}
 
+	const timeout = 300 * time.Millisecond
+	paused := newRedis(t, primary.Addr, "wait", func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, timeout })
 	replica.Pause()
 	defer replica.Resume()
-	claim, commit := committedStream(t, r, cache.Scope{Tenant: "t", Key: "replica-paused"})
+	claim, commit := committedStream(t, paused, cache.Scope{Tenant: "t", Key: "replica-paused"})
 	for what, d := range map[string]time.Duration{"claim": claim, "commit": commit} {
 		if d < timeout || d > timeout+time.Second {
 			t.Errorf("%s with the replica paused took %v; want the wait's timeout (%v) and little more", what, d, timeout)
 		}
 	}
-	if short := r.Stats().WaitsShort - st.WaitsShort; short < 2 {
+	if short := paused.Stats().WaitsShort; short < 2 {
 		t.Fatalf("%d short waits with the replica paused; want one each for the claim and the commit", short)
 	}
 }
@@ -148,7 +151,8 @@ func TestRedisWaitReplicasClaimCut(t *testing.T) {
 	primary, _ := replicated(t)
 	relay := redistest.NewRelay(t, primary.Addr)
 	prefix := redistest.Prefix(t)
-	mod := func(c *Config) { c.WaitReplicas, c.WaitTimeout = 1, 300*time.Millisecond }
+	// A wait long enough for a loaded machine: this one is to be met.
+	mod := func(c *Config) { c.WaitReplicas, c.WaitTimeout, c.Timeout = 1, 3*time.Second, 5*time.Second }
 	a := newRedis(t, relay.Addr, prefix, mod)
 	b := newRedis(t, primary.Addr, prefix, mod)
 	got := claimReplyCut(t, relay, a, b, cache.Scope{Tenant: "t", Key: "cut"})
