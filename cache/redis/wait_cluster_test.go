@@ -1,8 +1,6 @@
 package redis
 
 import (
-	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,14 +32,7 @@ func TestRedisWaitReplicasMoved(t *testing.T) {
 	warm.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 
 	sc := cache.Scope{Tenant: "t", Key: "moved"}
-	slot, err := r.c.Do(context.Background(), r.c.B().ClusterKeyslot().Key(r.keys(sc).st).Build()).AsInt64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	from, to := moveSlot(t, c, slot)
-	if got, err := redistest.Command(from.Addr, time.Second, "GET", r.keys(sc).st); err == nil || !strings.Contains(err.Error(), "MOVED") {
-		t.Fatalf("the old primary of slot %d answers %q, %v; want MOVED", slot, got, err)
-	}
+	to := moveSlot(t, c, r.keys(sc).st)
 	before := r.Stats()
 	b := rbegin(t, r, sc, "fp")
 	if b.Decision != cache.Miss || b.Flight == nil {
@@ -59,81 +50,53 @@ func TestRedisWaitReplicasMoved(t *testing.T) {
 	b.Flight.Fail(cache.StateFailedRetryable, "test", nil)
 }
 
-// moveSlot moves an empty slot from the primary that holds it to another,
-// as redis-cli --cluster reshard does (IMPORTING, MIGRATING, then NODE on
-// every primary), and returns both.
-func moveSlot(t *testing.T, c *redistest.Cluster, slot int64) (from, to *redistest.Server) {
+// moveSlot moves the slot of key, which holds no key yet, from the
+// primary that holds it to another, as redis-cli --cluster reshard does
+// (IMPORTING, MIGRATING, then NODE on every primary), and returns the
+// new one, once the old one answers MOVED for key.
+func moveSlot(t *testing.T, c *redistest.Cluster, key string) *redistest.Server {
 	t.Helper()
+	var from, to *redistest.Server
+	slot, err := redistest.Command(c.Nodes[0].Addr, time.Second, "CLUSTER", "KEYSLOT", key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ids := map[*redistest.Server]string{}
 	for _, n := range c.Nodes {
-		id, err := redistest.Command(n.Addr, time.Second, "CLUSTER", "MYID")
-		if err != nil {
+		if ids[n], err = redistest.Command(n.Addr, time.Second, "CLUSTER", "MYID"); err != nil {
 			t.Fatal(err)
 		}
-		ids[n] = id
-	}
-	for _, n := range c.Nodes {
-		if owns(t, n, slot) {
+		// Every primary but the slot's own redirects key.
+		if _, err := redistest.Command(n.Addr, time.Second, "EXISTS", key); err == nil {
 			from = n
 		} else if to == nil {
 			to = n
 		}
 	}
 	if from == nil || to == nil {
-		t.Fatalf("slot %d: no primary holds it", slot)
+		t.Fatalf("slot %s of %s: no primary holds it", slot, key)
 	}
-	s := strconv.FormatInt(slot, 10)
-	if got, err := redistest.Command(from.Addr, time.Second, "CLUSTER", "COUNTKEYSINSLOT", s); err != nil || got != "0" {
-		t.Fatalf("slot %d holds %q keys (%v); want an empty slot", slot, got, err)
+	if got, err := redistest.Command(from.Addr, time.Second, "CLUSTER", "COUNTKEYSINSLOT", slot); err != nil || got != "0" {
+		t.Fatalf("slot %s holds %q keys (%v); want an empty slot", slot, got, err)
 	}
-	steps := []struct {
-		at   *redistest.Server
-		args []string
-	}{
-		{to, []string{"CLUSTER", "SETSLOT", s, "IMPORTING", ids[from]}},
-		{from, []string{"CLUSTER", "SETSLOT", s, "MIGRATING", ids[to]}},
-		{to, []string{"CLUSTER", "SETSLOT", s, "NODE", ids[to]}},
-		{from, []string{"CLUSTER", "SETSLOT", s, "NODE", ids[to]}},
+	setslot := func(at *redistest.Server, args ...string) {
+		t.Helper()
+		args = append([]string{"CLUSTER", "SETSLOT", slot}, args...)
+		if got, err := redistest.Command(at.Addr, time.Second, args...); err != nil || got != "OK" {
+			t.Fatalf("%v on %s: %q %v", args, at.Addr, got, err)
+		}
 	}
+	setslot(to, "IMPORTING", ids[from])
+	setslot(from, "MIGRATING", ids[to])
+	setslot(to, "NODE", ids[to])
+	setslot(from, "NODE", ids[to])
 	for _, n := range c.Nodes {
 		if n != from && n != to {
-			steps = append(steps, struct {
-				at   *redistest.Server
-				args []string
-			}{n, []string{"CLUSTER", "SETSLOT", s, "NODE", ids[to]}})
+			setslot(n, "NODE", ids[to])
 		}
 	}
-	for _, st := range steps {
-		if got, err := redistest.Command(st.at.Addr, time.Second, st.args...); err != nil || got != "OK" {
-			t.Fatalf("%v on %s: %q %v", st.args, st.at.Addr, got, err)
-		}
+	if _, err := redistest.Command(from.Addr, time.Second, "EXISTS", key); err == nil || !strings.Contains(err.Error(), "MOVED") {
+		t.Fatalf("the old primary of slot %s answers %v for %s; want MOVED", slot, err, key)
 	}
-	return from, to
-}
-
-// owns reports whether primary n holds slot, by CLUSTER NODES as n says it.
-func owns(t *testing.T, n *redistest.Server, slot int64) bool {
-	t.Helper()
-	nodes, err := redistest.Command(n.Addr, time.Second, "CLUSTER", "NODES")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(nodes) {
-		f := strings.Fields(line)
-		if len(f) < 9 || !strings.Contains(f[2], "myself") {
-			continue
-		}
-		for _, r := range f[8:] {
-			lo, hi, ok := strings.Cut(r, "-")
-			if !ok {
-				hi = lo
-			}
-			a, err1 := strconv.ParseInt(lo, 10, 64)
-			b, err2 := strconv.ParseInt(hi, 10, 64)
-			if err1 == nil && err2 == nil && a <= slot && slot <= b {
-				return true
-			}
-		}
-	}
-	return false
+	return to
 }
