@@ -20,7 +20,7 @@ type Flight struct {
 	Scope Scope
 	Gen   uint64
 
-	id        string // Scope.ID(), when the store that made it said it (Memory's ledger)
+	id        string // a Memory flight's ledger id (Scope.ID), made once by its claim
 	fp        string
 	be        Backend
 	maxBytes  int

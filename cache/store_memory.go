@@ -682,16 +682,8 @@ func (b *memoryBackend) Mark(f *Flight, state State, attempts, lastStatus int) {
 	(*Memory)(b).mark(f, state, attempts, lastStatus)
 }
 
-// scopeID is f's key in the ledger: the one its claim made, said once.
-func scopeID(f *Flight) string {
-	if f.id != "" {
-		return f.id
-	}
-	return f.Scope.ID()
-}
-
 func (m *Memory) commit(f *Flight, res *Result) bool {
-	id := scopeID(f)
+	id := f.id
 	stored := false
 	if z, err := m.codec.Encode(res); err == nil {
 		b := &blob{sc: f.Scope, gen: f.Gen, z: z, trace: res.Trace}
@@ -737,7 +729,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 	m.failed.Add(1)
 	denied := f.Denied()
 	m.mu.Lock()
-	if e := m.keys[scopeID(f)]; e != nil && e.flight == f && denied {
+	if e := m.keys[f.id]; e != nil && e.flight == f && denied {
 		// Its clients hold the flight, which has the answer: the ledger
 		// forgets the key (Flight.Deny).
 		m.deleteLocked(e)
@@ -757,7 +749,7 @@ func (m *Memory) fail(f *Flight, state State, reason string) {
 func (m *Memory) mark(f *Flight, state State, attempts, lastStatus int) {
 	now := m.cfg.Now()
 	m.mu.Lock()
-	if e := m.keys[scopeID(f)]; e != nil && e.flight == f {
+	if e := m.keys[f.id]; e != nil && e.flight == f {
 		m.setStateLocked(e, state)
 		e.attempts = attempts
 		if lastStatus != 0 {
